@@ -1,0 +1,335 @@
+// Package store owns the database: opening SQLite (the embedded default) or
+// PostgreSQL, the versioned migrations of each, the compute_now() clock, and
+// every SQL statement the control plane runs. Domain packages (tenancy,
+// jointoken, join, events) decide; they reach the database only through the
+// typed methods of Tx inside DB.WithTx (writes) or DB.ReadTx (reads, always
+// rolled back).
+//
+// The SQL is written once, with ? placeholders and compute_now(), and
+// rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
+// for compute_now() on SQLite. storetest holds the conformance suite that
+// runs against both.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/better-compute/better-compute/internal/errs"
+)
+
+//go:embed migrations
+var migrations embed.FS
+
+// Dialect names a supported database.
+type Dialect string
+
+// The supported databases.
+const (
+	SQLite   Dialect = "sqlite"
+	Postgres Dialect = "postgres"
+)
+
+// Config says which database to open.
+type Config struct {
+	// Driver is "sqlite" (default) or "postgres".
+	Driver string `toml:"driver"`
+	// Path is the SQLite database file (sqlite only).
+	Path string `toml:"path"`
+	// DSN is the PostgreSQL connection string (postgres only), e.g.
+	// "postgres://user@host:5432/db?sslmode=verify-full".
+	DSN string `toml:"dsn"`
+	// MaxConns bounds PostgreSQL connections (default 16).
+	MaxConns int `toml:"max_conns"`
+}
+
+// DB is an open, migrated database.
+type DB struct {
+	dialect Dialect
+	w       *sql.DB // the writer: one connection on SQLite
+	r       *sql.DB // readers
+	log     *slog.Logger
+
+	rw   sync.Mutex // SQLite: serializes write transactions in-process
+	stmt sync.Map   // query text -> rewritten text
+}
+
+// Open opens and migrates the database named by cfg.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	switch cfg.Driver {
+	case "", string(SQLite):
+		return openSQLite(ctx, cfg, log)
+	case string(Postgres), "postgresql", "pgx":
+		return openPostgres(ctx, cfg, log)
+	default:
+		return nil, errs.New(errs.InvalidConfig, "store.driver %q: want sqlite or postgres", cfg.Driver)
+	}
+}
+
+func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if cfg.Path == "" {
+		return nil, errs.New(errs.InvalidConfig, "store.path: the SQLite database file is required")
+	}
+	if dir := filepath.Dir(cfg.Path); dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create database directory: %w", err)
+		}
+	}
+	base := "file:" + filepath.ToSlash(cfg.Path) + "?" + url.Values{
+		"_pragma": {"journal_mode(WAL)", "busy_timeout(10000)", "foreign_keys(ON)", "synchronous(NORMAL)"},
+	}.Encode()
+	// One writer connection: a pool of SQLite writers only contends for the
+	// file lock (seen stalling for seconds under load).
+	w, err := sql.Open("sqlite", base+"&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetConnMaxIdleTime(0)
+	r, err := sql.Open("sqlite", base+"&"+url.Values{"_pragma": {"query_only(ON)"}}.Encode())
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	r.SetMaxOpenConns(8)
+	db := &DB{dialect: SQLite, w: w, r: r, log: log}
+	if err := db.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if cfg.DSN == "" {
+		return nil, errs.New(errs.InvalidConfig, "store.dsn: the PostgreSQL connection string is required")
+	}
+	p, err := sql.Open("pgx", cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	n := cfg.MaxConns
+	if n <= 0 {
+		n = 16
+	}
+	p.SetMaxOpenConns(n)
+	p.SetMaxIdleConns(n)
+	p.SetConnMaxIdleTime(5 * time.Minute)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.PingContext(pctx); err != nil {
+		p.Close()
+		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
+	}
+	db := &DB{dialect: Postgres, w: p, r: p, log: log}
+	if err := db.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	gd := goose.DialectSQLite3
+	if db.dialect == Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db.w, sub)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", db.dialect, err)
+	}
+	for _, r := range res {
+		db.log.Info("applied migration", "dialect", db.dialect, "version", r.Source.Version)
+	}
+	return nil
+}
+
+// Dialect tells which database this is.
+func (db *DB) Dialect() Dialect { return db.dialect }
+
+// Close closes the database.
+func (db *DB) Close() error {
+	err := db.w.Close()
+	if db.r != db.w {
+		err = errors.Join(err, db.r.Close())
+	}
+	return err
+}
+
+// Ping checks that the database answers (readiness).
+func (db *DB) Ping(ctx context.Context) error {
+	var one int
+	return db.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+}
+
+// sqliteNow is compute_now() on SQLite: wall time in milliseconds plus the
+// test offset.
+const sqliteNow = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + (SELECT offset_ms FROM compute_clock WHERE id = 1))"
+
+// rewrite turns the one SQL text into the dialect's, caching the result.
+func (db *DB) rewrite(q string) string {
+	if v, ok := db.stmt.Load(q); ok {
+		return v.(string)
+	}
+	var out string
+	switch db.dialect {
+	case SQLite:
+		out = strings.ReplaceAll(q, "compute_now()", sqliteNow)
+	case Postgres:
+		var b strings.Builder
+		n := 0
+		for i := 0; i < len(q); i++ {
+			if q[i] == '?' {
+				n++
+				b.WriteByte('$')
+				b.WriteString(strconv.Itoa(n))
+				continue
+			}
+			b.WriteByte(q[i])
+		}
+		out = b.String()
+	}
+	db.stmt.Store(q, out)
+	return out
+}
+
+// Tx is a database transaction. Its typed methods (in the other files of this
+// package) are the only SQL the control plane runs.
+type Tx struct {
+	db *DB
+	tx *sql.Tx
+	// after runs once the transaction committed (e.g. wake event followers).
+	after []func()
+}
+
+func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(ctx, t.db.rewrite(q), args...)
+}
+
+func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return t.tx.QueryContext(ctx, t.db.rewrite(q), args...)
+}
+
+func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	return t.tx.QueryRowContext(ctx, t.db.rewrite(q), args...)
+}
+
+// Dialect tells which database the transaction runs on.
+func (t *Tx) Dialect() Dialect { return t.db.dialect }
+
+// AfterCommit registers fn to run after a successful commit.
+func (t *Tx) AfterCommit(fn func()) { t.after = append(t.after, fn) }
+
+// Now reads compute_now(), the database's clock.
+func (t *Tx) Now(ctx context.Context) (time.Time, error) {
+	var ms int64
+	if err := t.queryRow(ctx, "SELECT compute_now()").Scan(&ms); err != nil {
+		return time.Time{}, fmt.Errorf("read compute_now: %w", err)
+	}
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+const maxAttempts = 5
+
+// WithTx runs fn in a write transaction and commits it when fn returns nil.
+// Any error rolls everything back, so nothing is half-written. Serialization
+// failures and deadlocks (PostgreSQL) are retried with fn run anew, so fn must
+// not have effects outside the transaction.
+func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
+	var err error
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		err = db.runTx(ctx, db.w, nil, fn)
+		if !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		db.log.Debug("retrying transaction", "attempt", attempt, "err", err)
+		time.Sleep(time.Duration(attempt*attempt) * 5 * time.Millisecond)
+	}
+	return err
+}
+
+// ReadTx runs fn in a read-only transaction that is always rolled back.
+func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
+	return db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn)
+}
+
+func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
+	write := opts == nil
+	if write && db.dialect == SQLite {
+		db.rw.Lock()
+		defer db.rw.Unlock()
+	}
+	stx, err := pool.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	t := &Tx{db: db, tx: stx}
+	if err := fn(t); err != nil {
+		_ = stx.Rollback()
+		return err
+	}
+	if !write {
+		return stx.Rollback()
+	}
+	if err := stx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	for _, f := range t.after {
+		f()
+	}
+	return nil
+}
+
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+// IsUniqueViolation reports whether err is a unique-constraint violation.
+func IsUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "23505"
+	}
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+// SetClockOffset moves compute_now() by d from wall time. Tests use it to
+// expire tokens without waiting; an operator never needs it.
+func (db *DB) SetClockOffset(ctx context.Context, d time.Duration) error {
+	return db.WithTx(ctx, func(t *Tx) error {
+		_, err := t.exec(ctx, "UPDATE compute_clock SET offset_ms = ? WHERE id = 1", d.Milliseconds())
+		return err
+	})
+}

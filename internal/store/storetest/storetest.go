@@ -1,0 +1,98 @@
+// Package storetest opens real databases for tests (a temporary SQLite file;
+// a fresh schema in the PostgreSQL named by BC_TEST_POSTGRES_DSN) and holds
+// the conformance suite that every dialect of the store must pass.
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// PostgresEnv names the environment variable holding the PostgreSQL DSN for
+// tests. When it is set, a database that cannot be reached fails the test;
+// when it is unset, PostgreSQL tests are skipped (CI always sets it).
+const PostgresEnv = "BC_TEST_POSTGRES_DSN"
+
+// OpenSQLite opens a migrated SQLite database in a temporary directory.
+func OpenSQLite(t testing.TB) *store.DB {
+	t.Helper()
+	db, err := store.Open(context.Background(), store.Config{Driver: "sqlite", Path: filepath.Join(t.TempDir(), "bc.db")}, nil)
+	if err != nil {
+		t.Fatalf("open sqlite: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// PostgresDSN creates a fresh schema in the test PostgreSQL and returns a DSN
+// whose search_path is that schema; the schema is dropped when the test ends.
+// It skips the test when PostgresEnv is unset.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	base := os.Getenv(PostgresEnv)
+	if base == "" {
+		t.Skipf("%s not set: skipping PostgreSQL", PostgresEnv)
+	}
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatalf("open postgres: %v", err)
+	}
+	defer admin.Close()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "bc_test_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatalf("create schema in %s: %v", PostgresEnv, err)
+	}
+	t.Cleanup(func() {
+		a, err := sql.Open("pgx", base)
+		if err != nil {
+			return
+		}
+		defer a.Close()
+		_, _ = a.Exec("DROP SCHEMA " + schema + " CASCADE")
+	})
+	return withSearchPath(t, base, schema)
+}
+
+func withSearchPath(t testing.TB, dsn, schema string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatalf("parse %s: %v", PostgresEnv, err)
+		}
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " search_path=" + schema
+}
+
+// OpenPostgres opens a migrated PostgreSQL database in a fresh schema.
+func OpenPostgres(t testing.TB) *store.DB {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	db, err := store.Open(context.Background(), store.Config{Driver: "postgres", DSN: dsn}, nil)
+	if err != nil {
+		t.Fatalf("open postgres (%s): %v", PostgresEnv, err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Each runs fn as a subtest on each dialect: "sqlite" and "postgres".
+func Each(t *testing.T, fn func(t *testing.T, db *store.DB)) {
+	t.Helper()
+	t.Run("sqlite", func(t *testing.T) { fn(t, OpenSQLite(t)) })
+	t.Run("postgres", func(t *testing.T) { fn(t, OpenPostgres(t)) })
+}
