@@ -39,12 +39,7 @@ type E struct {
 	Field   string
 }
 
-func (e *E) Error() string {
-	if e.Field != "" {
-		return fmt.Sprintf("%s: %s: %s", e.Code, e.Field, e.Message)
-	}
-	return fmt.Sprintf("%s: %s", e.Code, e.Message)
-}
+func (e *E) Error() string { return string(e.Code) + ": " + e.Message }
 
 // New returns an error with code c and a caller-safe message.
 func New(c Code, format string, args ...any) *E {
