@@ -1,0 +1,249 @@
+// Package api is the control plane's HTTP surface: the operator API (Connect:
+// JSON over HTTP or gRPC, authenticated by API keys), the well-known
+// document, health and readiness. Handlers translate between the wire and the
+// domain packages; errors are mapped to the wire in one place (ToWire).
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/better-compute/better-compute/gen/bettercompute/v1/bcv1connect"
+	"github.com/better-compute/better-compute/internal/authz"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/jointoken"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/version"
+)
+
+// DefaultBasePath is where the API is served.
+const DefaultBasePath = "/api/compute"
+
+// DefaultMaxBodyBytes bounds request bodies.
+const DefaultMaxBodyBytes = 1 << 20
+
+// GatewayInfo is what the well-known document says about the gateway.
+type GatewayInfo struct {
+	URL        string
+	ServerName string
+}
+
+// Config lists the API server's dependencies.
+type Config struct {
+	DB    *store.DB
+	Clock clock.Clock
+	Log   *slog.Logger
+	// BasePath prefixes every route (default /api/compute).
+	BasePath string
+	// Bundle is the machine PKI; nil means joining is not configured and
+	// join calls answer INVALID_CONFIG.
+	Bundle *pki.Bundle
+	// Gateway, when set, is published in the well-known document.
+	Gateway *GatewayInfo
+	// MaxBodyBytes bounds request bodies (default 1 MiB).
+	MaxBodyBytes int
+}
+
+// Server is the API.
+type Server struct {
+	cfg     Config
+	db      *store.DB
+	log     *slog.Logger
+	hub     *events.Hub
+	tenancy *tenancy.Service
+	authz   *authz.Service
+	tokens  *jointoken.Service
+	mux     *http.ServeMux
+	handler http.Handler
+}
+
+// New builds the API server.
+func New(cfg Config) (*Server, error) {
+	if cfg.DB == nil {
+		return nil, errs.New(errs.InvalidConfig, "api: a store is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BasePath == "" {
+		cfg.BasePath = DefaultBasePath
+	}
+	cfg.BasePath = "/" + strings.Trim(cfg.BasePath, "/")
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	hub := events.NewHub()
+	s := &Server{
+		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub,
+		tenancy: tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
+		authz:   authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
+		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
+		mux:     http.NewServeMux(),
+	}
+	op := &operator{s: s}
+	opts := []connect.HandlerOption{
+		connect.WithCodec(jsonCodec{}),
+		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+		connect.WithInterceptors(errorInterceptor(cfg.Log), s.authInterceptor()),
+	}
+	for _, mount := range []func() (string, http.Handler){
+		func() (string, http.Handler) { return bcv1connect.NewTenantServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewSiteServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewPoolServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewApiKeyServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewJoinTokenServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewEventServiceHandler(op, opts...) },
+	} {
+		path, h := mount()
+		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, h))
+	}
+	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.handler = http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096)
+	return s, nil
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Mux exposes the route table so other parts of the control plane (the
+// agent service, downloads) mount beside the operator API.
+func (s *Server) Mux() *http.ServeMux { return s.mux }
+
+// Tenancy exposes the tenancy service (bootstrap in `dev`).
+func (s *Server) Tenancy() *tenancy.Service { return s.tenancy }
+
+// Hub exposes the event hub, so other services publishing events wake
+// readers.
+func (s *Server) Hub() *events.Hub { return s.hub }
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2e9)
+	defer cancel()
+	if err := s.db.Ping(ctx); err != nil {
+		s.log.Warn("not ready", "err", err)
+		http.Error(w, "database unavailable\n", http.StatusServiceUnavailable)
+		return
+	}
+	w.Write([]byte("ok\n"))
+}
+
+// authInterceptor authenticates every operator call by its bearer API key.
+func (s *Server) authInterceptor() connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			h := req.Header().Get("Authorization")
+			bearer, ok := strings.CutPrefix(h, "Bearer ")
+			if !ok {
+				return nil, errs.New(errs.Unauthenticated, "a valid API key is required (Authorization: Bearer bck_…)")
+			}
+			p, err := authz.Authenticate(ctx, s.db, bearer)
+			if err != nil {
+				return nil, err
+			}
+			return next(authz.WithPrincipal(ctx, p), req)
+		}
+	}
+}
+
+// WellKnown is the document at {basePath}/.well-known/better-compute (R11.6).
+type WellKnown struct {
+	Name     string             `json:"name"`
+	Version  string             `json:"version"`
+	BasePath string             `json:"basePath"`
+	Protocol WellKnownProtocol  `json:"protocol"`
+	Join     *pki.WellKnownJoin `json:"join,omitempty"`
+	Gateway  *WellKnownGateway  `json:"gateway,omitempty"`
+}
+
+// WellKnownProtocol is the agent protocol range the server speaks.
+type WellKnownProtocol struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+}
+
+// WellKnownGateway tells a daemon where its gateway is.
+type WellKnownGateway struct {
+	URL          string `json:"url"`
+	ServerName   string `json:"serverName,omitempty"`
+	ServingCAPin string `json:"servingCaPin,omitempty"`
+}
+
+// BuildWellKnown assembles the well-known document.
+func (s *Server) BuildWellKnown() (WellKnown, error) {
+	doc := WellKnown{Name: "better-compute", Version: version.Version, BasePath: s.cfg.BasePath,
+		Protocol: WellKnownProtocol{Min: version.ProtocolMin, Max: version.ProtocolMax}}
+	if b := s.cfg.Bundle; b != nil {
+		j, err := b.WellKnownJoin()
+		if err != nil {
+			return doc, err
+		}
+		doc.Join = &j
+		if g := s.cfg.Gateway; g != nil && g.URL != "" {
+			pins, err := b.Pins()
+			if err != nil {
+				return doc, err
+			}
+			doc.Gateway = &WellKnownGateway{URL: g.URL, ServerName: g.ServerName, ServingCAPin: pins.ServingCA}
+		}
+	}
+	return doc, nil
+}
+
+func (s *Server) wellKnown(w http.ResponseWriter, r *http.Request) {
+	doc, err := s.BuildWellKnown()
+	if err != nil {
+		s.log.Error("well-known document", "err", err)
+		http.Error(w, "internal error\n", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "max-age=60")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(doc)
+}
+
+// jsonCodec is Connect's JSON codec with zero values written out, so that
+// `usesLeft: 0` and `allowReclaim: false` appear in answers. Unknown fields
+// in requests are refused.
+type jsonCodec struct{}
+
+func (jsonCodec) Name() string { return "json" }
+
+func (jsonCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, errs.New(errs.Internal, "not a protobuf message")
+	}
+	return protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+}
+
+func (jsonCodec) Unmarshal(b []byte, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return errs.New(errs.Internal, "not a protobuf message")
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, m); err != nil {
+		return errs.New(errs.InvalidArgument, "request body: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+// Package apitest starts a real API server in-process (httptest, real
+// database) with a bootstrapped root tenant and admin key, for tests of the
+// API, the client and the CLI.
+package apitest
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/api"
+	"github.com/better-compute/better-compute/internal/authz"
+	"github.com/better-compute/better-compute/internal/client"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storetest"
+)
+
+// Env is a running API with a root tenant and its admin key.
+type Env struct {
+	DB         *store.DB
+	Server     *api.Server
+	HTTP       *httptest.Server
+	URL        string
+	RootTenant string
+	AdminKey   string
+	Admin      *client.Client
+	Bundle     *pki.Bundle
+}
+
+// Options tune Start.
+type Options struct {
+	// NoJoin leaves the machine PKI out, so join calls answer INVALID_CONFIG.
+	NoJoin bool
+}
+
+// Start runs the API on db.
+func Start(t testing.TB, db *store.DB, opts Options) *Env {
+	t.Helper()
+	ctx := context.Background()
+	var bundle *pki.Bundle
+	if !opts.NoJoin {
+		var err error
+		bundle, err = pki.Generate("test.example.com", time.Now())
+		if err != nil {
+			t.Fatalf("pki: %v", err)
+		}
+	}
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle})
+	if err != nil {
+		t.Fatalf("api.New: %v", err)
+	}
+	root, _, err := srv.Tenancy().Bootstrap(ctx, "root")
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	var key string
+	err = db.WithTx(ctx, func(tx *store.Tx) error {
+		now, err := tx.Now(ctx)
+		if err != nil {
+			return err
+		}
+		_, key, err = authz.NewKey(ctx, tx, root.ID, "admin", authz.Admin, 0, now)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("admin key: %v", err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	c, err := client.New(client.Config{URL: hs.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{DB: db, Server: srv, HTTP: hs, URL: hs.URL, RootTenant: root.ID, AdminKey: key, Admin: c, Bundle: bundle}
+}
+
+// Client returns a client using key.
+func (e *Env) Client(t testing.TB, key string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{URL: e.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Each runs fn against a fresh API on SQLite and on PostgreSQL.
+func Each(t *testing.T, opts Options, fn func(t *testing.T, e *Env)) {
+	t.Helper()
+	storetest.Each(t, func(t *testing.T, db *store.DB) { fn(t, Start(t, db, opts)) })
+}

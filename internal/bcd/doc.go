@@ -1,0 +1,14 @@
+// Package bcd is the root of the node daemon's packages. The daemon's local
+// pieces live in its subpackages:
+//
+//   - config: /etc/bcd/config.toml and join-encryption.jwk beside it (R11.1);
+//   - claims: the hardware claims read from sysfs and procfs (R4.3);
+//   - identity: the data directory (node.key, node.crt, bundle.pem,
+//     identity.json), the key store seam for the TPM (R4.1, R9.1), the CSR,
+//     and moving an identity aside for `bcd join --reset --yes` (R11.4);
+//   - tokeninput: reading the join token from standard input,
+//     BCD_JOIN_TOKEN or --token-file (R11.2).
+//
+// The network join (sealing, the Join call, checking the response) is built
+// on top of these and is not part of them.
+package bcd
