@@ -394,4 +394,3 @@ func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.List
 	}
 	return connect.NewResponse(out), nil
 }
-
