@@ -242,8 +242,8 @@ func (jsonCodec) Unmarshal(b []byte, v any) error {
 	if len(b) == 0 {
 		return nil
 	}
-	if err := (protojson.UnmarshalOptions{}).Unmarshal(b, m); err != nil {
-		return errs.New(errs.InvalidArgument, "request body: %v", err)
-	}
-	return nil
+	return (protojson.UnmarshalOptions{}).Unmarshal(b, m)
 }
+
+// BasePath is where the API is mounted.
+func (s *Server) BasePath() string { return s.cfg.BasePath }

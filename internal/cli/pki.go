@@ -1,0 +1,189 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+// SecretEnv holds the secret that encrypts the PKI's private keys.
+const SecretEnv = "BETTER_COMPUTE_SECRET"
+
+// DefaultPKIDir is where pki init writes the bundle.
+const DefaultPKIDir = "/var/lib/better-compute/pki"
+
+func (a *app) secret() ([]byte, error) {
+	s := a.env.Getenv(SecretEnv)
+	if s == "" {
+		return nil, errs.New(errs.InvalidConfig, "%s is not set: it encrypts the PKI's private keys; set it (and keep it safe) first", SecretEnv)
+	}
+	return []byte(s), nil
+}
+
+func (a *app) pkiDir(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if d := a.env.Getenv("BETTER_COMPUTE_PKI_DIR"); d != "" {
+		return d
+	}
+	return DefaultPKIDir
+}
+
+func (a *app) pkiCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pki", Short: "The machine PKI: CAs, JoinService keys, gateway certificates, pins"}
+	var dir, td string
+	initCmd := &cobra.Command{
+		Use:   "init --trust-domain D [--dir DIR]",
+		Short: "Write a new PKI bundle (never overwrites one)",
+		Long: `Write the machine PKI: the node CA, the gateway serving CA, the
+command-signing key, and the JoinService signing and encryption keys. Private
+keys are encrypted with a key derived from $BETTER_COMPUTE_SECRET; the command
+refuses without it and never overwrites an existing bundle.
+
+Point the server at the directory with [pki] dir = "…" in its config.`,
+		Example: "  BETTER_COMPUTE_SECRET=... better-compute pki init --trust-domain compute.example.com",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("trust-domain", td); err != nil {
+				return err
+			}
+			sec, err := a.secret()
+			if err != nil {
+				return err
+			}
+			d := a.pkiDir(dir)
+			b, err := pki.Init(d, td, sec, time.Now())
+			if err != nil {
+				return err
+			}
+			pins, err := b.Pins()
+			if err != nil {
+				return err
+			}
+			if a.wantJSON() {
+				return a.printJSON(map[string]any{"dir": d, "trustDomain": b.TrustDomain, "pins": pinsJSON(pins)})
+			}
+			fmt.Fprintf(a.env.Stdout, "wrote the PKI for trust domain %s to %s\n\n", b.TrustDomain, d)
+			a.printPins(pins)
+			return nil
+		},
+	}
+	initCmd.Flags().StringVar(&dir, "dir", "", "bundle directory (default $BETTER_COMPUTE_PKI_DIR or "+DefaultPKIDir+")")
+	initCmd.Flags().StringVar(&td, "trust-domain", "", "SPIFFE trust domain, e.g. compute.example.com")
+
+	var gDir, certOut, keyOut string
+	var sans []string
+	var ttl time.Duration
+	issue := &cobra.Command{
+		Use:     "issue-gateway --san HOST [--san HOST...]",
+		Short:   "Issue a gateway serving certificate from the serving CA",
+		Example: "  better-compute pki issue-gateway --san gw.eu.example.com",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(sans) == 0 {
+				return errs.Invalid("--san", "at least one host name or IP is required")
+			}
+			for _, p := range []string{certOut, keyOut} {
+				if _, err := os.Lstat(p); err == nil {
+					return errs.New(errs.AlreadyExists, "%s exists; choose another --cert-out/--key-out", p)
+				} else if !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
+			sec, err := a.secret()
+			if err != nil {
+				return err
+			}
+			b, err := pki.Load(a.pkiDir(gDir), sec)
+			if err != nil {
+				return err
+			}
+			certPEM, keyPEM, err := pki.IssueGateway(b, sans, time.Now(), ttl)
+			if err != nil {
+				return err
+			}
+			if err := writeNew(keyOut, keyPEM, 0o600); err != nil {
+				return err
+			}
+			if err := writeNew(certOut, certPEM, 0o644); err != nil {
+				os.Remove(keyOut)
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "wrote %s and %s (0600) for %v, valid %s\n", certOut, keyOut, sans, ttl)
+			return nil
+		},
+	}
+	issue.Flags().StringVar(&gDir, "dir", "", "bundle directory")
+	issue.Flags().StringArrayVar(&sans, "san", nil, "DNS name or IP the gateway serves (repeatable)")
+	issue.Flags().StringVar(&certOut, "cert-out", "gateway.crt", "certificate chain file to create")
+	issue.Flags().StringVar(&keyOut, "key-out", "gateway.key", "private key file to create (0600)")
+	issue.Flags().DurationVar(&ttl, "ttl", 365*24*time.Hour, "certificate lifetime")
+
+	var pDir string
+	pins := &cobra.Command{
+		Use:   "pins [--dir DIR]",
+		Short: "Print the three pins a bcd config needs",
+		Long:  "Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving CA and the JoinService signing and encryption keys.",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sec, err := a.secret()
+			if err != nil {
+				return err
+			}
+			b, err := pki.Load(a.pkiDir(pDir), sec)
+			if err != nil {
+				return err
+			}
+			p, err := b.Pins()
+			if err != nil {
+				return err
+			}
+			if a.wantJSON() {
+				return a.printJSON(pinsJSON(p))
+			}
+			a.printPins(p)
+			return nil
+		},
+	}
+	pins.Flags().StringVar(&pDir, "dir", "", "bundle directory")
+	cmd.AddCommand(initCmd, issue, pins)
+	return cmd
+}
+
+func pinsJSON(p pki.Pins) map[string]string {
+	return map[string]string{"servingCaPin": p.ServingCA, "joinSigningKeyPin": p.JoinSigning, "joinEncryptionKeyPin": p.JoinEncryption}
+}
+
+func (a *app) printPins(p pki.Pins) {
+	fmt.Fprintf(a.env.Stdout, "# for /etc/bcd/config.toml\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n", p.ServingCA, p.JoinSigning, p.JoinEncryption)
+}
+
+// writeNew creates path with data, never overwriting.
+func writeNew(path string, data []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return errs.New(errs.AlreadyExists, "%s exists; it is never overwritten", path)
+		}
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return f.Close()
+}

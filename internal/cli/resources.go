@@ -1,0 +1,476 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/errs"
+)
+
+func fmtTime(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+func (a *app) tenantsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "tenants", Short: "Create and list tenants"}
+	create := &cobra.Command{
+		Use: "create NAME", Short: "Create a tenant (platform operators only)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Tenants.CreateTenant(cmd.Context(), connect.NewRequest(&bcv1.CreateTenantRequest{Name: args[0]}))
+			if err != nil {
+				return err
+			}
+			return a.showTenants(res.Msg)
+		},
+	}
+	get := &cobra.Command{
+		Use: "get TENANT_ID", Short: "Show a tenant", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Tenants.GetTenant(cmd.Context(), connect.NewRequest(&bcv1.GetTenantRequest{TenantId: args[0]}))
+			if err != nil {
+				return err
+			}
+			return a.showTenants(res.Msg)
+		},
+	}
+	list := &cobra.Command{
+		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var all []*bcv1.Tenant
+			tok := ""
+			for {
+				res, err := c.Tenants.ListTenants(cmd.Context(), connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
+				if err != nil {
+					return err
+				}
+				all = append(all, res.Msg.Items...)
+				if tok = res.Msg.NextPageToken; tok == "" {
+					break
+				}
+			}
+			if a.wantJSON() {
+				return a.printJSON(&bcv1.ListTenantsResponse{Items: all})
+			}
+			return a.showTenants(all...)
+		},
+	}
+	cmd.AddCommand(create, get, list)
+	return cmd
+}
+
+func (a *app) showTenants(ts ...*bcv1.Tenant) error {
+	if a.wantJSON() && len(ts) == 1 {
+		return a.printJSON(ts[0])
+	}
+	var rows [][]string
+	for _, t := range ts {
+		rows = append(rows, []string{t.Id, t.Name, fmt.Sprint(t.Root), fmtTime(t.CreatedAt)})
+	}
+	a.table([]string{"ID", "NAME", "ROOT", "CREATED"}, rows)
+	return nil
+}
+
+func (a *app) sitesCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "sites", Short: "Create and list sites"}
+	var tenant, region string
+	create := &cobra.Command{
+		Use: "create NAME --tenant T [--region R]", Short: "Create a site (a platform site for the root tenant, a custom site otherwise)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", tenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sites.CreateSite(cmd.Context(), connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: tenant, Name: args[0], Region: region}))
+			if err != nil {
+				return err
+			}
+			return a.showSites(res.Msg)
+		},
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
+	create.Flags().StringVar(&region, "region", "", "region label, e.g. eu")
+	var gTenant string
+	get := &cobra.Command{
+		Use: "get SITE_ID --tenant T", Short: "Show a site", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", gTenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sites.GetSite(cmd.Context(), connect.NewRequest(&bcv1.GetSiteRequest{TenantId: gTenant, SiteId: args[0]}))
+			if err != nil {
+				return err
+			}
+			return a.showSites(res.Msg)
+		},
+	}
+	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
+	var lTenant string
+	list := &cobra.Command{
+		Use: "list --tenant T", Short: "List the tenant's sites and the platform's", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", lTenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var all []*bcv1.Site
+			tok := ""
+			for {
+				res, err := c.Sites.ListSites(cmd.Context(), connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
+				if err != nil {
+					return err
+				}
+				all = append(all, res.Msg.Items...)
+				if tok = res.Msg.NextPageToken; tok == "" {
+					break
+				}
+			}
+			if a.wantJSON() {
+				return a.printJSON(&bcv1.ListSitesResponse{Items: all})
+			}
+			return a.showSites(all...)
+		},
+	}
+	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
+	cmd.AddCommand(create, get, list)
+	return cmd
+}
+
+func (a *app) showSites(ss ...*bcv1.Site) error {
+	if a.wantJSON() && len(ss) == 1 {
+		return a.printJSON(ss[0])
+	}
+	var rows [][]string
+	for _, s := range ss {
+		rows = append(rows, []string{s.Id, s.Name, s.Region, s.OwnerTenantId, fmt.Sprint(s.Custom)})
+	}
+	a.table([]string{"ID", "NAME", "REGION", "OWNER", "CUSTOM"}, rows)
+	return nil
+}
+
+type policyFlags struct {
+	attestors        []string
+	platformOperated bool
+	minCPUs, minGPUs int32
+	minMemory        string
+}
+
+func (p *policyFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringSliceVar(&p.attestors, "join-attestors", nil, "attestors allowed to admit machines (join-token,tpm,discovery,x509pop); empty allows all")
+	f.BoolVar(&p.platformOperated, "platform-operated", false, "hosted (Kubernetes) nodes of this platform-owned pool stay platform nodes")
+	f.Int32Var(&p.minCPUs, "min-cpus", 0, "acceptance check: minimum CPUs")
+	f.Int32Var(&p.minGPUs, "min-gpus", 0, "acceptance check: minimum GPUs")
+	f.StringVar(&p.minMemory, "min-memory", "", "acceptance check: minimum memory, e.g. 64GiB")
+}
+
+func (p *policyFlags) policy() (*bcv1.PoolPolicy, error) {
+	out := &bcv1.PoolPolicy{JoinAttestors: p.attestors, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: p.platformOperated}}
+	mem, err := parseBytes(p.minMemory)
+	if err != nil {
+		return nil, errs.Invalid("--min-memory", "%v", err)
+	}
+	if p.minCPUs != 0 || p.minGPUs != 0 || mem != 0 {
+		out.Acceptance = &bcv1.AcceptancePolicy{MinCpus: p.minCPUs, MinGpus: p.minGPUs, MinMemoryBytes: mem}
+	}
+	return out, nil
+}
+
+func parseBytes(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"B", 1}}
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			var v int64
+			if _, err := fmt.Sscanf(n, "%d", &v); err != nil || v < 0 || fmt.Sprint(v) != n {
+				return 0, fmt.Errorf("want a size like 64GiB")
+			}
+			return v * u.mult, nil
+		}
+	}
+	return 0, fmt.Errorf("want a size like 64GiB")
+}
+
+func (a *app) poolsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pools", Short: "Create, list and configure pools"}
+	var tenant, site, agent string
+	var pf policyFlags
+	create := &cobra.Command{
+		Use: "create NAME --tenant T --site S [--agent bcd]", Short: "Create a pool on a site", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", tenant); err != nil {
+				return err
+			}
+			if err := required("site", site); err != nil {
+				return err
+			}
+			pol, err := pf.policy()
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Pools.CreatePool(cmd.Context(), connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: tenant, SiteId: site, Name: args[0], Agent: agent, Policy: pol}))
+			if err != nil {
+				return err
+			}
+			return a.showPools(res.Msg)
+		},
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
+	create.Flags().StringVar(&site, "site", "", "site id (site_…)")
+	create.Flags().StringVar(&agent, "agent", "bcd", "the pool's agent: bcd when machines run the daemon, anything else for none")
+	pf.add(create)
+
+	var gTenant string
+	get := &cobra.Command{
+		Use: "get POOL_ID --tenant T", Short: "Show a pool and its policy", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", gTenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Pools.GetPool(cmd.Context(), connect.NewRequest(&bcv1.GetPoolRequest{TenantId: gTenant, PoolId: args[0]}))
+			if err != nil {
+				return err
+			}
+			return a.showPools(res.Msg)
+		},
+	}
+	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
+
+	var lTenant, lSite string
+	list := &cobra.Command{
+		Use: "list --tenant T [--site S]", Short: "List the tenant's pools", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", lTenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var all []*bcv1.Pool
+			tok := ""
+			for {
+				res, err := c.Pools.ListPools(cmd.Context(), connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
+				if err != nil {
+					return err
+				}
+				all = append(all, res.Msg.Items...)
+				if tok = res.Msg.NextPageToken; tok == "" {
+					break
+				}
+			}
+			if a.wantJSON() {
+				return a.printJSON(&bcv1.ListPoolsResponse{Items: all})
+			}
+			return a.showPools(all...)
+		},
+	}
+	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
+	list.Flags().StringVar(&lSite, "site", "", "only pools of this site")
+
+	var sTenant string
+	var spf policyFlags
+	setPolicy := &cobra.Command{
+		Use: "set-policy POOL_ID --tenant T [policy flags]", Short: "Replace a pool's policy", Args: cobra.ExactArgs(1),
+		Long: "Replace a pool's policy with the one the flags describe (flags not given are cleared).",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", sTenant); err != nil {
+				return err
+			}
+			pol, err := spf.policy()
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Pools.UpdatePoolPolicy(cmd.Context(), connect.NewRequest(&bcv1.UpdatePoolPolicyRequest{TenantId: sTenant, PoolId: args[0], Policy: pol}))
+			if err != nil {
+				return err
+			}
+			return a.showPools(res.Msg)
+		},
+	}
+	setPolicy.Flags().StringVar(&sTenant, "tenant", "", "tenant id (tn_…)")
+	spf.add(setPolicy)
+	cmd.AddCommand(create, get, list, setPolicy)
+	return cmd
+}
+
+func (a *app) showPools(ps ...*bcv1.Pool) error {
+	if a.wantJSON() && len(ps) == 1 {
+		return a.printJSON(ps[0])
+	}
+	var rows [][]string
+	for _, p := range ps {
+		att := strings.Join(p.GetPolicy().GetJoinAttestors(), ",")
+		if att == "" {
+			att = "any"
+		}
+		rows = append(rows, []string{p.Id, p.Name, p.SiteId, p.Agent, att, fmt.Sprint(p.GetPolicy().GetKubernetes().GetPlatformOperated()), fmt.Sprint(p.GetPolicy().GetAcceptance() != nil)})
+	}
+	a.table([]string{"ID", "NAME", "SITE", "AGENT", "ATTESTORS", "PLATFORM-OPERATED", "ACCEPTANCE"}, rows)
+	return nil
+}
+
+func (a *app) apiKeysCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "api-keys", Short: "Create, list and revoke API keys"}
+	var tenant string
+	var grants []string
+	var ttl time.Duration
+	create := &cobra.Command{
+		Use:   "create NAME --tenant T --grant ACTION=RESOURCE...",
+		Short: "Create an API key; its secret is printed once",
+		Long: `Create an API key for a new principal in the tenant. Each --grant is
+ACTION=RESOURCE, e.g. compute:join-tokens:*=compute-pool/pool_… or *=* for
+everything the tenant may do. A key cannot grant more than its creator holds.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", tenant); err != nil {
+				return err
+			}
+			req := &bcv1.CreateApiKeyRequest{TenantId: tenant, Name: args[0], TtlSeconds: int64(ttl / time.Second)}
+			for _, g := range grants {
+				act, res, ok := strings.Cut(g, "=")
+				if !ok {
+					return errs.Invalid("--grant", "want ACTION=RESOURCE, got %q", g)
+				}
+				req.Grants = append(req.Grants, &bcv1.Grant{Action: act, Resource: res})
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.APIKeys.CreateApiKey(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if a.wantJSON() {
+				return a.printJSON(res.Msg)
+			}
+			a.showKeys(res.Msg.ApiKey)
+			fmt.Fprintf(a.env.Stdout, "\nkey (shown once): %s\n", res.Msg.Key)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
+	create.Flags().StringArrayVar(&grants, "grant", nil, "ACTION=RESOURCE (repeatable)")
+	create.Flags().DurationVar(&ttl, "ttl", 0, "expire the key after this long (default: never)")
+
+	var lTenant string
+	list := &cobra.Command{
+		Use: "list --tenant T", Short: "List API keys (never their secrets)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", lTenant); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var all []*bcv1.ApiKey
+			tok := ""
+			for {
+				res, err := c.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
+				if err != nil {
+					return err
+				}
+				all = append(all, res.Msg.Items...)
+				if tok = res.Msg.NextPageToken; tok == "" {
+					break
+				}
+			}
+			if a.wantJSON() {
+				return a.printJSON(&bcv1.ListApiKeysResponse{Items: all})
+			}
+			a.showKeys(all...)
+			return nil
+		},
+	}
+	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
+
+	var rTenant string
+	revoke := &cobra.Command{
+		Use: "revoke KEY_ID --tenant T", Short: "Revoke an API key", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", rTenant); err != nil {
+				return err
+			}
+			if strings.Contains(args[0], ".") {
+				return errs.Invalid("KEY_ID", "that looks like a key secret; pass the key id (key_…) only")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if _, err := c.APIKeys.RevokeApiKey(cmd.Context(), connect.NewRequest(&bcv1.RevokeApiKeyRequest{TenantId: rTenant, ApiKeyId: args[0]})); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "revoked %s\n", args[0])
+			return nil
+		},
+	}
+	revoke.Flags().StringVar(&rTenant, "tenant", "", "tenant id (tn_…)")
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func (a *app) showKeys(ks ...*bcv1.ApiKey) {
+	var rows [][]string
+	for _, k := range ks {
+		var gs []string
+		for _, g := range k.Grants {
+			gs = append(gs, g.Action+"="+g.Resource)
+		}
+		state := "live"
+		if k.RevokedAt != nil {
+			state = "revoked"
+		}
+		rows = append(rows, []string{k.Id, k.Name, state, fmtTime(k.ExpiresAt), strings.Join(gs, " ")})
+	}
+	a.table([]string{"ID", "NAME", "STATE", "EXPIRES", "GRANTS"}, rows)
+}

@@ -1,0 +1,159 @@
+// Package cli is the better-compute command line: the operator commands
+// (tenants, sites, pools, api-keys, join-tokens, events, audit), the PKI
+// commands, and the server processes (serve, dev). Every command prints a
+// table for people or JSON with --json, and errors as "Error: CODE: message"
+// with a non-zero exit.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/better-compute/better-compute/internal/client"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/version"
+)
+
+// Env is the process environment the CLI runs in, injected for tests.
+type Env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	Getenv func(string) string
+}
+
+type app struct {
+	env    Env
+	url    string
+	apiKey string
+	caFile string
+	json   bool
+	output string
+}
+
+// Main runs the CLI and returns the exit code.
+func Main(ctx context.Context, args []string, env Env) int {
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
+	a := &app{env: env}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		var e *errs.E
+		if errors.As(err, &e) {
+			fmt.Fprintf(env.Stderr, "Error: %s: %s\n", e.Code, e.Message)
+		} else {
+			fmt.Fprintf(env.Stderr, "Error: %v\n", err)
+		}
+		return 1
+	}
+	return 0
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "better-compute",
+		Short: "Operate a better-compute control plane: pools, join tokens, nodes, PKI",
+		Long: `better-compute turns machines into nodes of a compute fleet.
+
+Start a local control plane with 'better-compute dev', then 'source' the
+dev.env it writes; the operator commands read BETTER_COMPUTE_URL and
+BETTER_COMPUTE_API_KEY (flags override them).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version.Version,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.url, "url", "", "control plane URL (default $BETTER_COMPUTE_URL)")
+	pf.StringVar(&a.apiKey, "api-key", "", "API key bck_… (default $BETTER_COMPUTE_API_KEY)")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM CAs that verify the control plane (default: system roots)")
+	pf.BoolVar(&a.json, "json", false, "print JSON for scripts")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	root.AddCommand(
+		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(),
+		a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.devCmd(), a.versionCmd(),
+	)
+	return root
+}
+
+func (a *app) versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(a.env.Stdout, version.Version)
+			return nil
+		},
+	}
+}
+
+func (a *app) wantJSON() bool { return a.json || a.output == "json" }
+
+func (a *app) client() (*client.Client, error) {
+	url := a.url
+	if url == "" {
+		url = a.env.Getenv("BETTER_COMPUTE_URL")
+	}
+	key := a.apiKey
+	if key == "" {
+		key = a.env.Getenv("BETTER_COMPUTE_API_KEY")
+	}
+	if key == "" {
+		return nil, errs.New(errs.Unauthenticated, "no API key: set BETTER_COMPUTE_API_KEY or pass --api-key")
+	}
+	if a.output != "table" && a.output != "json" {
+		return nil, errs.Invalid("--output", "want table or json")
+	}
+	return client.New(client.Config{URL: url, APIKey: key, CAFile: a.caFile})
+}
+
+// printJSON prints a protobuf message (or a list of them) as JSON.
+func (a *app) printJSON(v any) error {
+	mo := protojson.MarshalOptions{EmitUnpopulated: true, Indent: "  "}
+	switch m := v.(type) {
+	case proto.Message:
+		b, err := mo.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(a.env.Stdout, string(b))
+		return err
+	default:
+		enc := json.NewEncoder(a.env.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+}
+
+// table prints rows under a header, aligned.
+func (a *app) table(header []string, rows [][]string) {
+	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+}
+
+// required checks that a flag was given.
+func required(name, v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errs.Invalid("--"+name, "required")
+	}
+	return nil
+}

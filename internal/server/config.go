@@ -1,0 +1,161 @@
+// Package server runs the control plane's processes from a config file:
+// `better-compute serve` (the API) with its listeners, TLS, metrics,
+// timeouts and graceful shutdown.
+package server
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Config is better-compute serve's TOML configuration.
+type Config struct {
+	// Listen is the API's address, e.g. ":8443".
+	Listen string `toml:"listen"`
+	// BasePath prefixes the API (default /api/compute).
+	BasePath string `toml:"base_path"`
+	// RootTenant is the name of the deployment's root tenant, created on
+	// first start.
+	RootTenant string    `toml:"root_tenant"`
+	TLS        TLSConfig `toml:"tls"`
+	Store      store.Config  `toml:"store"`
+	PKI        PKIConfig     `toml:"pki"`
+	Gateway    GatewayConfig `toml:"gateway"`
+	Metrics    MetricsConfig `toml:"metrics"`
+	Limits     LimitsConfig  `toml:"limits"`
+}
+
+// TLSConfig serves the API over TLS; leave it empty behind a TLS proxy.
+type TLSConfig struct {
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+}
+
+// PKIConfig points at the bundle written by `better-compute pki init`. Its
+// private keys are decrypted with BETTER_COMPUTE_SECRET. Without a bundle the
+// API runs, but every join answers INVALID_CONFIG.
+type PKIConfig struct {
+	Dir string `toml:"dir"`
+}
+
+// GatewayConfig is what the well-known document publishes about the gateway.
+type GatewayConfig struct {
+	URL        string `toml:"url"`
+	ServerName string `toml:"server_name"`
+}
+
+// MetricsConfig serves Prometheus metrics on their own listener.
+type MetricsConfig struct {
+	Listen string `toml:"listen"`
+}
+
+// LimitsConfig bounds requests.
+type LimitsConfig struct {
+	MaxBodyBytes        int `toml:"max_body_bytes"`
+	ReadTimeoutSeconds  int `toml:"read_timeout_seconds"`
+	WriteTimeoutSeconds int `toml:"write_timeout_seconds"`
+}
+
+func (l LimitsConfig) read() time.Duration {
+	if l.ReadTimeoutSeconds > 0 {
+		return time.Duration(l.ReadTimeoutSeconds) * time.Second
+	}
+	return 30 * time.Second
+}
+
+func (l LimitsConfig) write() time.Duration {
+	if l.WriteTimeoutSeconds > 0 {
+		return time.Duration(l.WriteTimeoutSeconds) * time.Second
+	}
+	return 60 * time.Second
+}
+
+// LoadConfig reads a TOML config; unknown keys are errors.
+func LoadConfig(path string) (Config, error) {
+	var c Config
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, errs.New(errs.InvalidConfig, "read config: %v", err)
+	}
+	return ParseConfig(b)
+}
+
+// ParseConfig parses TOML; unknown keys are errors.
+func ParseConfig(b []byte) (Config, error) {
+	var c Config
+	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&c)
+	if err != nil {
+		return c, errs.New(errs.InvalidConfig, "config: %v", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return c, errs.New(errs.InvalidConfig, "config: unknown keys: %s", strings.Join(keys, ", "))
+	}
+	return c, c.validate()
+}
+
+func (c *Config) validate() error {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.RootTenant == "" {
+		c.RootTenant = "root"
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		return errs.New(errs.InvalidConfig, "config: tls.cert_file and tls.key_file go together")
+	}
+	if c.Limits.MaxBodyBytes < 0 || c.Limits.ReadTimeoutSeconds < 0 || c.Limits.WriteTimeoutSeconds < 0 {
+		return errs.New(errs.InvalidConfig, "config: limits cannot be negative")
+	}
+	if c.Gateway.URL != "" && !strings.HasPrefix(c.Gateway.URL, "https://") {
+		return errs.New(errs.InvalidConfig, "config: gateway.url must be an https:// URL")
+	}
+	if c.Store.Driver == "" || c.Store.Driver == "sqlite" {
+		if c.Store.Path == "" {
+			return errs.New(errs.InvalidConfig, "config: store.path (the SQLite file) is required, or set store.driver = \"postgres\" and store.dsn")
+		}
+	}
+	return nil
+}
+
+// Example is a commented config, printed by `serve --print-config`.
+const Example = `# better-compute serve --config /etc/better-compute/config.toml
+listen = ":8443"
+base_path = "/api/compute"
+root_tenant = "root"
+
+[tls]                      # omit behind a TLS-terminating proxy
+cert_file = "/etc/better-compute/tls.crt"
+key_file = "/etc/better-compute/tls.key"
+
+[store]
+driver = "sqlite"          # or "postgres"
+path = "/var/lib/better-compute/bc.db"
+# dsn = "postgres://bc@db.internal:5432/bc?sslmode=verify-full"
+
+[pki]                      # from: better-compute pki init (keys need BETTER_COMPUTE_SECRET)
+dir = "/var/lib/better-compute/pki"
+
+[gateway]                  # published in the well-known document
+url = "https://gw.eu.example.com"
+server_name = "gw.eu.example.com"
+
+[metrics]
+listen = "127.0.0.1:9090"
+
+[limits]
+max_body_bytes = 1048576
+read_timeout_seconds = 30
+write_timeout_seconds = 60
+`
+

@@ -1,0 +1,177 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/better-compute/better-compute/internal/api"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Options are the process-level inputs that do not belong in the file.
+type Options struct {
+	Log *slog.Logger
+	// Secret decrypts the PKI bundle (BETTER_COMPUTE_SECRET).
+	Secret []byte
+	// Ready, when set, receives the API's listening address once it serves.
+	Ready func(addr string)
+	// Setup runs after the API is built and before it serves (dev uses it
+	// to bootstrap).
+	Setup func(ctx context.Context, s *api.Server, db *store.DB) error
+}
+
+// Run serves the API until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	db, err := store.Open(ctx, cfg.Store, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	var bundle *pki.Bundle
+	if cfg.PKI.Dir != "" {
+		if len(o.Secret) == 0 {
+			return errs.New(errs.InvalidConfig, "pki.dir is set but BETTER_COMPUTE_SECRET is empty: the bundle's keys cannot be decrypted")
+		}
+		if bundle, err = pki.Load(cfg.PKI.Dir, o.Secret); err != nil {
+			return err
+		}
+		log.Info("machine PKI loaded", "trust_domain", bundle.TrustDomain)
+	} else {
+		log.Warn("no pki.dir: joins will answer INVALID_CONFIG until the machine PKI is configured")
+	}
+	var gw *api.GatewayInfo
+	if cfg.Gateway.URL != "" {
+		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
+	}
+	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw, MaxBodyBytes: cfg.Limits.MaxBodyBytes})
+	if err != nil {
+		return err
+	}
+	if _, created, err := srv.Tenancy().Bootstrap(ctx, cfg.RootTenant); err != nil {
+		return fmt.Errorf("bootstrap root tenant: %w", err)
+	} else if created {
+		log.Info("created root tenant", "name", cfg.RootTenant)
+	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, srv, db); err != nil {
+			return err
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bc_api_requests_total", Help: "API requests by path and status."}, []string{"path", "code"})
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "bc_api_request_seconds", Help: "API request latency.", Buckets: prometheus.DefBuckets}, []string{"path"})
+	reg.MustRegister(reqs, dur)
+	handler := instrument(srv, reqs, dur)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return errs.New(errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
+	}
+	hs := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       cfg.Limits.read(),
+		WriteTimeout:      cfg.Limits.write(),
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 2)
+	go func() {
+		var err error
+		if cfg.TLS.CertFile != "" {
+			err = hs.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+		} else {
+			err = hs.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	var ms *http.Server
+	if cfg.Metrics.Listen != "" {
+		mln, err := net.Listen("tcp", cfg.Metrics.Listen)
+		if err != nil {
+			hs.Close()
+			return errs.New(errs.InvalidConfig, "metrics listen %s: %v", cfg.Metrics.Listen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		ms = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := ms.Serve(mln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+		log.Info("metrics listening", "addr", mln.Addr().String())
+	}
+	scheme := "http"
+	if cfg.TLS.CertFile != "" {
+		scheme = "https"
+	}
+	log.Info("API listening", "url", fmt.Sprintf("%s://%s%s", scheme, ln.Addr(), srv.BasePath()))
+	if o.Ready != nil {
+		o.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if ms != nil {
+		_ = ms.Shutdown(sctx)
+	}
+	return hs.Shutdown(sctx)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func instrument(h http.Handler, reqs *prometheus.CounterVec, dur *prometheus.HistogramVec) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: 200}
+		h.ServeHTTP(sw, r)
+		// Paths are procedure names (a bounded set); unknown paths share one label.
+		path := r.URL.Path
+		if len(path) > 100 {
+			path = "other"
+		}
+		reqs.WithLabelValues(path, fmt.Sprint(sw.code)).Inc()
+		dur.WithLabelValues(path).Observe(time.Since(start).Seconds())
+	})
+}
