@@ -23,8 +23,8 @@ type Config struct {
 	BasePath string `toml:"base_path"`
 	// RootTenant is the name of the deployment's root tenant, created on
 	// first start.
-	RootTenant string    `toml:"root_tenant"`
-	TLS        TLSConfig `toml:"tls"`
+	RootTenant string        `toml:"root_tenant"`
+	TLS        TLSConfig     `toml:"tls"`
 	Store      store.Config  `toml:"store"`
 	PKI        PKIConfig     `toml:"pki"`
 	Gateway    GatewayConfig `toml:"gateway"`
@@ -158,4 +158,3 @@ max_body_bytes = 1048576
 read_timeout_seconds = 30
 write_timeout_seconds = 60
 `
-
