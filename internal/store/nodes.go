@@ -1,0 +1,312 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Node states.
+const (
+	NodeAdopting = "adopting"
+	NodeAdopted  = "adopted"
+	NodeFailed   = "failed"
+	NodeRetired  = "retired"
+)
+
+// Node is a nodes row.
+type Node struct {
+	ID                 string
+	TenantID           string
+	SiteID             string
+	PoolID             string
+	Role               string
+	State              string
+	StateReason        string
+	Connection         string
+	LastSeen           *time.Time
+	IdentityGeneration int
+	HardwareKey        []byte
+	HardwareKeyTrusted bool
+	NodeKey            string // tpm | unattested
+	Attestor           string
+	Hostname           string
+	Claims             []byte // JSON of hwid.Claims
+	JoinTokenID        string
+	CreatedAt          time.Time
+	UpdatedAt          time.Time
+}
+
+const nodeCols = `id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation,
+	hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, created_ms, updated_ms`
+
+func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
+	var n Node
+	var seen sql.NullInt64
+	var claims string
+	var created, updated int64
+	if err := sc.Scan(&n.ID, &n.TenantID, &n.SiteID, &n.PoolID, &n.Role, &n.State, &n.StateReason, &n.Connection, &seen, &n.IdentityGeneration,
+		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &created, &updated); err != nil {
+		return Node{}, err
+	}
+	n.LastSeen, n.Claims = fromNullMS(seen), []byte(claims)
+	n.CreatedAt, n.UpdatedAt = fromMS(created), fromMS(updated)
+	return n, nil
+}
+
+// NodeByHardwareKey finds the live (not retired) node holding a trusted
+// hardware key.
+func (t *Tx) NodeByHardwareKey(ctx context.Context, key []byte) (Node, error) {
+	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired'", key, true))
+	return n, notFound(err)
+}
+
+// GetNode reads a node.
+func (t *Tx) GetNode(ctx context.Context, id string) (Node, error) {
+	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE id = ?", id))
+	return n, notFound(err)
+}
+
+// InsertNode inserts a node. Two joins of one machine racing each other
+// meet at the unique hardware-key index: the loser gets a unique violation.
+func (t *Tx) InsertNode(ctx context.Context, n Node) (Node, error) {
+	var hk any
+	if len(n.HardwareKey) > 0 {
+		hk = n.HardwareKey
+	}
+	row := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
+			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, created_ms, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING `+nodeCols,
+		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, hk, n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
+		n.Hostname, string(n.Claims), n.JoinTokenID)
+	out, err := scanNode(row)
+	if err != nil {
+		return Node{}, fmt.Errorf("insert node: %w", err)
+	}
+	return out, nil
+}
+
+// ReclaimNode moves a node to its next identity generation after a reclaim:
+// it keeps its id, starts adopting again, and takes the new join's facts.
+// It fails (ErrNotFound) when the generation moved meanwhile.
+func (t *Tx) ReclaimNode(ctx context.Context, n Node, fromGeneration int) (Node, error) {
+	row := t.queryRow(ctx, `UPDATE nodes SET identity_generation = identity_generation + 1, state = ?, state_reason = '', role = ?,
+			node_key = ?, attestor = ?, hostname = ?, claims = ?, join_token_id = ?, updated_ms = compute_now()
+		WHERE id = ? AND identity_generation = ? RETURNING `+nodeCols,
+		n.State, n.Role, n.NodeKey, n.Attestor, n.Hostname, string(n.Claims), n.JoinTokenID, n.ID, fromGeneration)
+	out, err := scanNode(row)
+	return out, notFound(err)
+}
+
+// SetNodeState changes a node's lifecycle state.
+func (t *Tx) SetNodeState(ctx context.Context, id, state, reason string) error {
+	_, err := t.exec(ctx, "UPDATE nodes SET state = ?, state_reason = ?, updated_ms = compute_now() WHERE id = ?", state, reason, id)
+	return err
+}
+
+// ListNodes lists a tenant's nodes, optionally of one pool.
+func (t *Tx) ListNodes(ctx context.Context, tenantID, poolID, after string, limit int) ([]Node, error) {
+	rows, err := t.query(ctx, "SELECT "+nodeCols+" FROM nodes WHERE tenant_id = ? AND (? = '' OR pool_id = ?) AND id > ? ORDER BY id LIMIT ?",
+		tenantID, poolID, poolID, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		n, err := scanNode(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// NodeCert is a node_certs row: every certificate ever issued to a node.
+type NodeCert struct {
+	Serial             string
+	NodeID             string
+	IdentityGeneration int
+	Role               string
+	SPKISHA256         []byte
+	DER                []byte
+	AllowedKinds       []byte // JSON array
+	Statements         []byte // JSON array
+	NotBefore          time.Time
+	NotAfter           time.Time
+	CreatedAt          time.Time
+	RevokedAt          *time.Time
+	RevokeReason       string
+}
+
+const certCols = "serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms, revoked_ms, revoke_reason"
+
+func scanCert(sc interface{ Scan(...any) error }) (NodeCert, error) {
+	var c NodeCert
+	var kinds, stmts string
+	var nb, na, created int64
+	var rev sql.NullInt64
+	if err := sc.Scan(&c.Serial, &c.NodeID, &c.IdentityGeneration, &c.Role, &c.SPKISHA256, &c.DER, &kinds, &stmts, &nb, &na, &created, &rev, &c.RevokeReason); err != nil {
+		return NodeCert{}, err
+	}
+	c.AllowedKinds, c.Statements = []byte(kinds), []byte(stmts)
+	c.NotBefore, c.NotAfter, c.CreatedAt, c.RevokedAt = fromMS(nb), fromMS(na), fromMS(created), fromNullMS(rev)
+	return c, nil
+}
+
+// InsertNodeCert records an issued certificate.
+func (t *Tx) InsertNodeCert(ctx context.Context, c NodeCert) error {
+	if len(c.AllowedKinds) == 0 {
+		c.AllowedKinds = []byte("[]")
+	}
+	if len(c.Statements) == 0 {
+		c.Statements = []byte("[]")
+	}
+	_, err := t.exec(ctx, "INSERT INTO node_certs (serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now())",
+		c.Serial, c.NodeID, c.IdentityGeneration, c.Role, c.SPKISHA256, c.DER, string(c.AllowedKinds), string(c.Statements), ms(c.NotBefore), ms(c.NotAfter))
+	if err != nil {
+		return fmt.Errorf("insert node cert: %w", err)
+	}
+	return nil
+}
+
+// GetNodeCert reads a certificate by serial.
+func (t *Tx) GetNodeCert(ctx context.Context, serial string) (NodeCert, error) {
+	c, err := scanCert(t.queryRow(ctx, "SELECT "+certCols+" FROM node_certs WHERE serial = ?", serial))
+	return c, notFound(err)
+}
+
+// ListNodeCerts lists a node's certificates, newest first.
+func (t *Tx) ListNodeCerts(ctx context.Context, nodeID string, limit int) ([]NodeCert, error) {
+	rows, err := t.query(ctx, "SELECT "+certCols+" FROM node_certs WHERE node_id = ? ORDER BY created_ms DESC, serial LIMIT ?", nodeID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list node certs: %w", err)
+	}
+	defer rows.Close()
+	var out []NodeCert
+	for rows.Next() {
+		c, err := scanCert(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// RevokeNodeCerts revokes a node's unrevoked certificates of generations
+// below `below` and returns their serials.
+func (t *Tx) RevokeNodeCerts(ctx context.Context, nodeID string, below int, reason string) ([]string, error) {
+	rows, err := t.query(ctx, "SELECT serial FROM node_certs WHERE node_id = ? AND identity_generation < ? AND revoked_ms IS NULL ORDER BY serial", nodeID, below)
+	if err != nil {
+		return nil, fmt.Errorf("find certs to revoke: %w", err)
+	}
+	var serials []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		serials = append(serials, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(serials) == 0 {
+		return nil, nil
+	}
+	_, err = t.exec(ctx, "UPDATE node_certs SET revoked_ms = compute_now(), revoke_reason = ? WHERE node_id = ? AND identity_generation < ? AND revoked_ms IS NULL", reason, nodeID, below)
+	if err != nil {
+		return nil, fmt.Errorf("revoke node certs: %w", err)
+	}
+	return serials, nil
+}
+
+// UpsertNodeAuthz writes a node's authorization projection row.
+func (t *Tx) UpsertNodeAuthz(ctx context.Context, nodeID, tenantID, siteID, poolID, role string) error {
+	_, err := t.exec(ctx, `INSERT INTO node_authz (node_id, tenant_id, site_id, pool_id, role, updated_ms) VALUES (?, ?, ?, ?, ?, compute_now())
+		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, site_id = excluded.site_id, pool_id = excluded.pool_id, role = excluded.role, updated_ms = excluded.updated_ms`,
+		nodeID, tenantID, siteID, poolID, role)
+	if err != nil {
+		return fmt.Errorf("upsert node authz: %w", err)
+	}
+	return nil
+}
+
+// NodeAuthz is a node's authorization projection.
+type NodeAuthz struct {
+	NodeID, TenantID, SiteID, PoolID, Role string
+}
+
+// GetNodeAuthz reads a node's projection row.
+func (t *Tx) GetNodeAuthz(ctx context.Context, nodeID string) (NodeAuthz, error) {
+	var a NodeAuthz
+	err := t.queryRow(ctx, "SELECT node_id, tenant_id, site_id, pool_id, role FROM node_authz WHERE node_id = ?", nodeID).Scan(&a.NodeID, &a.TenantID, &a.SiteID, &a.PoolID, &a.Role)
+	return a, notFound(err)
+}
+
+// WorkItem is a work_queue row.
+type WorkItem struct {
+	ID       int64
+	Kind     string
+	NodeID   string
+	Attempts int
+}
+
+// EnqueueWork queues work for the controllers.
+func (t *Tx) EnqueueWork(ctx context.Context, kind, nodeID string) error {
+	_, err := t.exec(ctx, "INSERT INTO work_queue (kind, node_id, not_before_ms, created_ms) VALUES (?, ?, compute_now(), compute_now())", kind, nodeID)
+	if err != nil {
+		return fmt.Errorf("enqueue %s: %w", kind, err)
+	}
+	return nil
+}
+
+// ClaimWork takes up to limit due items and pushes their next attempt back
+// by lease, so a crashed worker's items come back. PostgreSQL replicas skip
+// each other's locked rows.
+func (t *Tx) ClaimWork(ctx context.Context, limit int, lease time.Duration) ([]WorkItem, error) {
+	q := "SELECT id, kind, node_id, attempts FROM work_queue WHERE not_before_ms <= compute_now() ORDER BY not_before_ms, id LIMIT ?"
+	if t.db.dialect == Postgres {
+		q += " FOR UPDATE SKIP LOCKED"
+	}
+	rows, err := t.query(ctx, q, limit)
+	if err != nil {
+		return nil, fmt.Errorf("claim work: %w", err)
+	}
+	var items []WorkItem
+	for rows.Next() {
+		var w WorkItem
+		if err := rows.Scan(&w.ID, &w.Kind, &w.NodeID, &w.Attempts); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		items = append(items, w)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, w := range items {
+		if _, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() + ?, attempts = attempts + 1 WHERE id = ?", lease.Milliseconds(), w.ID); err != nil {
+			return nil, err
+		}
+	}
+	return items, nil
+}
+
+// FinishWork removes a done item.
+func (t *Tx) FinishWork(ctx context.Context, id int64) error {
+	_, err := t.exec(ctx, "DELETE FROM work_queue WHERE id = ?", id)
+	return err
+}
+
+// FailWork records an error and retries the item after backoff.
+func (t *Tx) FailWork(ctx context.Context, id int64, msg string, backoff time.Duration) error {
+	_, err := t.exec(ctx, "UPDATE work_queue SET last_error = ?, not_before_ms = compute_now() + ? WHERE id = ?", msg, backoff.Milliseconds(), id)
+	return err
+}
