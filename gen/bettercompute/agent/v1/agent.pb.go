@@ -223,13 +223,17 @@ func (x *JoinRequest) GetProtocol() int32 {
 }
 
 // JoinResponse carries a JoinResponseBody, serialized, and the join-signing
-// key's signature over those exact bytes.
+// key's signature over those exact bytes. The daemon holds only the pin of
+// the join-signing key, so the answer carries the signing certificate too;
+// the daemon accepts it only when its key matches the pin.
 type JoinResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
-	Sig           []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Body  []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	Sig   []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	// DER of the join-signing certificate.
+	SigningCertificate []byte `protobuf:"bytes,3,opt,name=signing_certificate,json=signingCertificate,proto3" json:"signing_certificate,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
@@ -272,6 +276,13 @@ func (x *JoinResponse) GetBody() []byte {
 func (x *JoinResponse) GetSig() []byte {
 	if x != nil {
 		return x.Sig
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetSigningCertificate() []byte {
+	if x != nil {
+		return x.SigningCertificate
 	}
 	return nil
 }
@@ -463,11 +474,12 @@ func (x *RenewRequest) GetNodeId() string {
 }
 
 type RenewResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
-	Sig           []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Body               []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	Sig                []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	SigningCertificate []byte                 `protobuf:"bytes,3,opt,name=signing_certificate,json=signingCertificate,proto3" json:"signing_certificate,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
@@ -514,6 +526,13 @@ func (x *RenewResponse) GetSig() []byte {
 	return nil
 }
 
+func (x *RenewResponse) GetSigningCertificate() []byte {
+	if x != nil {
+		return x.SigningCertificate
+	}
+	return nil
+}
+
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
@@ -534,10 +553,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\battestor\x18\x04 \x01(\tR\battestor\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x17\n" +
 	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x1a\n" +
-	"\bprotocol\x18\a \x01(\x05R\bprotocol\"4\n" +
+	"\bprotocol\x18\a \x01(\x05R\bprotocol\"e\n" +
 	"\fJoinResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
-	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xe0\x01\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"\xe0\x01\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -554,10 +574,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x13client_time_unix_ms\x18\x03 \x01(\x03R\x10clientTimeUnixMs\x12\x17\n" +
 	"\apop_sig\x18\x04 \x01(\fR\x06popSig\x12'\n" +
 	"\x0fkey_attestation\x18\x05 \x01(\fR\x0ekeyAttestation\x12\x17\n" +
-	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"5\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"f\n" +
 	"\rRenewResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
-	"\x03sig\x18\x02 \x01(\fR\x03sig2\xb6\x01\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate2\xb6\x01\n" +
 	"\vJoinService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponseBMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
