@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -20,7 +21,11 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/join/attest"
+	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/jointoken"
+	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -53,6 +58,8 @@ type Config struct {
 	Gateway *GatewayInfo
 	// MaxBodyBytes bounds request bodies (default 1 MiB).
 	MaxBodyBytes int
+	// CertTTL is JoinService's certTtlSeconds (default and maximum 24 h).
+	CertTTL time.Duration
 }
 
 // Server is the API.
@@ -64,6 +71,8 @@ type Server struct {
 	tenancy *tenancy.Service
 	authz   *authz.Service
 	tokens  *jointoken.Service
+	nodes   *nodes.Service
+	join    *join.Service
 	mux     *http.ServeMux
 	handler http.Handler
 }
@@ -92,7 +101,15 @@ func New(cfg Config) (*Server, error) {
 		tenancy: tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:   authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
+		nodes:   nodes.New(nodes.Config{DB: cfg.DB}),
 		mux:     http.NewServeMux(),
+	}
+	reg, err := attest.NewRegistry(jtattest.New())
+	if err != nil {
+		return nil, err
+	}
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Bundle: cfg.Bundle, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL}); err != nil {
+		return nil, err
 	}
 	op := &operator{s: s}
 	opts := []connect.HandlerOption{
@@ -107,6 +124,7 @@ func New(cfg Config) (*Server, error) {
 		func() (string, http.Handler) { return bcv1connect.NewApiKeyServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewJoinTokenServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewEventServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewNodeServiceHandler(op, opts...) },
 	} {
 		path, h := mount()
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, h))

@@ -37,6 +37,7 @@ type Client struct {
 	APIKeys    bcv1connect.ApiKeyServiceClient
 	JoinTokens bcv1connect.JoinTokenServiceClient
 	Events     bcv1connect.EventServiceClient
+	Nodes      bcv1connect.NodeServiceClient
 	// Base is the API's base URL, path included.
 	Base string
 }
@@ -84,6 +85,7 @@ func New(cfg Config) (*Client, error) {
 		APIKeys:    bcv1connect.NewApiKeyServiceClient(hc, base, opts...),
 		JoinTokens: bcv1connect.NewJoinTokenServiceClient(hc, base, opts...),
 		Events:     bcv1connect.NewEventServiceClient(hc, base, opts...),
+		Nodes:      bcv1connect.NewNodeServiceClient(hc, base, opts...),
 		Base:       base,
 	}, nil
 }

@@ -1,0 +1,57 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/join"
+)
+
+// PeerAddrHeader carries the daemon's address, set by the gateway (which
+// strips any the daemon sent).
+const PeerAddrHeader = "Bc-Peer-Addr"
+
+// agent serves JoinService to gateways.
+type agent struct{ s *Server }
+
+func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	res, err := a.s.join.Join(ctx, req.Msg, join.Peer{Addr: req.Header().Get(PeerAddrHeader)})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("renewal is not available yet"))
+}
+
+// AgentHandler serves the agent protocol for gateways. It must be served on
+// a listener that requires client certificates from the serving CA (see
+// AgentTLSConfig); requests without a verified client certificate are
+// refused here too, so mounting it elsewhere by mistake exposes nothing.
+func (s *Server) AgentHandler() http.Handler {
+	path, h := agentv1connect.NewJoinServiceHandler(&agent{s: s},
+		connect.WithReadMaxBytes(64<<10),
+		connect.WithInterceptors(errorInterceptor(s.log)),
+	)
+	mux := http.NewServeMux()
+	mux.Handle(path, h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// Join exposes JoinService in-process (tests and the load generator's
+// calibration).
+func (s *Server) Join() *join.Service { return s.join }
+

@@ -1,0 +1,133 @@
+// Package controller runs the control plane's controllers over the durable
+// work queue in the database: work is enqueued in the same transaction as the
+// change that causes it, claimed with a lease (so a crashed replica's items
+// come back), and retried with backoff. Today it adopts nodes whose pool has
+// no acceptance checks.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Config lists the controller's dependencies.
+type Config struct {
+	DB  *store.DB
+	Log *slog.Logger
+	Hub *events.Hub
+	// Poll is how often the queue is read when nothing wakes it (default 500 ms).
+	Poll time.Duration
+}
+
+// Controller processes the work queue.
+type Controller struct {
+	cfg  Config
+	wake chan struct{}
+}
+
+// New returns a Controller.
+func New(cfg Config) *Controller {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 500 * time.Millisecond
+	}
+	return &Controller{cfg: cfg, wake: make(chan struct{}, 1)}
+}
+
+// Wake makes the controller read the queue now.
+func (c *Controller) Wake() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run processes work until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Poll)
+	defer t.Stop()
+	for {
+		for {
+			n, err := c.RunOnce(ctx)
+			if err != nil && ctx.Err() == nil {
+				c.cfg.Log.Error("controller", "err", err)
+			}
+			if n == 0 || err != nil {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.wake:
+		}
+	}
+}
+
+// RunOnce claims and processes one batch; it returns how many items it took.
+func (c *Controller) RunOnce(ctx context.Context) (int, error) {
+	var items []store.WorkItem
+	err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		var err error
+		items, err = tx.ClaimWork(ctx, 50, time.Minute)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, w := range items {
+		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+			if err := c.handle(ctx, tx, w); err != nil {
+				return err
+			}
+			return tx.FinishWork(ctx, w.ID)
+		})
+		if err != nil {
+			backoff := min(time.Duration(1<<min(w.Attempts, 8))*time.Second, 5*time.Minute)
+			c.cfg.Log.Warn("work failed", "kind", w.Kind, "node", w.NodeID, "attempt", w.Attempts+1, "err", err)
+			_ = c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.FailWork(ctx, w.ID, err.Error(), backoff) })
+		}
+	}
+	return len(items), nil
+}
+
+func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem) error {
+	switch w.Kind {
+	case join.WorkAdopt:
+		return c.adopt(ctx, tx, w.NodeID)
+	default:
+		return fmt.Errorf("unknown work kind %q", w.Kind)
+	}
+}
+
+// adopt moves an adopting node to adopted (R4.5, pools without acceptance).
+func (c *Controller) adopt(ctx context.Context, tx *store.Tx, nodeID string) error {
+	n, err := tx.GetNode(ctx, nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if n.State != store.NodeAdopting {
+		return nil
+	}
+	if err := tx.SetNodeState(ctx, n.ID, store.NodeAdopted, ""); err != nil {
+		return err
+	}
+	data := map[string]any{"nodeId": n.ID, "poolId": n.PoolID, "identityGeneration": n.IdentityGeneration}
+	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: data}); err != nil {
+		return err
+	}
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "controller", Action: "node.adopted", Resource: "compute-node/" + n.ID, Data: data})
+}

@@ -1,0 +1,81 @@
+// Package nodes owns reading nodes through the operator API: a tenant's
+// nodes with their lifecycle and connection state and their certificates.
+// Nodes are created only by JoinService (internal/join).
+package nodes
+
+import (
+	"context"
+	"errors"
+
+	"github.com/better-compute/better-compute/internal/authz"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// Resource names a node for authorization.
+func Resource(id string) string { return "compute-node/" + id }
+
+// Service reads nodes.
+type Service struct{ db *store.DB }
+
+// Config lists the Service's dependencies.
+type Config struct{ DB *store.DB }
+
+// New returns a Service.
+func New(cfg Config) *Service { return &Service{db: cfg.DB} }
+
+// Detail is a node with its newest certificates.
+type Detail struct {
+	Node  store.Node
+	Certs []store.NodeCert
+}
+
+// Get reads a node of the tenant; another tenant's node is NOT_FOUND.
+func (s *Service) Get(ctx context.Context, p authz.Principal, tenantID, nodeID string) (Detail, error) {
+	if err := p.ActFor(tenantID); err != nil {
+		return Detail{}, err
+	}
+	var d Detail
+	err := s.db.ReadTx(ctx, func(tx *store.Tx) error {
+		n, err := tx.GetNode(ctx, nodeID)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && n.TenantID != tenantID) {
+			return errs.New(errs.NotFound, "node %s not found", nodeID)
+		}
+		if err != nil {
+			return err
+		}
+		if !p.Allowed(authz.NodesRead, Resource(n.ID)) && !p.Allowed(authz.NodesRead, authz.PoolResource(n.PoolID)) {
+			return errs.New(errs.AccessDenied, "%s is not allowed on %s", authz.NodesRead, Resource(n.ID))
+		}
+		d.Node = n
+		d.Certs, err = tx.ListNodeCerts(ctx, n.ID, 20)
+		return err
+	})
+	return d, err
+}
+
+// List lists the tenant's nodes, optionally of one pool.
+func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID, after string, limit int) ([]store.Node, error) {
+	if err := p.ActFor(tenantID); err != nil {
+		return nil, err
+	}
+	var out []store.Node
+	err := s.db.ReadTx(ctx, func(tx *store.Tx) error {
+		res := authz.PoolResource("*")
+		if poolID != "" {
+			pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+			if err != nil {
+				return err
+			}
+			res = authz.PoolResource(pool.ID)
+		}
+		if !p.Allowed(authz.NodesRead, res) {
+			return errs.New(errs.AccessDenied, "%s is not allowed on %s", authz.NodesRead, res)
+		}
+		var err error
+		out, err = tx.ListNodes(ctx, tenantID, poolID, after, limit)
+		return err
+	})
+	return out, err
+}
