@@ -54,4 +54,3 @@ func (s *Server) AgentHandler() http.Handler {
 // Join exposes JoinService in-process (tests and the load generator's
 // calibration).
 func (s *Server) Join() *join.Service { return s.join }
-

@@ -126,9 +126,25 @@ func (p Principal) Require(tenantID, action, resource string) error {
 		return err
 	}
 	if !p.Allowed(action, resource) {
+		if p.TenantID != tenantID {
+			// A platform principal acting for another tenant without the
+			// grant learns nothing of that tenant's resources: the answer
+			// is the one a missing resource gets (R1.2).
+			return notFoundResource(tenantID, resource)
+		}
 		return errs.New(errs.AccessDenied, "%s is not allowed on %s", action, resource)
 	}
 	return nil
+}
+
+// notFoundResource words NOT_FOUND for resource as tenancy does for a
+// missing one ("pool pool_… not found"); a pattern names the tenant.
+func notFoundResource(tenantID, resource string) error {
+	kind, id, ok := strings.Cut(strings.TrimPrefix(resource, "compute-"), "/")
+	if !ok || id == "" || strings.Contains(id, "*") {
+		return errs.New(errs.NotFound, "tenant %s not found", tenantID)
+	}
+	return errs.New(errs.NotFound, "%s %s not found", kind, id)
 }
 
 type ctxKey struct{}

@@ -434,4 +434,3 @@ func (s *Service) refused(ctx context.Context, r *refusal) {
 		s.log.Error("record join refusal", "err", err)
 	}
 }
-

@@ -2635,6 +2635,463 @@ func (x *ListAuditResponse) GetNextPageToken() string {
 	return ""
 }
 
+type NodeCert struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Serial             string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	IdentityGeneration int32                  `protobuf:"varint,2,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
+	Role               string                 `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	NotBefore          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter           *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	RevokedAt          *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	RevokeReason       string                 `protobuf:"bytes,7,opt,name=revoke_reason,json=revokeReason,proto3" json:"revoke_reason,omitempty"`
+	AllowedKinds       []string               `protobuf:"bytes,8,rep,name=allowed_kinds,json=allowedKinds,proto3" json:"allowed_kinds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *NodeCert) Reset() {
+	*x = NodeCert{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeCert) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeCert) ProtoMessage() {}
+
+func (x *NodeCert) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
+func (*NodeCert) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *NodeCert) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *NodeCert) GetIdentityGeneration() int32 {
+	if x != nil {
+		return x.IdentityGeneration
+	}
+	return 0
+}
+
+func (x *NodeCert) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *NodeCert) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *NodeCert) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *NodeCert) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+func (x *NodeCert) GetRevokeReason() string {
+	if x != nil {
+		return x.RevokeReason
+	}
+	return ""
+}
+
+func (x *NodeCert) GetAllowedKinds() []string {
+	if x != nil {
+		return x.AllowedKinds
+	}
+	return nil
+}
+
+type Node struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	SiteId   string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// node, site, ramdisk or node-tenant.
+	Role string `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	// adopting, adopted, failed or retired.
+	State       string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	StateReason string `protobuf:"bytes,7,opt,name=state_reason,json=stateReason,proto3" json:"state_reason,omitempty"`
+	// connected or disconnected.
+	Connection         string                 `protobuf:"bytes,8,opt,name=connection,proto3" json:"connection,omitempty"`
+	LastSeen           *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	IdentityGeneration int32                  `protobuf:"varint,10,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
+	HardwareKeyTrusted bool                   `protobuf:"varint,11,opt,name=hardware_key_trusted,json=hardwareKeyTrusted,proto3" json:"hardware_key_trusted,omitempty"`
+	// tpm when a TPM attestor proved the node key lives in the TPM, else unattested.
+	NodeKey   string                 `protobuf:"bytes,12,opt,name=node_key,json=nodeKey,proto3" json:"node_key,omitempty"`
+	Attestor  string                 `protobuf:"bytes,13,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	Hostname  string                 `protobuf:"bytes,14,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Claims    *structpb.Struct       `protobuf:"bytes,15,opt,name=claims,proto3" json:"claims,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Newest first; only in GetNode.
+	Certs         []*NodeCert `protobuf:"bytes,18,rep,name=certs,proto3" json:"certs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *Node) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Node) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *Node) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *Node) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *Node) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Node) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Node) GetStateReason() string {
+	if x != nil {
+		return x.StateReason
+	}
+	return ""
+}
+
+func (x *Node) GetConnection() string {
+	if x != nil {
+		return x.Connection
+	}
+	return ""
+}
+
+func (x *Node) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
+func (x *Node) GetIdentityGeneration() int32 {
+	if x != nil {
+		return x.IdentityGeneration
+	}
+	return 0
+}
+
+func (x *Node) GetHardwareKeyTrusted() bool {
+	if x != nil {
+		return x.HardwareKeyTrusted
+	}
+	return false
+}
+
+func (x *Node) GetNodeKey() string {
+	if x != nil {
+		return x.NodeKey
+	}
+	return ""
+}
+
+func (x *Node) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *Node) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *Node) GetClaims() *structpb.Struct {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+func (x *Node) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Node) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Node) GetCerts() []*NodeCert {
+	if x != nil {
+		return x.Certs
+	}
+	return nil
+}
+
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId        string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	PageSize      int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListNodesRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListNodesRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ListNodesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNodesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*Node                `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ListNodesResponse) GetItems() []*Node {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNodeRequest) Reset() {
+	*x = GetNodeRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNodeRequest) ProtoMessage() {}
+
+func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
+func (*GetNodeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetNodeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *GetNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 var File_bettercompute_v1_api_proto protoreflect.FileDescriptor
 
 const file_bettercompute_v1_api_proto_rawDesc = "" +
@@ -2850,7 +3307,54 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"o\n" +
 	"\x11ListAuditResponse\x122\n" +
 	"\x05items\x18\x01 \x03(\v2\x1c.bettercompute.v1.AuditEntryR\x05items\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\x87\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe0\x02\n" +
+	"\bNodeCert\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12/\n" +
+	"\x13identity_generation\x18\x02 \x01(\x05R\x12identityGeneration\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x129\n" +
+	"\n" +
+	"not_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
+	"\n" +
+	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12#\n" +
+	"\rrevoke_reason\x18\a \x01(\tR\frevokeReason\x12#\n" +
+	"\rallowed_kinds\x18\b \x03(\tR\fallowedKinds\"\x9a\x05\n" +
+	"\x04Node\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
+	"\asite_id\x18\x03 \x01(\tR\x06siteId\x12\x17\n" +
+	"\apool_id\x18\x04 \x01(\tR\x06poolId\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12!\n" +
+	"\fstate_reason\x18\a \x01(\tR\vstateReason\x12\x1e\n" +
+	"\n" +
+	"connection\x18\b \x01(\tR\n" +
+	"connection\x127\n" +
+	"\tlast_seen\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12/\n" +
+	"\x13identity_generation\x18\n" +
+	" \x01(\x05R\x12identityGeneration\x120\n" +
+	"\x14hardware_key_trusted\x18\v \x01(\bR\x12hardwareKeyTrusted\x12\x19\n" +
+	"\bnode_key\x18\f \x01(\tR\anodeKey\x12\x1a\n" +
+	"\battestor\x18\r \x01(\tR\battestor\x12\x1a\n" +
+	"\bhostname\x18\x0e \x01(\tR\bhostname\x12/\n" +
+	"\x06claims\x18\x0f \x01(\v2\x17.google.protobuf.StructR\x06claims\x129\n" +
+	"\n" +
+	"created_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x120\n" +
+	"\x05certs\x18\x12 \x03(\v2\x1a.bettercompute.v1.NodeCertR\x05certs\"\x84\x01\n" +
+	"\x10ListNodesRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"i\n" +
+	"\x11ListNodesResponse\x12,\n" +
+	"\x05items\x18\x01 \x03(\v2\x16.bettercompute.v1.NodeR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"F\n" +
+	"\x0eGetNodeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId2\x87\x02\n" +
 	"\rTenantService\x12O\n" +
 	"\fCreateTenant\x12%.bettercompute.v1.CreateTenantRequest\x1a\x18.bettercompute.v1.Tenant\x12I\n" +
 	"\tGetTenant\x12\".bettercompute.v1.GetTenantRequest\x1a\x18.bettercompute.v1.Tenant\x12Z\n" +
@@ -2877,7 +3381,10 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\fEventService\x12W\n" +
 	"\n" +
 	"ListEvents\x12#.bettercompute.v1.ListEventsRequest\x1a$.bettercompute.v1.ListEventsResponse\x12T\n" +
-	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponseBDZBgithub.com/better-compute/better-compute/gen/bettercompute/v1;bcv1b\x06proto3"
+	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xa8\x01\n" +
+	"\vNodeService\x12T\n" +
+	"\tListNodes\x12\".bettercompute.v1.ListNodesRequest\x1a#.bettercompute.v1.ListNodesResponse\x12C\n" +
+	"\aGetNode\x12 .bettercompute.v1.GetNodeRequest\x1a\x16.bettercompute.v1.NodeBDZBgithub.com/better-compute/better-compute/gen/bettercompute/v1;bcv1b\x06proto3"
 
 var (
 	file_bettercompute_v1_api_proto_rawDescOnce sync.Once
@@ -2891,7 +3398,7 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ErrorDetail)(nil),             // 0: bettercompute.v1.ErrorDetail
 	(*Tenant)(nil),                  // 1: bettercompute.v1.Tenant
@@ -2933,82 +3440,100 @@ var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*AuditEntry)(nil),              // 37: bettercompute.v1.AuditEntry
 	(*ListAuditRequest)(nil),        // 38: bettercompute.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),       // 39: bettercompute.v1.ListAuditResponse
-	(*timestamppb.Timestamp)(nil),   // 40: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 41: google.protobuf.Struct
+	(*NodeCert)(nil),                // 40: bettercompute.v1.NodeCert
+	(*Node)(nil),                    // 41: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),        // 42: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 43: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),          // 44: bettercompute.v1.GetNodeRequest
+	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 46: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	40, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	45, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	40, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	45, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
 	13, // 6: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	40, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	40, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	45, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	45, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	13, // 9: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	14, // 10: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 11: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	20, // 12: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	40, // 13: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	40, // 14: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 15: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	45, // 13: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	45, // 14: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	45, // 15: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
 	20, // 16: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
 	21, // 17: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
 	21, // 18: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
 	28, // 19: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	40, // 20: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 21: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	40, // 22: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	45, // 20: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	45, // 21: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	45, // 22: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
 	28, // 23: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
 	29, // 24: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	40, // 25: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	41, // 26: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	45, // 25: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	46, // 26: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
 	34, // 27: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	40, // 28: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	41, // 29: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	45, // 28: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	46, // 29: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
 	37, // 30: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	2,  // 31: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 32: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 33: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 34: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 35: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 36: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	15, // 37: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	16, // 38: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	17, // 39: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	19, // 40: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	22, // 41: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	24, // 42: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	26, // 43: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	30, // 44: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	31, // 45: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	33, // 46: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	35, // 47: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	38, // 48: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	1,  // 49: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 50: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 51: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 52: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 53: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 54: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	14, // 55: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	14, // 56: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	18, // 57: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	14, // 58: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	23, // 59: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	25, // 60: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	27, // 61: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	29, // 62: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	32, // 63: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	29, // 64: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	36, // 65: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	39, // 66: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	49, // [49:67] is the sub-list for method output_type
-	31, // [31:49] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	45, // 31: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	45, // 32: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	45, // 33: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	45, // 34: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	46, // 35: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	45, // 36: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	45, // 37: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	40, // 38: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	41, // 39: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	2,  // 40: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 41: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 42: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 43: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 44: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 45: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	15, // 46: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	16, // 47: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	17, // 48: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	19, // 49: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	22, // 50: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	24, // 51: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	26, // 52: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	30, // 53: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	31, // 54: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	33, // 55: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	35, // 56: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	38, // 57: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	42, // 58: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	44, // 59: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	1,  // 60: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 61: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 62: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 63: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 64: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 65: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	14, // 66: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	14, // 67: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	18, // 68: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	14, // 69: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	23, // 70: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	25, // 71: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	27, // 72: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	29, // 73: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	32, // 74: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	29, // 75: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	36, // 76: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	39, // 77: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	43, // 78: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	41, // 79: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	60, // [60:80] is the sub-list for method output_type
+	40, // [40:60] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -3022,9 +3547,9 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   45,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_bettercompute_v1_api_proto_goTypes,
 		DependencyIndexes: file_bettercompute_v1_api_proto_depIdxs,

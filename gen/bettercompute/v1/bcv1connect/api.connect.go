@@ -39,6 +39,8 @@ const (
 	JoinTokenServiceName = "bettercompute.v1.JoinTokenService"
 	// EventServiceName is the fully-qualified name of the EventService service.
 	EventServiceName = "bettercompute.v1.EventService"
+	// NodeServiceName is the fully-qualified name of the NodeService service.
+	NodeServiceName = "bettercompute.v1.NodeService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -94,6 +96,10 @@ const (
 	EventServiceListEventsProcedure = "/bettercompute.v1.EventService/ListEvents"
 	// EventServiceListAuditProcedure is the fully-qualified name of the EventService's ListAudit RPC.
 	EventServiceListAuditProcedure = "/bettercompute.v1.EventService/ListAudit"
+	// NodeServiceListNodesProcedure is the fully-qualified name of the NodeService's ListNodes RPC.
+	NodeServiceListNodesProcedure = "/bettercompute.v1.NodeService/ListNodes"
+	// NodeServiceGetNodeProcedure is the fully-qualified name of the NodeService's GetNode RPC.
+	NodeServiceGetNodeProcedure = "/bettercompute.v1.NodeService/GetNode"
 )
 
 // TenantServiceClient is a client for the bettercompute.v1.TenantService service.
@@ -826,4 +832,100 @@ func (UnimplementedEventServiceHandler) ListEvents(context.Context, *connect.Req
 
 func (UnimplementedEventServiceHandler) ListAudit(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.EventService.ListAudit is not implemented"))
+}
+
+// NodeServiceClient is a client for the bettercompute.v1.NodeService service.
+type NodeServiceClient interface {
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
+}
+
+// NewNodeServiceClient constructs a client for the bettercompute.v1.NodeService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) NodeServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	nodeServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("NodeService").Methods()
+	return &nodeServiceClient{
+		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
+			httpClient,
+			baseURL+NodeServiceListNodesProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ListNodes")),
+			connect.WithClientOptions(opts...),
+		),
+		getNode: connect.NewClient[v1.GetNodeRequest, v1.Node](
+			httpClient,
+			baseURL+NodeServiceGetNodeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("GetNode")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// nodeServiceClient implements NodeServiceClient.
+type nodeServiceClient struct {
+	listNodes *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	getNode   *connect.Client[v1.GetNodeRequest, v1.Node]
+}
+
+// ListNodes calls bettercompute.v1.NodeService.ListNodes.
+func (c *nodeServiceClient) ListNodes(ctx context.Context, req *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return c.listNodes.CallUnary(ctx, req)
+}
+
+// GetNode calls bettercompute.v1.NodeService.GetNode.
+func (c *nodeServiceClient) GetNode(ctx context.Context, req *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error) {
+	return c.getNode.CallUnary(ctx, req)
+}
+
+// NodeServiceHandler is an implementation of the bettercompute.v1.NodeService service.
+type NodeServiceHandler interface {
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
+}
+
+// NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
+// on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	nodeServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("NodeService").Methods()
+	nodeServiceListNodesHandler := connect.NewUnaryHandler(
+		NodeServiceListNodesProcedure,
+		svc.ListNodes,
+		connect.WithSchema(nodeServiceMethods.ByName("ListNodes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceGetNodeHandler := connect.NewUnaryHandler(
+		NodeServiceGetNodeProcedure,
+		svc.GetNode,
+		connect.WithSchema(nodeServiceMethods.ByName("GetNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case NodeServiceListNodesProcedure:
+			nodeServiceListNodesHandler.ServeHTTP(w, r)
+		case NodeServiceGetNodeProcedure:
+			nodeServiceGetNodeHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedNodeServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedNodeServiceHandler struct{}
+
+func (UnimplementedNodeServiceHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.ListNodes is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.GetNode is not implemented"))
 }
