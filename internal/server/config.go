@@ -28,6 +28,8 @@ type Config struct {
 	Store      store.Config  `toml:"store"`
 	PKI        PKIConfig     `toml:"pki"`
 	Gateway    GatewayConfig `toml:"gateway"`
+	Agent      AgentConfig   `toml:"agent"`
+	Join       JoinConfig    `toml:"join"`
 	Metrics    MetricsConfig `toml:"metrics"`
 	Limits     LimitsConfig  `toml:"limits"`
 }
@@ -49,6 +51,23 @@ type PKIConfig struct {
 type GatewayConfig struct {
 	URL        string `toml:"url"`
 	ServerName string `toml:"server_name"`
+}
+
+// AgentConfig is the listener gateways relay the agent protocol to. It
+// requires TLS client certificates from the serving CA (gateway identities)
+// and serves its own certificate, e.g. one from `pki issue-gateway --san
+// api.internal`.
+type AgentConfig struct {
+	Listen   string `toml:"listen"`
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+}
+
+// JoinConfig tunes JoinService.
+type JoinConfig struct {
+	// CertTTLSeconds is the node certificate lifetime (default and maximum
+	// 86400).
+	CertTTLSeconds int `toml:"cert_ttl_seconds"`
 }
 
 // MetricsConfig serves Prometheus metrics on their own listener.
@@ -117,6 +136,12 @@ func (c *Config) validate() error {
 	if c.Limits.MaxBodyBytes < 0 || c.Limits.ReadTimeoutSeconds < 0 || c.Limits.WriteTimeoutSeconds < 0 {
 		return errs.New(errs.InvalidConfig, "config: limits cannot be negative")
 	}
+	if c.Agent.Listen != "" && (c.Agent.CertFile == "" || c.Agent.KeyFile == "" || c.PKI.Dir == "") {
+		return errs.New(errs.InvalidConfig, "config: agent.listen needs agent.cert_file, agent.key_file and pki.dir")
+	}
+	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
+		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")
+	}
 	if c.Gateway.URL != "" && !strings.HasPrefix(c.Gateway.URL, "https://") {
 		return errs.New(errs.InvalidConfig, "config: gateway.url must be an https:// URL")
 	}
@@ -149,6 +174,14 @@ dir = "/var/lib/better-compute/pki"
 [gateway]                  # published in the well-known document
 url = "https://gw.eu.example.com"
 server_name = "gw.eu.example.com"
+
+[agent]                    # where gateways relay joins (mTLS, serving-CA client certs)
+listen = ":8444"
+cert_file = "/etc/better-compute/agent.crt"   # better-compute pki issue-gateway --san api.internal
+key_file = "/etc/better-compute/agent.key"
+
+[join]
+cert_ttl_seconds = 86400
 
 [metrics]
 listen = "127.0.0.1:9090"

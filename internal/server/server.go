@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/controller"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
@@ -30,6 +33,13 @@ type Options struct {
 	// Setup runs after the API is built and before it serves (dev uses it
 	// to bootstrap).
 	Setup func(ctx context.Context, s *api.Server, db *store.DB) error
+	// AgentCert, when set, is the agent listener's certificate (dev makes
+	// one in memory instead of files).
+	AgentCert *tls.Certificate
+	// AgentReady receives the agent listener's address.
+	AgentReady func(addr string)
+	// Bundle receives the loaded PKI (dev uses it to start the gateway).
+	Bundle func(*pki.Bundle)
 }
 
 // Run serves the API until ctx ends, then shuts down gracefully.
@@ -60,7 +70,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if cfg.Gateway.URL != "" {
 		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
 	}
-	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw, MaxBodyBytes: cfg.Limits.MaxBodyBytes})
+	if o.Bundle != nil {
+		o.Bundle(bundle)
+	}
+	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second})
 	if err != nil {
 		return err
 	}
@@ -124,6 +138,74 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		}()
 		log.Info("metrics listening", "addr", mln.Addr().String())
 	}
+	var as *http.Server
+	if cfg.Agent.Listen != "" || o.AgentCert != nil {
+		if bundle == nil {
+			hs.Close()
+			return errs.New(errs.InvalidConfig, "the agent listener needs the machine PKI (pki.dir)")
+		}
+		cert := o.AgentCert
+		if cert == nil {
+			c, err := tls.LoadX509KeyPair(cfg.Agent.CertFile, cfg.Agent.KeyFile)
+			if err != nil {
+				hs.Close()
+				return errs.New(errs.InvalidConfig, "agent certificate: %v", err)
+			}
+			cert = &c
+		}
+		cas := x509.NewCertPool()
+		cas.AddCert(bundle.ServingCA)
+		addr := cfg.Agent.Listen
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		aln, err := net.Listen("tcp", addr)
+		if err != nil {
+			hs.Close()
+			return errs.New(errs.InvalidConfig, "agent listen %s: %v", addr, err)
+		}
+		as = &http.Server{
+			Handler:           srv.AgentHandler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			WriteTimeout:      60 * time.Second,
+			IdleTimeout:       10 * time.Minute,
+			MaxHeaderBytes:    32 << 10,
+			TLSConfig: &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				Certificates: []tls.Certificate{*cert},
+				ClientAuth:   tls.RequireAndVerifyClientCert,
+				ClientCAs:    cas,
+				NextProtos:   []string{"h2", "http/1.1"},
+			},
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		go func() {
+			if err := as.ServeTLS(aln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+		log.Info("agent listener (gateways, mTLS)", "addr", aln.Addr().String())
+		if o.AgentReady != nil {
+			o.AgentReady(aln.Addr().String())
+		}
+	}
+	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub()})
+	cctx, cstop := context.WithCancel(ctx)
+	defer cstop()
+	go ctrl.Run(cctx)
+	go func() {
+		// Wake the controller whenever events commit (a join queues work).
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case <-srv.Hub().Wait():
+				ctrl.Wake()
+			}
+		}
+	}()
+
 	scheme := "http"
 	if cfg.TLS.CertFile != "" {
 		scheme = "https"
@@ -142,6 +224,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	defer cancel()
 	if ms != nil {
 		_ = ms.Shutdown(sctx)
+	}
+	if as != nil {
+		_ = as.Shutdown(sctx)
 	}
 	return hs.Shutdown(sctx)
 }
