@@ -19,7 +19,9 @@ import (
 
 	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/authz"
+	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/server"
 	"github.com/better-compute/better-compute/internal/store"
@@ -81,7 +83,7 @@ type devState struct {
 }
 
 func (a *app) devCmd() *cobra.Command {
-	var dir, listen, td, level string
+	var dir, listen, gwListen, td, level string
 	cmd := &cobra.Command{
 		Use:   "dev [--data-dir DIR]",
 		Short: "Run a complete local control plane on an embedded database",
@@ -92,7 +94,12 @@ site and a bcd pool. It writes DIR/dev.env; after
     source DIR/dev.env
 
 the CLI examples run as written (BETTER_COMPUTE_URL, BETTER_COMPUTE_API_KEY,
-TENANT, SITE, POOL). Restarting on the same directory keeps everything.
+TENANT, SITE, POOL). It also runs a gateway and writes DIR/bcd/config.toml,
+so that
+
+    bcd join --config DIR/bcd/config.toml < join-token
+
+joins this machine to it. Restarting on the same directory keeps everything.
 
 For development only: the secret that encrypts the PKI's keys is kept in
 DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
@@ -104,18 +111,23 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 			}
 			ctx, cancel := signalContext(cmd.Context())
 			defer cancel()
-			return a.runDev(ctx, dir, listen, td, log)
+			return a.runDev(ctx, devOptions{dir: dir, listen: listen, gwListen: gwListen, td: td}, log)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "data-dir", "bc-dev", "data directory (created 0700)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "API address (plain HTTP on loopback)")
+	cmd.Flags().StringVar(&gwListen, "gateway-listen", "127.0.0.1:8443", "gateway address daemons join through (TLS)")
 	cmd.Flags().StringVar(&td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
 	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
 
-func (a *app) runDev(ctx context.Context, dir, listen, td string, log *slog.Logger) error {
-	dir, err := filepath.Abs(dir)
+type devOptions struct {
+	dir, listen, gwListen, td string
+}
+
+func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
+	dir, err := filepath.Abs(o.dir)
 	if err != nil {
 		return err
 	}
@@ -128,15 +140,48 @@ func (a *app) runDev(ctx context.Context, dir, listen, td string, log *slog.Logg
 	}
 	pkiDir := filepath.Join(dir, "pki")
 	if _, err := os.Stat(filepath.Join(pkiDir, pki.FileManifest)); errors.Is(err, fs.ErrNotExist) {
-		if _, err := pki.Init(pkiDir, td, sec, time.Now()); err != nil {
+		if _, err := pki.Init(pkiDir, o.td, sec, time.Now()); err != nil {
 			return err
 		}
-		log.Info("wrote the machine PKI", "dir", pkiDir, "trust_domain", td)
+		log.Info("wrote the machine PKI", "dir", pkiDir, "trust_domain", o.td)
 	}
-	cfg := server.Config{Listen: listen, RootTenant: "root", Store: store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")}, PKI: server.PKIConfig{Dir: pkiDir}}
+	bundle, err := pki.Load(pkiDir, sec)
+	if err != nil {
+		return err
+	}
+	// The gateway's serving certificate and the API agent listener's, for
+	// loopback; made once.
+	for _, name := range []string{"gateway", "agent"} {
+		crt, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+		if _, err := os.Stat(crt); err == nil {
+			continue
+		}
+		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost"}, time.Now(), 365*24*time.Hour)
+		if err != nil {
+			return err
+		}
+		_ = os.Remove(key)
+		if err := writeNew(key, keyPEM, 0o600); err != nil {
+			return err
+		}
+		if err := writeNew(crt, certPEM, 0o644); err != nil {
+			return err
+		}
+	}
+	gwURL := "https://" + o.gwListen
+	cfg := server.Config{
+		Listen: o.listen, RootTenant: "root",
+		Store:   store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
+		PKI:     server.PKIConfig{Dir: pkiDir},
+		Agent:   server.AgentConfig{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "agent.crt"), KeyFile: filepath.Join(dir, "agent.key")},
+		Gateway: server.GatewayConfig{URL: gwURL},
+	}
 	envPath := filepath.Join(dir, "dev.env")
 	var st devState
-	return server.Run(ctx, cfg, server.Options{
+	gwErr := make(chan error, 1)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	err = server.Run(runCtx, cfg, server.Options{
 		Log:    log,
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
@@ -144,14 +189,37 @@ func (a *app) runDev(ctx context.Context, dir, listen, td string, log *slog.Logg
 			st, err = devBootstrap(ctx, s, db, envPath)
 			return err
 		},
+		AgentReady: func(addr string) {
+			g, err := gateway.New(gateway.Config{
+				Listen: o.gwListen, CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
+				APIURL: "https://" + addr, APICAFile: filepath.Join(pkiDir, pki.FileServingCACert),
+			}, gateway.Options{Log: log.With("process", "gateway")})
+			if err != nil {
+				gwErr <- err
+				cancel()
+				return
+			}
+			go func() {
+				if err := g.Run(runCtx); err != nil {
+					gwErr <- err
+					cancel()
+				}
+			}()
+		},
 		Ready: func(addr string) {
 			url := "http://" + addr
 			if err := writeDevEnv(envPath, url, st); err != nil {
 				log.Error("write dev.env", "err", err)
 				return
 			}
+			bcdConf, err := writeDevBCD(dir, gwURL, st.site, bundle)
+			if err != nil {
+				log.Error("write the bcd config", "err", err)
+				return
+			}
 			fmt.Fprintf(a.env.Stdout, `
 better-compute dev is running at %s%s (data in %s)
+gateway for daemons: %s
 
   source %s
   better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h \
@@ -159,10 +227,47 @@ better-compute dev is running at %s%s (data in %s)
   better-compute join-tokens list --tenant $TENANT --pool $POOL
   better-compute events list --tenant $TENANT
 
+Join this machine (a token without --expect-*, or one naming its own serial):
+  better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h --out ./my-token
+  bcd join --config %s < ./my-token
+  better-compute nodes list --tenant $TENANT
+
 Stop with Ctrl-C; starting again on the same --data-dir keeps everything.
-`, url, api.DefaultBasePath, dir, envPath)
+`, url, api.DefaultBasePath, dir, gwURL, envPath, bcdConf)
 		},
 	})
+	select {
+	case gerr := <-gwErr:
+		return fmt.Errorf("gateway: %w", gerr)
+	default:
+	}
+	return err
+}
+
+// writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
+// daemon on this machine joining the dev control plane.
+func writeDevBCD(dir, gwURL, site string, b *pki.Bundle) (string, error) {
+	pins, err := b.Pins()
+	if err != nil {
+		return "", err
+	}
+	bdir := filepath.Join(dir, "bcd")
+	if err := os.MkdirAll(bdir, 0o755); err != nil {
+		return "", err
+	}
+	c := &bcdconfig.Config{
+		GatewayURL: gwURL, Site: site, ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
+		DataDir: filepath.Join(bdir, "data"),
+	}
+	c.ApplyDefaults()
+	path := filepath.Join(bdir, "config.toml")
+	if err := c.Write(path); err != nil {
+		return "", err
+	}
+	if err := bcdconfig.WriteEncryptionKey(bdir, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // devSecret returns BETTER_COMPUTE_SECRET, or the development secret kept in

@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/gateway"
+)
+
+func (a *app) gatewayCmd() *cobra.Command {
+	var path, level string
+	cmd := &cobra.Command{
+		Use:   "gateway --config FILE",
+		Short: "Run a regional gateway that daemons connect to",
+		Long: `Run the regional gateway: it terminates the daemons' TLS with the
+certificate from 'pki issue-gateway' and relays joins to the API's agent
+listener over mTLS with the same certificate. It cannot read join tokens
+(they are sealed to JoinService) or mint certificates.
+
+Config (TOML, unknown keys are errors):
+
+  listen       = ":443"
+  cert_file    = "/etc/better-compute/gateway.crt"
+  key_file     = "/etc/better-compute/gateway.key"
+  api_url      = "https://api.internal:8444"     # the API's [agent] listener
+  api_ca_file  = "/etc/better-compute/serving-ca.crt"
+  max_body_bytes = 65536
+  request_timeout = "30s"
+  max_concurrent = 1024`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("config", path); err != nil {
+				return err
+			}
+			cfg, err := gateway.LoadConfig(path)
+			if err != nil {
+				return err
+			}
+			log, err := a.logger(level)
+			if err != nil {
+				return err
+			}
+			g, err := gateway.New(cfg, gateway.Options{Log: log})
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext(cmd.Context())
+			defer cancel()
+			return g.Run(ctx)
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", "", "TOML config file")
+	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"bytes"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/better-compute/better-compute/internal/errs"
+)
+
+// Defaults for the limits in Config.
+const (
+	DefaultListen         = ":443"
+	DefaultMaxBodyBytes   = 64 << 10
+	DefaultRequestTimeout = 30 * time.Second
+	DefaultMaxConcurrent  = 1024
+)
+
+// Config is better-compute gateway's TOML configuration.
+type Config struct {
+	// Listen is where daemons connect, e.g. ":443" (the default).
+	Listen string `toml:"listen"`
+	// CertFile and KeyFile are the gateway's certificate from
+	// `better-compute pki issue-gateway`: the chain PEM (leaf first) and its
+	// PKCS#8 key. The same certificate serves daemons and is the gateway's
+	// client identity toward the API.
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	// APIURL is the API's agent listener, https://host:port.
+	APIURL string `toml:"api_url"`
+	// APICAFile is the PEM of the serving CA that verifies the agent
+	// listener's certificate.
+	APICAFile string `toml:"api_ca_file"`
+	// MaxBodyBytes bounds one agent message in either direction (default
+	// 64 KiB).
+	MaxBodyBytes int `toml:"max_body_bytes"`
+	// RequestTimeout bounds one relayed call, e.g. "30s" (the default).
+	RequestTimeout time.Duration `toml:"request_timeout"`
+	// MaxConcurrent bounds the calls in flight; beyond it a call is refused
+	// at once with RESOURCE_EXHAUSTED instead of queueing (default 1024).
+	MaxConcurrent int `toml:"max_concurrent"`
+}
+
+// LoadConfig reads a TOML config file; unknown keys are errors.
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, errs.New(errs.InvalidConfig, "read gateway config: %v", err)
+	}
+	return ParseConfig(b)
+}
+
+// ParseConfig parses TOML, rejects unknown keys, applies defaults and
+// validates. Errors are INVALID_CONFIG naming the key.
+func ParseConfig(b []byte) (Config, error) {
+	var c Config
+	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&c)
+	if err != nil {
+		return c, errs.New(errs.InvalidConfig, "gateway config: %v", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return c, errs.New(errs.InvalidConfig, "gateway config: unknown keys: %s", strings.Join(keys, ", "))
+	}
+	if err := c.validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func badKey(key, format string, args ...any) *errs.E {
+	e := errs.New(errs.InvalidConfig, "gateway config: "+key+": "+format, args...)
+	e.Field = key
+	return e
+}
+
+// validate applies defaults and checks every key; New calls it too, so a
+// Config built in code gets the same checks as a file.
+func (c *Config) validate() error {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.CertFile == "" {
+		return badKey("cert_file", "is required (the chain from better-compute pki issue-gateway)")
+	}
+	if c.KeyFile == "" {
+		return badKey("key_file", "is required (the PKCS#8 key from better-compute pki issue-gateway)")
+	}
+	if c.APIURL == "" {
+		return badKey("api_url", "is required (the API's agent listener, https://host:port)")
+	}
+	u, err := url.Parse(c.APIURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return badKey("api_url", "must be an https://host:port URL, got %q", c.APIURL)
+	}
+	if c.APICAFile == "" {
+		return badKey("api_ca_file", "is required (the serving CA PEM that verifies the API's agent listener)")
+	}
+	switch {
+	case c.MaxBodyBytes < 0:
+		return badKey("max_body_bytes", "cannot be negative")
+	case c.MaxBodyBytes == 0:
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	switch {
+	case c.RequestTimeout < 0:
+		return badKey("request_timeout", "cannot be negative")
+	case c.RequestTimeout == 0:
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	switch {
+	case c.MaxConcurrent < 0:
+		return badKey("max_concurrent", "cannot be negative")
+	case c.MaxConcurrent == 0:
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	return nil
+}
+
+// Example is a commented config, for `gateway --print-config`.
+const Example = `# better-compute gateway --config /etc/better-compute/gateway.toml
+listen = ":443"
+
+# from: better-compute pki issue-gateway --san gw.eu.example.com
+cert_file = "/etc/better-compute/gateway.crt"   # chain PEM, leaf first
+key_file = "/etc/better-compute/gateway.key"    # PKCS#8, mode 0600
+
+# the API's agent listener and the serving CA that verifies it
+api_url = "https://api.internal:8444"
+api_ca_file = "/etc/better-compute/serving-ca.pem"
+
+max_body_bytes = 65536
+request_timeout = "30s"
+max_concurrent = 1024
+`

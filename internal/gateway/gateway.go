@@ -1,0 +1,333 @@
+// Package gateway is the regional gateway (`better-compute gateway`).
+//
+// The gateway is stateless. It terminates the daemons' TLS (its serving
+// certificate chains to the serving CA that bcd pins) and relays
+// JoinService.Join and Renew to the API's agent listener over mTLS with its
+// own identity. It never opens the seal (the join token is sealed to the
+// JoinService key and bound to the CSR) and cannot mint certificates (join
+// answers are signed with the join-signing key that bcd pins); a
+// compromised gateway can drop or delay calls, not forge them. Node
+// sessions and command dispatch come later.
+//
+// Errors from the API are passed to the daemon unchanged (the API already
+// answers with product codes); a failure to reach the API is UNAVAILABLE
+// with a short message and the detail goes to the log only.
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/api"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/errs"
+)
+
+// Headers the gateway sets on relayed calls. The API trusts them only
+// because they arrive over mTLS from a gateway identity.
+const (
+	// HeaderPeerAddr is the daemon's remote address (host:port) as the
+	// gateway saw it.
+	HeaderPeerAddr = "Bc-Peer-Addr"
+	// HeaderPeerCertificate is the DER leaf the daemon presented on its TLS
+	// connection, in standard base64; set on Renew only. The gateway does
+	// not verify it: the API does.
+	HeaderPeerCertificate = "Bc-Peer-Certificate"
+
+	// peerHeaderPrefix covers every header the gateway owns.
+	peerHeaderPrefix = "Bc-Peer-"
+)
+
+const (
+	// shutdownGrace bounds a graceful shutdown in Run.
+	shutdownGrace = 15 * time.Second
+	// compressMinBytes: join and renew answers (a few KiB) are sent as
+	// they are; gzip would cost more CPU than the bytes it saves.
+	compressMinBytes = 16 << 10
+)
+
+// Options are the process-level inputs that do not belong in the file.
+type Options struct {
+	Log   *slog.Logger
+	Clock clock.Clock
+}
+
+// Gateway relays agent calls to the API. Build it with New.
+type Gateway struct {
+	cfg      Config
+	log      *slog.Logger
+	clock    clock.Clock
+	upstream agentv1connect.JoinServiceClient
+	tr       *http.Transport
+	sem      chan struct{}
+	handler  http.Handler
+	hs       *http.Server
+}
+
+// New loads the gateway's certificate and the API's CA and builds the
+// upstream client. Errors are INVALID_CONFIG naming the key.
+func New(cfg Config, o Options) (*Gateway, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	if g.clock == nil {
+		g.clock = clock.Real{}
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+	if err != nil {
+		return nil, badKey("cert_file", "load the gateway certificate and key: %v", err)
+	}
+	leaf := cert.Leaf
+	if now := g.clock.Now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		return nil, badKey("cert_file", "the gateway certificate is valid from %s to %s; issue a new one with better-compute pki issue-gateway",
+			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	// The one certificate is both the serving certificate and the client
+	// identity toward the API, so it needs both usages.
+	if !hasEKU(leaf, x509.ExtKeyUsageServerAuth) || !hasEKU(leaf, x509.ExtKeyUsageClientAuth) {
+		return nil, badKey("cert_file", "the certificate needs extended key usages serverAuth and clientAuth; issue it with better-compute pki issue-gateway")
+	}
+	caPEM, err := os.ReadFile(cfg.APICAFile)
+	if err != nil {
+		return nil, badKey("api_ca_file", "%v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		return nil, badKey("api_ca_file", "holds no PEM certificate")
+	}
+
+	g.tr = &http.Transport{
+		Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   10 * time.Second,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// SECURITY: the API is authenticated against the serving CA only,
+		// never the system roots, and sees the gateway's own certificate.
+		TLSClientConfig: &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			RootCAs:      roots,
+			Certificates: []tls.Certificate{cert},
+		},
+		// Health pings find a dead API connection before a call waits on it.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
+	}
+	hc := &http.Client{Transport: g.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	g.upstream = agentv1connect.NewJoinServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
+		connect.WithGRPC(),
+		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
+		// Agent messages are small and the API is near: gzip on this hop
+		// costs more CPU than it saves.
+		connect.WithAcceptCompression("gzip", nil, nil),
+	)
+
+	path, h := agentv1connect.NewJoinServiceHandler(&relay{g: g},
+		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
+		connect.WithCompressMinBytes(compressMinBytes),
+		connect.WithInterceptors(g.limit()),
+	)
+	mux := http.NewServeMux()
+	mux.Handle(path, h)
+	g.handler = peerContext(mux)
+
+	g.hs = &http.Server{
+		Handler:           g.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Per request (per stream on HTTP/2). Sessions, which are long
+		// streams, will need their own bounds when they arrive.
+		ReadTimeout:    cfg.RequestTimeout + 10*time.Second,
+		WriteTimeout:   cfg.RequestTimeout + 10*time.Second,
+		IdleTimeout:    120 * time.Second,
+		MaxHeaderBytes: 32 << 10,
+		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+		TLSConfig: &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{cert},
+			NextProtos:   []string{"h2", "http/1.1"},
+			// A daemon may present its node certificate (Renew); the API
+			// verifies it, so the gateway only requests it. Sessions will
+			// require and verify it here.
+			ClientAuth: tls.RequestClientCert,
+		},
+	}
+	g.log.Info("gateway configured", "api_url", cfg.APIURL, "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+	return g, nil
+}
+
+func hasEKU(c *x509.Certificate, u x509.ExtKeyUsage) bool {
+	return slices.Contains(c.ExtKeyUsage, u) || slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageAny)
+}
+
+// Handler returns the agent handler (JoinService). It reads the daemon's
+// address and client certificate from the request's TLS state.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// Run listens on cfg.Listen with TLS and serves until ctx ends, then shuts
+// down gracefully.
+func (g *Gateway) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", g.cfg.Listen)
+	if err != nil {
+		return badKey("listen", "listen %s: %v", g.cfg.Listen, err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(ln) }()
+	g.log.Info("gateway listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	g.log.Info("gateway shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	return g.Shutdown(sctx)
+}
+
+// Serve serves TLS (HTTP/2 and HTTP/1.1) on ln until Shutdown; it returns nil
+// after a shutdown. A Gateway serves once.
+func (g *Gateway) Serve(ln net.Listener) error {
+	// ServeTLS configures HTTP/2 on the server; the certificate comes from
+	// TLSConfig.
+	if err := g.hs.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops accepting, waits for calls in flight until ctx ends, and
+// closes the idle connections to the API.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	err := g.hs.Shutdown(ctx)
+	g.tr.CloseIdleConnections()
+	return err
+}
+
+// peer is what the gateway learned about the daemon's connection.
+type peer struct {
+	addr    string
+	certDER []byte // the presented leaf, if any; unverified
+}
+
+type peerKey struct{}
+
+// peerContext records the daemon's connection in the context and drops any
+// Bc-Peer-* header the daemon sent.
+func peerContext(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// SECURITY: Bc-Peer-* headers are the gateway's to set; a daemon's
+		// own are never trusted. Upstream calls are built fresh, so these
+		// would not be forwarded anyway; dropping them here keeps every
+		// later reader honest too.
+		for k := range r.Header {
+			if strings.HasPrefix(http.CanonicalHeaderKey(k), peerHeaderPrefix) {
+				delete(r.Header, k)
+			}
+		}
+		p := peer{addr: r.RemoteAddr}
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+			p.certDER = r.TLS.PeerCertificates[0].Raw
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, p)))
+	})
+}
+
+func peerOf(ctx context.Context) peer {
+	p, _ := ctx.Value(peerKey{}).(peer)
+	return p
+}
+
+// limit refuses a call at once when MaxConcurrent calls are in flight:
+// queueing would only hold daemons' connections while the API is slow.
+func (g *Gateway) limit() connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			select {
+			case g.sem <- struct{}{}:
+			default:
+				g.log.Warn("gateway busy: call refused", "procedure", req.Spec().Procedure, "max_concurrent", g.cfg.MaxConcurrent)
+				return nil, api.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
+			}
+			defer func() { <-g.sem }()
+			return next(ctx, req)
+		}
+	}
+}
+
+// relay implements JoinService by forwarding to the API.
+type relay struct {
+	agentv1connect.UnimplementedJoinServiceHandler
+	g *Gateway
+}
+
+func (r *relay) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	p := peerOf(ctx)
+	up := connect.NewRequest(req.Msg)
+	up.Header().Set(HeaderPeerAddr, p.addr)
+	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
+	defer cancel()
+	start := r.g.clock.Now()
+	res, err := r.g.upstream.Join(ctx, up)
+	if err != nil {
+		return nil, r.g.upstreamError(agentv1connect.JoinServiceJoinProcedure, p, start, err)
+	}
+	return connect.NewResponse(res.Msg), nil
+}
+
+func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
+	p := peerOf(ctx)
+	up := connect.NewRequest(req.Msg)
+	up.Header().Set(HeaderPeerAddr, p.addr)
+	if len(p.certDER) > 0 {
+		up.Header().Set(HeaderPeerCertificate, base64.StdEncoding.EncodeToString(p.certDER))
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
+	defer cancel()
+	start := r.g.clock.Now()
+	res, err := r.g.upstream.Renew(ctx, up)
+	if err != nil {
+		return nil, r.g.upstreamError(agentv1connect.JoinServiceRenewProcedure, p, start, err)
+	}
+	return connect.NewResponse(res.Msg), nil
+}
+
+// upstreamError passes the API's own answer through (code, message and
+// details; never its headers or trailers) and turns anything else (no
+// connection, a timeout, a malformed answer) into UNAVAILABLE with the
+// detail in the log only.
+func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err error) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) && connect.IsWireError(ce) {
+		out := connect.NewError(ce.Code(), errors.New(ce.Message()))
+		for _, d := range ce.Details() {
+			out.AddDetail(d)
+		}
+		return out
+	}
+	g.log.Warn("relay to the API failed", "procedure", procedure, "peer", p.addr,
+		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
+	return api.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
+}
