@@ -34,6 +34,10 @@ import (
 // DefaultAttestor is the attestor of a request that names none.
 const DefaultAttestor = "join-token"
 
+// UnknownAttestor names, in refusal events, a request for an attestor that
+// is not configured.
+const UnknownAttestor = "unknown"
+
 // Certificate lifetimes.
 const (
 	MaxCertTTL        = 24 * time.Hour
@@ -159,6 +163,11 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *refusal) {
 		return &refusal{attestor: name, reason: reason, role: role, csrHash: in.CSRSHA256, hwKey: in.Key}
 	}
 	if _, ok := s.cfg.Attestors[name]; !ok {
+		// The requested name is the caller's text: recording it would let
+		// a caller pick its own rate-limit key (and write what it likes
+		// into the root tenant's stream), so the refusal is filed under
+		// one fixed name.
+		name = UnknownAttestor
 		return nil, ref("attestor-unknown")
 	}
 	if role != pki.RoleNode && role != pki.RoleSite && role != pki.RoleRamdisk {
@@ -232,6 +241,11 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if in.Key.PlaceholderHardware() && adm.Expect.Empty() {
 			return attest.Refuse("placeholder-hardware", tenant)
 		}
+		// Placeholder hardware admitted by an expect binding joins with an
+		// untrusted key (R6.2), so it never reclaims: a key of two kinds
+		// without a product UUID or serial (e.g. MAC + GPU) is trusted by
+		// hwid but not here.
+		trusted := in.Key.Trusted && !in.Key.PlaceholderHardware()
 		site, err := tx.GetSite(ctx, pool.SiteID)
 		if err != nil {
 			return fmt.Errorf("read site: %w", err)
@@ -244,7 +258,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 
 		// R6.3: a trusted key that already belongs to a node is a reclaim.
 		var existing *store.Node
-		if in.Key.Trusted {
+		if trusted {
 			n, err := tx.NodeByHardwareKey(ctx, in.Key.Hash[:])
 			if err == nil {
 				existing = &n
@@ -262,10 +276,10 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		state := store.NodeAdopting
 		n := store.Node{
 			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: role, State: state,
-			HardwareKeyTrusted: in.Key.Trusted, NodeKey: adm.NodeKey, Attestor: att.Name(),
+			HardwareKeyTrusted: trusted, NodeKey: adm.NodeKey, Attestor: att.Name(),
 			Hostname: in.Claims.Claims().Hostname, Claims: claimsJSON, JoinTokenID: adm.JoinTokenID,
 		}
-		if in.Key.Trusted {
+		if trusted {
 			n.HardwareKey = in.Key.Hash[:]
 		}
 		reclaim := existing != nil
@@ -340,7 +354,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		data := map[string]any{
 			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": role, "attestor": att.Name(), "reclaim": reclaim,
-			"hardwareKeyTrusted": in.Key.Trusted, "certSerial": cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
+			"hardwareKeyTrusted": trusted, "certSerial": cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
 			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
 		}
 		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: data}); err != nil {
