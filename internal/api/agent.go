@@ -10,11 +10,12 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // PeerAddrHeader carries the daemon's address, set by the gateway (which
 // strips any the daemon sent).
-const PeerAddrHeader = "Bc-Peer-Addr"
+const PeerAddrHeader = wire.PeerAddrHeader
 
 // agent serves JoinService to gateways.
 type agent struct{ s *Server }
@@ -38,7 +39,7 @@ func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 func (s *Server) AgentHandler() http.Handler {
 	path, h := agentv1connect.NewJoinServiceHandler(&agent{s: s},
 		connect.WithReadMaxBytes(64<<10),
-		connect.WithInterceptors(errorInterceptor(s.log)),
+		connect.WithInterceptors(wire.Interceptor(s.log)),
 	)
 	mux := http.NewServeMux()
 	mux.Handle(path, h)

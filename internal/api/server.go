@@ -30,10 +30,11 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/version"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // DefaultBasePath is where the API is served.
-const DefaultBasePath = "/api/compute"
+const DefaultBasePath = wire.DefaultBasePath
 
 // DefaultMaxBodyBytes bounds request bodies.
 const DefaultMaxBodyBytes = 1 << 20
@@ -115,7 +116,7 @@ func New(cfg Config) (*Server, error) {
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),
 		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
-		connect.WithInterceptors(errorInterceptor(cfg.Log), s.authInterceptor()),
+		connect.WithInterceptors(wire.Interceptor(cfg.Log), s.authInterceptor()),
 	}
 	for _, mount := range []func() (string, http.Handler){
 		func() (string, http.Handler) { return bcv1connect.NewTenantServiceHandler(op, opts...) },
@@ -179,33 +180,10 @@ func (s *Server) authInterceptor() connect.UnaryInterceptorFunc {
 	}
 }
 
-// WellKnown is the document at {basePath}/.well-known/better-compute (R11.6).
-type WellKnown struct {
-	Name     string             `json:"name"`
-	Version  string             `json:"version"`
-	BasePath string             `json:"basePath"`
-	Protocol WellKnownProtocol  `json:"protocol"`
-	Join     *pki.WellKnownJoin `json:"join,omitempty"`
-	Gateway  *WellKnownGateway  `json:"gateway,omitempty"`
-}
-
-// WellKnownProtocol is the agent protocol range the server speaks.
-type WellKnownProtocol struct {
-	Min int `json:"min"`
-	Max int `json:"max"`
-}
-
-// WellKnownGateway tells a daemon where its gateway is.
-type WellKnownGateway struct {
-	URL          string `json:"url"`
-	ServerName   string `json:"serverName,omitempty"`
-	ServingCAPin string `json:"servingCaPin,omitempty"`
-}
-
 // BuildWellKnown assembles the well-known document.
-func (s *Server) BuildWellKnown() (WellKnown, error) {
-	doc := WellKnown{Name: "better-compute", Version: version.Version, BasePath: s.cfg.BasePath,
-		Protocol: WellKnownProtocol{Min: version.ProtocolMin, Max: version.ProtocolMax}}
+func (s *Server) BuildWellKnown() (wire.WellKnown, error) {
+	doc := wire.WellKnown{Name: "better-compute", Version: version.Version, BasePath: s.cfg.BasePath,
+		Protocol: wire.WellKnownProtocol{Min: version.ProtocolMin, Max: version.ProtocolMax}}
 	if b := s.cfg.Bundle; b != nil {
 		j, err := b.WellKnownJoin()
 		if err != nil {
@@ -217,7 +195,7 @@ func (s *Server) BuildWellKnown() (WellKnown, error) {
 			if err != nil {
 				return doc, err
 			}
-			doc.Gateway = &WellKnownGateway{URL: g.URL, ServerName: g.ServerName, ServingCAPin: pins.ServingCA}
+			doc.Gateway = &wire.WellKnownGateway{URL: g.URL, ServerName: g.ServerName, ServingCAPin: pins.ServingCA}
 		}
 	}
 	return doc, nil

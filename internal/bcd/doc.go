@@ -7,8 +7,11 @@
 //     identity.json), the key store seam for the TPM (R4.1, R9.1), the CSR,
 //     and moving an identity aside for `bcd join --reset --yes` (R11.4);
 //   - tokeninput: reading the join token from standard input,
-//     BCD_JOIN_TOKEN or --token-file (R11.2).
-//
-// The network join (sealing, the Join call, checking the response) is built
-// on top of these and is not part of them.
+//     BCD_JOIN_TOKEN or --token-file (R11.2);
+//   - join: the network join on top of these (sealing, the Join call over
+//     TLS pinned to the serving CA, checking the signed response in order,
+//     the well-known fallback and the host build of R11.3); join/jointest is
+//     its fake JoinService and gateway for tests;
+//   - cli: the bcd command line (join, status, version); cmd/bcd is its
+//     main.
 package bcd

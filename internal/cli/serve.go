@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/wire"
+
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/api"
@@ -233,7 +235,7 @@ Join this machine (a token without --expect-*, or one naming its own serial):
   better-compute nodes list --tenant $TENANT
 
 Stop with Ctrl-C; starting again on the same --data-dir keeps everything.
-`, url, api.DefaultBasePath, dir, gwURL, envPath, bcdConf)
+`, url, wire.DefaultBasePath, dir, gwURL, envPath, bcdConf)
 		},
 	})
 	select {

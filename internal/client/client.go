@@ -11,10 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/wire"
+
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/v1/bcv1connect"
-	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -50,7 +51,7 @@ func BaseURL(u string) string {
 		rest = u[i+3:]
 	}
 	if !strings.Contains(rest, "/") {
-		u += api.DefaultBasePath
+		u += wire.DefaultBasePath
 	}
 	return u
 }
@@ -99,7 +100,7 @@ func authInterceptor(key string) connect.UnaryInterceptorFunc {
 			}
 			res, err := next(ctx, req)
 			if err != nil {
-				return nil, api.FromWire(err)
+				return nil, wire.FromWire(err)
 			}
 			return res, nil
 		}

@@ -29,11 +29,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/wire"
+
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 )
@@ -269,7 +270,7 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 			case g.sem <- struct{}{}:
 			default:
 				g.log.Warn("gateway busy: call refused", "procedure", req.Spec().Procedure, "max_concurrent", g.cfg.MaxConcurrent)
-				return nil, api.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
+				return nil, wire.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 			}
 			defer func() { <-g.sem }()
 			return next(ctx, req)
@@ -329,5 +330,5 @@ func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err e
 	}
 	g.log.Warn("relay to the API failed", "procedure", procedure, "peer", p.addr,
 		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
-	return api.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
+	return wire.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
 }

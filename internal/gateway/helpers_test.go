@@ -11,6 +11,8 @@ import (
 	"encoding/pem"
 	"math/big"
 
+	"github.com/better-compute/better-compute/internal/wire"
+
 	"io"
 	"log/slog"
 	"net"
@@ -28,7 +30,6 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 )
@@ -217,7 +218,7 @@ var fakeRefusals = map[string]error{
 func (f *fakeAPI) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
 	f.record(call{procedure: agentv1connect.JoinServiceJoinProcedure, header: req.Header().Clone(), join: proto.Clone(req.Msg).(*agentv1.JoinRequest)})
 	if err, ok := fakeRefusals[req.Msg.SealedToken]; ok {
-		return nil, api.ToWire(quietLog(), agentv1connect.JoinServiceJoinProcedure, err)
+		return nil, wire.ToWire(quietLog(), agentv1connect.JoinServiceJoinProcedure, err)
 	}
 	if req.Msg.SealedToken == "block" {
 		f.entered <- struct{}{}
@@ -233,7 +234,7 @@ func (f *fakeAPI) Join(ctx context.Context, req *connect.Request[agentv1.JoinReq
 func (f *fakeAPI) Renew(_ context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
 	f.record(call{procedure: agentv1connect.JoinServiceRenewProcedure, header: req.Header().Clone(), renew: proto.Clone(req.Msg).(*agentv1.RenewRequest)})
 	if req.Msg.NodeId == "refuse" {
-		return nil, api.ToWire(quietLog(), agentv1connect.JoinServiceRenewProcedure, errs.New(errs.AccessDenied, "Renew refused"))
+		return nil, wire.ToWire(quietLog(), agentv1connect.JoinServiceRenewProcedure, errs.New(errs.AccessDenied, "Renew refused"))
 	}
 	return connect.NewResponse(&agentv1.RenewResponse{Body: fakeBody, Sig: fakeSig}), nil
 }
@@ -304,7 +305,7 @@ func productError(t testing.TB, err error) *errs.E {
 	if err == nil {
 		t.Fatal("expected an error, got none")
 	}
-	e, ok := errs.As(api.FromWire(err))
+	e, ok := errs.As(wire.FromWire(err))
 	if !ok {
 		t.Fatalf("FromWire(%v) carries no product code", err)
 	}

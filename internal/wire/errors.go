@@ -1,4 +1,9 @@
-package api
+// Package wire is the one place that maps between product errors (*errs.E)
+// and wire errors (Connect codes plus an ErrorDetail with the product code),
+// and that defines the public documents both ends read (the well-known
+// document). It depends on nothing of the server, so bcd, the gateway and the
+// CLI client use it without pulling in the database.
+package wire
 
 import (
 	"context"
@@ -106,8 +111,8 @@ func FromWire(err error) error {
 	return &errs.E{Code: code, Message: msg}
 }
 
-// errorInterceptor maps every handler error at the boundary.
-func errorInterceptor(log *slog.Logger) connect.UnaryInterceptorFunc {
+// Interceptor maps every handler error at the boundary.
+func Interceptor(log *slog.Logger) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			res, err := next(ctx, req)

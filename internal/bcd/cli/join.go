@@ -1,0 +1,277 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/bcd/join"
+	"github.com/better-compute/better-compute/internal/bcd/tokeninput"
+	"github.com/better-compute/better-compute/internal/errs"
+)
+
+type joinFlags struct {
+	configPath string
+	dataDir    string
+	sysfsRoot  string
+	procfsRoot string
+	tokenFile  string
+	server     string
+	nodeID     string
+	attestor   string
+	role       string
+	reset      bool
+	yes        bool
+	json       bool
+	// The host build (R11.3).
+	site, servingCAPin, joinSigningPin, joinEncryptionPin string
+}
+
+// howToGiveToken is said wherever a token is missing or misplaced.
+const howToGiveToken = "pipe it on standard input (bcd join < join-token), set BCD_JOIN_TOKEN, or pass --token-file FILE"
+
+func (a *app) joinCmd() *cobra.Command {
+	var f joinFlags
+	cmd := &cobra.Command{
+		Use:   "join",
+		Short: "Join this machine to its pool with a join token",
+		Long: `Join this machine to its pool: make the node key, send the sealed token, the
+certificate request and the hardware claims to the gateway, check the signed
+answer and save the identity in the data directory.
+
+The token is read from standard input, BCD_JOIN_TOKEN, or --token-file (a
+0600/0400 file, deleted after the join); never from an argument.
+
+On a host without config.toml, --server with --site and the three pins builds
+the configuration from the control plane's well-known document and writes it
+after the join.
+
+--reset --yes moves an existing identity aside first (without a token it only
+does that).`,
+		Example: `  bcd join --config /etc/bcd/config.toml < join-token
+  bcd join --server https://compute.example.com --token-file /run/bcd/token --node-id node_…
+  bcd join --config /etc/bcd/config.toml --reset --yes < join-token`,
+		Args: refuseTokenArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.join(cmd.Context(), &f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.configPath, "config", config.DefaultPath, "bcd's config.toml; join-encryption.jwk is read beside it")
+	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir, else "+config.DefaultDataDir+")")
+	fl.StringVar(&f.sysfsRoot, "sysfs-root", "", "where the host's /sys is mounted, for the hardware claims (default: the config's sysfs_root, else /sys)")
+	fl.StringVar(&f.procfsRoot, "procfs-root", "", "where the host's /proc is mounted (default: the config's procfs_root, else /proc)")
+	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
+	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
+	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
+	fl.StringVar(&f.attestor, "attestor", "", "the attestor (default join-token)")
+	fl.StringVar(&f.role, "role", "", "the requested role: node (default), site, ramdisk or node-tenant")
+	fl.BoolVar(&f.reset, "reset", false, "move the existing identity aside first (needs --yes)")
+	fl.BoolVar(&f.yes, "yes", false, "confirm --reset")
+	fl.BoolVar(&f.json, "json", false, "print the new identity as JSON on standard output")
+	fl.StringVar(&f.site, "site", "", "host build: the site id, site_…")
+	fl.StringVar(&f.servingCAPin, "serving-ca-pin", "", "host build: the serving CA pin, sha256/…")
+	fl.StringVar(&f.joinSigningPin, "join-signing-pin", "", "host build: the join-signing key pin, sha256/…")
+	fl.StringVar(&f.joinEncryptionPin, "join-encryption-pin", "", "host build: the join-encryption key pin, sha256/…")
+	return cmd
+}
+
+// refuseTokenArgs refuses every positional argument, and says why a token
+// must never be one (R11.2). No message repeats an argument: it may be a
+// mistyped token.
+func refuseTokenArgs(_ *cobra.Command, args []string) error {
+	for _, arg := range args {
+		if _, err := tokeninput.Parse(arg); err == nil || strings.HasPrefix(strings.TrimSpace(arg), "bcjt_") {
+			return errs.New(errs.InvalidArgument,
+				"never pass the join token as an argument: every user of this machine can read it in the process list, and it stays in the shell history. Revoke that token (better-compute join-tokens revoke jt_…), create a new one, and %s", howToGiveToken)
+		}
+	}
+	if len(args) > 0 {
+		return errs.New(errs.InvalidArgument, "bcd join takes no arguments (%d given); for the token, %s", len(args), howToGiveToken)
+	}
+	return nil
+}
+
+func (f *joinFlags) bootstrap(dataDir, sysfsRoot, procfsRoot string) *join.Bootstrap {
+	if f.site == "" && f.servingCAPin == "" && f.joinSigningPin == "" && f.joinEncryptionPin == "" {
+		return nil
+	}
+	return &join.Bootstrap{
+		Site: f.site, ServingCAPin: f.servingCAPin, JoinSigningPin: f.joinSigningPin, JoinEncryptionPin: f.joinEncryptionPin,
+		DataDir: dataDir, SysfsRoot: sysfsRoot, ProcfsRoot: procfsRoot,
+	}
+}
+
+func (a *app) join(ctx context.Context, f *joinFlags) error {
+	switch {
+	case f.reset && !f.yes:
+		return errs.New(errs.InvalidArgument,
+			"--reset moves this machine's identity aside: it stops being its node, and only a new join with a new token makes it one again. To go ahead: bcd join --reset --yes")
+	case f.yes && !f.reset:
+		return errs.New(errs.InvalidArgument, "--yes only confirms --reset")
+	}
+
+	cfg, err := loadConfig(f.configPath)
+	if err != nil {
+		return err
+	}
+	var dataDir, sysfsRoot, procfsRoot string
+	for _, d := range []struct {
+		flag, val string
+		dst       *string
+	}{{"--data-dir", f.dataDir, &dataDir}, {"--sysfs-root", f.sysfsRoot, &sysfsRoot}, {"--procfs-root", f.procfsRoot, &procfsRoot}} {
+		if *d.dst, err = absDir(d.flag, d.val); err != nil {
+			return err
+		}
+	}
+	storeDir := dataDir
+	if cfg != nil {
+		// The flags override the file's local keys.
+		c := *cfg
+		for _, o := range []struct {
+			dst *string
+			val string
+		}{{&c.DataDir, dataDir}, {&c.SysfsRoot, sysfsRoot}, {&c.ProcfsRoot, procfsRoot}} {
+			if o.val != "" {
+				*o.dst = o.val
+			}
+		}
+		cfg = &c
+		if cfg.TPM.Mode == config.TPMRequired {
+			return errs.New(errs.InvalidConfig, "tpm.mode is required, but this bcd cannot keep the node key in a TPM yet: set tpm.mode to auto or off")
+		}
+		storeDir = cfg.DataDir
+	}
+	if storeDir == "" {
+		storeDir = config.DefaultDataDir
+	}
+
+	now := a.env.Clock.Now
+	j, err := join.New(join.Config{
+		BCD: cfg, ConfigPath: f.configPath, Store: &identity.Store{Dir: storeDir},
+		Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
+		Progress: func(line string) { fmt.Fprintln(a.env.Stderr, line) },
+	})
+	if err != nil {
+		return err
+	}
+
+	// The token before the reset: a missing or malformed one must not
+	// leave the machine without its identity.
+	token, cleanup, err := a.readToken(f.tokenFile)
+	if err != nil {
+		return err
+	}
+
+	if f.reset {
+		dir, err := j.Reset(now())
+		switch {
+		case errors.Is(err, identity.ErrNotJoined):
+			fmt.Fprintf(a.env.Stderr, "nothing to reset: no identity in %s\n", storeDir)
+		case err != nil:
+			return err
+		default:
+			fmt.Fprintf(a.env.Stderr, "moved the old identity aside to %s\n", dir)
+		}
+		if token == "" {
+			fmt.Fprintf(a.env.Stderr, "now join with a new token: %s\n", howToGiveToken)
+			return nil
+		}
+	}
+	if token == "" {
+		return errs.New(errs.InvalidArgument, "no join token: %s", howToGiveToken)
+	}
+
+	id, err := j.Join(ctx, join.Options{
+		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server,
+		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot),
+	})
+	if id == nil {
+		return err
+	}
+	// The token is spent: delete its file (R11.2). A file we may not
+	// delete (a read-only Secret mount) is a warning.
+	if cleanup != nil {
+		warning, cerr := cleanup()
+		if warning != "" {
+			fmt.Fprintf(a.env.Stderr, "warning: %s\n", warning)
+		}
+		if cerr != nil {
+			fmt.Fprintf(a.env.Stderr, "warning: could not delete the token file: %v\n", cerr)
+		}
+	}
+	fmt.Fprintf(a.env.Stderr, "joined as %s (%s), certificate valid until %s\n", id.NodeID, id.SPIFFEID, id.NotAfter.Format(time.RFC3339))
+	if err != nil {
+		// Joined, but a host build could not write its configuration.
+		return err
+	}
+	if f.json {
+		return printJSON(a.env.Stdout, statusOf(id, storeDir, now()))
+	}
+	return nil
+}
+
+// readToken returns the token from --token-file, BCD_JOIN_TOKEN or standard
+// input (when it is not a terminal), in that order; "" when none gave one.
+// Two explicit sources are refused rather than one silently preferred.
+// cleanup, for --token-file only, deletes the file.
+func (a *app) readToken(tokenFile string) (token string, cleanup func() (string, error), err error) {
+	envToken, envSet, envErr := tokeninput.FromEnv(a.env.LookupEnv)
+	if envSet {
+		// Child processes never inherit the token.
+		_ = a.env.Unsetenv(tokeninput.EnvVar)
+	}
+	if tokenFile != "" {
+		if envSet {
+			return "", nil, errs.New(errs.InvalidArgument, "both --token-file and %s are set: give the token one way", tokeninput.EnvVar)
+		}
+		return tokeninput.FromFile(tokenFile)
+	}
+	if envSet {
+		return envToken, nil, envErr
+	}
+	if a.env.StdinIsTerminal() {
+		return "", nil, nil
+	}
+	// Read it here, bounded, so an empty standard input (bcd join --reset
+	// --yes </dev/null, a service without input) means "no token".
+	data, err := io.ReadAll(io.LimitReader(a.env.Stdin, tokeninput.MaxSize+1))
+	if err != nil {
+		return "", nil, errs.New(errs.InvalidArgument, "cannot read the join token from standard input: %v", err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return "", nil, nil
+	}
+	tok, err := tokeninput.FromStdin(bytes.NewReader(data))
+	return tok, nil, err
+}
+
+// loadConfig loads config.toml; nil without error when there is none
+// (R11.3).
+func loadConfig(path string) (*config.Config, error) {
+	cfg, err := config.Load(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	return cfg, err
+}
+
+// absDir returns the directory a flag names, made absolute ("" stays "").
+func absDir(flag, dir string) (string, error) {
+	if dir == "" {
+		return "", nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", errs.Invalid(flag, "%v", err)
+	}
+	return abs, nil
+}

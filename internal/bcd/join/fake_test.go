@@ -1,0 +1,93 @@
+package join
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/wire"
+
+	"github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/bcd/join/jointest"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// env is one test's world: the fake gateway and JoinService
+// (jointest.Server), a bcd config, a config path and a data directory.
+type env struct {
+	t        *testing.T
+	srv      *jointest.Server
+	fake     *jointest.JoinService
+	now      time.Time
+	clock    *clock.Fake
+	bundle   *pki.Bundle
+	pins     pki.Pins
+	site     string
+	token    string
+	cfg      *config.Config
+	cfgPath  string
+	store    *identity.Store
+	progress []string
+}
+
+type envOption struct {
+	// gatewayBundle issues the gateway's certificate; nil: the env's own.
+	gatewayBundle *pki.Bundle
+	// noKeyFile leaves join-encryption.jwk out.
+	noKeyFile bool
+}
+
+func newEnv(t *testing.T, o envOption) *env {
+	t.Helper()
+	s := jointest.New(t, jointest.Options{GatewayBundle: o.gatewayBundle})
+	root := t.TempDir()
+	e := &env{
+		t: t, srv: s, fake: s.JoinService, now: s.Now, clock: clock.NewFake(s.Now),
+		bundle: s.Bundle, pins: s.Pins, site: s.Site, token: s.Token,
+		cfg: s.Config(t, root), cfgPath: filepath.Join(root, "etc", "bcd", "config.toml"),
+	}
+	if !o.noKeyFile {
+		s.WriteKeyFile(t, filepath.Dir(e.cfgPath))
+	}
+	e.store = &identity.Store{Dir: e.cfg.DataDir}
+	return e
+}
+
+func (e *env) setDoc(change func(d *wire.WellKnown)) { e.srv.SetDoc(change) }
+
+// joiner returns a Joiner over the env; cfg nil is a host without
+// config.toml.
+func (e *env) joiner(cfg *config.Config) *Joiner {
+	e.t.Helper()
+	j, err := New(Config{
+		BCD: cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock,
+		HTTPClient: e.srv.HTTPClient, Log: discard,
+		Progress: func(line string) { e.progress = append(e.progress, line) },
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return j
+}
+
+func (e *env) opts() Options { return Options{Token: e.token} }
+
+func newToken(now time.Time) string { return jointest.NewToken(now) }
+
+func newKey(t *testing.T) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}

@@ -1,0 +1,341 @@
+// Package jointest is a fake JoinService behind a real TLS gateway, for the
+// tests of bcd's join and CLI. It is a fake, not a mock: it opens the seal
+// with the bundle's encryption key, signs a real node certificate with the
+// node CA, signs the body with the join-signing key, and serves the
+// well-known document. Hooks let a test tamper with the answer.
+package jointest
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/wire"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/ids"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/secret"
+	"github.com/better-compute/better-compute/internal/version"
+)
+
+// TrustDomain is the fake deployment's trust domain.
+const TrustDomain = "compute.example.com"
+
+// GatewayServerName is a DNS SAN of the gateway certificate besides
+// 127.0.0.1, and the well-known document's gateway.serverName.
+const GatewayServerName = "gw.test"
+
+// Answer is what the fake is about to send; tamper hooks change it.
+type Answer struct {
+	Params pki.NodeCertParams
+	// CSR is the request the certificate is signed for.
+	CSR  []byte
+	Body *agentv1.JoinResponseBody
+	// Signer signs the body; SigningCert goes out as signing_certificate.
+	Signer      crypto.Signer
+	SigningCert []byte
+}
+
+// JoinService is the fake.
+type JoinService struct {
+	agentv1connect.UnimplementedJoinServiceHandler
+	t      testing.TB
+	bundle *pki.Bundle
+	site   string
+	token  string
+	now    time.Time
+
+	mu       sync.Mutex
+	requests []*agentv1.JoinRequest
+	fail     error
+	before   func(a *Answer)
+	after    func(a *Answer)
+}
+
+// Fail makes every Join answer err (an *errs.E) through wire.ToWire.
+func (f *JoinService) Fail(err error) { f.mu.Lock(); f.fail = err; f.mu.Unlock() }
+
+// BeforeSign sets a hook that changes the certificate's parameters or CSR.
+func (f *JoinService) BeforeSign(h func(a *Answer)) { f.mu.Lock(); f.before = h; f.mu.Unlock() }
+
+// AfterSign sets a hook that changes the body, the signer or the
+// certificate sent.
+func (f *JoinService) AfterSign(h func(a *Answer)) { f.mu.Lock(); f.after = h; f.mu.Unlock() }
+
+// Calls returns how many Join requests arrived.
+func (f *JoinService) Calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.requests)
+}
+
+// LastRequest returns the last Join request.
+func (f *JoinService) LastRequest() *agentv1.JoinRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.requests[len(f.requests)-1]
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// Join implements JoinService.Join.
+func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	f.mu.Lock()
+	f.requests = append(f.requests, req.Msg)
+	fail, before, after := f.fail, f.before, f.after
+	f.mu.Unlock()
+	refuse := func() error {
+		return wire.ToWire(discard, "Join", errs.New(errs.AccessDenied, "Join refused"))
+	}
+	if fail != nil {
+		return nil, wire.ToWire(discard, "Join", fail)
+	}
+	tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr())
+	if err != nil || tok != f.token {
+		return nil, refuse()
+	}
+	role := req.Msg.GetRole()
+	if role == "" {
+		role = pki.RoleNode
+	}
+	nodeID := req.Msg.GetNodeId()
+	if nodeID == "" {
+		nodeID = ids.New(ids.Node, time.Now())
+	}
+	a := &Answer{
+		Params: pki.NodeCertParams{
+			TrustDomain: f.bundle.TrustDomain, SiteID: f.site, NodeID: nodeID, Role: role,
+			NotBefore: f.now, NotAfter: f.now.Add(24 * time.Hour),
+		},
+		CSR:         req.Msg.GetCsr(),
+		Signer:      f.bundle.JoinSigningKey,
+		SigningCert: f.bundle.JoinSigningCert.Raw,
+	}
+	if before != nil {
+		before(a)
+	}
+	nc, err := pki.SignNodeCert(f.bundle.NodeCA, f.bundle.NodeCAKey, a.CSR, a.Params)
+	if err != nil {
+		f.t.Errorf("fake JoinService: sign node cert: %v", err)
+		return nil, refuse()
+	}
+	a.Body = &agentv1.JoinResponseBody{
+		NodeId:        a.Params.NodeID,
+		CertChain:     [][]byte{nc.DER, f.bundle.NodeCA.Raw},
+		CommandBundle: [][]byte{f.bundle.CommandSigningCert.Raw},
+		CsrSha256:     pki.CSRHash(req.Msg.GetCsr()),
+		TrustDomain:   f.bundle.TrustDomain,
+		SiteId:        f.site,
+		Role:          a.Params.Role,
+	}
+	if after != nil {
+		after(a)
+	}
+	body, err := proto.Marshal(a.Body)
+	if err != nil {
+		f.t.Errorf("fake JoinService: %v", err)
+		return nil, refuse()
+	}
+	sig, err := pki.SignResponse(a.Signer, body)
+	if err != nil {
+		f.t.Errorf("fake JoinService: %v", err)
+		return nil, refuse()
+	}
+	return connect.NewResponse(&agentv1.JoinResponse{Body: body, Sig: sig, SigningCertificate: a.SigningCert}), nil
+}
+
+// Options configure New.
+type Options struct {
+	// GatewayBundle issues the gateway's certificate; nil: the server's own
+	// bundle (so the pins match).
+	GatewayBundle *pki.Bundle
+}
+
+// Server is a PKI, and a gateway serving the fake JoinService and the
+// well-known document (at /api/compute/.well-known/better-compute) over TLS
+// with HTTP/2.
+type Server struct {
+	Now    time.Time
+	Bundle *pki.Bundle
+	Pins   pki.Pins
+	Site   string
+	// Token is the one join token the fake admits.
+	Token       string
+	JoinService *JoinService
+	// URL is the gateway's (and the control plane's) https URL.
+	URL string
+	// Roots trusts the gateway's serving CA.
+	Roots *x509.CertPool
+
+	mu  sync.Mutex
+	doc wire.WellKnown
+}
+
+// New starts a Server, closed when the test ends. Its bundle is valid from
+// an hour ago; node certificates start at Now.
+func New(t testing.TB, o Options) *Server {
+	t.Helper()
+	now := time.Now().UTC().Truncate(time.Second)
+	b, err := pki.Generate(TrustDomain, now.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins, err := b.Pins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Now: now, Bundle: b, Pins: pins, Site: ids.New(ids.Site, now), Token: NewToken(now)}
+	s.JoinService = &JoinService{t: t, bundle: b, site: s.Site, token: s.Token, now: now}
+
+	gb := b
+	if o.GatewayBundle != nil {
+		gb = o.GatewayBundle
+	}
+	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Roots = x509.NewCertPool()
+	s.Roots.AddCert(gb.ServingCA)
+
+	mux := http.NewServeMux()
+	mux.Handle(agentv1connect.NewJoinServiceHandler(s.JoinService))
+	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		doc := s.doc
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(doc)
+	})
+	srv := httptest.NewUnstartedServer(mux)
+	srv.EnableHTTP2 = true
+	// The refused handshakes of the pin tests are expected.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	s.URL = srv.URL
+
+	wkj, err := b.WellKnownJoin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.doc = wire.WellKnown{
+		Name: "better-compute", Version: version.Version, BasePath: "/api/compute",
+		Protocol: wire.WellKnownProtocol{Min: version.ProtocolMin, Max: version.ProtocolMax},
+		Join:     &wkj,
+		Gateway:  &wire.WellKnownGateway{URL: s.URL, ServerName: GatewayServerName, ServingCAPin: pins.ServingCA},
+	}
+	return s
+}
+
+// SetDoc changes the served well-known document; change gets copies of the
+// join and gateway sections.
+func (s *Server) SetDoc(change func(d *wire.WellKnown)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, g := *s.doc.Join, *s.doc.Gateway
+	s.doc.Join, s.doc.Gateway = &j, &g
+	change(&s.doc)
+}
+
+// HTTPClient is an HTTPClientFunc for bcd's join: the given TLS config (the
+// pinned one) for the gateway; for the well-known fetch (nil), a client
+// that trusts the gateway's CA as a public server would be trusted.
+func (s *Server) HTTPClient(c *tls.Config) *http.Client {
+	if c == nil {
+		c = &tls.Config{RootCAs: s.Roots}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true}}
+}
+
+// Config returns a bcd config for this server under root: the data
+// directory root/var/lib/bcd, a fake sysfs at root/sys, TPM off.
+func (s *Server) Config(t testing.TB, root string) *config.Config {
+	t.Helper()
+	return &config.Config{
+		GatewayURL:           s.URL,
+		Site:                 s.Site,
+		ServingCASPKIPin:     s.Pins.ServingCA,
+		JoinSigningKeyPin:    s.Pins.JoinSigning,
+		JoinEncryptionKeyPin: s.Pins.JoinEncryption,
+		DataDir:              filepath.Join(root, "var", "lib", "bcd"),
+		SysfsRoot:            FakeSysfs(t, filepath.Join(root, "sys")),
+		ProcfsRoot:           filepath.Join(root, "proc"),
+		TPM:                  config.TPM{Mode: config.TPMOff},
+	}
+}
+
+// WriteKeyFile writes the server's join-encryption.jwk into dir.
+func (s *Server) WriteKeyFile(t testing.TB, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := config.WriteEncryptionKey(dir, s.Pins.JoinEncryption, &s.Bundle.JoinEncryptionKey.PublicKey); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Product identifiers of FakeSysfs.
+const (
+	ProductUUID   = "4C4C4544-0042-3510-8051-B7C04F4E3232"
+	ProductSerial = "SN-7701"
+	MAC           = "3c:ec:ef:01:02:03"
+)
+
+// FakeSysfs writes a machine with a product UUID, serials and one physical
+// NIC under root and returns root.
+func FakeSysfs(t testing.TB, root string) string {
+	t.Helper()
+	files := map[string]string{
+		"class/dmi/id/product_uuid":       ProductUUID + "\n",
+		"class/dmi/id/product_serial":     ProductSerial + "\n",
+		"class/dmi/id/board_serial":       "BRD-1\n",
+		"class/dmi/id/chassis_serial":     "CH-42\n",
+		"class/net/eno1/address":          MAC + "\n",
+		"class/net/eno1/addr_assign_type": "0\n",
+	}
+	for p, c := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("../../../devices/pci0000:00/0000:00:1f.6", filepath.Join(root, "class/net/eno1/device")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// NewToken returns a well-formed join token the fake does not know.
+func NewToken(now time.Time) string {
+	plain, _ := secret.Mint()
+	return secret.Format("bcjt", ids.New(ids.JoinToken, now), plain)
+}

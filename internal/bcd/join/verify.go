@@ -1,0 +1,167 @@
+package join
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/ids"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+// Check names one of the checks of a join response, in the order R4.6
+// makes them.
+type Check string
+
+// The checks of a join response, in order. CheckBundle comes last: the
+// command-signing bundle must hold certificates for the identity to be
+// usable.
+const (
+	CheckSignature Check = "signature"
+	CheckCSR       Check = "csr_sha256"
+	CheckLeafKey   Check = "leaf key"
+	CheckSPIFFEID  Check = "SPIFFE ID"
+	CheckRole      Check = "role"
+	CheckBundle    Check = "command bundle"
+)
+
+// ResponseError is a join response that failed a check. It unwraps to an
+// *errs.E (UNAUTHENTICATED) with the message the user reads.
+type ResponseError struct {
+	Check Check
+	err   *errs.E
+}
+
+func (e *ResponseError) Error() string { return e.err.Error() }
+func (e *ResponseError) Unwrap() error { return e.err }
+
+func badResponse(check Check, format string, args ...any) error {
+	return &ResponseError{Check: check, err: errs.New(errs.Unauthenticated,
+		"refusing the join response (%s check): %s; nothing was saved. The control plane may have spent a use of the token: if a retry is refused, create a new token",
+		check, fmt.Sprintf(format, args...))}
+}
+
+// expectation is what a join response must match.
+type expectation struct {
+	signingPin string
+	// docCert is the well-known document's signing certificate when it was
+	// fetched and matched the pin; used when the response carries none.
+	docCert *x509.Certificate
+	csrHash []byte
+	nodeKey crypto.PublicKey
+	siteID  string
+	// nodeID, when set, is the node the join must land on (--node-id).
+	nodeID string
+	// role is the requested role.
+	role string
+}
+
+// verifyResponse checks a JoinResponse in the order of R4.6 and returns its
+// body: (1) the signature under the pinned join-signing key, (2) csr_sha256
+// is this join's CSR, (3) the leaf certifies this join's key, (4) the SPIFFE
+// SAN names the body's trust domain, our site and the body's node (and the
+// --node-id node), (5) the role is the one requested (or node-tenant, which
+// JoinService gives a node joined through a hosted token). Nothing in the
+// body is looked at before (1) passed.
+func verifyResponse(res *agentv1.JoinResponse, want expectation) (*agentv1.JoinResponseBody, error) {
+	// (1) Signature. bcd holds only the pin, so the key comes with the
+	// answer (signing_certificate) or from the well-known document, and is
+	// used only when it hashes to the pin.
+	var key crypto.PublicKey
+	var sawCert bool
+	if der := res.GetSigningCertificate(); len(der) > 0 {
+		sawCert = true
+		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinMatches(want.signingPin, cert.PublicKey) {
+			key = cert.PublicKey
+		}
+	}
+	if key == nil && want.docCert != nil {
+		key = want.docCert.PublicKey
+	}
+	if key == nil {
+		if sawCert {
+			return nil, badResponse(CheckSignature, "its signing certificate does not match join_signing_key_pin")
+		}
+		return nil, badResponse(CheckSignature, "it carries no signing certificate, so its signature cannot be checked against join_signing_key_pin (pass --server to read the certificate from the well-known document)")
+	}
+	if err := pki.VerifyResponse(key, res.GetBody(), res.GetSig()); err != nil {
+		return nil, badResponse(CheckSignature, "the signature does not verify under the pinned join-signing key")
+	}
+
+	// (2) The answer is for this CSR.
+	var body agentv1.JoinResponseBody
+	if err := proto.Unmarshal(res.GetBody(), &body); err != nil {
+		return nil, badResponse(CheckCSR, "the signed body does not parse")
+	}
+	if !bytes.Equal(body.GetCsrSha256(), want.csrHash) {
+		return nil, badResponse(CheckCSR, "it answers another certificate request")
+	}
+
+	// (3) The leaf certifies this join's key.
+	chain := body.GetCertChain()
+	if len(chain) == 0 {
+		return nil, badResponse(CheckLeafKey, "it carries no certificate")
+	}
+	certs := make([]*x509.Certificate, len(chain))
+	for i, der := range chain {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, badResponse(CheckLeafKey, "certificate %d of its chain does not parse", i)
+		}
+		certs[i] = c
+	}
+	leaf := certs[0]
+	if k, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(want.nodeKey) {
+		return nil, badResponse(CheckLeafKey, "its certificate is for another key than this machine's")
+	}
+
+	// (4) The SPIFFE SAN.
+	ni, err := pki.NodeIdentityOf(leaf)
+	if err != nil {
+		return nil, badResponse(CheckSPIFFEID, "its certificate is not a node certificate: %v", err)
+	}
+	switch {
+	case pki.ValidateTrustDomain(body.GetTrustDomain()) != nil:
+		return nil, badResponse(CheckSPIFFEID, "the trust domain %q is not valid", body.GetTrustDomain())
+	case ni.TrustDomain != body.GetTrustDomain():
+		return nil, badResponse(CheckSPIFFEID, "the certificate's trust domain %s is not the answer's %s", ni.TrustDomain, body.GetTrustDomain())
+	case body.GetSiteId() != want.siteID:
+		return nil, badResponse(CheckSPIFFEID, "it places the node in site %s, not in this machine's site %s", body.GetSiteId(), want.siteID)
+	case ni.SiteID != want.siteID:
+		return nil, badResponse(CheckSPIFFEID, "the certificate names site %s, not this machine's site %s", ni.SiteID, want.siteID)
+	case !ids.Valid(ids.Node, body.GetNodeId()):
+		return nil, badResponse(CheckSPIFFEID, "the node id %q is not valid", body.GetNodeId())
+	case ni.NodeID != body.GetNodeId():
+		return nil, badResponse(CheckSPIFFEID, "the certificate names node %s, the answer %s", ni.NodeID, body.GetNodeId())
+	case want.nodeID != "" && body.GetNodeId() != want.nodeID:
+		return nil, badResponse(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
+	}
+
+	// (5) The role.
+	okRole := body.GetRole() == want.role ||
+		// A hosted token lowers a node to node-tenant (the token decides,
+		// never the machine), and never raises anything.
+		want.role == pki.RoleNode && body.GetRole() == pki.RoleNodeTenant
+	switch {
+	case !okRole:
+		return nil, badResponse(CheckRole, "it grants role %q, not the requested %q", body.GetRole(), want.role)
+	case ni.Role != body.GetRole():
+		return nil, badResponse(CheckRole, "the certificate's role %s is not the answer's %s", ni.Role, body.GetRole())
+	}
+
+	// The command-signing trust bundle the node will check commands with.
+	if len(body.GetCommandBundle()) == 0 {
+		return nil, badResponse(CheckBundle, "it carries no command-signing certificate")
+	}
+	for i, der := range body.GetCommandBundle() {
+		if _, err := x509.ParseCertificate(der); err != nil {
+			return nil, badResponse(CheckBundle, "command-signing certificate %d does not parse", i)
+		}
+	}
+	return &body, nil
+}
