@@ -85,7 +85,7 @@ BETTER_COMPUTE_API_KEY (flags override them).`,
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(
 		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(),
-		a.nodesCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
+		a.nodesCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
 	)
 	return root
 }
