@@ -73,6 +73,9 @@ type JoinConfig struct {
 // MetricsConfig serves Prometheus metrics on their own listener.
 type MetricsConfig struct {
 	Listen string `toml:"listen"`
+	// Pprof also serves Go's profiler under /debug/pprof/ on the metrics
+	// listener (keep that listener on loopback).
+	Pprof bool `toml:"pprof"`
 }
 
 // LimitsConfig bounds requests.

@@ -165,3 +165,19 @@ func verifyResponse(res *agentv1.JoinResponse, want expectation) (*agentv1.JoinR
 	}
 	return &body, nil
 }
+
+// Expectation is what a join answer must match, for callers outside bcd
+// that check answers exactly as bcd does (the load generator).
+type Expectation struct {
+	SigningPin string
+	CSRHash    []byte
+	NodeKey    crypto.PublicKey
+	SiteID     string
+	Role       string
+}
+
+// VerifyResponse checks a JoinResponse in the order of R4.6 (see
+// verifyResponse) and returns its body.
+func VerifyResponse(res *agentv1.JoinResponse, e Expectation) (*agentv1.JoinResponseBody, error) {
+	return verifyResponse(res, expectation{signingPin: e.SigningPin, csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, role: e.Role})
+}

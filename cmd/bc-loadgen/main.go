@@ -1,0 +1,86 @@
+// Command bc-loadgen joins many simulated machines through a gateway; see
+// internal/loadgen and docs/performance.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+
+	"github.com/better-compute/better-compute/internal/loadgen"
+)
+
+func main() {
+	var cfg loadgen.Config
+	var tokenFile, pids string
+	var asJSON bool
+	flag.StringVar(&cfg.BCDConfig, "bcd-config", "", "a bcd config.toml (gateway, site, pins; join-encryption.jwk beside it)")
+	flag.StringVar(&tokenFile, "token-file", "", "file holding a join token with enough uses")
+	flag.IntVar(&cfg.Machines, "machines", 1000, "machines to join")
+	flag.IntVar(&cfg.Concurrency, "concurrency", 32, "joins in flight")
+	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join (as real machines do)")
+	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235")
+	flag.BoolVar(&cfg.Verify, "verify", true, "check every answer as bcd does, after the timed phase")
+	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
+	flag.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	flag.Parse()
+	if err := run(cfg, tokenFile, pids, asJSON); err != nil {
+		fmt.Fprintf(os.Stderr, "Error: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
+	if cfg.BCDConfig == "" || tokenFile == "" {
+		return fmt.Errorf("--bcd-config and --token-file are required")
+	}
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return err
+	}
+	cfg.Token = strings.TrimSpace(string(b))
+	if pids != "" {
+		cfg.PIDs = map[string]int{}
+		for _, kv := range strings.Split(pids, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			n, err := strconv.Atoi(v)
+			if !ok || err != nil {
+				return fmt.Errorf("--pids: want name=pid, got %q", kv)
+			}
+			cfg.PIDs[k] = n
+		}
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+	r, err := loadgen.Run(ctx, cfg, func(s string) { fmt.Fprintln(os.Stderr, s) })
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	mode := "reused connections"
+	if r.NewConnections {
+		mode = "new TLS connection per join"
+	}
+	fmt.Printf("%d machines, concurrency %d, %s\n", r.Machines, r.Concurrency, mode)
+	fmt.Printf("joined %d, refused %d, failed %d in %.2fs: %.0f joins/s\n", r.Joined, r.Refused, r.Failed, r.Seconds, r.JoinsPerSecond)
+	fmt.Printf("latency p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms\n", r.P50ms, r.P90ms, r.P99ms, r.MaxMs)
+	for name, ms := range r.CPUmsPerJoin {
+		fmt.Printf("CPU per join, %s: %.3f ms\n", name, ms)
+	}
+	for e, n := range r.Errors {
+		fmt.Printf("error x%d: %s\n", n, e)
+	}
+	if r.Verified > 0 {
+		fmt.Printf("verified %d answers as bcd does\n", r.Verified)
+	}
+	return nil
+}
