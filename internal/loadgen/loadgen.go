@@ -273,4 +273,3 @@ func cpuTimes(pids map[string]int) map[string]float64 {
 
 // clockTicks is USER_HZ, 100 on Linux.
 const clockTicks = 100
-
