@@ -177,6 +177,9 @@ type event struct {
 func (f *fixture) events(t testing.TB, tenant, prefix string) []event {
 	t.Helper()
 	var out []event
+	if err := f.e.DB.WaitEventsVisible(context.Background(), tenant, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	f.read(t, func(tx *store.Tx) error {
 		evs, err := tx.ListEvents(context.Background(), tenant, 0, 0, prefix, 10000)
 		for _, e := range evs {

@@ -9,12 +9,14 @@ package join
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -73,6 +75,9 @@ type Service struct {
 	clock   clock.Clock
 	limiter *events.Limiter
 	bundle  []byte // the command-signing trust bundle (DER certs), precomputed
+	// root caches the root tenant's id: it never changes once bootstrap set
+	// it, and every join needs it.
+	root atomic.Pointer[string]
 }
 
 // New returns JoinService.
@@ -122,13 +127,13 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 	if b == nil {
 		return nil, errs.New(errs.InvalidConfig, "JoinService is not configured: the server has no machine PKI (pki.dir)")
 	}
-	in, ref := s.check(req)
+	in, pub, ref := s.check(req)
 	if ref != nil {
 		s.refused(ctx, ref)
 		return nil, errRefused
 	}
 	att := s.cfg.Attestors[ref0(req.GetAttestor())]
-	res, err := s.admit(ctx, att, in, req, peer)
+	res, err := s.admit(ctx, att, in, pub, req, peer)
 	var r *attest.Refusal
 	switch {
 	case err == nil:
@@ -150,8 +155,9 @@ func ref0(a string) string {
 	return a
 }
 
-// check parses and checks the request's shape before any database work.
-func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *refusal) {
+// check parses and checks the request's shape before any database work. It
+// returns the CSR's key, whose signature it verified, for the certificate.
+func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicKey, *refusal) {
 	name := ref0(req.GetAttestor())
 	role := req.GetRole()
 	if role == "" {
@@ -168,16 +174,17 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *refusal) {
 		// into the root tenant's stream), so the refusal is filed under
 		// one fixed name.
 		name = UnknownAttestor
-		return nil, ref("attestor-unknown")
+		return nil, nil, ref("attestor-unknown")
 	}
 	if role != pki.RoleNode && role != pki.RoleSite && role != pki.RoleRamdisk {
-		return nil, ref("role-invalid")
+		return nil, nil, ref("role-invalid")
 	}
 	if req.GetNodeId() != "" && !ids.Valid(ids.Node, req.GetNodeId()) {
-		return nil, ref("node-id-invalid")
+		return nil, nil, ref("node-id-invalid")
 	}
-	if _, err := pki.ParseCSR(req.GetCsr()); err != nil {
-		return nil, ref("csr-invalid")
+	pub, err := pki.ParseCSR(req.GetCsr())
+	if err != nil {
+		return nil, nil, ref("csr-invalid")
 	}
 	c := req.GetClaims()
 	norm, err := hwid.Normalize(hwid.Claims{
@@ -187,9 +194,9 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *refusal) {
 	if err != nil {
 		var ce *hwid.ClaimError
 		if errors.As(err, &ce) {
-			return nil, ref(ce.Reason)
+			return nil, nil, ref(ce.Reason)
 		}
-		return nil, ref("claims-invalid")
+		return nil, nil, ref("claims-invalid")
 	}
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
@@ -199,24 +206,34 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *refusal) {
 			if !ok {
 				reason = "seal-invalid"
 			}
-			return nil, ref(reason)
+			return nil, nil, ref(reason)
 		}
 		in.Token = tok
 	}
-	return in, nil
+	return in, pub, nil
 }
 
-// admit runs the admission transaction.
-func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
+// admit runs the admission transaction. Its statements are ordered for the
+// hot token row (PostgreSQL): reads and checks, then the certificate is
+// signed, then the inserts, and the attestor's spend last, so the token row
+// is locked only from the spend to the commit and never while signing.
+func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, pub *ecdsa.PublicKey, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
 	b := s.cfg.Bundle
+	// Neither depends on the transaction, and a retried transaction reuses
+	// them.
+	claims := in.Claims.Claims()
+	claimsJSON, err := json.Marshal(claims)
+	if err != nil {
+		return nil, fmt.Errorf("marshal claims: %w", err)
+	}
 	var body *agentv1.JoinResponseBody
-	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
+	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
 		adm, err := att.Admit(ctx, tx, in)
 		if err != nil {
 			return err
 		}
 		tenant := adm.TenantID
-		pool, err := tx.GetPool(ctx, adm.PoolID)
+		pool, site, err := tx.GetPoolWithSite(ctx, adm.PoolID)
 		if err != nil {
 			return fmt.Errorf("read pool: %w", err)
 		}
@@ -246,11 +263,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// without a product UUID or serial (e.g. MAC + GPU) is trusted by
 		// hwid but not here.
 		trusted := in.Key.Trusted && !in.Key.PlaceholderHardware()
-		site, err := tx.GetSite(ctx, pool.SiteID)
-		if err != nil {
-			return fmt.Errorf("read site: %w", err)
-		}
-		root, err := tx.RootTenantID(ctx)
+		root, err := s.rootTenant(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -269,21 +282,16 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if want := req.GetNodeId(); want != "" && (existing == nil || existing.ID != want) {
 			return attest.Refuse("node-id-mismatch", tenant)
 		}
-		claimsJSON, err := json.Marshal(in.Claims.Claims())
-		if err != nil {
-			return err
-		}
 		state := store.NodeAdopting
 		n := store.Node{
 			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: role, State: state,
 			HardwareKeyTrusted: trusted, NodeKey: adm.NodeKey, Attestor: att.Name(),
-			Hostname: in.Claims.Claims().Hostname, Claims: claimsJSON, JoinTokenID: adm.JoinTokenID,
+			Hostname: claims.Hostname, Claims: claimsJSON, JoinTokenID: adm.JoinTokenID,
 		}
 		if trusted {
 			n.HardwareKey = in.Key.Hash[:]
 		}
 		reclaim := existing != nil
-		var revoked []string
 		if reclaim {
 			if !adm.AllowReclaim || existing.TenantID != tenant || existing.SiteID != pool.SiteID || existing.PoolID != pool.ID || family(existing.Role) != family(role) {
 				return attest.Refuse("reclaim", tenant)
@@ -295,25 +303,12 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 				n.Role = role
 			}
 			n.ID = existing.ID
-			if n, err = tx.ReclaimNode(ctx, n, existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
-				return errRace
-			} else if err != nil {
-				return err
-			}
-			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, "reclaimed"); err != nil {
-				return err
-			}
 		} else {
 			n.ID = ids.New(ids.Node, s.clock.Now())
-			n.IdentityGeneration = 1
-			if n, err = tx.InsertNode(ctx, n); err != nil {
-				if store.IsUniqueViolation(err) {
-					return errRace
-				}
-				return err
-			}
 		}
 
+		// Sign before the writes: the certificate needs only the node id,
+		// and no lock is held yet.
 		now := s.clock.Now()
 		ttl := s.cfg.CertTTL
 		if role == pki.RoleRamdisk {
@@ -323,12 +318,32 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			ttl = min(ttl, adm.MaxTTL)
 		}
 		nb := now.Add(-backdate)
-		cert, err := pki.SignNodeCert(b.NodeCA, b.NodeCAKey, req.GetCsr(), pki.NodeCertParams{
+		cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, pki.NodeCertParams{
 			TrustDomain: b.TrustDomain, SiteID: pool.SiteID, NodeID: n.ID, Role: role, Statements: adm.Statements,
 			NotBefore: nb, NotAfter: nb.Add(ttl),
 		})
 		if err != nil {
 			return fmt.Errorf("sign node certificate: %w", err)
+		}
+
+		var revoked []string
+		if reclaim {
+			if n, err = tx.ReclaimNode(ctx, n, existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
+				return errRace
+			} else if err != nil {
+				return err
+			}
+			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, "reclaimed"); err != nil {
+				return err
+			}
+		} else {
+			n.IdentityGeneration = 1
+			if n, err = tx.InsertNode(ctx, n); err != nil {
+				if store.IsUniqueViolation(err) {
+					return errRace
+				}
+				return err
+			}
 		}
 		kinds, _ := json.Marshal(nonNil(adm.AllowedKinds))
 		stmts, _ := json.Marshal(nonNil(adm.Statements))
@@ -352,20 +367,30 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 				return err
 			}
 		}
-		data := map[string]any{
+		data, err := json.Marshal(map[string]any{
 			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": role, "attestor": att.Name(), "reclaim": reclaim,
 			"hardwareKeyTrusted": trusted, "certSerial": cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
 			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
+		})
+		if err != nil {
+			return fmt.Errorf("marshal join event: %w", err)
 		}
-		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: data}); err != nil {
+		// The event and the audit row carry the same data: marshal it once.
+		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
 			return err
 		}
 		action := "node.joined"
 		if reclaim {
 			action = "node.reclaimed"
 		}
-		if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: data}); err != nil {
+		if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 			return err
+		}
+		// Last: spending may lock the token row until the commit.
+		if adm.Spend != nil {
+			if err := adm.Spend(ctx, tx); err != nil {
+				return err
+			}
 		}
 		body = &agentv1.JoinResponseBody{
 			NodeId: n.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
@@ -385,6 +410,20 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		return nil, fmt.Errorf("sign join response: %w", err)
 	}
 	return &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
+}
+
+// rootTenant returns the root tenant's id, reading it until bootstrap has
+// set it ("" before) and from the cache after: it never changes then.
+func (s *Service) rootTenant(ctx context.Context, tx *store.Tx) (string, error) {
+	if id := s.root.Load(); id != nil {
+		return *id, nil
+	}
+	id, err := tx.RootTenantID(ctx)
+	if err != nil || id == "" {
+		return id, err
+	}
+	s.root.Store(&id)
+	return id, nil
 }
 
 // certRole decides the certificate's role (R8): a hosted token makes a
@@ -433,7 +472,7 @@ func (s *Service) refused(ctx context.Context, r *refusal) {
 	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
 		tenant := r.tenantID
 		if tenant == "" {
-			root, err := tx.RootTenantID(ctx)
+			root, err := s.rootTenant(ctx, tx)
 			if err != nil {
 				return err
 			}

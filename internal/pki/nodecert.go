@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -171,6 +172,17 @@ func SignNodeCert(ca *x509.Certificate, caKey crypto.Signer, csrDER []byte, p No
 	if err != nil {
 		return nil, err
 	}
+	return SignNodeCertKey(ca, caKey, pub, p)
+}
+
+// SignNodeCertKey is SignNodeCert for a key the caller already took from a
+// CSR that ParseCSR checked: JoinService checks the CSR before any database
+// work and signs later, and verifying the CSR's signature twice costs as much
+// as signing. pub must come from ParseCSR; only its curve is checked again.
+func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey, p NodeCertParams) (*NodeCert, error) {
+	if pub == nil || !isP256(pub) {
+		return nil, errs.Invalid("csr", "the key must be ECDSA P-256")
+	}
 	// 2. The template comes from policy only.
 	id, err := nodeSPIFFEID(p.TrustDomain, p.SiteID, p.NodeID)
 	if err != nil {
@@ -222,7 +234,10 @@ func SignNodeCert(ca *x509.Certificate, caKey crypto.Signer, csrDER []byte, p No
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	// 4. Re-check what was issued, as a verifier will read it.
+	// 4. Re-check what was issued, as a verifier will read it. The CA's
+	// signature is not verified again here: x509.CreateCertificate already
+	// checked it against caKey, which it checked is ca's key, and a second
+	// ECDSA verification would cost as much as the signing.
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, fmt.Errorf("parse issued certificate: %w", err)
@@ -235,7 +250,7 @@ func SignNodeCert(ca *x509.Certificate, caKey crypto.Signer, csrDER []byte, p No
 	if got.TrustDomain != want.TrustDomain || got.SiteID != want.SiteID || got.NodeID != want.NodeID ||
 		got.Role != want.Role || !slices.Equal(got.Statements, want.Statements) ||
 		!pub.Equal(cert.PublicKey) || !cert.NotBefore.Equal(notBefore) || !cert.NotAfter.Equal(notAfter) ||
-		cert.SerialNumber.Cmp(serial) != 0 || cert.CheckSignatureFrom(ca) != nil {
+		cert.SerialNumber.Cmp(serial) != 0 || !bytes.Equal(cert.RawIssuer, ca.RawSubject) {
 		return nil, errors.New("check issued certificate: it differs from the template")
 	}
 	return &NodeCert{DER: der, Cert: cert, Serial: SerialHex(cert), SPKISHA256: SPKIHash(cert)}, nil

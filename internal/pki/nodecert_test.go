@@ -166,6 +166,34 @@ func TestSignNodeCertCSRRefusals(t *testing.T) {
 	}
 }
 
+// SignNodeCertKey signs for a key ParseCSR already checked, and refuses a
+// key that is not P-256 (or none).
+func TestSignNodeCertKey(t *testing.T) {
+	b := newBundle(t)
+	key := newP256(t)
+	pub, err := ParseCSR(newCSR(t, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, nodeParams())
+	if err != nil {
+		t.Fatalf("SignNodeCertKey: %v", err)
+	}
+	if !key.Public().(*ecdsa.PublicKey).Equal(nc.Cert.PublicKey) {
+		t.Error("the certificate is not for the CSR's key")
+	}
+	if err := nc.Cert.CheckSignatureFrom(b.NodeCA); err != nil {
+		t.Errorf("the node CA's signature does not verify: %v", err)
+	}
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	for name, k := range map[string]*ecdsa.PublicKey{"nil": nil, "P-384": &p384.PublicKey} {
+		_, err := SignNodeCertKey(b.NodeCA, b.NodeCAKey, k, nodeParams())
+		if e, ok := errs.As(err); !ok || e.Code != errs.InvalidArgument || e.Field != "csr" {
+			t.Errorf("%s key: err = %v, want INVALID_ARGUMENT csr", name, err)
+		}
+	}
+}
+
 // R7.1, R7.2, R7.3: parameters outside policy are refused.
 func TestSignNodeCertParamRefusals(t *testing.T) {
 	b := newBundle(t)
@@ -294,6 +322,21 @@ func BenchmarkSignNodeCert(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := SignNodeCert(bundle.NodeCA, bundle.NodeCAKey, csr, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSignNodeCertKey(b *testing.B) {
+	bundle := newBundle(b)
+	pub, err := ParseCSR(newCSR(b, newP256(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := nodeParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SignNodeCertKey(bundle.NodeCA, bundle.NodeCAKey, pub, p); err != nil {
 			b.Fatal(err)
 		}
 	}

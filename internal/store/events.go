@@ -129,3 +129,35 @@ func (t *Tx) ListAudit(ctx context.Context, tenantID string, before int64, limit
 	}
 	return out, rows.Err()
 }
+
+// WaitEventsVisible waits until every committed event of the tenant is
+// visible to ListEvents. On PostgreSQL, ListEvents hides events while any
+// older transaction in the database still runs (so cursors never skip); a
+// reader that must see everything already committed, such as a test that
+// counts events right after an action, waits here first. SQLite needs no
+// wait.
+func (db *DB) WaitEventsVisible(ctx context.Context, tenantID string, timeout time.Duration) error {
+	if db.dialect != Postgres {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var all, visible int64
+		err := db.ReadTx(ctx, func(t *Tx) error {
+			if err := t.queryRow(ctx, "SELECT COALESCE(MAX(id), 0) FROM events WHERE tenant_id = ?", tenantID).Scan(&all); err != nil {
+				return err
+			}
+			return t.queryRow(ctx, "SELECT COALESCE(MAX(id), 0) FROM events WHERE tenant_id = ? AND tx_order < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT", tenantID).Scan(&visible)
+		})
+		if err != nil {
+			return fmt.Errorf("wait for events: %w", err)
+		}
+		if visible >= all {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("events of %s still invisible after %v", tenantID, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -75,19 +75,6 @@ func (t *Tx) GetJoinToken(ctx context.Context, id string) (JoinToken, error) {
 	return j, notFound(err)
 }
 
-// LockJoinToken reads a token and locks its row until the transaction ends
-// (SELECT … FOR UPDATE on PostgreSQL; SQLite's single writer already holds
-// the database lock). Keep the transaction short: a token with many uses is
-// one hot row.
-func (t *Tx) LockJoinToken(ctx context.Context, id string) (JoinToken, error) {
-	q := "SELECT " + tokenCols + " FROM join_tokens WHERE id = ?"
-	if t.db.dialect == Postgres {
-		q += " FOR UPDATE"
-	}
-	j, err := scanToken(t.queryRow(ctx, q, id))
-	return j, notFound(err)
-}
-
 // GetJoinTokenByKey reads the tenant's token created with an idempotency key.
 func (t *Tx) GetJoinTokenByKey(ctx context.Context, tenantID, key string) (JoinToken, error) {
 	j, err := scanToken(t.queryRow(ctx, "SELECT "+tokenCols+" FROM join_tokens WHERE tenant_id = ? AND idempotency_key = ?", tenantID, key))
@@ -95,7 +82,11 @@ func (t *Tx) GetJoinTokenByKey(ctx context.Context, tenantID, key string) (JoinT
 }
 
 // ConsumeJoinTokenUse spends one use of a live token. It reports false when
-// the token had none left, was revoked or expired at compute_now().
+// the token had none left, was revoked or expired at compute_now(). On
+// PostgreSQL the row stays locked until the transaction ends, and a
+// concurrent spender waits and re-checks the committed row: spend last and
+// keep the rest of the transaction short, since a token with many uses is
+// one hot row.
 func (t *Tx) ConsumeJoinTokenUse(ctx context.Context, id string) (bool, error) {
 	res, err := t.exec(ctx, "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ? AND uses_left > 0 AND revoked_ms IS NULL AND expires_ms > compute_now()", id)
 	if err != nil {

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,7 +153,9 @@ func TestJoinTokenLifecycle(t *testing.T) {
 	})
 }
 
-// R4.4: concurrent consumers of one token spend exactly its uses.
+// R4.4: concurrent consumers of one token spend exactly its uses. They read
+// it without a lock, as the join-token attestor does: the conditional UPDATE
+// alone keeps the count exact.
 func TestConsumeIsExact(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
 		ctx := context.Background()
@@ -165,7 +168,7 @@ func TestConsumeIsExact(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				err := db.WithTx(ctx, func(tx *store.Tx) error {
-					if _, err := tx.LockJoinToken(ctx, tok.ID); err != nil {
+					if _, err := tx.GetJoinToken(ctx, tok.ID); err != nil {
 						return err
 					}
 					spent, err := tx.ConsumeJoinTokenUse(ctx, tok.ID)
@@ -182,6 +185,77 @@ func TestConsumeIsExact(t *testing.T) {
 		wg.Wait()
 		if ok.Load() != 10 {
 			t.Fatalf("consumed %d uses, want 10", ok.Load())
+		}
+	})
+}
+
+// GetPoolWithSite reads what GetPool and GetSite read, in one statement.
+func TestGetPoolWithSite(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		_, st, pl := fixture(t, db)
+		err := db.ReadTx(ctx, func(tx *store.Tx) error {
+			wantPool, err := tx.GetPool(ctx, pl.ID)
+			if err != nil {
+				return err
+			}
+			wantSite, err := tx.GetSite(ctx, st.ID)
+			if err != nil {
+				return err
+			}
+			p, s, err := tx.GetPoolWithSite(ctx, pl.ID)
+			if err != nil {
+				return err
+			}
+			if !reflect.DeepEqual(p, wantPool) || !reflect.DeepEqual(s, wantSite) {
+				t.Errorf("GetPoolWithSite = %+v, %+v; want %+v, %+v", p, s, wantPool, wantSite)
+			}
+			if _, _, err := tx.GetPoolWithSite(ctx, "pool_missing"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("missing pool: err = %v", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// Statements run again (prepared after their first use on SQLite) give the
+// same answers in write and read transactions, rolled-back ones included,
+// and Close closes them with the database.
+func TestRepeatedStatements(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		_, _, pl := fixture(t, db)
+		tok := insertToken(t, db, pl, 100, "", time.Hour)
+		boom := errors.New("boom")
+		for i := range 5 {
+			err := db.WithTx(ctx, func(tx *store.Tx) error {
+				if _, err := tx.ConsumeJoinTokenUse(ctx, tok.ID); err != nil {
+					return err
+				}
+				if i%2 == 1 {
+					return boom
+				}
+				return nil
+			})
+			if err != nil && !errors.Is(err, boom) {
+				t.Fatal(err)
+			}
+			err = db.ReadTx(ctx, func(tx *store.Tx) error {
+				got, err := tx.GetJoinToken(ctx, tok.ID)
+				if err == nil && got.UsesLeft != 100-(i/2+1) {
+					t.Errorf("round %d: usesLeft %d, want %d", i, got.UsesLeft, 100-(i/2+1))
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := db.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -194,6 +195,33 @@ func (t *Tx) InsertPool(ctx context.Context, p Pool) (Pool, error) {
 func (t *Tx) GetPool(ctx context.Context, id string) (Pool, error) {
 	p, err := scanPool(t.queryRow(ctx, "SELECT "+poolCols+" FROM pools WHERE id = ?", id))
 	return p, notFound(err)
+}
+
+// poolSiteCols are poolCols and then siteCols, of pools p joined to sites s.
+var poolSiteCols = qualify("p", poolCols) + ", " + qualify("s", siteCols)
+
+func qualify(alias, cols string) string {
+	names := strings.Split(cols, ", ")
+	for i, c := range names {
+		names[i] = alias + "." + c
+	}
+	return strings.Join(names, ", ")
+}
+
+// GetPoolWithSite reads a pool and its site in one statement.
+func (t *Tx) GetPoolWithSite(ctx context.Context, id string) (Pool, Site, error) {
+	row := t.queryRow(ctx, "SELECT "+poolSiteCols+" FROM pools p JOIN sites s ON s.id = p.site_id WHERE p.id = ?", id)
+	var p Pool
+	var s Site
+	var policy string
+	var pCreated, pUpdated, sCreated int64
+	if err := row.Scan(&p.ID, &p.SiteID, &p.OwnerTenantID, &p.Name, &p.Agent, &policy, &pCreated, &pUpdated,
+		&s.ID, &s.OwnerTenantID, &s.Name, &s.Region, &s.Custom, &sCreated); err != nil {
+		return Pool{}, Site{}, notFound(err)
+	}
+	p.Policy = []byte(policy)
+	p.CreatedAt, p.UpdatedAt, s.CreatedAt = fromMS(pCreated), fromMS(pUpdated), fromMS(sCreated)
+	return p, s, nil
 }
 
 // UpdatePoolPolicy replaces a pool's policy.

@@ -1,7 +1,8 @@
 // Package attest is the seam between JoinService and the attestors: what an
 // attestor is given, what it answers, and the registry by name. An attestor
 // decides whether the evidence admits the machine and into which pool, inside
-// JoinService's admission transaction; it never sees the transport, and it
+// JoinService's admission transaction, and hands back what to spend at its
+// end; it never sees the transport, and it
 // refuses with a Refusal carrying a reason for the server-side record only.
 package attest
 
@@ -49,6 +50,15 @@ type Admission struct {
 	Statements []string
 	// MaxTTL shortens the certificate when non-zero.
 	MaxTTL time.Duration
+	// Spend, when not nil, consumes what the admission uses up (one use of
+	// a join token). JoinService runs it as the last statement of the
+	// admission transaction, after every insert and after signing: on
+	// PostgreSQL it locks a row that every join with the same token
+	// shares, and a row lock is held until COMMIT, so spending last holds
+	// that hot row only from the spend to the commit instead of through the
+	// whole join. It returns a *Refusal when nothing is left to spend (the
+	// transaction then rolls back, as for any refusal).
+	Spend func(ctx context.Context, tx *store.Tx) error
 }
 
 // Refusal is a refused join. Reason is recorded server-side as
@@ -71,7 +81,9 @@ type Attestor interface {
 	// Name is the attestor's name in requests, events and pool policy.
 	Name() string
 	// Admit runs inside the admission transaction. It returns a *Refusal to
-	// refuse; any other error is internal.
+	// refuse; any other error is internal. It only reads: whatever it
+	// locks or writes it leaves to Admission.Spend, so that no row is
+	// locked while the rest of the join runs.
 	Admit(ctx context.Context, tx *store.Tx, in *Input) (*Admission, error)
 }
 

@@ -211,6 +211,9 @@ type Refusal struct {
 func Refusals(t testing.TB, db *store.DB, tenant string) []Refusal {
 	t.Helper()
 	var out []Refusal
+	if err := db.WaitEventsVisible(context.Background(), tenant, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	err := db.ReadTx(context.Background(), func(tx *store.Tx) error {
 		var afterTx, afterID int64
 		for {

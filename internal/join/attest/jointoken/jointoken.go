@@ -1,12 +1,15 @@
-// Package jointoken is the join-token attestor: it locks the token row,
+// Package jointoken is the join-token attestor: it reads the token row,
 // checks the secret in constant time, revocation, expiry at compute_now(),
-// the uses left and the role, and spends one use, all inside the admission
-// transaction (so a refusal later in the join gives the use back).
+// the uses left and the role, and hands JoinService the spending of one use
+// as the admission transaction's last statement (so a refusal later in the
+// join gives the use back, and the token row, hot when a token has many
+// uses, is locked only from the spend to the commit).
 package jointoken
 
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/better-compute/better-compute/internal/join/attest"
 	tokens "github.com/better-compute/better-compute/internal/jointoken"
@@ -35,7 +38,8 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 	if !ok {
 		return nil, attest.Refuse("token-malformed", "")
 	}
-	tok, err := tx.LockJoinToken(ctx, id)
+	// A plain read, no lock: Spend re-checks the token as it takes the use.
+	tok, err := tx.GetJoinToken(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		// Same work as a wrong secret, so timing says little about ids.
 		secret.Matches(plain, make([]byte, 32))
@@ -48,24 +52,11 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 		return nil, attest.Refuse("token-secret", "")
 	}
 	// The secret verified: from here on refusals go to the token's tenant.
-	switch tokens.State(tok) {
-	case tokens.StateRevoked:
-		return nil, attest.Refuse("token-revoked", tok.TenantID)
-	case tokens.StateUsedUp:
-		return nil, attest.Refuse("token-used-up", tok.TenantID)
-	case tokens.StateExpired:
-		return nil, attest.Refuse("token-expired", tok.TenantID)
+	if reason := stateRefusal(tok); reason != "" {
+		return nil, attest.Refuse(reason, tok.TenantID)
 	}
 	if tok.Role != in.Role {
 		return nil, attest.Refuse("token-role", tok.TenantID)
-	}
-	spent, err := tx.ConsumeJoinTokenUse(ctx, tok.ID)
-	if err != nil {
-		return nil, err
-	}
-	if !spent {
-		// Expired between the read and the update (compute_now moved).
-		return nil, attest.Refuse("token-expired", tok.TenantID)
 	}
 	expect, err := tokens.Expect(tok)
 	if err != nil {
@@ -75,5 +66,44 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 		TenantID: tok.TenantID, PoolID: tok.PoolID, SiteID: tok.SiteID, Role: tok.Role,
 		Expect: expect, AllowReclaim: tok.AllowReclaim, Hosted: tok.Hosted, JoinTokenID: tok.ID,
 		NodeKey: "unattested",
+		Spend:   func(ctx context.Context, tx *store.Tx) error { return spend(ctx, tx, tok) },
 	}, nil
+}
+
+// spend takes one use of tok, refusing when none is left. The UPDATE checks
+// uses, revocation and expiry itself: on PostgreSQL it waits for a
+// concurrent join holding the row and re-evaluates them on the row that join
+// committed, so a token never gives more uses than it has.
+func spend(ctx context.Context, tx *store.Tx, tok store.JoinToken) error {
+	spent, err := tx.ConsumeJoinTokenUse(ctx, tok.ID)
+	if err != nil {
+		return err
+	}
+	if spent {
+		return nil
+	}
+	// The token changed since the read: tell why.
+	now, err := tx.GetJoinToken(ctx, tok.ID)
+	if err != nil {
+		return fmt.Errorf("read join token: %w", err)
+	}
+	if reason := stateRefusal(now); reason != "" {
+		return attest.Refuse(reason, tok.TenantID)
+	}
+	// Live at the re-read but not at the update: only compute_now() moving
+	// back (tests) does that; the update saw the token expired.
+	return attest.Refuse("token-expired", tok.TenantID)
+}
+
+// stateRefusal is the refusal reason for a token that is not live, or "".
+func stateRefusal(tok store.JoinToken) string {
+	switch tokens.State(tok) {
+	case tokens.StateRevoked:
+		return "token-revoked"
+	case tokens.StateUsedUp:
+		return "token-used-up"
+	case tokens.StateExpired:
+		return "token-expired"
+	}
+	return ""
 }
