@@ -70,7 +70,7 @@ type DB struct {
 	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go).
 	writes    chan *writeReq
 	closeOnce sync.Once
-	stmt sync.Map   // query text -> rewritten text
+	stmt      sync.Map // query text -> rewritten text
 
 	// SQLite only: the prepared statements of each pool, by rewritten text.
 	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
