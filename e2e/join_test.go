@@ -71,7 +71,7 @@ func TestDevTokenJoin(t *testing.T) {
 	// The node is adopted by the controllers (pool without acceptance checks).
 	waitFor(t, "node adopted", 20*time.Second, func() bool {
 		out, _, _ := run(t, e, "", bc, "nodes", "get", nodeID, "--tenant", env["TENANT"], "--json")
-		return strings.Contains(out, `"state": "adopted"`)
+		return jsonOf(t, out)["state"] == "adopted"
 	})
 
 	// Already joined.
@@ -92,7 +92,9 @@ func TestDevTokenJoin(t *testing.T) {
 		t.Fatalf("reclaim landed on another node: %s", out)
 	}
 	out, _, _ = run(t, e, "", bc, "nodes", "get", nodeID, "--tenant", env["TENANT"], "--json")
-	if !strings.Contains(out, `"identityGeneration": 2`) || !strings.Contains(out, `"revokeReason": "reclaimed"`) {
+	node := jsonOf(t, out)
+	certs, _ := node["certs"].([]any)
+	if node["identityGeneration"] != float64(2) || len(certs) != 2 || certs[1].(map[string]any)["revokeReason"] != "reclaimed" {
 		t.Fatalf("node after reclaim: %s", out)
 	}
 	out, _, _ = run(t, e, "", bc, "events", "list", "--tenant", env["TENANT"], "--json")
@@ -196,6 +198,7 @@ api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 	}
 	waitFor(t, "node adopted", 20*time.Second, func() bool {
 		out, _, _ := run(t, e, "", bc, "nodes", "list", "--tenant", tenant, "--json")
-		return strings.Contains(out, `"state": "adopted"`)
+		items, _ := jsonOf(t, out)["items"].([]any)
+		return len(items) == 1 && items[0].(map[string]any)["state"] == "adopted"
 	})
 }

@@ -8,7 +8,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 )
@@ -51,7 +50,7 @@ line.`,
 				}
 				for _, e := range res.Msg.Events {
 					if a.wantJSON() {
-						b, _ := protojson.Marshal(e)
+						b, _ := stableJSON(e, "")
 						fmt.Fprintln(a.env.Stdout, string(b))
 						continue
 					}

@@ -6,6 +6,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,7 @@ BETTER_COMPUTE_API_KEY (flags override them).`,
 	root.AddCommand(
 		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(),
 		a.nodesCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
+		a.daemonCmd(),
 	)
 	return root
 }
@@ -124,10 +126,9 @@ func (a *app) client() (*client.Client, error) {
 
 // printJSON prints a protobuf message (or a list of them) as JSON.
 func (a *app) printJSON(v any) error {
-	mo := protojson.MarshalOptions{EmitUnpopulated: true, Indent: "  "}
 	switch m := v.(type) {
 	case proto.Message:
-		b, err := mo.Marshal(m)
+		b, err := stableJSON(m, "  ")
 		if err != nil {
 			return err
 		}
@@ -138,6 +139,23 @@ func (a *app) printJSON(v any) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
+}
+
+// stableJSON marshals a message with protojson and re-formats it with
+// encoding/json: protojson varies its whitespace on purpose, and scripts
+// (and people diffing output) deserve the same bytes every time.
+func stableJSON(m proto.Message, indent string) ([]byte, error) {
+	raw, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	if indent == "" {
+		err = json.Compact(&buf, raw)
+	} else {
+		err = json.Indent(&buf, raw, "", indent)
+	}
+	return buf.Bytes(), err
 }
 
 // table prints rows under a header, aligned.
