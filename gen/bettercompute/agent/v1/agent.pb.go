@@ -533,6 +533,537 @@ func (x *RenewResponse) GetSigningCertificate() []byte {
 	return nil
 }
 
+// A command signed by the control plane's command-signing key. bcd verifies
+// sig over body (purpose "command") against the trust bundle it received at
+// join, and refuses anything else.
+type SignedCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A serialized CommandBody.
+	Body          []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	Sig           []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignedCommand) Reset() {
+	*x = SignedCommand{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignedCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignedCommand) ProtoMessage() {}
+
+func (x *SignedCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignedCommand.ProtoReflect.Descriptor instead.
+func (*SignedCommand) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SignedCommand) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *SignedCommand) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
+}
+
+type CommandBody struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CommandId string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	NodeId    string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// e.g. node.facts, acceptance.check
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// JSON arguments of the kind.
+	Args            []byte `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	IssuedAtUnixMs  int64  `protobuf:"varint,5,opt,name=issued_at_unix_ms,json=issuedAtUnixMs,proto3" json:"issued_at_unix_ms,omitempty"`
+	ExpiresAtUnixMs int64  `protobuf:"varint,6,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CommandBody) Reset() {
+	*x = CommandBody{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandBody) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandBody) ProtoMessage() {}
+
+func (x *CommandBody) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandBody.ProtoReflect.Descriptor instead.
+func (*CommandBody) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CommandBody) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CommandBody) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CommandBody) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *CommandBody) GetArgs() []byte {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *CommandBody) GetIssuedAtUnixMs() int64 {
+	if x != nil {
+		return x.IssuedAtUnixMs
+	}
+	return 0
+}
+
+func (x *CommandBody) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
+}
+
+type CommandResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CommandId string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	Ok        bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// JSON output of the kind.
+	Output        []byte `protobuf:"bytes,3,opt,name=output,proto3" json:"output,omitempty"`
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandResult) Reset() {
+	*x = CommandResult{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandResult) ProtoMessage() {}
+
+func (x *CommandResult) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
+func (*CommandResult) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *CommandResult) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CommandResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *CommandResult) GetOutput() []byte {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *CommandResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type Hello struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Protocol      int32                  `protobuf:"varint,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	BcdVersion    string                 `protobuf:"bytes,2,opt,name=bcd_version,json=bcdVersion,proto3" json:"bcd_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Hello) Reset() {
+	*x = Hello{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Hello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Hello) ProtoMessage() {}
+
+func (x *Hello) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Hello.ProtoReflect.Descriptor instead.
+func (*Hello) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Hello) GetProtocol() int32 {
+	if x != nil {
+		return x.Protocol
+	}
+	return 0
+}
+
+func (x *Hello) GetBcdVersion() string {
+	if x != nil {
+		return x.BcdVersion
+	}
+	return ""
+}
+
+type Heartbeat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Heartbeat) Reset() {
+	*x = Heartbeat{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Heartbeat) ProtoMessage() {}
+
+func (x *Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
+func (*Heartbeat) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+type SessionClientMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionClientMessage_Hello
+	//	*SessionClientMessage_Heartbeat
+	//	*SessionClientMessage_Result
+	Msg           isSessionClientMessage_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionClientMessage) Reset() {
+	*x = SessionClientMessage{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionClientMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionClientMessage) ProtoMessage() {}
+
+func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionClientMessage.ProtoReflect.Descriptor instead.
+func (*SessionClientMessage) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SessionClientMessage) GetMsg() isSessionClientMessage_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionClientMessage) GetHello() *Hello {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionClientMessage_Hello); ok {
+			return x.Hello
+		}
+	}
+	return nil
+}
+
+func (x *SessionClientMessage) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionClientMessage_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *SessionClientMessage) GetResult() *CommandResult {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionClientMessage_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isSessionClientMessage_Msg interface {
+	isSessionClientMessage_Msg()
+}
+
+type SessionClientMessage_Hello struct {
+	Hello *Hello `protobuf:"bytes,1,opt,name=hello,proto3,oneof"`
+}
+
+type SessionClientMessage_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,2,opt,name=heartbeat,proto3,oneof"`
+}
+
+type SessionClientMessage_Result struct {
+	Result *CommandResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"`
+}
+
+func (*SessionClientMessage_Hello) isSessionClientMessage_Msg() {}
+
+func (*SessionClientMessage_Heartbeat) isSessionClientMessage_Msg() {}
+
+func (*SessionClientMessage_Result) isSessionClientMessage_Msg() {}
+
+type Welcome struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	NodeId           string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	HeartbeatSeconds int32                  `protobuf:"varint,2,opt,name=heartbeat_seconds,json=heartbeatSeconds,proto3" json:"heartbeat_seconds,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Welcome) Reset() {
+	*x = Welcome{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Welcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Welcome) ProtoMessage() {}
+
+func (x *Welcome) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
+func (*Welcome) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Welcome) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Welcome) GetHeartbeatSeconds() int32 {
+	if x != nil {
+		return x.HeartbeatSeconds
+	}
+	return 0
+}
+
+type SessionServerMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SessionServerMessage_Welcome
+	//	*SessionServerMessage_Command
+	Msg           isSessionServerMessage_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionServerMessage) Reset() {
+	*x = SessionServerMessage{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionServerMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionServerMessage) ProtoMessage() {}
+
+func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionServerMessage.ProtoReflect.Descriptor instead.
+func (*SessionServerMessage) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SessionServerMessage) GetMsg() isSessionServerMessage_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SessionServerMessage) GetWelcome() *Welcome {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionServerMessage_Welcome); ok {
+			return x.Welcome
+		}
+	}
+	return nil
+}
+
+func (x *SessionServerMessage) GetCommand() *SignedCommand {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionServerMessage_Command); ok {
+			return x.Command
+		}
+	}
+	return nil
+}
+
+type isSessionServerMessage_Msg interface {
+	isSessionServerMessage_Msg()
+}
+
+type SessionServerMessage_Welcome struct {
+	Welcome *Welcome `protobuf:"bytes,1,opt,name=welcome,proto3,oneof"`
+}
+
+type SessionServerMessage_Command struct {
+	Command *SignedCommand `protobuf:"bytes,2,opt,name=command,proto3,oneof"`
+}
+
+func (*SessionServerMessage_Welcome) isSessionServerMessage_Msg() {}
+
+func (*SessionServerMessage_Command) isSessionServerMessage_Msg() {}
+
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
@@ -578,10 +1109,46 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rRenewResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
-	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate2\xb6\x01\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"5\n" +
+	"\rSignedCommand\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xc5\x01\n" +
+	"\vCommandBody\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04args\x18\x04 \x01(\fR\x04args\x12)\n" +
+	"\x11issued_at_unix_ms\x18\x05 \x01(\x03R\x0eissuedAtUnixMs\x12+\n" +
+	"\x12expires_at_unix_ms\x18\x06 \x01(\x03R\x0fexpiresAtUnixMs\"l\n" +
+	"\rCommandResult\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x16\n" +
+	"\x06output\x18\x03 \x01(\fR\x06output\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"D\n" +
+	"\x05Hello\x12\x1a\n" +
+	"\bprotocol\x18\x01 \x01(\x05R\bprotocol\x12\x1f\n" +
+	"\vbcd_version\x18\x02 \x01(\tR\n" +
+	"bcdVersion\"\v\n" +
+	"\tHeartbeat\"\xd8\x01\n" +
+	"\x14SessionClientMessage\x125\n" +
+	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
+	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
+	"\x06result\x18\x03 \x01(\v2%.bettercompute.agent.v1.CommandResultH\x00R\x06resultB\x05\n" +
+	"\x03msg\"O\n" +
+	"\aWelcome\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
+	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\"\x9d\x01\n" +
+	"\x14SessionServerMessage\x12;\n" +
+	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
+	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommandB\x05\n" +
+	"\x03msg2\xb6\x01\n" +
 	"\vJoinService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
-	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponseBMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse2{\n" +
+	"\x0eSessionService\x12i\n" +
+	"\aConnect\x12,.bettercompute.agent.v1.SessionClientMessage\x1a,.bettercompute.agent.v1.SessionServerMessage(\x010\x01BMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -595,26 +1162,41 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
-	(*Claims)(nil),           // 0: bettercompute.agent.v1.Claims
-	(*JoinRequest)(nil),      // 1: bettercompute.agent.v1.JoinRequest
-	(*JoinResponse)(nil),     // 2: bettercompute.agent.v1.JoinResponse
-	(*JoinResponseBody)(nil), // 3: bettercompute.agent.v1.JoinResponseBody
-	(*RenewRequest)(nil),     // 4: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),    // 5: bettercompute.agent.v1.RenewResponse
+	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
+	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
+	(*JoinResponse)(nil),         // 2: bettercompute.agent.v1.JoinResponse
+	(*JoinResponseBody)(nil),     // 3: bettercompute.agent.v1.JoinResponseBody
+	(*RenewRequest)(nil),         // 4: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),        // 5: bettercompute.agent.v1.RenewResponse
+	(*SignedCommand)(nil),        // 6: bettercompute.agent.v1.SignedCommand
+	(*CommandBody)(nil),          // 7: bettercompute.agent.v1.CommandBody
+	(*CommandResult)(nil),        // 8: bettercompute.agent.v1.CommandResult
+	(*Hello)(nil),                // 9: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),            // 10: bettercompute.agent.v1.Heartbeat
+	(*SessionClientMessage)(nil), // 11: bettercompute.agent.v1.SessionClientMessage
+	(*Welcome)(nil),              // 12: bettercompute.agent.v1.Welcome
+	(*SessionServerMessage)(nil), // 13: bettercompute.agent.v1.SessionServerMessage
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	0, // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
-	1, // 1: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4, // 2: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	2, // 3: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5, // 4: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
+	9,  // 1: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	10, // 2: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	8,  // 3: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
+	12, // 4: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
+	6,  // 5: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
+	1,  // 6: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	4,  // 7: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	11, // 8: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
+	2,  // 9: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	5,  // 10: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	13, // 11: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -622,15 +1204,24 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+		(*SessionClientMessage_Hello)(nil),
+		(*SessionClientMessage_Heartbeat)(nil),
+		(*SessionClientMessage_Result)(nil),
+	}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+		(*SessionServerMessage_Welcome)(nil),
+		(*SessionServerMessage_Command)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   14,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_bettercompute_agent_v1_agent_proto_goTypes,
 		DependencyIndexes: file_bettercompute_agent_v1_agent_proto_depIdxs,

@@ -30,6 +30,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// JoinServiceName is the fully-qualified name of the JoinService service.
 	JoinServiceName = "bettercompute.agent.v1.JoinService"
+	// SessionServiceName is the fully-qualified name of the SessionService service.
+	SessionServiceName = "bettercompute.agent.v1.SessionService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -44,6 +46,8 @@ const (
 	JoinServiceJoinProcedure = "/bettercompute.agent.v1.JoinService/Join"
 	// JoinServiceRenewProcedure is the fully-qualified name of the JoinService's Renew RPC.
 	JoinServiceRenewProcedure = "/bettercompute.agent.v1.JoinService/Renew"
+	// SessionServiceConnectProcedure is the fully-qualified name of the SessionService's Connect RPC.
+	SessionServiceConnectProcedure = "/bettercompute.agent.v1.SessionService/Connect"
 )
 
 // JoinServiceClient is a client for the bettercompute.agent.v1.JoinService service.
@@ -140,4 +144,74 @@ func (UnimplementedJoinServiceHandler) Join(context.Context, *connect.Request[v1
 
 func (UnimplementedJoinServiceHandler) Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.agent.v1.JoinService.Renew is not implemented"))
+}
+
+// SessionServiceClient is a client for the bettercompute.agent.v1.SessionService service.
+type SessionServiceClient interface {
+	Connect(context.Context) *connect.BidiStreamForClient[v1.SessionClientMessage, v1.SessionServerMessage]
+}
+
+// NewSessionServiceClient constructs a client for the bettercompute.agent.v1.SessionService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewSessionServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) SessionServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	sessionServiceMethods := v1.File_bettercompute_agent_v1_agent_proto.Services().ByName("SessionService").Methods()
+	return &sessionServiceClient{
+		connect: connect.NewClient[v1.SessionClientMessage, v1.SessionServerMessage](
+			httpClient,
+			baseURL+SessionServiceConnectProcedure,
+			connect.WithSchema(sessionServiceMethods.ByName("Connect")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// sessionServiceClient implements SessionServiceClient.
+type sessionServiceClient struct {
+	connect *connect.Client[v1.SessionClientMessage, v1.SessionServerMessage]
+}
+
+// Connect calls bettercompute.agent.v1.SessionService.Connect.
+func (c *sessionServiceClient) Connect(ctx context.Context) *connect.BidiStreamForClient[v1.SessionClientMessage, v1.SessionServerMessage] {
+	return c.connect.CallBidiStream(ctx)
+}
+
+// SessionServiceHandler is an implementation of the bettercompute.agent.v1.SessionService service.
+type SessionServiceHandler interface {
+	Connect(context.Context, *connect.BidiStream[v1.SessionClientMessage, v1.SessionServerMessage]) error
+}
+
+// NewSessionServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewSessionServiceHandler(svc SessionServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	sessionServiceMethods := v1.File_bettercompute_agent_v1_agent_proto.Services().ByName("SessionService").Methods()
+	sessionServiceConnectHandler := connect.NewBidiStreamHandler(
+		SessionServiceConnectProcedure,
+		svc.Connect,
+		connect.WithSchema(sessionServiceMethods.ByName("Connect")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.agent.v1.SessionService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case SessionServiceConnectProcedure:
+			sessionServiceConnectHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedSessionServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedSessionServiceHandler struct{}
+
+func (UnimplementedSessionServiceHandler) Connect(context.Context, *connect.BidiStream[v1.SessionClientMessage, v1.SessionServerMessage]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.agent.v1.SessionService.Connect is not implemented"))
 }
