@@ -61,6 +61,9 @@ type Config struct {
 	MaxBodyBytes int
 	// CertTTL is JoinService's certTtlSeconds (default and maximum 24 h).
 	CertTTL time.Duration
+	// DownloadsDir, when set, serves the bcd builds under
+	// {basePath}/downloads/ (R11.5; see downloads.go).
+	DownloadsDir string
 }
 
 // Server is the API.
@@ -131,6 +134,7 @@ func New(cfg Config) (*Server, error) {
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, h))
 	}
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
+	s.mountDownloads()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.handler = http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096)

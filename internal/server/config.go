@@ -6,6 +6,7 @@ package server
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -32,6 +33,14 @@ type Config struct {
 	Join       JoinConfig    `toml:"join"`
 	Metrics    MetricsConfig `toml:"metrics"`
 	Limits     LimitsConfig  `toml:"limits"`
+	// Downloads serves the bcd builds install scripts fetch (R11.5).
+	Downloads DownloadsConfig `toml:"downloads"`
+}
+
+// DownloadsConfig is the directory of bcd builds, laid out as
+// bcd/{version}/linux-{amd64,arm64}; empty serves none.
+type DownloadsConfig struct {
+	Dir string `toml:"dir"`
 }
 
 // TLSConfig serves the API over TLS; leave it empty behind a TLS proxy.
@@ -145,6 +154,9 @@ func (c *Config) validate() error {
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")
 	}
+	if c.Downloads.Dir != "" && !filepath.IsAbs(c.Downloads.Dir) {
+		return errs.New(errs.InvalidConfig, "config: downloads.dir must be an absolute path")
+	}
 	if c.Gateway.URL != "" && !strings.HasPrefix(c.Gateway.URL, "https://") {
 		return errs.New(errs.InvalidConfig, "config: gateway.url must be an https:// URL")
 	}
@@ -185,6 +197,9 @@ key_file = "/etc/better-compute/agent.key"
 
 [join]
 cert_ttl_seconds = 86400
+
+[downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
+dir = "/var/lib/better-compute/downloads"
 
 [metrics]
 listen = "127.0.0.1:9090"

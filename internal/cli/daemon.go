@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/installscript"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+// daemonCmd is the `daemon` group: what operators need to put bcd on
+// machines (R3.5).
+func (a *app) daemonCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "daemon", Short: "Install bcd, the node daemon, on machines"}
+	var p installscript.Params
+	var sums []string
+	var dir string
+	script := &cobra.Command{
+		Use:   "install-script --pool P --site S --gateway-url URL --base-url URL --bcd-version V --sha256 amd64=HEX,arm64=HEX",
+		Short: "Print a POSIX sh script that installs bcd and joins the machine",
+		Long: `Print the install script for brownfield servers (R3.5, R11.5). It embeds
+the gateway, the site, the three pins and the JoinService encryption key from
+the PKI bundle (read with $BETTER_COMPUTE_SECRET, like pki pins), and the
+SHA-256 of each bcd build. It holds no secret.
+
+On the machine, as root, the script reads the join token from BCD_JOIN_TOKEN
+or standard input (never an argument), downloads
+{base-url}{base-path}/downloads/bcd/{version}/linux-{arch}, checks its
+SHA-256, installs /usr/local/bin/bcd, /etc/bcd/config.toml,
+/etc/bcd/join-encryption.jwk and bcd.service, runs bcd join with the token on
+standard input, and enables the service. Without a token on a host that
+already has /etc/bcd/config.toml it upgrades bcd in place.`,
+		Example: `  better-compute daemon install-script --pool $POOL --site $SITE \
+    --gateway-url https://gw.eu.example.com --base-url https://compute.example.com \
+    --bcd-version 0.1.0 --sha256 amd64=<hex>,arm64=<hex> > install-bcd.sh
+  sudo sh install-bcd.sh < join-token`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, f := range []struct{ name, val string }{
+				{"pool", p.Pool}, {"site", p.Site}, {"gateway-url", p.GatewayURL},
+				{"base-url", p.BaseURL}, {"bcd-version", p.Version},
+			} {
+				if err := required(f.name, f.val); err != nil {
+					return err
+				}
+			}
+			if len(sums) == 0 {
+				return errs.Invalid("--sha256", "required: amd64=<64 hex>,arm64=<64 hex>")
+			}
+			var err error
+			if p.SHA256, err = installscript.ParseSHA256(sums); err != nil {
+				return err
+			}
+			// A typo is reported before the secret is asked for.
+			if err := p.ValidateFlags(); err != nil {
+				return err
+			}
+			sec, err := a.secret()
+			if err != nil {
+				return err
+			}
+			b, err := pki.Load(a.pkiDir(dir), sec)
+			if err != nil {
+				return err
+			}
+			if p.Pins, err = b.Pins(); err != nil {
+				return err
+			}
+			p.EncryptionKey = &b.JoinEncryptionKey.PublicKey
+			out, err := installscript.Generate(p)
+			if err != nil {
+				return err
+			}
+			_, err = a.env.Stdout.Write(out)
+			return err
+		},
+	}
+	f := script.Flags()
+	f.StringVar(&p.Pool, "pool", "", "pool the machines join, pool_… (the join token's pool)")
+	f.StringVar(&p.Site, "site", "", "site of that pool, site_… (config.toml's site)")
+	f.StringVar(&p.GatewayURL, "gateway-url", "", "regional gateway bcd dials, https://…")
+	f.StringVar(&p.GatewayServerName, "gateway-server-name", "", "TLS server name of the gateway when it differs from the URL's host")
+	f.StringVar(&p.BaseURL, "base-url", "", "control plane that serves the bcd downloads, https://host[:port]")
+	f.StringVar(&p.BasePath, "base-path", installscript.DefaultBasePath, "the API's base path")
+	f.StringVar(&p.Version, "bcd-version", "", "bcd version to install, like 0.1.0")
+	f.StringSliceVar(&sums, "sha256", nil, "SHA-256 of each build: amd64=<hex>,arm64=<hex>")
+	f.StringVar(&dir, "pki-dir", "", "PKI bundle directory (default $BETTER_COMPUTE_PKI_DIR or "+DefaultPKIDir+")")
+	cmd.AddCommand(script)
+	return cmd
+}
