@@ -64,17 +64,32 @@ a new one).`,
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				// Refuse before minting, so no token is created for nothing.
-				if _, err := os.Lstat(out); err == nil {
-					return errs.New(errs.AlreadyExists, "%s exists; --out never writes over a file", out)
-				} else if !errors.Is(err, fs.ErrNotExist) {
-					return errs.New(errs.InvalidArgument, "--out: %v", err)
-				}
+			// The API reads 0 as "the default, 1": refuse it here rather
+			// than mint something other than what was asked for.
+			if maxUses < 1 {
+				return errs.Invalid("--max-uses", "must be at least 1, got %d", maxUses)
 			}
 			c, err := a.client()
 			if err != nil {
 				return err
+			}
+			var f *os.File
+			if out != "" {
+				// Create the file before minting, so a token is never minted
+				// that cannot be saved (an existing file, a missing or
+				// read-only directory); it is removed on every failure below.
+				f, err = os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+				if errors.Is(err, fs.ErrExist) {
+					return errs.New(errs.AlreadyExists, "%s exists; --out never writes over a file", out)
+				} else if err != nil {
+					return errs.Invalid("--out", "%v", err)
+				}
+				defer func() {
+					if f != nil { // not saved
+						f.Close()
+						os.Remove(out)
+					}
+				}()
 			}
 			res, err := c.JoinTokens.CreateJoinToken(cmd.Context(), connect.NewRequest(&bcv1.CreateJoinTokenRequest{
 				TenantId: tenant, PoolId: pool, TtlSeconds: secs, MaxUses: maxUses, Expect: &expect,
@@ -88,16 +103,17 @@ a new one).`,
 				if t.Token == "" {
 					return errs.New(errs.InvalidState, "idempotency key %q was already used for token %s, and its secret is never shown again; revoke it (better-compute join-tokens revoke %s --tenant %s --pool %s) and create a new one", key, t.Id, t.Id, tenant, pool)
 				}
-				f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-				if err != nil {
-					return errs.New(errs.AlreadyExists, "cannot create %s (%v); token %s was minted but not saved: revoke it and try again", out, err, t.Id)
-				}
 				_, werr := f.WriteString(t.Token + "\n")
-				if cerr := f.Close(); werr == nil {
-					werr = cerr
+				if werr == nil {
+					werr = f.Sync()
+				}
+				if werr == nil {
+					werr = f.Close()
+					if werr == nil {
+						f = nil // saved: keep the file
+					}
 				}
 				if werr != nil {
-					os.Remove(out)
 					return fmt.Errorf("write %s: %w (token %s was minted: revoke it)", out, werr, t.Id)
 				}
 				t.Token = "" // written to the file, not the terminal

@@ -117,6 +117,9 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 				os.Remove(keyOut)
 				return err
 			}
+			if a.wantJSON() {
+				return a.printJSON(map[string]any{"certFile": certOut, "keyFile": keyOut, "sans": sans, "ttlSeconds": int64(ttl / time.Second)})
+			}
 			fmt.Fprintf(a.env.Stdout, "wrote %s and %s (0600) for %v, valid %s\n", certOut, keyOut, sans, ttl)
 			return nil
 		},

@@ -450,6 +450,9 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 			if _, err := c.APIKeys.RevokeApiKey(cmd.Context(), connect.NewRequest(&bcv1.RevokeApiKeyRequest{TenantId: rTenant, ApiKeyId: args[0]})); err != nil {
 				return err
 			}
+			if a.wantJSON() {
+				return a.printJSON(map[string]string{"id": args[0], "state": "revoked"})
+			}
 			fmt.Fprintf(a.env.Stdout, "revoked %s\n", args[0])
 			return nil
 		},

@@ -98,6 +98,9 @@ func (a *app) versionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.wantJSON() {
+				return a.printJSON(map[string]string{"version": version.Version})
+			}
 			fmt.Fprintln(a.env.Stdout, version.Version)
 			return nil
 		},
