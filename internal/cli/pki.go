@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/fsutil"
+
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/errs"
@@ -169,24 +171,13 @@ func (a *app) printPins(p pki.Pins) {
 	fmt.Fprintf(a.env.Stdout, "# for /etc/bcd/config.toml\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n", p.ServingCA, p.JoinSigning, p.JoinEncryption)
 }
 
-// writeNew creates path with data, never overwriting.
+// writeNew creates path with data, never overwriting (ALREADY_EXISTS).
 func writeNew(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
+	if err := fsutil.WriteNew(path, data, mode); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return errs.New(errs.AlreadyExists, "%s exists; it is never overwritten", path)
 		}
-		return fmt.Errorf("create %s: %w", path, err)
+		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	return f.Close()
+	return nil
 }

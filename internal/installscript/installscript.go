@@ -25,6 +25,7 @@ import (
 	"text/template"
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/dnsname"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -147,7 +148,7 @@ func (p *Params) ValidateFlags() error {
 	if msg := checkURL(p.GatewayURL, false, true); msg != "" {
 		return errs.Invalid("--gateway-url", "%s", msg)
 	}
-	if p.GatewayServerName != "" && !validDNSName(p.GatewayServerName) {
+	if p.GatewayServerName != "" && !dnsname.Valid(p.GatewayServerName) {
 		return errs.Invalid("--gateway-server-name", "want a DNS name like gw.eu.example.com (no scheme or port)")
 	}
 	if msg := checkURL(p.BaseURL, p.allowHTTP, false); msg != "" {
@@ -201,24 +202,6 @@ func checkURL(s string, allowHTTP, withPath bool) string {
 		}
 	}
 	return ""
-}
-
-func validDNSName(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // normalizeBasePath returns "/a/b" for "a/b/", "" for "/", and

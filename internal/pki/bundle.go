@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/fsutil"
+
 	"github.com/go-jose/go-jose/v4"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -256,7 +258,7 @@ func initBundle(dir, trustDomain string, secret []byte, now time.Time, logN int)
 		}
 		return nil, fmt.Errorf("rename bundle into place: %w", err)
 	}
-	syncDir(parent)
+	fsutil.SyncDir(parent)
 	return b, nil
 }
 
@@ -328,46 +330,12 @@ func (b *Bundle) write(dir string, secret []byte, logN int) error {
 		mode os.FileMode
 	}{FileManifest, append(manifest, '\n'), 0o644})
 	for _, f := range files {
-		if err := writeNew(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+		if err := fsutil.WriteNew(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
 			return err
 		}
 	}
-	syncDir(dir)
+	fsutil.SyncDir(dir)
 	return nil
-}
-
-// writeNew creates path (never replacing a file), writes data, syncs and sets
-// mode exactly (umask aside).
-func writeNew(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", path, err)
-	}
-	return nil
-}
-
-// syncDir makes a rename durable where the platform allows; failures are
-// ignored because the data itself is already synced.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }
 
 // Load reads the bundle in dir and decrypts its keys with secret. It checks

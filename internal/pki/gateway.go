@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/dnsname"
+
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -35,7 +37,7 @@ func IssueGateway(b *Bundle, sans []string, now time.Time, ttl time.Duration) (c
 			ips = append(ips, ip)
 			continue
 		}
-		if !validDNSName(s) {
+		if !dnsname.Valid(strings.TrimPrefix(s, "*.")) {
 			return nil, nil, errs.Invalid("san", "%q is neither a DNS name nor an IP address", s)
 		}
 		dns = append(dns, strings.ToLower(s))
@@ -82,25 +84,4 @@ func IssueGateway(b *Bundle, sans []string, now time.Time, ttl time.Duration) (c
 	certPEM = append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), CertPEM(b.ServingCA)...)
 	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 	return certPEM, keyPEM, nil
-}
-
-// validDNSName accepts host names of letters, digits and '-' in labels of 1
-// to 63 characters, and a leading "*." wildcard label.
-func validDNSName(s string) bool {
-	s = strings.TrimPrefix(s, "*.")
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
 }

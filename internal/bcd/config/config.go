@@ -24,6 +24,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/dnsname"
+	"github.com/better-compute/better-compute/internal/fsutil"
+
 	"github.com/BurntSushi/toml"
 
 	"github.com/better-compute/better-compute/internal/errs"
@@ -179,7 +182,7 @@ func (c *Config) Validate() error {
 	if msg := checkGatewayURL(c.GatewayURL); msg != "" {
 		bad("gateway_url", "%s", msg)
 	}
-	if c.GatewayServerName != "" && !validServerName(c.GatewayServerName) {
+	if c.GatewayServerName != "" && !dnsname.Valid(c.GatewayServerName) {
 		bad("gateway_server_name", "want a DNS name like gw.eu.example.com (no scheme or port)")
 	}
 	switch {
@@ -261,25 +264,6 @@ func checkGatewayURL(s string) string {
 	return ""
 }
 
-// validServerName accepts a DNS name (letters, digits, hyphens, dots).
-func validServerName(s string) bool {
-	if len(s) > 253 || strings.HasPrefix(s, ".") || strings.HasSuffix(s, ".") {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(label); i++ {
-			c := label[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 func validHostPort(s string) bool {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil || host == "" {
@@ -317,55 +301,7 @@ func (c *Config) Write(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create config directory: %w", err)
 	}
-	return WriteFileAtomic(path, data, 0o644)
-}
-
-// WriteFileAtomic writes data to path through a temporary file in the same
-// directory that is synced and renamed over path, then syncs the directory.
-// Readers see the old content or the new, never a part. mode is set exactly
-// (umask aside). On failure the temporary file is removed.
-func WriteFileAtomic(path string, data []byte, mode fs.FileMode) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(mode); err != nil {
-		return fmt.Errorf("chmod %s: %w", tmp, err)
-	}
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", tmp, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename into %s: %w", path, err)
-	}
-	syncDir(dir)
-	return nil
-}
-
-// syncDir makes a rename durable; a failure is ignored because the data
-// itself is synced and some filesystems refuse to sync a directory.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
+	return fsutil.WriteFileAtomic(path, data, 0o644)
 }
 
 // errTooLarge is readBounded's error for a file over its limit.

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"path/filepath"
 
+	"github.com/better-compute/better-compute/internal/fsutil"
+
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 )
@@ -65,5 +67,5 @@ func WriteEncryptionKey(dir, pin string, pub *ecdsa.PublicKey) error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(dir, EncryptionKeyFile), append(data, '\n'), 0o644)
+	return fsutil.WriteFileAtomic(filepath.Join(dir, EncryptionKeyFile), append(data, '\n'), 0o644)
 }

@@ -32,6 +32,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/fsutil"
+
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 )
@@ -354,7 +356,7 @@ func (s *Store) Save(id *Identity, keyRecord, chainPEM, bundlePEM []byte) (err e
 		if name == KeyFile {
 			mode = keyMode
 		}
-		if err := writeNew(filepath.Join(staging, name), content[name], mode); err != nil {
+		if err := fsutil.WriteNew(filepath.Join(staging, name), content[name], mode); err != nil {
 			return err
 		}
 	}
@@ -362,7 +364,7 @@ func (s *Store) Save(id *Identity, keyRecord, chainPEM, bundlePEM []byte) (err e
 	if st, err := os.Stat(filepath.Join(staging, KeyFile)); err != nil || st.Mode().Perm() != keyMode {
 		return fmt.Errorf("write %s: mode is not 0600 after writing (%v)", KeyFile, err)
 	}
-	syncDir(staging)
+	fsutil.SyncDir(staging)
 
 	// Keep the old identity reachable until the new one is complete.
 	backup, err := os.MkdirTemp(s.Dir, previousPrefix)
@@ -381,7 +383,7 @@ func (s *Store) Save(id *Identity, keyRecord, chainPEM, bundlePEM []byte) (err e
 			return fmt.Errorf("keep the old %s: %w", name, err)
 		}
 	}
-	syncDir(backup)
+	fsutil.SyncDir(backup)
 
 	var placed []string
 	defer func() {
@@ -402,7 +404,7 @@ func (s *Store) Save(id *Identity, keyRecord, chainPEM, bundlePEM []byte) (err e
 				err = fmt.Errorf("%w; removing the new %s failed: %v", err, name, rerr)
 			}
 		}
-		syncDir(s.Dir)
+		fsutil.SyncDir(s.Dir)
 		_ = os.RemoveAll(backup)
 	}()
 	for _, name := range fileNames() {
@@ -411,7 +413,7 @@ func (s *Store) Save(id *Identity, keyRecord, chainPEM, bundlePEM []byte) (err e
 		}
 		placed = append(placed, name)
 	}
-	syncDir(s.Dir)
+	fsutil.SyncDir(s.Dir)
 	return nil
 }
 
@@ -470,8 +472,8 @@ func (s *Store) MoveAside(now time.Time) (string, error) {
 		}
 		moved = append(moved, name)
 	}
-	syncDir(dst)
-	syncDir(s.Dir)
+	fsutil.SyncDir(dst)
+	fsutil.SyncDir(s.Dir)
 	return dst, nil
 }
 
@@ -523,38 +525,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// writeNew creates path (never replacing a file), sets mode exactly, writes
-// data and syncs.
-func writeNew(path string, data []byte, mode fs.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", path, err)
-	}
-	return nil
-}
-
-// syncDir makes renames in dir durable; failures are ignored (the files are
-// synced, and some filesystems refuse to sync a directory).
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }
