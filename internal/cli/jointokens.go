@@ -162,17 +162,15 @@ a new one).`,
 			if err != nil {
 				return err
 			}
-			var items []*bcv1.JoinToken
-			tok := ""
-			for {
+			items, err := allPages(func(tok string) ([]*bcv1.JoinToken, string, error) {
 				res, err := c.JoinTokens.ListJoinTokens(cmd.Context(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: lTenant, PoolId: lPool, IncludeInactive: all, PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				items = append(items, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListJoinTokensResponse{Items: items})

@@ -23,17 +23,15 @@ func (a *app) nodesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*bcv1.Node
-			tok := ""
-			for {
+			all, err := allPages(func(tok string) ([]*bcv1.Node, string, error) {
 				res, err := c.Nodes.ListNodes(cmd.Context(), connect.NewRequest(&bcv1.ListNodesRequest{TenantId: tenant, PoolId: pool, PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListNodesResponse{Items: all})

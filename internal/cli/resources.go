@@ -57,17 +57,15 @@ func (a *app) tenantsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*bcv1.Tenant
-			tok := ""
-			for {
+			all, err := allPages(func(tok string) ([]*bcv1.Tenant, string, error) {
 				res, err := c.Tenants.ListTenants(cmd.Context(), connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListTenantsResponse{Items: all})
@@ -143,17 +141,15 @@ func (a *app) sitesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*bcv1.Site
-			tok := ""
-			for {
+			all, err := allPages(func(tok string) ([]*bcv1.Site, string, error) {
 				res, err := c.Sites.ListSites(cmd.Context(), connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListSitesResponse{Items: all})
@@ -290,17 +286,15 @@ func (a *app) poolsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var all []*bcv1.Pool
-			tok := ""
-			for {
+			all, err := allPages(func(tok string) ([]*bcv1.Pool, string, error) {
 				res, err := c.Pools.ListPools(cmd.Context(), connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListPoolsResponse{Items: all})
@@ -412,17 +406,15 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 			if err != nil {
 				return err
 			}
-			var all []*bcv1.ApiKey
-			tok := ""
-			for {
+			all, err := allPages(func(tok string) ([]*bcv1.ApiKey, string, error) {
 				res, err := c.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, res.Msg.Items...)
-				if tok = res.Msg.NextPageToken; tok == "" {
-					break
-				}
+				return res.Msg.Items, res.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
 			if a.wantJSON() {
 				return a.printJSON(&bcv1.ListApiKeysResponse{Items: all})

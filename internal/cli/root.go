@@ -161,6 +161,24 @@ func stableJSON(m proto.Message, indent string) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
+// allPages walks a list call's pages with its page token and returns every
+// item.
+func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	token := ""
+	for {
+		items, next, err := page(token)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if next == "" {
+			return all, nil
+		}
+		token = next
+	}
+}
+
 // table prints rows under a header, aligned.
 func (a *app) table(header []string, rows [][]string) {
 	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
