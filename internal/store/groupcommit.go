@@ -83,7 +83,9 @@ func (db *DB) writer() {
 }
 
 // savepoint runs fn inside a savepoint of the shared transaction, rolling
-// back to it when fn fails (or panics).
+// back to it when fn fails, panics or exits its goroutine (a test's
+// t.Fatal). fn runs on a goroutine of its own so that nothing it does can
+// stop the writer.
 func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -92,9 +94,6 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err error) {
 		return fmt.Errorf("savepoint: %w", err)
 	}
 	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("panic in transaction: %v\n%s", p, debug.Stack())
-		}
 		if err != nil {
 			if _, rerr := t.tx.ExecContext(context.Background(), "ROLLBACK TO w"); rerr != nil {
 				t.db.log.Error("rollback to savepoint", "err", rerr)
@@ -104,7 +103,21 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err error) {
 			err = fmt.Errorf("release savepoint: %w", rerr)
 		}
 	}()
-	return fn(t)
+	res := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if p := recover(); p != nil {
+				res <- fmt.Errorf("panic in transaction: %v\n%s", p, debug.Stack())
+			} else if !returned {
+				res <- fmt.Errorf("transaction function exited without returning")
+			}
+		}()
+		e := fn(t)
+		returned = true
+		res <- e
+	}()
+	return <-res
 }
 
 // submit hands a write transaction to the writer and waits for its outcome.

@@ -388,13 +388,22 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		t.stmts = db.wStmts
 	}
 	defer t.prepareUnprepared(ctx)
+	// Roll back whatever way fn leaves (an error, a panic, a test's
+	// t.Fatal): a transaction left open would hold locks and, on
+	// PostgreSQL, hold back what every event reader may see.
+	finished := false
+	defer func() {
+		if !finished {
+			_ = stx.Rollback()
+		}
+	}()
 	if err := fn(t); err != nil {
-		_ = stx.Rollback()
 		return err
 	}
 	if !write {
-		return stx.Rollback()
+		return nil
 	}
+	finished = true
 	if err := stx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
