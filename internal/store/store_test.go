@@ -278,6 +278,9 @@ func TestRollback(t *testing.T) {
 		if !errors.Is(err, boom) {
 			t.Fatalf("err = %v", err)
 		}
+		if err := db.WaitEventsVisible(ctx, tn.ID, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		_ = db.ReadTx(ctx, func(tx *store.Tx) error {
 			evs, err := tx.ListEvents(ctx, tn.ID, 0, 0, "", 10)
 			if err != nil || len(evs) != 0 {
@@ -312,6 +315,9 @@ func TestEventsCursor(t *testing.T) {
 			}
 		}
 		var first, rest []store.Event
+		if err := db.WaitEventsVisible(ctx, a.ID, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		_ = db.ReadTx(ctx, func(tx *store.Tx) error {
 			var err error
 			first, err = tx.ListEvents(ctx, a.ID, 0, 0, "", 2)
