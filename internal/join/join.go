@@ -106,6 +106,11 @@ func New(cfg Config) (*Service, error) {
 // Peer is what the gateway says about the daemon's connection.
 type Peer struct {
 	Addr string
+	// Cert is the DER leaf the daemon presented on its TLS connection to
+	// the gateway (Renew only), nil when none. It is trusted as the
+	// caller's mTLS identity only because the agent listener authenticates
+	// the gateway; Renew still matches it against node_certs.
+	Cert []byte
 }
 
 // errRefused is the only refusal the daemon ever sees.

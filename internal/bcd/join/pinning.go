@@ -109,3 +109,14 @@ type pinError struct {
 
 func (e *pinError) Error() string { return "pinned TLS: " + e.msg }
 func (e *pinError) Unwrap() error { return e.err }
+
+// PinFailure reports whether err (through the TLS, HTTP and Connect layers
+// that wrap it) is a failed pinned verification of the gateway, and its
+// message; a renewal says then that nothing was sent.
+func PinFailure(err error) (string, bool) {
+	var pe *pinError
+	if errors.As(err, &pe) {
+		return pe.msg, true
+	}
+	return "", false
+}

@@ -46,6 +46,17 @@ func badResponse(check Check, format string, args ...any) error {
 		check, fmt.Sprintf(format, args...))}
 }
 
+// bad is badResponse for the answer want describes: a renewal's says that
+// the current identity was kept.
+func (want expectation) bad(check Check, format string, args ...any) error {
+	if !want.renewal {
+		return badResponse(check, format, args...)
+	}
+	return &ResponseError{Check: check, err: errs.New(errs.Unauthenticated,
+		"refusing the renewal response (%s check): %s; nothing was saved, the current identity is kept",
+		check, fmt.Sprintf(format, args...))}
+}
+
 // expectation is what a join response must match.
 type expectation struct {
 	signingPin string
@@ -59,6 +70,10 @@ type expectation struct {
 	nodeID string
 	// role is the requested role.
 	role string
+	// renewal: the answer to a Renew. The role must then be exactly role
+	// (a renewal keeps it), and trustDomain, when set, the current one.
+	renewal     bool
+	trustDomain string
 }
 
 // verifyResponse checks a JoinResponse in the order of R4.6 and returns its
@@ -69,12 +84,18 @@ type expectation struct {
 // JoinService gives a node joined through a hosted token). Nothing in the
 // body is looked at before (1) passed.
 func verifyResponse(res *agentv1.JoinResponse, want expectation) (*agentv1.JoinResponseBody, error) {
+	return verifySigned(res.GetBody(), res.GetSig(), res.GetSigningCertificate(), want)
+}
+
+// verifySigned is verifyResponse on the three fields a JoinResponse and a
+// RenewResponse share.
+func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.JoinResponseBody, error) {
 	// (1) Signature. bcd holds only the pin, so the key comes with the
 	// answer (signing_certificate) or from the well-known document, and is
 	// used only when it hashes to the pin.
 	var key crypto.PublicKey
 	var sawCert bool
-	if der := res.GetSigningCertificate(); len(der) > 0 {
+	if der := signingCert; len(der) > 0 {
 		sawCert = true
 		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinMatches(want.signingPin, cert.PublicKey) {
 			key = cert.PublicKey
@@ -85,82 +106,90 @@ func verifyResponse(res *agentv1.JoinResponse, want expectation) (*agentv1.JoinR
 	}
 	if key == nil {
 		if sawCert {
-			return nil, badResponse(CheckSignature, "its signing certificate does not match join_signing_key_pin")
+			return nil, want.bad(CheckSignature, "its signing certificate does not match join_signing_key_pin")
 		}
-		return nil, badResponse(CheckSignature, "it carries no signing certificate, so its signature cannot be checked against join_signing_key_pin (pass --server to read the certificate from the well-known document)")
+		return nil, want.bad(CheckSignature, "it carries no signing certificate, so its signature cannot be checked against join_signing_key_pin (pass --server to read the certificate from the well-known document)")
 	}
-	if err := pki.VerifyResponse(key, res.GetBody(), res.GetSig()); err != nil {
-		return nil, badResponse(CheckSignature, "the signature does not verify under the pinned join-signing key")
+	if err := pki.VerifyResponse(key, rawBody, sig); err != nil {
+		return nil, want.bad(CheckSignature, "the signature does not verify under the pinned join-signing key")
 	}
 
 	// (2) The answer is for this CSR.
 	var body agentv1.JoinResponseBody
-	if err := proto.Unmarshal(res.GetBody(), &body); err != nil {
-		return nil, badResponse(CheckCSR, "the signed body does not parse")
+	if err := proto.Unmarshal(rawBody, &body); err != nil {
+		return nil, want.bad(CheckCSR, "the signed body does not parse")
 	}
 	if !bytes.Equal(body.GetCsrSha256(), want.csrHash) {
-		return nil, badResponse(CheckCSR, "it answers another certificate request")
+		return nil, want.bad(CheckCSR, "it answers another certificate request")
 	}
 
 	// (3) The leaf certifies this join's key.
 	chain := body.GetCertChain()
 	if len(chain) == 0 {
-		return nil, badResponse(CheckLeafKey, "it carries no certificate")
+		return nil, want.bad(CheckLeafKey, "it carries no certificate")
 	}
 	certs := make([]*x509.Certificate, len(chain))
 	for i, der := range chain {
 		c, err := x509.ParseCertificate(der)
 		if err != nil {
-			return nil, badResponse(CheckLeafKey, "certificate %d of its chain does not parse", i)
+			return nil, want.bad(CheckLeafKey, "certificate %d of its chain does not parse", i)
 		}
 		certs[i] = c
 	}
 	leaf := certs[0]
 	if k, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(want.nodeKey) {
-		return nil, badResponse(CheckLeafKey, "its certificate is for another key than this machine's")
+		return nil, want.bad(CheckLeafKey, "its certificate is for another key than this machine's")
 	}
 
 	// (4) The SPIFFE SAN.
 	ni, err := pki.NodeIdentityOf(leaf)
 	if err != nil {
-		return nil, badResponse(CheckSPIFFEID, "its certificate is not a node certificate: %v", err)
+		return nil, want.bad(CheckSPIFFEID, "its certificate is not a node certificate: %v", err)
 	}
 	switch {
 	case pki.ValidateTrustDomain(body.GetTrustDomain()) != nil:
-		return nil, badResponse(CheckSPIFFEID, "the trust domain %q is not valid", body.GetTrustDomain())
+		return nil, want.bad(CheckSPIFFEID, "the trust domain %q is not valid", body.GetTrustDomain())
 	case ni.TrustDomain != body.GetTrustDomain():
-		return nil, badResponse(CheckSPIFFEID, "the certificate's trust domain %s is not the answer's %s", ni.TrustDomain, body.GetTrustDomain())
+		return nil, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not the answer's %s", ni.TrustDomain, body.GetTrustDomain())
+	case want.trustDomain != "" && ni.TrustDomain != want.trustDomain:
+		return nil, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not this node's %s", ni.TrustDomain, want.trustDomain)
 	case body.GetSiteId() != want.siteID:
-		return nil, badResponse(CheckSPIFFEID, "it places the node in site %s, not in this machine's site %s", body.GetSiteId(), want.siteID)
+		return nil, want.bad(CheckSPIFFEID, "it places the node in site %s, not in this machine's site %s", body.GetSiteId(), want.siteID)
 	case ni.SiteID != want.siteID:
-		return nil, badResponse(CheckSPIFFEID, "the certificate names site %s, not this machine's site %s", ni.SiteID, want.siteID)
+		return nil, want.bad(CheckSPIFFEID, "the certificate names site %s, not this machine's site %s", ni.SiteID, want.siteID)
 	case !ids.Valid(ids.Node, body.GetNodeId()):
-		return nil, badResponse(CheckSPIFFEID, "the node id %q is not valid", body.GetNodeId())
+		return nil, want.bad(CheckSPIFFEID, "the node id %q is not valid", body.GetNodeId())
 	case ni.NodeID != body.GetNodeId():
-		return nil, badResponse(CheckSPIFFEID, "the certificate names node %s, the answer %s", ni.NodeID, body.GetNodeId())
+		return nil, want.bad(CheckSPIFFEID, "the certificate names node %s, the answer %s", ni.NodeID, body.GetNodeId())
 	case want.nodeID != "" && body.GetNodeId() != want.nodeID:
-		return nil, badResponse(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
+		if want.renewal {
+			return nil, want.bad(CheckSPIFFEID, "it renews node %s, not this node %s", body.GetNodeId(), want.nodeID)
+		}
+		return nil, want.bad(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
 	}
 
 	// (5) The role.
 	okRole := body.GetRole() == want.role ||
 		// A hosted token lowers a node to node-tenant (the token decides,
 		// never the machine), and never raises anything.
-		want.role == pki.RoleNode && body.GetRole() == pki.RoleNodeTenant
+		!want.renewal && want.role == pki.RoleNode && body.GetRole() == pki.RoleNodeTenant
 	switch {
 	case !okRole:
-		return nil, badResponse(CheckRole, "it grants role %q, not the requested %q", body.GetRole(), want.role)
+		if want.renewal {
+			return nil, want.bad(CheckRole, "it grants role %q, not this node's %q", body.GetRole(), want.role)
+		}
+		return nil, want.bad(CheckRole, "it grants role %q, not the requested %q", body.GetRole(), want.role)
 	case ni.Role != body.GetRole():
-		return nil, badResponse(CheckRole, "the certificate's role %s is not the answer's %s", ni.Role, body.GetRole())
+		return nil, want.bad(CheckRole, "the certificate's role %s is not the answer's %s", ni.Role, body.GetRole())
 	}
 
 	// The command-signing trust bundle the node will check commands with.
 	if len(body.GetCommandBundle()) == 0 {
-		return nil, badResponse(CheckBundle, "it carries no command-signing certificate")
+		return nil, want.bad(CheckBundle, "it carries no command-signing certificate")
 	}
 	for i, der := range body.GetCommandBundle() {
 		if _, err := x509.ParseCertificate(der); err != nil {
-			return nil, badResponse(CheckBundle, "command-signing certificate %d does not parse", i)
+			return nil, want.bad(CheckBundle, "command-signing certificate %d does not parse", i)
 		}
 	}
 	return &body, nil
@@ -180,4 +209,31 @@ type Expectation struct {
 // verifyResponse) and returns its body.
 func VerifyResponse(res *agentv1.JoinResponse, e Expectation) (*agentv1.JoinResponseBody, error) {
 	return verifyResponse(res, expectation{signingPin: e.SigningPin, csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, role: e.Role})
+}
+
+// RenewExpectation is what a renewal answer must match: the same node, in
+// the same site and trust domain, with the same role, for the new key.
+type RenewExpectation struct {
+	SigningPin  string
+	CSRHash     []byte
+	NodeKey     crypto.PublicKey
+	TrustDomain string
+	SiteID      string
+	NodeID      string
+	Role        string
+}
+
+// VerifyRenewResponse checks a RenewResponse exactly like a join answer
+// (verifyResponse, R4.6): the signature under the pinned join-signing key
+// (from the answer's signing certificate only), csr_sha256, the leaf key,
+// the SPIFFE ID (this node, site and trust domain), the role (exactly the
+// current one), the command bundle. It returns the body.
+func VerifyRenewResponse(res *agentv1.RenewResponse, e RenewExpectation) (*agentv1.JoinResponseBody, error) {
+	if e.NodeID == "" || e.SiteID == "" || e.Role == "" {
+		return nil, errs.New(errs.InvalidArgument, "verify renewal: the current node, site and role are required")
+	}
+	return verifySigned(res.GetBody(), res.GetSig(), res.GetSigningCertificate(), expectation{
+		signingPin: e.SigningPin, csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, nodeID: e.NodeID, role: e.Role,
+		renewal: true, trustDomain: e.TrustDomain,
+	})
 }
