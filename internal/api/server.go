@@ -22,11 +22,10 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
-	"github.com/better-compute/better-compute/internal/join/attest"
-	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/jointoken"
 	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/version"
@@ -61,6 +60,9 @@ type Config struct {
 	MaxBodyBytes int
 	// CertTTL is JoinService's certTtlSeconds (default and maximum 24 h).
 	CertTTL time.Duration
+	// Attestors names JoinService's attestors (KnownAttestors; default
+	// DefaultAttestors, join-token only).
+	Attestors []string
 	// DownloadsDir, when set, serves the bcd builds under
 	// {basePath}/downloads/ (R11.5; see downloads.go).
 	DownloadsDir string
@@ -77,8 +79,10 @@ type Server struct {
 	tokens  *jointoken.Service
 	nodes   *nodes.Service
 	join    *join.Service
-	mux     *http.ServeMux
-	handler http.Handler
+	// sessions is SessionService (R12.1), served on the agent listener.
+	sessions *session.Service
+	mux      *http.ServeMux
+	handler  http.Handler
 }
 
 // New builds the API server.
@@ -108,13 +112,14 @@ func New(cfg Config) (*Server, error) {
 		nodes:   nodes.New(nodes.Config{DB: cfg.DB}),
 		mux:     http.NewServeMux(),
 	}
-	reg, err := attest.NewRegistry(jtattest.New())
+	reg, err := attestors(cfg.Attestors, cfg.Bundle, cfg.Clock)
 	if err != nil {
 		return nil, err
 	}
 	if s.join, err = join.New(join.Config{DB: cfg.DB, Bundle: cfg.Bundle, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL}); err != nil {
 		return nil, err
 	}
+	s.sessions = session.New(session.Config{DB: cfg.DB, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle})
 	op := &operator{s: s}
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),
@@ -150,6 +155,10 @@ func (s *Server) Mux() *http.ServeMux { return s.mux }
 
 // Tenancy exposes the tenancy service (bootstrap in `dev`).
 func (s *Server) Tenancy() *tenancy.Service { return s.tenancy }
+
+// Sessions exposes SessionService: controllers notify it of new commands,
+// and it wakes them on results.
+func (s *Server) Sessions() *session.Service { return s.sessions }
 
 // Hub exposes the event hub, so other services publishing events wake
 // readers.

@@ -33,6 +33,13 @@ type Env struct {
 type Options struct {
 	// NoJoin leaves the machine PKI out, so join calls answer INVALID_CONFIG.
 	NoJoin bool
+	// Attestors configures JoinService's attestors (api.Config.Attestors;
+	// empty: join-token only).
+	Attestors []string
+	// PKIFrom, when set, generates the machine PKI as of that time (its
+	// CAs valid from then, instead of from now), so that a test can hold
+	// node certificates that expired in the past.
+	PKIFrom time.Time
 }
 
 // Start runs the API on db.
@@ -42,12 +49,16 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 	var bundle *pki.Bundle
 	if !opts.NoJoin {
 		var err error
-		bundle, err = pki.Generate("test.example.com", time.Now())
+		from := opts.PKIFrom
+		if from.IsZero() {
+			from = time.Now()
+		}
+		bundle, err = pki.Generate("test.example.com", from)
 		if err != nil {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle})
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors})
 	if err != nil {
 		t.Fatalf("api.New: %v", err)
 	}

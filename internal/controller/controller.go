@@ -1,8 +1,9 @@
 // Package controller runs the control plane's controllers over the durable
 // work queue in the database: work is enqueued in the same transaction as the
 // change that causes it, claimed with a lease (so a crashed replica's items
-// come back), and retried with backoff. Today it adopts nodes whose pool has
-// no acceptance checks.
+// come back), and retried with backoff. It adopts nodes whose pool has no
+// acceptance checks, and runs the acceptance checks of the others through a
+// command to the node (accept.go).
 package controller
 
 import (
@@ -12,8 +13,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -24,6 +27,12 @@ type Config struct {
 	Hub *events.Hub
 	// Poll is how often the queue is read when nothing wakes it (default 500 ms).
 	Poll time.Duration
+	// Clock is the time source (command expiry); nil means the wall clock.
+	Clock clock.Clock
+	// Notify, when set, is called after a command for a node committed, so
+	// the node's session on this process delivers it at once (else the
+	// session layer's poll finds it).
+	Notify func(nodeID string)
 }
 
 // Controller processes the work queue.
@@ -39,6 +48,9 @@ func New(cfg Config) *Controller {
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = 500 * time.Millisecond
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	return &Controller{cfg: cfg, wake: make(chan struct{}, 1)}
 }
@@ -87,7 +99,14 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 	}
 	for _, w := range items {
 		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-			if err := c.handle(ctx, tx, w); err != nil {
+			err := c.handle(ctx, tx, w)
+			// A deferred item keeps what its handler wrote and comes back
+			// later (acceptance waits for its node and its command).
+			var d *deferred
+			if errors.As(err, &d) {
+				return tx.FailWork(ctx, w.ID, d.reason, d.after)
+			}
+			if err != nil {
 				return err
 			}
 			return tx.FinishWork(ctx, w.ID)
@@ -105,6 +124,8 @@ func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem)
 	switch w.Kind {
 	case join.WorkAdopt:
 		return c.adopt(ctx, tx, w.NodeID)
+	case session.WorkAccept:
+		return c.accept(ctx, tx, w)
 	default:
 		return fmt.Errorf("unknown work kind %q", w.Kind)
 	}

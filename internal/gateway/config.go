@@ -19,6 +19,7 @@ const (
 	DefaultMaxBodyBytes   = 64 << 10
 	DefaultRequestTimeout = 30 * time.Second
 	DefaultMaxConcurrent  = 1024
+	DefaultMaxSessions    = 100000
 )
 
 // Config is better-compute gateway's TOML configuration.
@@ -44,6 +45,9 @@ type Config struct {
 	// MaxConcurrent bounds the calls in flight; beyond it a call is refused
 	// at once with RESOURCE_EXHAUSTED instead of queueing (default 1024).
 	MaxConcurrent int `toml:"max_concurrent"`
+	// MaxSessions bounds the node sessions held at once; beyond it a new
+	// session is refused with RESOURCE_EXHAUSTED (default 100000).
+	MaxSessions int `toml:"max_sessions"`
 }
 
 // LoadConfig reads a TOML config file; unknown keys are errors.
@@ -123,6 +127,12 @@ func (c *Config) validate() error {
 	case c.MaxConcurrent == 0:
 		c.MaxConcurrent = DefaultMaxConcurrent
 	}
+	switch {
+	case c.MaxSessions < 0:
+		return badKey("max_sessions", "cannot be negative")
+	case c.MaxSessions == 0:
+		c.MaxSessions = DefaultMaxSessions
+	}
 	return nil
 }
 
@@ -141,4 +151,5 @@ api_ca_file = "/etc/better-compute/serving-ca.pem"
 max_body_bytes = 65536
 request_timeout = "30s"
 max_concurrent = 1024
+max_sessions = 100000
 `

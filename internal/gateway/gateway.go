@@ -6,8 +6,11 @@
 // own identity. It never opens the seal (the join token is sealed to the
 // JoinService key and bound to the CSR) and cannot mint certificates (join
 // answers are signed with the join-signing key that bcd pins); a
-// compromised gateway can drop or delay calls, not forge them. Node
-// sessions and command dispatch come later.
+// compromised gateway can drop or delay calls, not forge them. It also
+// relays node sessions (SessionService.Connect, session.go): a bidi stream
+// per node, forwarded to the API with the node's certificate; commands are
+// signed by the control plane and verified by bcd, so the gateway cannot
+// forge them either.
 //
 // Errors from the API are passed to the daemon unchanged (the API already
 // answers with product codes); a failure to reach the API is UNAVAILABLE
@@ -74,6 +77,8 @@ type Gateway struct {
 	log      *slog.Logger
 	clock    clock.Clock
 	upstream agentv1connect.JoinServiceClient
+	sessions agentv1connect.SessionServiceClient
+	held     chan struct{} // one slot per held session (MaxSessions)
 	tr       *http.Transport
 	sem      chan struct{}
 	handler  http.Handler
@@ -145,6 +150,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		connect.WithAcceptCompression("gzip", nil, nil),
 	)
 
+	g.held = make(chan struct{}, cfg.MaxSessions)
+	g.sessions = agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
+		connect.WithGRPC(),
+		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
+		connect.WithAcceptCompression("gzip", nil, nil),
+	)
+
 	path, h := agentv1connect.NewJoinServiceHandler(&relay{g: g},
 		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
 		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
@@ -153,25 +166,29 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	)
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
+	mux.Handle(g.sessionHandler())
 	g.handler = peerContext(mux)
 
 	g.hs = &http.Server{
 		Handler:           g.handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		// Per request (per stream on HTTP/2). Sessions, which are long
-		// streams, will need their own bounds when they arrive.
+		// Per request (per stream on HTTP/2). Session streams lift both
+		// (session.go); their liveness is the heartbeat and HTTP/2 pings.
 		ReadTimeout:    cfg.RequestTimeout + 10*time.Second,
 		WriteTimeout:   cfg.RequestTimeout + 10*time.Second,
 		IdleTimeout:    120 * time.Second,
 		MaxHeaderBytes: 32 << 10,
 		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+		// Pings find daemons that vanished without closing their connection.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			Certificates: []tls.Certificate{cert},
 			NextProtos:   []string{"h2", "http/1.1"},
-			// A daemon may present its node certificate (Renew); the API
-			// verifies it, so the gateway only requests it. Sessions will
-			// require and verify it here.
+			// A daemon presents its node certificate on Renew and on
+			// sessions; the API verifies it (byte for byte against
+			// node_certs), so the gateway only requests it here, and
+			// refuses a session without one (session.go).
 			ClientAuth: tls.RequestClientCert,
 		},
 	}

@@ -169,7 +169,10 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 		role = pki.RoleNode
 	}
 	sum := sha256.Sum256(req.GetCsr())
-	in := &attest.Input{Role: role, CSRSHA256: sum[:]}
+	in := &attest.Input{Role: role, CSRSHA256: sum[:], CSR: req.GetCsr()}
+	if ev := req.GetX509Pop(); ev != nil {
+		in.X509Pop = &attest.X509Pop{Chain: ev.GetChain(), ClientTimeMS: ev.GetClientTimeUnixMs(), Sig: ev.GetSig()}
+	}
 	ref := func(reason string) *refusal {
 		return &refusal{attestor: name, reason: reason, role: role, csrHash: in.CSRSHA256, hwKey: in.Key}
 	}
@@ -255,12 +258,19 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if !policy.AllowsAttestor(att.Name()) {
 			return attest.Refuse("pool-attestor", tenant)
 		}
+		// R10.5: an admission naming a node re-joins it (x509pop). The
+		// attestor named the node from a certificate JoinService issued to
+		// it, so the expect binding, the placeholder rule and the
+		// hardware-key reclaim rules below do not apply: they decide which
+		// node a machine's claims make it, and the certificate already
+		// decided that. The node keeps its hardware key.
+		rejoin := adm.NodeID != ""
 		// R5: the expect binding; a mismatch spends nothing (rollback).
-		if !adm.Expect.Empty() && !adm.Expect.Matches(in.Claims) {
+		if !rejoin && !adm.Expect.Empty() && !adm.Expect.Matches(in.Claims) {
 			return attest.Refuse("expect-mismatch", tenant)
 		}
 		// R6.2: placeholder hardware needs an expect binding.
-		if in.Key.PlaceholderHardware() && adm.Expect.Empty() {
+		if !rejoin && in.Key.PlaceholderHardware() && adm.Expect.Empty() {
 			return attest.Refuse("placeholder-hardware", tenant)
 		}
 		// Placeholder hardware admitted by an expect binding joins with an
@@ -276,7 +286,13 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 
 		// R6.3: a trusted key that already belongs to a node is a reclaim.
 		var existing *store.Node
-		if trusted {
+		if rejoin {
+			n, err := tx.GetNode(ctx, adm.NodeID)
+			if err != nil {
+				return fmt.Errorf("read the re-joining node: %w", err)
+			}
+			existing, trusted = &n, n.HardwareKeyTrusted
+		} else if trusted {
 			n, err := tx.NodeByHardwareKey(ctx, in.Key.Hash[:])
 			if err == nil {
 				existing = &n
@@ -296,8 +312,13 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if trusted {
 			n.HardwareKey = in.Key.Hash[:]
 		}
-		reclaim := existing != nil
-		if reclaim {
+		reclaim := existing != nil && !rejoin
+		if rejoin {
+			if existing.State == store.NodeRetired || existing.TenantID != tenant || existing.SiteID != pool.SiteID || existing.PoolID != pool.ID || family(existing.Role) != family(role) {
+				return attest.Refuse("rejoin", tenant)
+			}
+			n.ID, n.HardwareKey = existing.ID, existing.HardwareKey
+		} else if reclaim {
 			if !adm.AllowReclaim || existing.TenantID != tenant || existing.SiteID != pool.SiteID || existing.PoolID != pool.ID || family(existing.Role) != family(role) {
 				return attest.Refuse("reclaim", tenant)
 			}
@@ -332,13 +353,17 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 
 		var revoked []string
-		if reclaim {
+		revokeReason := "reclaimed"
+		if rejoin {
+			revokeReason = "rejoined"
+		}
+		if reclaim || rejoin {
 			if n, err = tx.ReclaimNode(ctx, n, existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
 				return errRace
 			} else if err != nil {
 				return err
 			}
-			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, "reclaimed"); err != nil {
+			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, revokeReason); err != nil {
 				return err
 			}
 		} else {
@@ -368,15 +393,19 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		for _, serial := range revoked {
 			if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.certificate-revoked", Subject: n.ID,
-				Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": "reclaimed"}}); err != nil {
+				Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": revokeReason}}); err != nil {
 				return err
 			}
 		}
-		data, err := json.Marshal(map[string]any{
+		joined := map[string]any{
 			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": role, "attestor": att.Name(), "reclaim": reclaim,
 			"hardwareKeyTrusted": trusted, "certSerial": cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
 			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
-		})
+		}
+		if rejoin {
+			joined["rejoin"] = true
+		}
+		data, err := json.Marshal(joined)
 		if err != nil {
 			return fmt.Errorf("marshal join event: %w", err)
 		}
@@ -385,8 +414,11 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			return err
 		}
 		action := "node.joined"
-		if reclaim {
+		switch {
+		case reclaim:
 			action = "node.reclaimed"
+		case rejoin:
+			action = "node.rejoined"
 		}
 		if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 			return err

@@ -19,6 +19,9 @@ const (
 	PurposeRenewPoP = "renew-pop"
 	// PurposeCommand signs commands to nodes (R12.3).
 	PurposeCommand = "command"
+	// PurposeX509Pop is the x509pop attestor's proof of possession of an
+	// expired node certificate's key (R10.5).
+	PurposeX509Pop = "x509pop"
 )
 
 // ErrSignature is returned (wrapped) when a signature does not verify.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -77,6 +78,10 @@ type JoinConfig struct {
 	// CertTTLSeconds is the node certificate lifetime (default and maximum
 	// 86400).
 	CertTTLSeconds int `toml:"cert_ttl_seconds"`
+	// Attestors are the attestors JoinService runs (default
+	// ["join-token"]; "x509pop" re-joins nodes whose certificate expired
+	// while offline, R10.5). Unknown names are config errors.
+	Attestors []string `toml:"attestors"`
 }
 
 // MetricsConfig serves Prometheus metrics on their own listener.
@@ -154,6 +159,15 @@ func (c *Config) validate() error {
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")
 	}
+	if c.Join.Attestors == nil {
+		c.Join.Attestors = append([]string(nil), api.DefaultAttestors...)
+	}
+	if len(c.Join.Attestors) == 0 {
+		return errs.New(errs.InvalidConfig, "config: join.attestors is empty: name at least one attestor (join-token)")
+	}
+	if err := api.ValidateAttestors(c.Join.Attestors); err != nil {
+		return err
+	}
 	if c.Downloads.Dir != "" && !filepath.IsAbs(c.Downloads.Dir) {
 		return errs.New(errs.InvalidConfig, "config: downloads.dir must be an absolute path")
 	}
@@ -197,6 +211,7 @@ key_file = "/etc/better-compute/agent.key"
 
 [join]
 cert_ttl_seconds = 86400
+attestors = ["join-token"] # add "x509pop" to re-join nodes whose certificate expired while offline
 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"

@@ -75,7 +75,8 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		o.Bundle(bundle)
 	}
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
-		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir})
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
+		Attestors: cfg.Join.Attestors})
 	if err != nil {
 		return err
 	}
@@ -195,7 +196,8 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 			o.AgentReady(aln.Addr().String())
 		}
 	}
-	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub()})
+	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub(), Notify: srv.Sessions().Notify})
+	srv.Sessions().OnResult(ctrl.Wake)
 	cctx, cstop := context.WithCancel(ctx)
 	defer cstop()
 	go ctrl.Run(cctx)

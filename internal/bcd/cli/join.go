@@ -57,10 +57,18 @@ the configuration from the control plane's well-known document and writes it
 after the join.
 
 --reset --yes moves an existing identity aside first (without a token it only
-does that).`,
+does that).
+
+--attestor x509pop brings back a node whose certificate expired while the
+machine was offline (a certificate that is still valid renews: bcd renew). It
+takes no token: it proves possession of the expired certificate's key, which
+the control plane accepts within 7 days of the expiry when it runs the x509pop
+attestor. The node keeps its id; the expired identity is moved aside once the
+answer checked out.`,
 		Example: `  bcd join --config /etc/bcd/config.toml < join-token
   bcd join --server https://compute.example.com --token-file /run/bcd/token --node-id node_…
-  bcd join --config /etc/bcd/config.toml --reset --yes < join-token`,
+  bcd join --config /etc/bcd/config.toml --reset --yes < join-token
+  bcd join --config /etc/bcd/config.toml --attestor x509pop`,
 		Args: refuseTokenArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.join(cmd.Context(), &f) },
 	}
@@ -72,7 +80,7 @@ does that).`,
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
-	fl.StringVar(&f.attestor, "attestor", "", "the attestor (default join-token)")
+	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), or x509pop to re-join with an expired certificate")
 	fl.StringVar(&f.role, "role", "", "the requested role: node (default), site, ramdisk or node-tenant")
 	fl.BoolVar(&f.reset, "reset", false, "move the existing identity aside first (needs --yes)")
 	fl.BoolVar(&f.yes, "yes", false, "confirm --reset")
@@ -164,6 +172,10 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		return err
 	}
 
+	if f.attestor == identity.AttestorX509Pop {
+		return a.rejoin(ctx, j, f, storeDir)
+	}
+
 	// The token before the reset: a missing or malformed one must not
 	// leave the machine without its identity.
 	token, cleanup, err := a.readToken(f.tokenFile)
@@ -215,6 +227,29 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	}
 	if f.json {
 		return printJSON(a.env.Stdout, statusOf(id, storeDir, now()))
+	}
+	return nil
+}
+
+// rejoin is `bcd join --attestor x509pop` (R10.5): no token, the expired
+// identity is the evidence.
+func (a *app) rejoin(ctx context.Context, j *join.Joiner, f *joinFlags, storeDir string) error {
+	switch {
+	case f.reset:
+		return errs.New(errs.InvalidArgument,
+			"--attestor x509pop re-joins with the expired identity, so it cannot be reset first; bcd moves it aside itself once the control plane answered")
+	case f.tokenFile != "":
+		return errs.New(errs.InvalidArgument, "--attestor x509pop takes no join token: it proves possession of the expired certificate's key instead")
+	case f.server != "" || f.bootstrap("", "", "") != nil:
+		return errs.New(errs.InvalidArgument, "--attestor x509pop re-joins with the existing configuration: leave out --server, --site and the pin flags")
+	}
+	id, err := j.Join(ctx, join.Options{Attestor: identity.AttestorX509Pop, Role: f.role, NodeID: f.nodeID})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.env.Stderr, "re-joined as %s (%s), certificate valid until %s\n", id.NodeID, id.SPIFFEID, id.NotAfter.Format(time.RFC3339))
+	if f.json {
+		return printJSON(a.env.Stdout, statusOf(id, storeDir, a.env.Clock.Now()))
 	}
 	return nil
 }

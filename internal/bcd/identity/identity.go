@@ -50,6 +50,10 @@ const (
 // the join token.
 const AttestorJoinToken = "join-token"
 
+// AttestorX509Pop re-joins a node whose certificate expired while the
+// machine was offline (R10.5).
+const AttestorX509Pop = "x509pop"
+
 // Modes of the files and the directory.
 const (
 	dirMode    fs.FileMode = 0o700
@@ -475,6 +479,37 @@ func (s *Store) MoveAside(now time.Time) (string, error) {
 	fsutil.SyncDir(dst)
 	fsutil.SyncDir(s.Dir)
 	return dst, nil
+}
+
+// Restore moves the identity files MoveAside put in dir back into the data
+// directory and removes dir, undoing MoveAside; it refuses when an identity
+// file is in place. On failure the files already moved back are returned to
+// dir, so the identity is whole in one of the two places.
+func (s *Store) Restore(dir string) error {
+	present, err := s.Present()
+	if err != nil {
+		return err
+	}
+	if len(present) > 0 {
+		return errs.New(errs.InvalidState, "cannot restore the identity from %s: %s already holds %s", dir, s.Dir, strings.Join(present, ", "))
+	}
+	var moved []string
+	for _, name := range fileNames() {
+		err := s.doRename(filepath.Join(dir, name), s.path(name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			for _, m := range moved {
+				_ = os.Rename(s.path(m), filepath.Join(dir, m))
+			}
+			return fmt.Errorf("move %s back from %s: %w", name, dir, err)
+		}
+		moved = append(moved, name)
+	}
+	fsutil.SyncDir(s.Dir)
+	_ = os.Remove(dir)
+	return nil
 }
 
 // parseCerts parses a PEM file of one or more CERTIFICATE blocks and

@@ -192,6 +192,9 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	if err != nil {
 		return nil, err
 	}
+	if wireAttestor == identity.AttestorX509Pop {
+		return j.rejoin(ctx, opts)
+	}
 	if err := j.refuseJoined(); err != nil {
 		return nil, err
 	}
@@ -306,8 +309,18 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 	switch opts.Attestor {
 	case "", identity.AttestorJoinToken:
 		// The wire's empty attestor is the join token.
+	case identity.AttestorX509Pop:
+		// R10.5: the expired identity is the evidence; rejoin checks the
+		// rest against it.
+		if opts.Token != "" {
+			return "", "", errs.New(errs.InvalidArgument, "--attestor x509pop takes no join token: it proves possession of the expired certificate's key instead")
+		}
+		if opts.NodeID != "" && !ids.Valid(ids.Node, opts.NodeID) {
+			return "", "", errs.Invalid("--node-id", "want a node id like node_01k5w…")
+		}
+		return role, identity.AttestorX509Pop, nil
 	default:
-		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token only (attestor %s); leave --attestor out", identity.AttestorJoinToken)
+		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), or re-joins after its certificate expired with %s", identity.AttestorJoinToken, identity.AttestorX509Pop)
 	}
 	if opts.Token == "" {
 		return "", "", errs.New(errs.InvalidArgument, "no join token: pipe it on standard input (bcd join < join-token), or use BCD_JOIN_TOKEN or --token-file")

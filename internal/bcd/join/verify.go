@@ -49,6 +49,11 @@ func badResponse(check Check, format string, args ...any) error {
 // bad is badResponse for the answer want describes: a renewal's says that
 // the current identity was kept.
 func (want expectation) bad(check Check, format string, args ...any) error {
+	if want.rejoin {
+		return &ResponseError{Check: check, err: errs.New(errs.Unauthenticated,
+			"refusing the re-join response (%s check): %s; nothing was saved, the expired identity is kept",
+			check, fmt.Sprintf(format, args...))}
+	}
 	if !want.renewal {
 		return badResponse(check, format, args...)
 	}
@@ -74,6 +79,9 @@ type expectation struct {
 	// (a renewal keeps it), and trustDomain, when set, the current one.
 	renewal     bool
 	trustDomain string
+	// rejoin: the answer to an x509pop join (R10.5), which re-joins this
+	// node (nodeID) keeping its role: the role must be exactly role.
+	rejoin bool
 }
 
 // verifyResponse checks a JoinResponse in the order of R4.6 and returns its
@@ -165,6 +173,9 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 		if want.renewal {
 			return nil, want.bad(CheckSPIFFEID, "it renews node %s, not this node %s", body.GetNodeId(), want.nodeID)
 		}
+		if want.rejoin {
+			return nil, want.bad(CheckSPIFFEID, "it joined node %s, not this node %s", body.GetNodeId(), want.nodeID)
+		}
 		return nil, want.bad(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
 	}
 
@@ -172,10 +183,10 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 	okRole := body.GetRole() == want.role ||
 		// A hosted token lowers a node to node-tenant (the token decides,
 		// never the machine), and never raises anything.
-		!want.renewal && want.role == pki.RoleNode && body.GetRole() == pki.RoleNodeTenant
+		!want.renewal && !want.rejoin && want.role == pki.RoleNode && body.GetRole() == pki.RoleNodeTenant
 	switch {
 	case !okRole:
-		if want.renewal {
+		if want.renewal || want.rejoin {
 			return nil, want.bad(CheckRole, "it grants role %q, not this node's %q", body.GetRole(), want.role)
 		}
 		return nil, want.bad(CheckRole, "it grants role %q, not the requested %q", body.GetRole(), want.role)

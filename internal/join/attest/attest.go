@@ -24,8 +24,22 @@ type Input struct {
 	Token string
 	// CSRSHA256 is the hash of the daemon's certificate request.
 	CSRSHA256 []byte
-	Claims    hwid.Normalized
-	Key       hwid.HardwareKey
+	// CSR is the daemon's certificate request (DER), whose signature
+	// JoinService verified.
+	CSR []byte
+	// X509Pop is the x509pop evidence, when the daemon sent some.
+	X509Pop *X509Pop
+	Claims  hwid.Normalized
+	Key     hwid.HardwareKey
+}
+
+// X509Pop is the x509pop attestor's evidence (R10.5): an expired node
+// certificate chain, leaf first, and a signature by the leaf's key over
+// pki.X509PopMessage at ClientTimeMS.
+type X509Pop struct {
+	Chain        [][]byte
+	ClientTimeMS int64
+	Sig          []byte
 }
 
 // Admission is an attestor's yes: where the machine goes and what its
@@ -50,6 +64,12 @@ type Admission struct {
 	Statements []string
 	// MaxTTL shortens the certificate when non-zero.
 	MaxTTL time.Duration
+	// NodeID, when set, re-joins that node (x509pop, R10.5): JoinService
+	// keeps its id, moves it to its next identity generation and revokes
+	// every older certificate. The attestor has named the node from its
+	// evidence, so the expect, placeholder and hardware-key reclaim rules
+	// do not apply; TenantID, PoolID and SiteID must be the node's.
+	NodeID string
 	// Spend, when not nil, consumes what the admission uses up (one use of
 	// a join token). JoinService runs it as the last statement of the
 	// admission transaction, after every insert and after signing: on

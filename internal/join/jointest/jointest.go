@@ -116,6 +116,13 @@ type Joined struct {
 // chain verifies against the node CA for client auth.
 func (m *Machine) Verify(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse, wantRole string) *Joined {
 	t.Helper()
+	return m.VerifyAt(t, b, res, wantRole, time.Time{})
+}
+
+// VerifyAt is Verify with the chain checked at now (the zero time: the
+// current time), for answers of a JoinService on a fake clock.
+func (m *Machine) VerifyAt(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse, wantRole string, now time.Time) *Joined {
+	t.Helper()
 	if err := pki.VerifyResponse(b.JoinSigningCert.PublicKey, res.GetBody(), res.GetSig()); err != nil {
 		t.Fatalf("join response signature: %v", err)
 	}
@@ -166,7 +173,7 @@ func (m *Machine) Verify(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse,
 		}
 		inter.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		t.Fatalf("leaf does not verify against the node CA: %v", err)
 	}
 	if len(body.CommandBundle) == 0 || !bytes.Equal(body.CommandBundle[0], b.CommandSigningCert.Raw) {

@@ -138,7 +138,10 @@ type JoinRequest struct {
 	// must land on it or be refused.
 	NodeId string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The agent protocol version the daemon speaks.
-	Protocol      int32 `protobuf:"varint,7,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol int32 `protobuf:"varint,7,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// The x509pop attestor's evidence (R10.5): set only with attestor
+	// "x509pop", and then sealed_token is empty.
+	X509Pop       *X509Pop `protobuf:"bytes,8,opt,name=x509pop,proto3" json:"x509pop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -222,6 +225,80 @@ func (x *JoinRequest) GetProtocol() int32 {
 	return 0
 }
 
+func (x *JoinRequest) GetX509Pop() *X509Pop {
+	if x != nil {
+		return x.X509Pop
+	}
+	return nil
+}
+
+// X509Pop is a machine's proof that it holds the key of a node certificate
+// JoinService issued and that has expired, lately, while the machine was
+// offline (R10.5).
+type X509Pop struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The expired certificate chain (DER), leaf first.
+	Chain [][]byte `protobuf:"bytes,1,rep,name=chain,proto3" json:"chain,omitempty"`
+	// The daemon's clock when it signed, Unix milliseconds.
+	ClientTimeUnixMs int64 `protobuf:"varint,2,opt,name=client_time_unix_ms,json=clientTimeUnixMs,proto3" json:"client_time_unix_ms,omitempty"`
+	// Signature by the expired certificate's key, purpose x509pop, over
+	// sha256(csr) || node id || client time (pki.X509PopMessage).
+	Sig           []byte `protobuf:"bytes,3,opt,name=sig,proto3" json:"sig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *X509Pop) Reset() {
+	*x = X509Pop{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *X509Pop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*X509Pop) ProtoMessage() {}
+
+func (x *X509Pop) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use X509Pop.ProtoReflect.Descriptor instead.
+func (*X509Pop) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *X509Pop) GetChain() [][]byte {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+func (x *X509Pop) GetClientTimeUnixMs() int64 {
+	if x != nil {
+		return x.ClientTimeUnixMs
+	}
+	return 0
+}
+
+func (x *X509Pop) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
+}
+
 // JoinResponse carries a JoinResponseBody, serialized, and the join-signing
 // key's signature over those exact bytes. The daemon holds only the pin of
 // the join-signing key, so the answer carries the signing certificate too;
@@ -238,7 +315,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +327,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +340,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JoinResponse) GetBody() []byte {
@@ -305,7 +382,7 @@ type JoinResponseBody struct {
 
 func (x *JoinResponseBody) Reset() {
 	*x = JoinResponseBody{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +394,7 @@ func (x *JoinResponseBody) String() string {
 func (*JoinResponseBody) ProtoMessage() {}
 
 func (x *JoinResponseBody) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +407,7 @@ func (x *JoinResponseBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponseBody.ProtoReflect.Descriptor instead.
 func (*JoinResponseBody) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinResponseBody) GetNodeId() string {
@@ -403,7 +480,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +492,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +505,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewRequest) GetCsr() []byte {
@@ -484,7 +561,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +573,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +586,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewResponse) GetBody() []byte {
@@ -547,7 +624,7 @@ type SignedCommand struct {
 
 func (x *SignedCommand) Reset() {
 	*x = SignedCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +636,7 @@ func (x *SignedCommand) String() string {
 func (*SignedCommand) ProtoMessage() {}
 
 func (x *SignedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +649,7 @@ func (x *SignedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedCommand.ProtoReflect.Descriptor instead.
 func (*SignedCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SignedCommand) GetBody() []byte {
@@ -605,7 +682,7 @@ type CommandBody struct {
 
 func (x *CommandBody) Reset() {
 	*x = CommandBody{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +694,7 @@ func (x *CommandBody) String() string {
 func (*CommandBody) ProtoMessage() {}
 
 func (x *CommandBody) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +707,7 @@ func (x *CommandBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandBody.ProtoReflect.Descriptor instead.
 func (*CommandBody) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CommandBody) GetCommandId() string {
@@ -688,7 +765,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +777,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +790,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -754,7 +831,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +843,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +856,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Hello) GetProtocol() int32 {
@@ -804,7 +881,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +893,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +906,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type SessionClientMessage struct {
@@ -846,7 +923,7 @@ type SessionClientMessage struct {
 
 func (x *SessionClientMessage) Reset() {
 	*x = SessionClientMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +935,7 @@ func (x *SessionClientMessage) String() string {
 func (*SessionClientMessage) ProtoMessage() {}
 
 func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +948,7 @@ func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClientMessage.ProtoReflect.Descriptor instead.
 func (*SessionClientMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SessionClientMessage) GetMsg() isSessionClientMessage_Msg {
@@ -940,7 +1017,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1029,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1042,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -995,7 +1072,7 @@ type SessionServerMessage struct {
 
 func (x *SessionServerMessage) Reset() {
 	*x = SessionServerMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1084,7 @@ func (x *SessionServerMessage) String() string {
 func (*SessionServerMessage) ProtoMessage() {}
 
 func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1097,7 @@ func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionServerMessage.ProtoReflect.Descriptor instead.
 func (*SessionServerMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SessionServerMessage) GetMsg() isSessionServerMessage_Msg {
@@ -1076,7 +1153,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0echassis_serial\x18\x04 \x01(\tR\rchassisSerial\x12\x12\n" +
 	"\x04macs\x18\x05 \x03(\tR\x04macs\x12\x1b\n" +
 	"\tgpu_uuids\x18\x06 \x03(\tR\bgpuUuids\x12\x1a\n" +
-	"\bhostname\x18\a \x01(\tR\bhostname\"\xdf\x01\n" +
+	"\bhostname\x18\a \x01(\tR\bhostname\"\x9a\x02\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\tR\vsealedToken\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x126\n" +
@@ -1084,7 +1161,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\battestor\x18\x04 \x01(\tR\battestor\x12\x12\n" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x17\n" +
 	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x1a\n" +
-	"\bprotocol\x18\a \x01(\x05R\bprotocol\"e\n" +
+	"\bprotocol\x18\a \x01(\x05R\bprotocol\x129\n" +
+	"\ax509pop\x18\b \x01(\v2\x1f.bettercompute.agent.v1.X509PopR\ax509pop\"`\n" +
+	"\aX509Pop\x12\x14\n" +
+	"\x05chain\x18\x01 \x03(\fR\x05chain\x12-\n" +
+	"\x13client_time_unix_ms\x18\x02 \x01(\x03R\x10clientTimeUnixMs\x12\x10\n" +
+	"\x03sig\x18\x03 \x01(\fR\x03sig\"e\n" +
 	"\fJoinResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
@@ -1162,41 +1244,43 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
 	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
-	(*JoinResponse)(nil),         // 2: bettercompute.agent.v1.JoinResponse
-	(*JoinResponseBody)(nil),     // 3: bettercompute.agent.v1.JoinResponseBody
-	(*RenewRequest)(nil),         // 4: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),        // 5: bettercompute.agent.v1.RenewResponse
-	(*SignedCommand)(nil),        // 6: bettercompute.agent.v1.SignedCommand
-	(*CommandBody)(nil),          // 7: bettercompute.agent.v1.CommandBody
-	(*CommandResult)(nil),        // 8: bettercompute.agent.v1.CommandResult
-	(*Hello)(nil),                // 9: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),            // 10: bettercompute.agent.v1.Heartbeat
-	(*SessionClientMessage)(nil), // 11: bettercompute.agent.v1.SessionClientMessage
-	(*Welcome)(nil),              // 12: bettercompute.agent.v1.Welcome
-	(*SessionServerMessage)(nil), // 13: bettercompute.agent.v1.SessionServerMessage
+	(*X509Pop)(nil),              // 2: bettercompute.agent.v1.X509Pop
+	(*JoinResponse)(nil),         // 3: bettercompute.agent.v1.JoinResponse
+	(*JoinResponseBody)(nil),     // 4: bettercompute.agent.v1.JoinResponseBody
+	(*RenewRequest)(nil),         // 5: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),        // 6: bettercompute.agent.v1.RenewResponse
+	(*SignedCommand)(nil),        // 7: bettercompute.agent.v1.SignedCommand
+	(*CommandBody)(nil),          // 8: bettercompute.agent.v1.CommandBody
+	(*CommandResult)(nil),        // 9: bettercompute.agent.v1.CommandResult
+	(*Hello)(nil),                // 10: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),            // 11: bettercompute.agent.v1.Heartbeat
+	(*SessionClientMessage)(nil), // 12: bettercompute.agent.v1.SessionClientMessage
+	(*Welcome)(nil),              // 13: bettercompute.agent.v1.Welcome
+	(*SessionServerMessage)(nil), // 14: bettercompute.agent.v1.SessionServerMessage
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
-	9,  // 1: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	10, // 2: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	8,  // 3: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
-	12, // 4: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
-	6,  // 5: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
-	1,  // 6: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	4,  // 7: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	11, // 8: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
-	2,  // 9: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	5,  // 10: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	13, // 11: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 1: bettercompute.agent.v1.JoinRequest.x509pop:type_name -> bettercompute.agent.v1.X509Pop
+	10, // 2: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	11, // 3: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	9,  // 4: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
+	13, // 5: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
+	7,  // 6: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
+	1,  // 7: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	5,  // 8: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	12, // 9: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
+	3,  // 10: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	6,  // 11: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	14, // 12: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1204,12 +1288,12 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*SessionClientMessage_Hello)(nil),
 		(*SessionClientMessage_Heartbeat)(nil),
 		(*SessionClientMessage_Result)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*SessionServerMessage_Welcome)(nil),
 		(*SessionServerMessage_Command)(nil),
 	}
@@ -1219,7 +1303,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -109,8 +109,13 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 	if fail != nil {
 		return nil, wire.ToWire(discard, "Join", fail)
 	}
-	tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr())
-	if err != nil || tok != f.token {
+	if req.Msg.GetAttestor() == "x509pop" {
+		// R10.5: the evidence instead of a token: a leaf of this PKI whose
+		// key signed the CSR, the node id and the client time.
+		if !x509PopOK(f.bundle, req.Msg) {
+			return nil, refuse()
+		}
+	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr()); err != nil || tok != f.token {
 		return nil, refuse()
 	}
 	role := req.Msg.GetRole()
@@ -338,4 +343,22 @@ func FakeSysfs(t testing.TB, root string) string {
 func NewToken(now time.Time) string {
 	plain, _ := secret.Mint()
 	return secret.Format("bcjt", ids.New(ids.JoinToken, now), plain)
+}
+
+// x509PopOK is the fake's x509pop check: no token, a leaf signed by the node
+// CA, naming the requested node, whose key signed the evidence.
+func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
+	ev := req.GetX509Pop()
+	if req.GetSealedToken() != "" || ev == nil || len(ev.GetChain()) == 0 {
+		return false
+	}
+	leaf, err := x509.ParseCertificate(ev.GetChain()[0])
+	if err != nil || leaf.CheckSignatureFrom(b.NodeCA) != nil {
+		return false
+	}
+	id, err := pki.NodeIdentityOf(leaf)
+	if err != nil || id.NodeID != req.GetNodeId() {
+		return false
+	}
+	return pki.VerifyX509Pop(leaf.PublicKey, req.GetCsr(), id.NodeID, ev.GetClientTimeUnixMs(), ev.GetSig()) == nil
 }

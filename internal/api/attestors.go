@@ -1,0 +1,59 @@
+package api
+
+import (
+	"crypto/x509"
+	"slices"
+
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/join/attest"
+	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
+	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+// KnownAttestors are the attestor names a server can configure (the
+// `[join] attestors` list).
+var KnownAttestors = []string{jtattest.Name, x509pop.Name}
+
+// DefaultAttestors are configured when Config.Attestors is empty.
+var DefaultAttestors = []string{jtattest.Name}
+
+// ValidateAttestors checks a configured attestor list: known names, each
+// once.
+func ValidateAttestors(names []string) error {
+	for i, n := range names {
+		if !slices.Contains(KnownAttestors, n) {
+			return errs.New(errs.InvalidConfig, "config: join.attestors: unknown attestor %q (want some of %v)", n, KnownAttestors)
+		}
+		if slices.Contains(names[:i], n) {
+			return errs.New(errs.InvalidConfig, "config: join.attestors: %q listed twice", n)
+		}
+	}
+	return nil
+}
+
+// attestors builds JoinService's registry from the configured names
+// (DefaultAttestors when none).
+func attestors(names []string, bundle *pki.Bundle, clk clock.Clock) (attest.Registry, error) {
+	if len(names) == 0 {
+		names = DefaultAttestors
+	}
+	if err := ValidateAttestors(names); err != nil {
+		return nil, err
+	}
+	var nodeCA *x509.Certificate
+	if bundle != nil {
+		nodeCA = bundle.NodeCA
+	}
+	as := make([]attest.Attestor, 0, len(names))
+	for _, n := range names {
+		switch n {
+		case jtattest.Name:
+			as = append(as, jtattest.New())
+		case x509pop.Name:
+			as = append(as, x509pop.New(x509pop.Config{NodeCA: nodeCA, Clock: clk}))
+		}
+	}
+	return attest.NewRegistry(as...)
+}

@@ -1,0 +1,27 @@
+package jointest
+
+import (
+	"crypto"
+	"testing"
+	"time"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/pki"
+)
+
+// X509PopRequest returns what bcd sends to re-join with an expired
+// certificate (R10.5): m's CSR and claims, attestor x509pop, node nodeID,
+// and the evidence: chain (leaf first) and the signature by old, the
+// expired certificate's key, at clientTime.
+func (m *Machine) X509PopRequest(t testing.TB, old crypto.Signer, chain [][]byte, nodeID string, clientTime time.Time) *agentv1.JoinRequest {
+	t.Helper()
+	ms := clientTime.UnixMilli()
+	sig, err := pki.SignX509Pop(old, m.CSR, nodeID, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := m.Request(t, nil, "", "")
+	req.Attestor, req.NodeId = "x509pop", nodeID
+	req.X509Pop = &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: ms, Sig: sig}
+	return req
+}

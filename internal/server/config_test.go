@@ -1,0 +1,44 @@
+package server
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// R10.5: [join] attestors names JoinService's attestors: join-token by
+// default, x509pop on request, and anything else is a config error.
+func TestJoinAttestorsConfigR10_5(t *testing.T) {
+	base := "[store]\npath = \"/tmp/bc.db\"\n"
+	for _, c := range []struct {
+		name, toml string
+		want       []string
+		err        string
+	}{
+		{name: "default", toml: base, want: []string{"join-token"}},
+		{name: "x509pop", toml: base + "[join]\nattestors = [\"join-token\", \"x509pop\"]\n", want: []string{"join-token", "x509pop"}},
+		{name: "x509pop only", toml: base + "[join]\nattestors = [\"x509pop\"]\n", want: []string{"x509pop"}},
+		{name: "unknown", toml: base + "[join]\nattestors = [\"join-token\", \"tpm\"]\n", err: `unknown attestor "tpm"`},
+		{name: "twice", toml: base + "[join]\nattestors = [\"x509pop\", \"x509pop\"]\n", err: "listed twice"},
+		{name: "empty", toml: base + "[join]\nattestors = []\n", err: "join.attestors is empty"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(c.toml))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("got %v, want an error containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cfg.Join.Attestors, c.want) {
+				t.Errorf("attestors %v, want %v", cfg.Join.Attestors, c.want)
+			}
+		})
+	}
+	if _, err := ParseConfig([]byte(Example)); err != nil {
+		t.Errorf("the example config: %v", err)
+	}
+}

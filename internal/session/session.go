@@ -1,0 +1,729 @@
+// Package session is the API side of node sessions (R12.1) and command
+// delivery (R12.3): SessionService.Connect, served on the agent listener
+// next to JoinService and reached through a gateway.
+//
+// A session is authenticated by the node certificate the daemon presented
+// to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
+// byte a node_certs row, unrevoked, unexpired (injected clock), of the
+// node's current identity generation, and the node not retired. Anything
+// else is refused with ACCESS_DENIED "Session refused" and a rate-limited
+// security.session.refused event carrying the reason.
+//
+// The first message must be Hello. The node is then marked connected (one
+// transaction with the node.connected event and, for an adopting node of a
+// pool with acceptance checks, the "accept" work item: R4.5/R12.2), and
+// marked disconnected with node.disconnected when the stream ends.
+//
+// Commands are rows of the commands table, written by controllers. The
+// session that holds a node's stream on this replica delivers its queued
+// commands, signed with the command-signing key: at once when a controller
+// of this process calls Notify, else within Poll. Results finish the row
+// and wake the node's work items. Sessions are held in memory per replica;
+// a command written on another replica is found by the poll.
+package session
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/wire"
+)
+
+// WorkAccept is the work item that runs a node's acceptance checks (R12.2).
+const WorkAccept = "accept"
+
+// Command kinds bcd runs built in.
+const (
+	KindNodeFacts       = "node.facts"
+	KindAcceptanceCheck = "acceptance.check"
+)
+
+// PeerCertificateHeader carries the daemon's TLS client certificate (DER,
+// standard base64), set by the gateway.
+const PeerCertificateHeader = "Bc-Peer-Certificate"
+
+// Defaults.
+const (
+	DefaultHeartbeat  = 15 * time.Second
+	DefaultPoll       = 3 * time.Second
+	DefaultTouchEvery = 30 * time.Second
+	// helloTimeout bounds the wait for the first message.
+	helloTimeout = 30 * time.Second
+	// idleBeats: a session silent this many heartbeats is ended.
+	idleBeats = 3
+	// maxPeerCertificateB64 bounds the header; a node certificate is under
+	// 1 KiB.
+	maxPeerCertificateB64 = 16 << 10
+	// maxResultBytes bounds a stored command output.
+	maxResultBytes = 32 << 10
+)
+
+// errRefused is the only refusal a daemon ever sees.
+var errRefused = errs.New(errs.AccessDenied, "Session refused")
+
+// Config lists the session service's dependencies.
+type Config struct {
+	DB     *store.DB
+	Clock  clock.Clock
+	Log    *slog.Logger
+	Hub    *events.Hub
+	Bundle *pki.Bundle // signs commands; nil: commands stay queued
+	// Limiter bounds refusal events (default 60 per reason per minute).
+	Limiter *events.Limiter
+	// Heartbeat is the interval announced in Welcome (default 15 s).
+	Heartbeat time.Duration
+	// Poll is how often queued commands, idle sessions and expired
+	// certificates are looked for (default 3 s).
+	Poll time.Duration
+	// TouchEvery throttles last_seen writes (default 30 s).
+	TouchEvery time.Duration
+}
+
+// Service is SessionService. Build it with New.
+type Service struct {
+	agentv1connect.UnimplementedSessionServiceHandler
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*conn // node id -> its session on this replica
+	polling  bool
+	onResult func()
+}
+
+// New returns the session service.
+func New(cfg Config) *Service {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Limiter == nil {
+		cfg.Limiter = events.NewLimiter(cfg.Clock, 60, time.Minute)
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultPoll
+	}
+	if cfg.TouchEvery <= 0 {
+		cfg.TouchEvery = DefaultTouchEvery
+	}
+	return &Service{cfg: cfg, log: cfg.Log, sessions: map[string]*conn{}}
+}
+
+// Handler returns the Connect handler and its path. Session streams are
+// long: the handler lifts the listener's per-request read and write
+// deadlines for them (liveness is the heartbeat's job).
+func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	p, h := agentv1connect.NewSessionServiceHandler(s, opts...)
+	return p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{})
+		_ = rc.SetWriteDeadline(time.Time{})
+		h.ServeHTTP(w, r)
+	})
+}
+
+// OnResult sets a function called after a command result committed (the
+// server wakes its controller with it).
+func (s *Service) OnResult(fn func()) {
+	s.mu.Lock()
+	s.onResult = fn
+	s.mu.Unlock()
+}
+
+// Notify tells the node's session on this replica, if any, to deliver its
+// queued commands now.
+func (s *Service) Notify(nodeID string) {
+	s.mu.Lock()
+	c := s.sessions[nodeID]
+	s.mu.Unlock()
+	if c != nil {
+		c.kickNow()
+	}
+}
+
+// Connected reports whether this replica holds a session of the node.
+func (s *Service) Connected(nodeID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessions[nodeID] != nil
+}
+
+// Count returns the sessions held by this replica.
+func (s *Service) Count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// conn is one live session.
+type conn struct {
+	id           string
+	nodeID       string
+	tenantID     string
+	generation   int
+	notAfter     time.Time
+	allowedKinds []string
+	kick         chan struct{}
+	cancel       context.CancelCauseFunc
+	lastRecv     atomic.Int64 // unix ms, injected clock
+	lastTouch    time.Time    // the handler goroutine's own
+}
+
+func (c *conn) kickNow() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// auth is an authenticated session's certificate and node.
+type auth struct {
+	node store.Node
+	cert store.NodeCert
+}
+
+// refusal is a refused session with what its event needs.
+type refusal struct {
+	reason, tenantID, nodeID, serial, peer string
+}
+
+func (r *refusal) Error() string { return "session refused: " + r.reason }
+
+// Connect serves one session stream.
+func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
+	procedure := agentv1connect.SessionServiceConnectProcedure
+	peer := stream.RequestHeader().Get(wire.PeerAddrHeader)
+	a, err := s.authenticate(ctx, peerCertificate(stream.RequestHeader()))
+	if err != nil {
+		return s.fail(ctx, procedure, peer, err)
+	}
+	hello, err := s.receiveHello(ctx, stream)
+	if err != nil {
+		var r *refusal
+		if errors.As(err, &r) {
+			r.tenantID, r.nodeID, r.serial = a.node.TenantID, a.node.ID, a.cert.Serial
+		}
+		return s.fail(ctx, procedure, peer, err)
+	}
+	var kinds []string
+	_ = json.Unmarshal(a.cert.AllowedKinds, &kinds)
+	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, generation: a.node.IdentityGeneration,
+		notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1)}
+	now := s.cfg.Clock.Now()
+	c.lastRecv.Store(now.UnixMilli())
+	c.lastTouch = now
+	if err := s.connected(ctx, c, a, hello, peer); err != nil {
+		return s.fail(ctx, procedure, peer, err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c.cancel = cancel
+	s.register(c)
+	defer s.finish(ctx, c)
+
+	if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
+		NodeId: c.nodeID, HeartbeatSeconds: int32(s.cfg.Heartbeat / time.Second)}}}); err != nil {
+		return nil
+	}
+	msgs := make(chan *agentv1.SessionClientMessage, 8)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	c.kickNow() // deliver what was queued while the node was away
+	for {
+		select {
+		case <-ctx.Done():
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				return wire.ToWire(s.log, procedure, cause)
+			}
+			return nil
+		case <-recvErr:
+			return nil
+		case m := <-msgs:
+			c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli())
+			if err := s.handle(ctx, c, m); err != nil {
+				return wire.ToWire(s.log, procedure, err)
+			}
+		case <-c.kick:
+			if err := s.deliver(ctx, c, stream); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.log.Warn("deliver commands", "node", c.nodeID, "err", err)
+			}
+		}
+	}
+}
+
+func newSessionID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return "sess_" + hex.EncodeToString(b)
+}
+
+// peerCertificate decodes the gateway's Bc-Peer-Certificate; nil when there
+// is none, more than one, or it does not decode.
+//
+// SECURITY: the header is trusted only because the agent listener requires
+// the gateway's client certificate and the gateway drops any Bc-Peer-*
+// header a daemon sent; the DER is still matched byte for byte against
+// node_certs, so a gateway can only name a certificate that was issued.
+func peerCertificate(h http.Header) []byte {
+	vals := h.Values(PeerCertificateHeader)
+	if len(vals) != 1 || len(vals[0]) > maxPeerCertificateB64 {
+		return nil
+	}
+	der, err := base64.StdEncoding.DecodeString(vals[0])
+	if err != nil {
+		return nil
+	}
+	return der
+}
+
+// authenticate checks the presented certificate (R12.1).
+func (s *Service) authenticate(ctx context.Context, der []byte) (*auth, error) {
+	if len(der) == 0 {
+		return nil, &refusal{reason: "peer-missing"}
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, &refusal{reason: "peer-invalid"}
+	}
+	id, err := pki.NodeIdentityOf(leaf)
+	if err != nil {
+		return nil, &refusal{reason: "peer-invalid"}
+	}
+	var a auth
+	err = s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
+		row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
+		if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(row.DER, der) {
+			return &refusal{reason: "cert-unknown"}
+		} else if err != nil {
+			return err
+		}
+		n, err := tx.GetNode(ctx, row.NodeID)
+		if err != nil {
+			return fmt.Errorf("read the certificate's node: %w", err)
+		}
+		ref := func(reason string) error {
+			return &refusal{reason: reason, tenantID: n.TenantID, nodeID: n.ID, serial: row.Serial}
+		}
+		now := s.cfg.Clock.Now()
+		switch {
+		case id.NodeID != n.ID:
+			return ref("cert-node")
+		case n.State == store.NodeRetired:
+			return ref("node-retired")
+		case row.RevokedAt != nil:
+			return ref("cert-revoked")
+		case row.IdentityGeneration != n.IdentityGeneration:
+			return ref("cert-generation")
+		case !now.Before(row.NotAfter) || now.Before(row.NotBefore):
+			return ref("cert-expired")
+		}
+		a = auth{node: n, cert: row}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+// receiveHello reads the first message, which must be Hello.
+func (s *Service) receiveHello(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) (*agentv1.Hello, error) {
+	type got struct {
+		m   *agentv1.SessionClientMessage
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		m, err := stream.Receive()
+		ch <- got{m, err}
+	}()
+	t := time.NewTimer(helloTimeout)
+	defer t.Stop()
+	select {
+	case g := <-ch:
+		if g.err != nil {
+			return nil, &refusal{reason: "hello-missing"}
+		}
+		if h := g.m.GetHello(); h != nil {
+			return h, nil
+		}
+		return nil, &refusal{reason: "hello-missing"}
+	case <-t.C:
+		return nil, &refusal{reason: "hello-timeout"}
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// connected marks the node connected, publishes node.connected and, on the
+// first Hello of an adopting node whose pool has acceptance checks, queues
+// acceptance (R4.5, R12.2), all in one transaction.
+func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv1.Hello, peer string) error {
+	return s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		n, err := tx.GetNode(ctx, c.nodeID)
+		if err != nil {
+			return err
+		}
+		// The node may have moved since authenticate read it.
+		if n.State == store.NodeRetired || n.IdentityGeneration != c.generation {
+			return &refusal{reason: "node-changed", tenantID: n.TenantID, nodeID: n.ID, serial: a.cert.Serial}
+		}
+		if _, err := tx.ConnectNode(ctx, n.ID, c.id); err != nil {
+			return err
+		}
+		accept := false
+		if n.State == store.NodeAdopting {
+			pool, err := tx.GetPool(ctx, n.PoolID)
+			if err != nil {
+				return err
+			}
+			policy, err := tenancy.ParsePolicy(pool.Policy)
+			if err != nil {
+				return err
+			}
+			if policy.Acceptance != nil {
+				if accept, err = tx.EnqueueWorkOnce(ctx, WorkAccept, n.ID); err != nil {
+					return err
+				}
+			}
+		}
+		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.connected", Subject: n.ID, Data: map[string]any{
+			"nodeId": n.ID, "certSerial": a.cert.Serial, "identityGeneration": n.IdentityGeneration, "protocol": hello.GetProtocol(),
+			"bcdVersion": truncate(hello.GetBcdVersion(), 64), "peer": peer, "acceptanceQueued": accept,
+		}})
+	})
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// register makes c the node's session on this replica, ending an older one.
+func (s *Service) register(c *conn) {
+	s.mu.Lock()
+	old := s.sessions[c.nodeID]
+	s.sessions[c.nodeID] = c
+	if !s.polling {
+		s.polling = true
+		go s.poll()
+	}
+	s.mu.Unlock()
+	if old != nil {
+		old.cancel(errs.New(errs.Conflict, "Session replaced by a newer one"))
+	}
+}
+
+// finish unregisters c and marks the node disconnected unless a newer
+// session took over.
+func (s *Service) finish(ctx context.Context, c *conn) {
+	s.mu.Lock()
+	if s.sessions[c.nodeID] == c {
+		delete(s.sessions, c.nodeID)
+	}
+	s.mu.Unlock()
+	ctx = context.WithoutCancel(ctx)
+	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		ok, err := tx.DisconnectNode(ctx, c.nodeID, c.id)
+		if err != nil || !ok {
+			return err
+		}
+		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: c.tenantID, Type: "node.disconnected", Subject: c.nodeID,
+			Data: map[string]any{"nodeId": c.nodeID}})
+	})
+	if err != nil {
+		s.log.Error("mark node disconnected", "node", c.nodeID, "err", err)
+	}
+}
+
+// handle processes one client message after Hello.
+func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientMessage) error {
+	switch {
+	case m.GetHeartbeat() != nil:
+		now := s.cfg.Clock.Now()
+		if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
+			return nil
+		}
+		c.lastTouch = now
+		var ok bool
+		err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+			var err error
+			ok, err = tx.TouchNode(ctx, c.nodeID, c.id, c.generation)
+			return err
+		})
+		if err != nil {
+			s.log.Warn("record heartbeat", "node", c.nodeID, "err", err)
+			return nil
+		}
+		if !ok {
+			// Another session took over, the node was reclaimed or retired.
+			return errRefused
+		}
+	case m.GetResult() != nil:
+		s.result(ctx, c, m.GetResult())
+	case m.GetHello() != nil:
+		return errs.New(errs.InvalidArgument, "Hello comes once, first")
+	}
+	return nil
+}
+
+// result finishes a command with the node's answer and wakes the node's
+// work.
+func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult) {
+	out := r.GetOutput()
+	errText := truncate(r.GetError(), 1024)
+	if len(out) > maxResultBytes || len(out) > 0 && !json.Valid(out) {
+		out, errText = nil, strings.TrimSpace(errText+" (output dropped: not JSON or too large)")
+	}
+	state := store.CommandDone
+	if !r.GetOk() {
+		state = store.CommandFailed
+	}
+	var done bool
+	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		cmd, err := tx.GetCommand(ctx, r.GetCommandId())
+		if errors.Is(err, store.ErrNotFound) || err == nil && cmd.NodeID != c.nodeID {
+			// SECURITY: a node finishes only its own commands.
+			return nil
+		} else if err != nil {
+			return err
+		}
+		if done, err = tx.FinishCommand(ctx, cmd.ID, state, out, errText); err != nil || !done {
+			return err
+		}
+		return tx.WakeNodeWork(ctx, c.nodeID)
+	})
+	if err != nil {
+		s.log.Error("record command result", "node", c.nodeID, "command", r.GetCommandId(), "err", err)
+		return
+	}
+	if done {
+		s.mu.Lock()
+		fn := s.onResult
+		s.mu.Unlock()
+		if fn != nil {
+			fn()
+		}
+	}
+}
+
+// KindAllowed reports whether kind is in allowed (exact kinds or prefix.*);
+// an empty list allows every kind (R7.5).
+func KindAllowed(allowed []string, kind string) bool {
+	if len(allowed) == 0 {
+		return true
+	}
+	for _, a := range allowed {
+		if a == kind {
+			return true
+		}
+		if p, ok := strings.CutSuffix(a, ".*"); ok && strings.HasPrefix(kind, p+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// deliver signs and sends the node's queued commands.
+func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
+	if s.cfg.Bundle == nil || s.cfg.Bundle.CommandSigningKey == nil {
+		return nil
+	}
+	var cmds []store.Command
+	if err := s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
+		var err error
+		cmds, err = tx.QueuedCommands(ctx, c.nodeID, 16)
+		return err
+	}); err != nil {
+		return err
+	}
+	now := s.cfg.Clock.Now()
+	for _, cmd := range cmds {
+		finish := func(state, why string) error {
+			return s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+				if _, err := tx.FinishCommand(ctx, cmd.ID, state, nil, why); err != nil {
+					return err
+				}
+				return tx.WakeNodeWork(ctx, c.nodeID)
+			})
+		}
+		switch {
+		case cmd.IdentityGeneration != c.generation:
+			if err := finish(store.CommandExpired, "issued for another identity generation"); err != nil {
+				return err
+			}
+			continue
+		case !now.Before(cmd.ExpiresAt):
+			if err := finish(store.CommandExpired, "expired before delivery"); err != nil {
+				return err
+			}
+			continue
+		case !KindAllowed(c.allowedKinds, cmd.Kind):
+			// R7.5: checked again at dispatch.
+			if err := finish(store.CommandFailed, "kind not allowed by the node certificate"); err != nil {
+				return err
+			}
+			continue
+		}
+		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.CommandBody{
+			CommandId: cmd.ID, NodeId: cmd.NodeID, Kind: cmd.Kind, Args: cmd.Args,
+			IssuedAtUnixMs: now.UnixMilli(), ExpiresAtUnixMs: cmd.ExpiresAt.UnixMilli(),
+		})
+		if err != nil {
+			return fmt.Errorf("marshal command: %w", err)
+		}
+		sig, err := pki.SignPurpose(s.cfg.Bundle.CommandSigningKey, pki.PurposeCommand, body)
+		if err != nil {
+			return err
+		}
+		var sent bool
+		if err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+			var err error
+			sent, err = tx.MarkCommandSent(ctx, cmd.ID)
+			return err
+		}); err != nil {
+			return err
+		}
+		if !sent {
+			continue
+		}
+		if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: &agentv1.SignedCommand{Body: body, Sig: sig}}}); err != nil {
+			return fmt.Errorf("send command: %w", err)
+		}
+	}
+	return nil
+}
+
+// poll runs while this replica holds sessions: it ends idle sessions and
+// those whose certificate expired, and kicks the sessions of nodes with
+// queued commands (written by a controller on another replica, or missed).
+func (s *Service) poll() {
+	t := time.NewTicker(s.cfg.Poll)
+	defer t.Stop()
+	for range t.C {
+		s.mu.Lock()
+		if len(s.sessions) == 0 {
+			s.polling = false
+			s.mu.Unlock()
+			return
+		}
+		conns := make([]*conn, 0, len(s.sessions))
+		for _, c := range s.sessions {
+			conns = append(conns, c)
+		}
+		s.mu.Unlock()
+		now := s.cfg.Clock.Now()
+		idle := time.Duration(idleBeats) * s.cfg.Heartbeat
+		for _, c := range conns {
+			switch {
+			case now.Sub(time.UnixMilli(c.lastRecv.Load())) > idle:
+				c.cancel(errs.New(errs.Unavailable, "Session idle: no heartbeat"))
+			case !now.Before(c.notAfter):
+				c.cancel(errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
+			}
+		}
+		var nodes []string
+		err := s.cfg.DB.ReadTx(context.Background(), func(tx *store.Tx) error {
+			var err error
+			nodes, err = tx.NodesWithQueuedCommands(context.Background(), 10000)
+			return err
+		})
+		if err != nil {
+			s.log.Warn("poll queued commands", "err", err)
+			continue
+		}
+		for _, id := range nodes {
+			s.Notify(id)
+		}
+	}
+}
+
+// fail records a refusal, or maps another error, and returns the wire
+// error.
+func (s *Service) fail(ctx context.Context, procedure, peer string, err error) error {
+	var r *refusal
+	if !errors.As(err, &r) {
+		if ctx.Err() != nil {
+			return wire.ToWire(s.log, procedure, errs.New(errs.Unavailable, "the session ended"))
+		}
+		return wire.ToWire(s.log, procedure, err)
+	}
+	r.peer = peer
+	s.refused(ctx, r)
+	return wire.ToWire(s.log, procedure, errRefused)
+}
+
+// refused records a refusal as a rate-limited security.session.refused
+// event: to the node's owner once the certificate matched a stored row,
+// else to the root tenant.
+func (s *Service) refused(ctx context.Context, r *refusal) {
+	ok, suppressed := s.cfg.Limiter.Allow(r.reason)
+	s.log.Info("session refused", "reason", r.reason, "node", r.nodeID, "serial", r.serial, "peer", r.peer, "suppressed", suppressed, "recorded", ok)
+	if !ok {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		tenant := r.tenantID
+		if tenant == "" {
+			root, err := tx.RootTenantID(ctx)
+			if err != nil || root == "" {
+				return err
+			}
+			tenant = root
+		}
+		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.session.refused", Subject: r.nodeID, Data: map[string]any{
+			"reason": r.reason, "nodeId": r.nodeID, "certSerial": r.serial, "peer": r.peer, "suppressed": suppressed,
+		}})
+	})
+	if err != nil {
+		s.log.Error("record session refusal", "err", err)
+	}
+}
