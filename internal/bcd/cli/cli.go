@@ -157,7 +157,7 @@ then check the identity with 'bcd status'.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return errs.New(errs.InvalidArgument, "%v", err)
 	})
-	root.AddCommand(a.joinCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.versionCmd())
+	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.versionCmd())
 	return root
 }
 
