@@ -2,6 +2,9 @@ package cli
 
 import (
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -19,8 +22,21 @@ func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node daemon: keep the session to the gateway and renew the certificate",
-		Args:  noArgs,
+		Long: `Run the node daemon, as bcd.service does: open the session to the gateway
+with the node certificate (Hello, then heartbeats), reconnect with backoff
+when it drops, run the control plane's signed commands (node.facts,
+acceptance.check; anything not signed by the command-signing key from the
+join is refused), and renew the certificate at about 60% of its lifetime.
+
+Under systemd (Type=notify) it reports READY=1 after the first Welcome.
+SIGINT or SIGTERM end the session cleanly. An expired identity is refused
+with the way back (bcd join --reset --yes, or bcd join --attestor x509pop
+within 7 days).`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			a.started = true
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
 			cfg, err := config.Load(configPath)
 			if err != nil {
 				return err
@@ -38,7 +54,7 @@ func (a *app) runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return d.Run(cmd.Context())
+			return d.Run(ctx)
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")
