@@ -2,9 +2,6 @@ package cli
 
 import (
 	"log/slog"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -35,8 +32,7 @@ within 7 days).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a.started = true
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
+			ctx := cmd.Context() // cancelled on SIGINT/SIGTERM by main
 			cfg, err := config.Load(configPath)
 			if err != nil {
 				return err
