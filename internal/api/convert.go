@@ -124,6 +124,15 @@ func pageToken(tok string) (string, error) {
 	return tok, nil
 }
 
+// pageArgs reads a list request's page size and token.
+func pageArgs(size int32, token string) (limit int, after string, err error) {
+	if limit, err = page("pageSize", size); err != nil {
+		return 0, "", err
+	}
+	after, err = pageToken(token)
+	return limit, after, err
+}
+
 // next returns the token for the page after items when the page was full.
 func next[T any](items []T, limit int, id func(T) string) string {
 	if len(items) < limit || len(items) == 0 {

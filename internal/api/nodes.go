@@ -28,11 +28,7 @@ func (o *operator) ListNodes(ctx context.Context, req *connect.Request[bcv1.List
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}

@@ -63,11 +63,7 @@ func (o *operator) ListTenants(ctx context.Context, req *connect.Request[bcv1.Li
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +108,7 @@ func (o *operator) ListSites(ctx context.Context, req *connect.Request[bcv1.List
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -161,11 +153,7 @@ func (o *operator) ListPools(ctx context.Context, req *connect.Request[bcv1.List
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -213,11 +201,7 @@ func (o *operator) ListApiKeys(ctx context.Context, req *connect.Request[bcv1.Li
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
@@ -268,11 +252,7 @@ func (o *operator) ListJoinTokens(ctx context.Context, req *connect.Request[bcv1
 	if err != nil {
 		return nil, err
 	}
-	limit, err := page("pageSize", req.Msg.GetPageSize())
-	if err != nil {
-		return nil, err
-	}
-	after, err := pageToken(req.Msg.GetPageToken())
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
