@@ -1,5 +1,6 @@
-// Command bc-loadgen joins many simulated machines through a gateway; see
-// internal/loadgen and docs/performance.md.
+// Command bc-loadgen joins many simulated machines through a gateway, and
+// with --mode renew then renews each of them; see internal/loadgen and
+// docs/performance.md.
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -23,7 +25,9 @@ func main() {
 	flag.StringVar(&tokenFile, "token-file", "", "file holding a join token with enough uses")
 	flag.IntVar(&cfg.Machines, "machines", 1000, "machines to join")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 32, "joins in flight")
-	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join (as real machines do)")
+	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join or renewal (as real machines do)")
+	flag.StringVar(&cfg.Mode, "mode", "join", "join, or renew: join the machines (reused connections), then renew each of them")
+	flag.IntVar(&cfg.Renewals, "renewals", 1, "renew mode: renewals per machine, one after the other (without --new-connections over the machine's own connection)")
 	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235")
 	flag.BoolVar(&cfg.Verify, "verify", true, "check every answer as bcd does, after the timed phase")
 	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
@@ -70,17 +74,48 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 	if r.NewConnections {
 		mode = "new TLS connection per join"
 	}
-	fmt.Printf("%d machines, concurrency %d, %s\n", r.Machines, r.Concurrency, mode)
+	what := ""
+	if r.Renew != nil {
+		what = " (setting up the renewals)"
+	}
+	fmt.Printf("%d machines, concurrency %d, %s%s\n", r.Machines, r.Concurrency, mode, what)
 	fmt.Printf("joined %d, refused %d, failed %d in %.2fs: %.0f joins/s\n", r.Joined, r.Refused, r.Failed, r.Seconds, r.JoinsPerSecond)
 	fmt.Printf("latency p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms\n", r.P50ms, r.P90ms, r.P99ms, r.MaxMs)
-	for name, ms := range r.CPUmsPerJoin {
-		fmt.Printf("CPU per join, %s: %.3f ms\n", name, ms)
-	}
-	for e, n := range r.Errors {
-		fmt.Printf("error x%d: %s\n", n, e)
-	}
+	printCPU("join", r.CPUmsPerJoin)
+	printErrors(r.Errors)
 	if r.Verified > 0 {
 		fmt.Printf("verified %d answers as bcd does\n", r.Verified)
 	}
+	if rr := r.Renew; rr != nil {
+		mode := "each machine over its own connection"
+		if rr.NewConnections {
+			mode = "new TLS connection per renewal"
+		}
+		fmt.Printf("renewals: %d machines x %d, concurrency %d, %s\n", rr.Machines, rr.RenewalsPerMachine, rr.Concurrency, mode)
+		fmt.Printf("renewed %d, refused %d, failed %d, skipped %d in %.2fs: %.0f renewals/s\n", rr.Renewed, rr.Refused, rr.Failed, rr.Skipped, rr.Seconds, rr.RenewalsPerSecond)
+		fmt.Printf("latency p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms\n", rr.P50ms, rr.P90ms, rr.P99ms, rr.MaxMs)
+		printCPU("renewal", rr.CPUmsPerRenewal)
+		printErrors(rr.Errors)
+		if rr.Verified > 0 {
+			fmt.Printf("verified %d renewal answers as bcd does\n", rr.Verified)
+		}
+	}
 	return nil
+}
+
+func printCPU(what string, cpu map[string]float64) {
+	names := make([]string, 0, len(cpu))
+	for name := range cpu {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Printf("CPU per %s, %s: %.3f ms\n", what, name, cpu[name])
+	}
+}
+
+func printErrors(m map[string]int) {
+	for e, n := range m {
+		fmt.Printf("error x%d: %s\n", n, e)
+	}
 }

@@ -48,6 +48,12 @@ const (
 	backdate = 5 * time.Minute
 )
 
+// backdateFor is how far before now a certificate of lifetime ttl starts:
+// backdate, but at most a tenth of the lifetime, so that a short-lived
+// certificate (cert_ttl_seconds down to 60) is still valid when issued and
+// bcd's renewal at 60% of the lifetime lies ahead, not behind.
+func backdateFor(ttl time.Duration) time.Duration { return min(backdate, ttl/10) }
+
 // Work kinds queued for the controllers.
 const WorkAdopt = "adopt"
 
@@ -343,7 +349,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if adm.MaxTTL > 0 {
 			ttl = min(ttl, adm.MaxTTL)
 		}
-		nb := now.Add(-backdate)
+		nb := now.Add(-backdateFor(ttl))
 		cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, pki.NodeCertParams{
 			TrustDomain: b.TrustDomain, SiteID: pool.SiteID, NodeID: n.ID, Role: role, Statements: adm.Statements,
 			NotBefore: nb, NotAfter: nb.Add(ttl),

@@ -214,7 +214,7 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if prior := row.NotAfter.Sub(row.NotBefore); prior > 0 {
 			ttl = min(ttl, prior)
 		}
-		nb := now.Add(-backdate)
+		nb := now.Add(-backdateFor(ttl))
 		cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, pki.NodeCertParams{
 			TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: n.ID, Role: role, Statements: statements,
 			NotBefore: nb, NotAfter: nb.Add(ttl),

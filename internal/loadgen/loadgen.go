@@ -6,6 +6,13 @@
 // only on TLS and RPC. It reports joins/s, latency percentiles and, given the
 // API's and the gateway's process ids, their CPU seconds per join read from
 // /proc.
+//
+// In renew mode (Config.Mode "renew") it first joins the machines (over
+// reused connections, reported apart), then renews every one of them
+// through the gateway with the real protocol (R13): a new key and CSR per
+// renewal made before the clock starts, the renew-pop proof signed right
+// before sending (it needs the client time), the machine's current
+// certificate as TLS client certificate. See renew.go.
 package loadgen
 
 import (
@@ -14,6 +21,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -58,6 +66,14 @@ type Config struct {
 	Verify bool
 	// Seed makes claims distinct across runs against one database.
 	Seed string
+	// Mode is "join" (the default) or "renew": join the machines, then
+	// renew each of them Renewals times (renew.go).
+	Mode string
+	// Renewals is how many times each machine renews in renew mode (default
+	// 1). Without NewConnections a machine's renewals share that machine's
+	// own connection; connections are never shared across machines, whose
+	// client certificates differ.
+	Renewals int
 }
 
 // Result is what a run measured.
@@ -77,6 +93,9 @@ type Result struct {
 	MaxMs          float64            `json:"maxMs"`
 	CPUmsPerJoin   map[string]float64 `json:"cpuMsPerJoin,omitempty"`
 	Verified       int                `json:"verified"`
+	// Renew is the renewal phase of a renew-mode run; the fields above
+	// describe its join phase.
+	Renew *RenewResult `json:"renew,omitempty"`
 }
 
 type machine struct {
@@ -84,8 +103,16 @@ type machine struct {
 	csr     []byte
 	req     *agentv1.JoinRequest
 	res     *agentv1.JoinResponse
+	body    *agentv1.JoinResponseBody // the verified answer
 	latency time.Duration
 	err     error
+}
+
+// target is what both modes need from the bcd config.
+type target struct {
+	bc      *bcdconfig.Config
+	encKey  *ecdsa.PublicKey
+	tlsConf *tls.Config
 }
 
 // Run performs one run.
@@ -96,16 +123,50 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 	if cfg.Machines <= 0 || cfg.Concurrency <= 0 {
 		return nil, errs.New(errs.InvalidArgument, "machines and concurrency must be positive")
 	}
-	bc, err := bcdconfig.Load(cfg.BCDConfig)
+	switch cfg.Mode {
+	case "", "join":
+	case "renew":
+		if cfg.Renewals == 0 {
+			cfg.Renewals = 1
+		}
+		if cfg.Renewals < 0 {
+			return nil, errs.New(errs.InvalidArgument, "renewals must be positive")
+		}
+	default:
+		return nil, errs.New(errs.InvalidArgument, "mode must be join or renew, not %q", cfg.Mode)
+	}
+	tg, err := loadTarget(cfg.BCDConfig)
 	if err != nil {
 		return nil, err
 	}
-	encKey, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(cfg.BCDConfig), bc.JoinEncryptionKeyPin)
+	if cfg.Mode != "renew" {
+		r, _, err := runJoin(ctx, cfg, tg, progress)
+		return r, err
+	}
+	// The join phase only sets the machines up: reused connections, every
+	// answer verified (the renewals need the certificates).
+	jcfg := cfg
+	jcfg.NewConnections, jcfg.Verify = false, true
+	r, ms, err := runJoin(ctx, jcfg, tg, progress)
+	if err != nil {
+		return r, err
+	}
+	rr, err := runRenew(ctx, cfg, tg, ms, progress)
+	r.Renew = rr
+	return r, err
+}
+
+func loadTarget(path string) (*target, error) {
+	bc, err := bcdconfig.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	encKey, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(path), bc.JoinEncryptionKeyPin)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
-		return nil, errs.New(errs.InvalidConfig, "no %s beside %s", bcdconfig.EncryptionKeyFile, cfg.BCDConfig)
+		return nil, errs.New(errs.InvalidConfig, "no %s beside %s", bcdconfig.EncryptionKeyFile, path)
 	}
 	u, err := url.Parse(bc.GatewayURL)
 	if err != nil {
@@ -119,7 +180,12 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 	if err != nil {
 		return nil, err
 	}
+	return &target{bc: bc, encKey: encKey, tlsConf: tlsConf}, nil
+}
 
+// runJoin joins cfg.Machines machines and returns them with their answers.
+func runJoin(ctx context.Context, cfg Config, tg *target, progress func(string)) (*Result, []*machine, error) {
+	bc, encKey, tlsConf := tg.bc, tg.encKey, tg.tlsConf
 	progress(fmt.Sprintf("preparing %d machines (keys, CSRs, claims, sealed tokens)…", cfg.Machines))
 	seed := cfg.Seed
 	if seed == "" {
@@ -129,7 +195,7 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 	for i := range ms {
 		m, err := prepare(i, seed, cfg.Token, encKey)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ms[i] = m
 	}
@@ -194,6 +260,31 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 		}
 	}
 	r.JoinsPerSecond = float64(r.Joined) / elapsed.Seconds()
+	st := statsOf(lat)
+	r.P50ms, r.P90ms, r.P99ms, r.MaxMs = st.p50, st.p90, st.p99, st.max
+	r.CPUmsPerJoin = cpuPer(before, after, r.Joined)
+	if cfg.Verify {
+		progress("checking every answer as bcd does…")
+		for i, m := range ms {
+			if m.res == nil {
+				continue
+			}
+			sum := sha256.Sum256(m.csr)
+			body, err := bcdjoin.VerifyResponse(m.res, bcdjoin.Expectation{SigningPin: bc.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: bc.Site, Role: pki.RoleNode})
+			if err != nil {
+				return r, ms, fmt.Errorf("answer for machine %d: %w", i, err)
+			}
+			m.body = body
+			r.Verified++
+		}
+	}
+	return r, ms, nil
+}
+
+type latencyStats struct{ p50, p90, p99, max float64 }
+
+// statsOf sorts lat and returns its percentiles in milliseconds.
+func statsOf(lat []time.Duration) latencyStats {
 	slices.Sort(lat)
 	pct := func(p float64) float64 {
 		if len(lat) == 0 {
@@ -201,30 +292,24 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 		}
 		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) / 1000
 	}
-	r.P50ms, r.P90ms, r.P99ms = pct(0.50), pct(0.90), pct(0.99)
+	st := latencyStats{p50: pct(0.50), p90: pct(0.90), p99: pct(0.99)}
 	if len(lat) > 0 {
-		r.MaxMs = float64(lat[len(lat)-1].Microseconds()) / 1000
+		st.max = float64(lat[len(lat)-1].Microseconds()) / 1000
 	}
-	if len(cfg.PIDs) > 0 && r.Joined > 0 {
-		r.CPUmsPerJoin = map[string]float64{}
-		for name := range cfg.PIDs {
-			r.CPUmsPerJoin[name] = (after[name] - before[name]) * 1000 / float64(r.Joined)
-		}
+	return st
+}
+
+// cpuPer is the CPU milliseconds each process spent per operation between
+// two cpuTimes readings.
+func cpuPer(before, after map[string]float64, ops int) map[string]float64 {
+	if len(after) == 0 || ops == 0 {
+		return nil
 	}
-	if cfg.Verify {
-		progress("checking every answer as bcd does…")
-		for _, m := range ms {
-			if m.res == nil {
-				continue
-			}
-			sum := sha256.Sum256(m.csr)
-			if _, err := bcdjoin.VerifyResponse(m.res, bcdjoin.Expectation{SigningPin: bc.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: bc.Site, Role: pki.RoleNode}); err != nil {
-				return r, fmt.Errorf("answer for machine %d: %w", slices.Index(ms, m), err)
-			}
-			r.Verified++
-		}
+	out := map[string]float64{}
+	for name := range after {
+		out[name] = (after[name] - before[name]) * 1000 / float64(ops)
 	}
-	return r, nil
+	return out
 }
 
 func prepare(i int, seed, token string, encKey *ecdsa.PublicKey) (*machine, error) {
