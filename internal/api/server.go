@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/v1/bcv1connect"
 	"github.com/better-compute/better-compute/internal/authz"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/commands"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
@@ -78,7 +79,9 @@ type Server struct {
 	authz   *authz.Service
 	tokens  *jointoken.Service
 	nodes   *nodes.Service
-	join    *join.Service
+	// commands is the operator's command queue (commands.go).
+	commands *commands.Service
+	join     *join.Service
 	// sessions is SessionService (R12.1), served on the agent listener.
 	sessions *session.Service
 	mux      *http.ServeMux
@@ -109,7 +112,6 @@ func New(cfg Config) (*Server, error) {
 		tenancy: tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:   authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
-		nodes:   nodes.New(nodes.Config{DB: cfg.DB}),
 		mux:     http.NewServeMux(),
 	}
 	reg, err := attestors(cfg.Attestors, cfg.Bundle, cfg.Clock)
@@ -120,6 +122,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.sessions = session.New(session.Config{DB: cfg.DB, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle})
+	s.nodes = nodes.New(nodes.Config{DB: cfg.DB, Hub: hub, EndSession: s.sessions.EndNode})
+	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Notify: s.sessions.Notify})
 	op := &operator{s: s}
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),
@@ -134,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 		func() (string, http.Handler) { return bcv1connect.NewJoinTokenServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewEventServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewNodeServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewCommandServiceHandler(op, opts...) },
 	} {
 		path, h := mount()
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, h))

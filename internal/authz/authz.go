@@ -40,6 +40,8 @@ const (
 	JoinTokensRevoke   = "compute:join-tokens:revoke"
 	NodesRead          = "compute:nodes:read"
 	NodesUpdate        = "compute:nodes:update"
+	CommandsCreate     = "compute:commands:create"
+	CommandsRead       = "compute:commands:read"
 	EventsRead         = "compute:events:read"
 	AuditRead          = "compute:audit:read"
 	JoinRequestsRead   = "compute:join-requests:read"

@@ -11,7 +11,7 @@ import (
 )
 
 func (a *app) nodesCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "nodes", Short: "List and inspect nodes"}
+	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect and retire nodes"}
 	var tenant, pool string
 	list := &cobra.Command{
 		Use: "list --tenant T [--pool P]", Short: "List the tenant's nodes", Args: cobra.NoArgs,
@@ -88,7 +88,7 @@ func (a *app) nodesCmd() *cobra.Command {
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
-	cmd.AddCommand(list, get)
+	cmd.AddCommand(list, get, a.retireCmd())
 	return cmd
 }
 

@@ -86,7 +86,7 @@ BETTER_COMPUTE_API_KEY (flags override them).`,
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(
 		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(),
-		a.nodesCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
+		a.nodesCmd(), a.commandsCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
 		a.daemonCmd(),
 	)
 	return root

@@ -39,6 +39,7 @@ type Client struct {
 	JoinTokens bcv1connect.JoinTokenServiceClient
 	Events     bcv1connect.EventServiceClient
 	Nodes      bcv1connect.NodeServiceClient
+	Commands   bcv1connect.CommandServiceClient
 	// Base is the API's base URL, path included.
 	Base string
 }
@@ -87,6 +88,7 @@ func New(cfg Config) (*Client, error) {
 		JoinTokens: bcv1connect.NewJoinTokenServiceClient(hc, base, opts...),
 		Events:     bcv1connect.NewEventServiceClient(hc, base, opts...),
 		Nodes:      bcv1connect.NewNodeServiceClient(hc, base, opts...),
+		Commands:   bcv1connect.NewCommandServiceClient(hc, base, opts...),
 		Base:       base,
 	}, nil
 }

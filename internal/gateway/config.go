@@ -20,6 +20,7 @@ const (
 	DefaultRequestTimeout = 30 * time.Second
 	DefaultMaxConcurrent  = 1024
 	DefaultMaxSessions    = 100000
+	DefaultUpstreamConns  = 4
 )
 
 // Config is better-compute gateway's TOML configuration.
@@ -48,6 +49,10 @@ type Config struct {
 	// MaxSessions bounds the node sessions held at once; beyond it a new
 	// session is refused with RESOURCE_EXHAUSTED (default 100000).
 	MaxSessions int `toml:"max_sessions"`
+	// UpstreamConns is how many connections to the API carry the relayed
+	// sessions (default 4), each session on one of them in turn; with
+	// several API replicas behind one address, sessions spread over them.
+	UpstreamConns int `toml:"upstream_conns"`
 }
 
 // LoadConfig reads a TOML config file; unknown keys are errors.
@@ -133,6 +138,12 @@ func (c *Config) validate() error {
 	case c.MaxSessions == 0:
 		c.MaxSessions = DefaultMaxSessions
 	}
+	switch {
+	case c.UpstreamConns < 0 || c.UpstreamConns > 256:
+		return badKey("upstream_conns", "must be between 1 and 256")
+	case c.UpstreamConns == 0:
+		c.UpstreamConns = DefaultUpstreamConns
+	}
 	return nil
 }
 
@@ -152,4 +163,5 @@ max_body_bytes = 65536
 request_timeout = "30s"
 max_concurrent = 1024
 max_sessions = 100000
+upstream_conns = 4
 `

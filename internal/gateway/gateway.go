@@ -30,6 +30,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/wire"
@@ -77,12 +78,20 @@ type Gateway struct {
 	log      *slog.Logger
 	clock    clock.Clock
 	upstream agentv1connect.JoinServiceClient
-	sessions agentv1connect.SessionServiceClient
+	// sessions relay node sessions over UpstreamConns transports (each its
+	// own connection to the API), chosen in turn.
+	sessions []agentv1connect.SessionServiceClient
+	sessTrs  []*http.Transport
+	next     atomic.Uint64
 	held     chan struct{} // one slot per held session (MaxSessions)
-	tr       *http.Transport
-	sem      chan struct{}
-	handler  http.Handler
-	hs       *http.Server
+	// stop ends every relayed session (Shutdown): a session outlives any
+	// graceful wait, so the daemons are told to reconnect elsewhere.
+	stopped context.Context
+	stop    context.CancelFunc
+	tr      *http.Transport
+	sem     chan struct{}
+	handler http.Handler
+	hs      *http.Server
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -121,25 +130,37 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, badKey("api_ca_file", "holds no PEM certificate")
 	}
 
-	g.tr = &http.Transport{
-		Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		// SECURITY: the API is authenticated against the serving CA only,
-		// never the system roots, and sees the gateway's own certificate.
-		TLSClientConfig: &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			RootCAs:      roots,
-			Certificates: []tls.Certificate{cert},
-		},
-		// Health pings find a dead API connection before a call waits on it.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 15 * time.Second},
+	newTransport := func() *http.Transport {
+		return &http.Transport{
+			Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   10 * time.Second,
+			MaxIdleConns:          256,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ExpectContinueTimeout: time.Second,
+			// SECURITY: the API is authenticated against the serving CA only,
+			// never the system roots, and sees the gateway's own certificate.
+			TLSClientConfig: &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				RootCAs:      roots,
+				Certificates: []tls.Certificate{cert},
+			},
+			// Health pings find a dead API connection before a call waits on it.
+			// The smallest frames HTTP/2 allows: the API answers with frames of
+			// this size, and agent messages are small (max_body_bytes).
+			// Windows are not allocations, but a stream's receive buffer can
+			// grow to its window if a reader lags: 256 KiB bounds it.
+			HTTP2: &http.HTTP2Config{
+				SendPingTimeout:           30 * time.Second,
+				PingTimeout:               15 * time.Second,
+				MaxReadFrameSize:          16 << 10,
+				MaxReceiveBufferPerStream: 256 << 10,
+			},
+		}
 	}
+	g.tr = newTransport()
 	hc := &http.Client{Transport: g.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	g.upstream = agentv1connect.NewJoinServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
 		connect.WithGRPC(),
@@ -151,12 +172,18 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	)
 
 	g.held = make(chan struct{}, cfg.MaxSessions)
-	g.sessions = agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
-		connect.WithGRPC(),
-		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
-		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
-		connect.WithAcceptCompression("gzip", nil, nil),
-	)
+	g.stopped, g.stop = context.WithCancel(context.Background())
+	for range cfg.UpstreamConns {
+		tr := newTransport()
+		g.sessTrs = append(g.sessTrs, tr)
+		hc := &http.Client{Transport: tr, CheckRedirect: hc.CheckRedirect}
+		g.sessions = append(g.sessions, agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
+			connect.WithGRPC(),
+			connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+			connect.WithSendMaxBytes(cfg.MaxBodyBytes),
+			connect.WithAcceptCompression("gzip", nil, nil),
+		))
+	}
 
 	path, h := agentv1connect.NewJoinServiceHandler(&relay{g: g},
 		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
@@ -180,7 +207,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		MaxHeaderBytes: 32 << 10,
 		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 		// Pings find daemons that vanished without closing their connection.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
+		// 16 KiB frames (the HTTP/2 minimum): a daemon's client holds a
+		// scratch buffer of this size while its session's body is open.
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:           60 * time.Second,
+			PingTimeout:               20 * time.Second,
+			MaxReadFrameSize:          16 << 10,
+			MaxReceiveBufferPerStream: 256 << 10,
+		},
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			Certificates: []tls.Certificate{cert},
@@ -239,8 +273,15 @@ func (g *Gateway) Serve(ln net.Listener) error {
 // Shutdown stops accepting, waits for calls in flight until ctx ends, and
 // closes the idle connections to the API.
 func (g *Gateway) Shutdown(ctx context.Context) error {
+	// Sessions never finish on their own: end them (the daemons reconnect,
+	// to another gateway if this one is going away) so the graceful wait
+	// covers only joins and renewals.
+	g.stop()
 	err := g.hs.Shutdown(ctx)
 	g.tr.CloseIdleConnections()
+	for _, tr := range g.sessTrs {
+		tr.CloseIdleConnections()
+	}
 	return err
 }
 

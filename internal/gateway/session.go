@@ -6,15 +6,22 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/wire"
 )
+
+// ErrKindRefused is the error of the CommandResult the gateway sends the API
+// for a command whose kind the session's certificate does not allow.
+const ErrKindRefused = "kind not allowed at the gateway"
 
 // sessionHandler serves SessionService.Connect: each daemon stream is
 // relayed to the API's agent listener as one upstream stream, with the
@@ -26,7 +33,9 @@ import (
 // but does not verify the one presented (it has no node CA and no
 // node_certs): the API matches it byte for byte against its records.
 // Commands are signed by the control plane and verified by bcd, so the
-// gateway can drop or delay them but not forge or alter them.
+// gateway can drop or delay them but not forge or alter them. It does drop
+// a command whose kind the certificate does not allow (R7.5, the check at
+// dispatch): the API names the allowed kinds in Welcome.
 func (g *Gateway) sessionHandler() (string, http.Handler) {
 	path, h := agentv1connect.NewSessionServiceHandler(&sessionRelay{g: g},
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
@@ -47,7 +56,8 @@ type sessionRelay struct {
 	g *Gateway
 }
 
-// Connect relays one session.
+// Connect relays one session. Two goroutines per session: the handler's
+// (API -> daemon, where commands are checked) and one for daemon -> API.
 func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	g := r.g
 	proc := agentv1connect.SessionServiceConnectProcedure
@@ -65,40 +75,133 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Shutdown ends the session.
+	defer context.AfterFunc(g.stopped, cancel)()
 	start := g.clock.Now()
-	up := g.sessions.Connect(ctx)
+	client := g.sessions[int(g.next.Add(1)%uint64(len(g.sessions)))]
+	up := client.Connect(ctx)
 	up.RequestHeader().Set(HeaderPeerAddr, p.addr)
 	up.RequestHeader().Set(HeaderPeerCertificate, base64.StdEncoding.EncodeToString(p.certDER))
+	// up.Send is used by both goroutines (relayed messages; results of
+	// refused commands).
+	var sendMu sync.Mutex
+	send := func(m *agentv1.SessionClientMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return up.Send(m)
+	}
+	// Canceling the stream's context does not end it while its request
+	// body is open (net/http watches the context only once the body is
+	// written), so the end of the session closes the request body too; the
+	// transport then resets the stream and the API sees the end at once.
+	// CloseRequest is safe alongside a Send (it closes a pipe).
+	stopUp := context.AfterFunc(ctx, func() { _ = up.CloseRequest() })
+	defer func() {
+		cancel()
+		stopUp()
+		_ = up.CloseRequest()  // again, harmless: the pipe closes once
+		_ = up.CloseResponse() // drains what is left: needs the stream ended
+	}()
 
 	// daemon -> API. When the daemon ends its side, so does the relay.
 	go func() {
-		defer func() { _ = up.CloseRequest() }()
 		for {
 			m, err := down.Receive()
 			if err != nil {
-				if !errors.Is(err, io.EOF) {
+				if errors.Is(err, io.EOF) {
+					sendMu.Lock()
+					_ = up.CloseRequest()
+					sendMu.Unlock()
+				} else {
 					// The daemon vanished: end the upstream stream too.
 					cancel()
 				}
 				return
 			}
-			if err := up.Send(m); err != nil {
+			if err := send(m); err != nil {
+				// The upstream stream ended; the handler's Receive sees
+				// how (the API's refusal, say) and tells the daemon.
 				return
 			}
 		}
 	}()
 	// API -> daemon.
+	var (
+		welcomed bool
+		allowed  []string
+		nodeID   string
+	)
 	for {
 		m, err := up.Receive()
 		if err != nil {
-			_ = up.CloseResponse()
-			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+			var ce *connect.Error
+			switch {
+			case g.stopped.Err() != nil:
+				return wire.ToWire(g.log, proc, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect"))
+			case errors.Is(err, io.EOF):
 				return nil
+			case errors.As(err, &ce) && connect.IsWireError(ce):
+				// The API's answer (a refusal) goes to the daemon as it is.
+				return g.upstreamError(proc, p, start, err)
+			case ctx.Err() != nil:
+				return nil // the daemon left
 			}
 			return g.upstreamError(proc, p, start, err)
+		}
+		switch msg := m.GetMsg().(type) {
+		case *agentv1.SessionServerMessage_Welcome:
+			if !welcomed {
+				welcomed = true
+				allowed = msg.Welcome.GetAllowedKinds()
+				nodeID = msg.Welcome.GetNodeId()
+			}
+		case *agentv1.SessionServerMessage_Command:
+			if id, kind, ok := g.commandAllowed(allowed, msg.Command); !ok {
+				g.log.Warn("command refused at the gateway: kind not allowed by the node certificate",
+					"node", nodeID, "peer", p.addr, "command", id, "kind", kind, "allowed_kinds", strings.Join(allowed, ","))
+				if id != "" {
+					if err := send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
+						CommandId: id, Ok: false, Error: ErrKindRefused}}}); err != nil {
+						return nil
+					}
+				}
+				continue
+			}
 		}
 		if err := down.Send(m); err != nil {
 			return nil
 		}
 	}
+}
+
+// commandAllowed parses the command's body (bounded: the whole message is
+// at most max_body_bytes) and checks its kind against allowed. The
+// signature is bcd's to verify; a body that does not parse is refused too.
+func (g *Gateway) commandAllowed(allowed []string, c *agentv1.SignedCommand) (id, kind string, ok bool) {
+	if len(allowed) == 0 {
+		return "", "", true
+	}
+	var body agentv1.CommandBody
+	if len(c.GetBody()) > g.cfg.MaxBodyBytes || proto.Unmarshal(c.GetBody(), &body) != nil {
+		return "", "", false
+	}
+	return body.GetCommandId(), body.GetKind(), kindAllowed(allowed, body.GetKind())
+}
+
+// kindAllowed reports whether kind is in allowed (exact kinds or prefix.*);
+// an empty list allows every kind (R7.5). The same rule as the API's
+// session.KindAllowed.
+func kindAllowed(allowed []string, kind string) bool {
+	if len(allowed) == 0 {
+		return true
+	}
+	for _, a := range allowed {
+		if a == kind {
+			return true
+		}
+		if p, ok := strings.CutSuffix(a, ".*"); ok && strings.HasPrefix(kind, p+".") {
+			return true
+		}
+	}
+	return false
 }

@@ -1,17 +1,26 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,36 +33,62 @@ import (
 )
 
 // fakeSessions is the API's SessionService reduced to holding streams: it
-// answers Hello with Welcome and reads until the stream ends. It refuses a
-// stream without Bc-Peer-Certificate, as the API does.
+// answers Hello with Welcome (naming allowedKinds), sends commands, records
+// results, and reads until the stream ends. It refuses a stream without
+// Bc-Peer-Certificate, as the API does.
 type fakeSessions struct {
 	agentv1connect.UnimplementedSessionServiceHandler
-	mu    sync.Mutex
-	certs []string
-	// direct accepts streams without the header (the memory baseline).
-	direct bool
+	mu       sync.Mutex
+	certs    []string
+	allowed  []string
+	commands []*agentv1.SignedCommand
+	results  chan *agentv1.CommandResult
+	open     atomic.Int64 // streams being served
 }
 
 func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
+	f.open.Add(1)
+	defer f.open.Add(-1)
 	cert := s.RequestHeader().Get(HeaderPeerCertificate)
 	f.mu.Lock()
 	f.certs = append(f.certs, cert)
+	allowed, commands, results := f.allowed, f.commands, f.results
 	f.mu.Unlock()
-	if cert == "" && !f.direct {
+	if cert == "" {
 		return wire.ToWire(quietLog(), "Connect", errs.New(errs.AccessDenied, "Session refused"))
 	}
 	m, err := s.Receive()
 	if err != nil || m.GetHello() == nil {
 		return wire.ToWire(quietLog(), "Connect", errs.New(errs.AccessDenied, "Session refused"))
 	}
-	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{NodeId: "node_01", HeartbeatSeconds: 15}}}); err != nil {
+	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
+		NodeId: "node_01", HeartbeatSeconds: 15, AllowedKinds: allowed}}}); err != nil {
 		return nil
 	}
-	for {
-		if _, err := s.Receive(); err != nil {
+	for _, c := range commands {
+		if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: c}}); err != nil {
 			return nil
 		}
 	}
+	for {
+		m, err := s.Receive()
+		if err != nil {
+			return nil
+		}
+		if r := m.GetResult(); r != nil && results != nil {
+			results <- r
+		}
+	}
+}
+
+// agentListenerHTTP2 is the agent listener's HTTP/2 configuration
+// (internal/server); BC_SESSION_MEM_API_DEFAULTS=1 measures against Go's
+// defaults instead (250 streams per connection, 1 MiB frames).
+func agentListenerHTTP2() *http.HTTP2Config {
+	if os.Getenv("BC_SESSION_MEM_API_DEFAULTS") != "" {
+		return nil
+	}
+	return &http.HTTP2Config{MaxConcurrentStreams: 100000, MaxReadFrameSize: 16 << 10, MaxReceiveBufferPerStream: 256 << 10}
 }
 
 // startSessionAPI serves fakeSessions over mTLS like the agent listener.
@@ -65,6 +100,7 @@ func startSessionAPI(t testing.TB, e *env) (*fakeSessions, string) {
 	mux.Handle(path, h)
 	srv := httptest.NewUnstartedServer(mux)
 	srv.EnableHTTP2 = true
+	srv.Config.HTTP2 = agentListenerHTTP2()
 	srv.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{e.apiCert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: e.roots}
 	srv.Config.ErrorLog = slog.NewLogLogger(quietLog().Handler(), slog.LevelError)
 	srv.StartTLS()
@@ -138,60 +174,225 @@ func TestSessionRelay(t *testing.T) {
 	}
 }
 
-// TestSessionMemory measures the gateway's heap per held session
-// (BC_SESSION_MEM=N, e.g. 2000): N daemons, each on its own TLS
-// connection, first straight to the fake API, then through the gateway;
-// the difference in HeapInuse divided by N is the gateway's share.
+// memStats is what the gateway process reports about itself.
+type memStats struct {
+	HeapInuse, StackInuse, Sys, RSS uint64
+	Goroutines                      int
+}
+
+func readMemStats() memStats {
+	runtime.GC()
+	runtime.GC()
+	debug.FreeOSMemory()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	s := memStats{HeapInuse: m.HeapInuse, StackInuse: m.StackInuse, Sys: m.Sys, Goroutines: runtime.NumGoroutine()}
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseUint(f[1], 10, 64)
+				s.RSS = kb << 10
+			}
+		}
+	}
+	return s
+}
+
+// raiseNoFile lifts RLIMIT_NOFILE to at least n (the hard limit too when
+// the process may).
+func raiseNoFile(t testing.TB, n uint64) {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Cur >= n {
+		return
+	}
+	want := l
+	want.Cur = n
+	if want.Max < n {
+		want.Max = n
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+		want.Cur = l.Max
+		want.Max = l.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil || want.Cur < n {
+			t.Fatalf("RLIMIT_NOFILE is %d (hard %d), %d needed: raise it (ulimit -n)", l.Cur, l.Max, n)
+		}
+	}
+}
+
+// TestSessionMemoryGateway is the gateway process of TestSessionMemory: it
+// serves a gateway on 127.0.0.1 (the Config in BC_SESSION_MEM_GATEWAY,
+// JSON), prints "ADDR host:port", then answers each line on stdin: "stats"
+// with a JSON memStats, "heap PATH" by writing a heap profile to PATH. It
+// shuts down at the end of stdin.
+func TestSessionMemoryGateway(t *testing.T) {
+	js := os.Getenv("BC_SESSION_MEM_GATEWAY")
+	if js == "" {
+		t.Skip("the gateway process of TestSessionMemory")
+	}
+	var cfg Config
+	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(os.Getenv("BC_SESSION_MEM"))
+	raiseNoFile(t, uint64(n)+1000)
+	_, addr := startGateway(t, cfg)
+	fmt.Printf("ADDR %s\n", addr)
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		switch cmd {
+		case "stats":
+			b, _ := json.Marshal(readMemStats())
+			fmt.Printf("STATS %s\n", b)
+		case "heap":
+			runtime.GC()
+			f, err := os.Create(arg)
+			if err == nil {
+				err = pprof.WriteHeapProfile(f)
+				_ = f.Close()
+			}
+			fmt.Printf("HEAP %v\n", err)
+		}
+	}
+}
+
+// TestSessionMemory measures the gateway's memory per held session
+// (BC_SESSION_MEM=N, e.g. 1000 or 10000; scripts/bench-sessions): the
+// gateway runs in its own process (this test binary again,
+// TestSessionMemoryGateway), N daemons each on its own TLS connection hold a
+// session through it to a fake API, and the gateway's heap in use, stacks,
+// RSS and goroutines before and after, divided by N, are its cost per held
+// session. Then every daemon leaves and the gateway must be back to its
+// baseline. BC_SESSION_MEM_PROFILE=path writes the gateway's heap profile
+// while the sessions are held.
 func TestSessionMemory(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("BC_SESSION_MEM"))
 	if n <= 0 {
 		t.Skip("set BC_SESSION_MEM=N to measure")
 	}
+	raiseNoFile(t, uint64(n)+1000)
 	e := newEnv(t)
 	f, apiURL := startSessionAPI(t, e)
-	f.direct = true
 	cert := e.nodeCert(t, "node_01")
-	gwCert, err := tls.LoadX509KeyPair(e.certFile, e.keyFile)
+	cfgJSON, err := json.Marshal(e.config(apiURL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := e.config(apiURL)
-	_, gw := startGateway(t, cfg)
-	apiAddr := apiURL[len("https://"):]
 
-	measure := func(addr string, cert tls.Certificate) uint64 {
-		ctx, cancel := context.WithCancel(context.Background())
-		base := heapInuse()
-		var trs []*http.Transport
-		for i := 0; i < n; i++ {
-			_, tr, err := openSession(ctx, e, addr, cert)
-			if err != nil {
-				t.Fatalf("session %d: %v", i, err)
-			}
-			trs = append(trs, tr)
-		}
-		held := heapInuse()
-		cancel()
-		for _, tr := range trs {
-			tr.CloseIdleConnections()
-		}
-		time.Sleep(500 * time.Millisecond)
-		if held < base {
-			return 0
-		}
-		return held - base
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSessionMemoryGateway$", "-test.timeout=0")
+	cmd.Env = append(os.Environ(), "BC_SESSION_MEM_GATEWAY="+string(cfgJSON))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	direct := measure(apiAddr, gwCert) // the API requires a serving-CA client certificate
-	viaGW := measure(gw, cert)
-	per := int64(viaGW-direct) / int64(n)
-	t.Logf("sessions %d: direct %d B/session, via gateway %d B/session, gateway share %d B/session (%.1f MiB per 10k sessions)",
-		n, direct/uint64(n), viaGW/uint64(n), per, float64(per)*10000/(1<<20))
-}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	expect := func(prefix string) string {
+		for lines.Scan() {
+			if rest, ok := strings.CutPrefix(lines.Text(), prefix+" "); ok {
+				return rest
+			}
+		}
+		t.Fatalf("the gateway process ended before %s", prefix)
+		return ""
+	}
+	defer func() {
+		_ = stdin.Close()
+		_, _ = io.Copy(io.Discard, stdout)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("gateway process: %v", err)
+		}
+	}()
+	gw := expect("ADDR")
+	stats := func() memStats {
+		fmt.Fprintln(stdin, "stats")
+		var s memStats
+		if err := json.Unmarshal([]byte(expect("STATS")), &s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	base := stats()
 
-func heapInuse() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse
+	type held struct {
+		s  *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]
+		tr *http.Transport
+	}
+	sessions := make([]held, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var (
+		wg       sync.WaitGroup
+		next     atomic.Int64
+		firstErr atomic.Value
+	)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				s, tr, err := openSession(ctx, e, gw, cert)
+				sessions[i] = held{s, tr}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, fmt.Errorf("session %d: %w", i, err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	closeAll := func() {
+		for _, h := range sessions {
+			if h.s != nil {
+				_ = h.s.CloseRequest()
+				_ = h.s.CloseResponse()
+				h.tr.CloseIdleConnections()
+			}
+		}
+	}
+	if err, _ := firstErr.Load().(error); err != nil {
+		closeAll()
+		t.Fatal(err)
+	}
+	opened := time.Since(start)
+	at := stats()
+	if p := os.Getenv("BC_SESSION_MEM_PROFILE"); p != "" {
+		fmt.Fprintln(stdin, "heap "+p)
+		t.Logf("heap profile: %s (%s)", p, expect("HEAP"))
+	}
+	per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(n) / 1024 }
+	t.Logf("%d sessions held through one gateway (opened in %s, %d upstream streams at the API)", n, opened.Round(time.Millisecond), f.open.Load())
+	t.Logf("gateway per session: heap in use %.1f KiB, stacks %.1f KiB, RSS %.1f KiB, %.2f goroutines",
+		per(base.HeapInuse, at.HeapInuse), per(base.StackInuse, at.StackInuse), per(base.RSS, at.RSS),
+		float64(at.Goroutines-base.Goroutines)/float64(n))
+	t.Logf("gateway totals: heap in use %.1f MiB, stacks %.1f MiB, RSS %.1f MiB (baseline RSS %.1f MiB)",
+		float64(at.HeapInuse)/(1<<20), float64(at.StackInuse)/(1<<20), float64(at.RSS)/(1<<20), float64(base.RSS)/(1<<20))
+
+	// Every daemon leaves: the gateway and the API let go of every session.
+	closeAll()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := stats()
+		if s.Goroutines <= base.Goroutines+8 && f.open.Load() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the daemons left: gateway goroutines %d (baseline %d), API streams %d", s.Goroutines, base.Goroutines, f.open.Load())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

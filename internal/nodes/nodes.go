@@ -1,6 +1,7 @@
-// Package nodes owns reading nodes through the operator API: a tenant's
-// nodes with their lifecycle and connection state and their certificates.
-// Nodes are created only by JoinService (internal/join).
+// Package nodes owns nodes through the operator API: reading a tenant's
+// nodes with their lifecycle and connection state and their certificates,
+// and retiring them (retire.go). Nodes are created only by JoinService
+// (internal/join).
 package nodes
 
 import (
@@ -9,6 +10,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/authz"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
@@ -16,14 +18,23 @@ import (
 // Resource names a node for authorization.
 func Resource(id string) string { return "compute-node/" + id }
 
-// Service reads nodes.
-type Service struct{ db *store.DB }
+// Service reads and retires nodes.
+type Service struct {
+	db  *store.DB
+	cfg Config
+}
 
 // Config lists the Service's dependencies.
-type Config struct{ DB *store.DB }
+type Config struct {
+	DB  *store.DB
+	Hub *events.Hub
+	// EndSession, when set, ends a retired node's live session on this
+	// replica (the session service's EndNode).
+	EndSession func(nodeID string)
+}
 
 // New returns a Service.
-func New(cfg Config) *Service { return &Service{db: cfg.DB} }
+func New(cfg Config) *Service { return &Service{db: cfg.DB, cfg: cfg} }
 
 // Detail is a node with its newest certificates.
 type Detail struct {

@@ -185,6 +185,19 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 				NextProtos:   []string{"h2", "http/1.1"},
 			},
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			// A gateway multiplexes its nodes' long-lived session streams
+			// over a few connections: the default of 250 streams per
+			// connection would make it dial a connection per 250 nodes.
+			// 16 KiB frames (the HTTP/2 minimum) because the Go client holds
+			// a scratch buffer of the peer's frame size (up to 512 KiB) for
+			// each stream whose body is still open, i.e. each session.
+			HTTP2: &http.HTTP2Config{
+				MaxConcurrentStreams:      100000,
+				MaxReadFrameSize:          16 << 10,
+				MaxReceiveBufferPerStream: 256 << 10,
+				SendPingTimeout:           60 * time.Second,
+				PingTimeout:               20 * time.Second,
+			},
 		}
 		go func() {
 			if err := as.ServeTLS(aln, "", ""); !errors.Is(err, http.ErrServerClosed) {
@@ -201,6 +214,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	cctx, cstop := context.WithCancel(ctx)
 	defer cstop()
 	go ctrl.Run(cctx)
+	go srv.Commands().RunExpiry(cctx) // undelivered and unanswered commands expire
 	go func() {
 		// Wake the controller whenever events commit (a join queues work).
 		for {

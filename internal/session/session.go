@@ -251,7 +251,11 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	defer s.finish(ctx, c)
 
 	if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
-		NodeId: c.nodeID, HeartbeatSeconds: int32(s.cfg.Heartbeat / time.Second)}}}); err != nil {
+		NodeId: c.nodeID, HeartbeatSeconds: int32(s.cfg.Heartbeat / time.Second),
+		// R7.5: the gateway checks each command's kind again at dispatch
+		// against the kinds of the certificate this session authenticated
+		// with (empty: no restriction).
+		AllowedKinds: c.allowedKinds}}}); err != nil {
 		return nil
 	}
 	msgs := make(chan *agentv1.SessionClientMessage, 8)

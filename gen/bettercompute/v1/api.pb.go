@@ -3092,6 +3092,453 @@ func (x *GetNodeRequest) GetNodeId() string {
 	return ""
 }
 
+// RetireNode ends a node's life: state retired, every unrevoked certificate
+// revoked (reason "retired"), its pending commands failed and its live
+// session ended. A retired node can neither renew nor open a session.
+// Retiring a retired node answers the node unchanged.
+type RetireNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetireNodeRequest) Reset() {
+	*x = RetireNodeRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetireNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetireNodeRequest) ProtoMessage() {}
+
+func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
+func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RetireNodeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *RetireNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RetireNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Command is one command to a node (R12.3): queued, sent once signed and
+// delivered over the node's session, then done or failed with the node's
+// answer, or expired when it was not answered before expires_at.
+type Command struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Kind   string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Args   *structpb.Struct       `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// queued, sent, done, failed or expired.
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// The kind's JSON output (done, and failed when the node sent one).
+	Result        *structpb.Struct       `protobuf:"bytes,6,opt,name=result,proto3" json:"result,omitempty"`
+	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	SentAt        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	DoneAt        *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=done_at,json=doneAt,proto3" json:"done_at,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Command) Reset() {
+	*x = Command{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Command) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Command) ProtoMessage() {}
+
+func (x *Command) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Command.ProtoReflect.Descriptor instead.
+func (*Command) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *Command) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Command) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Command) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Command) GetArgs() *structpb.Struct {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *Command) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Command) GetResult() *structpb.Struct {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *Command) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Command) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Command) GetSentAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentAt
+	}
+	return nil
+}
+
+func (x *Command) GetDoneAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DoneAt
+	}
+	return nil
+}
+
+func (x *Command) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+type EnqueueCommandRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	NodeId   string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// A built-in kind (node.facts, acceptance.check) or any kind of the form
+	// [a-z0-9-]+(.[a-z0-9-]+)+; it must be allowed by the node's current
+	// certificate (R7.5), else INVALID_STATE.
+	Kind string           `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Args *structpb.Struct `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
+	// Delivery and answer deadline; 0 is 600, at most 86400.
+	TtlSeconds    int32 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueCommandRequest) Reset() {
+	*x = EnqueueCommandRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueCommandRequest) ProtoMessage() {}
+
+func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
+func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *EnqueueCommandRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *EnqueueCommandRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *EnqueueCommandRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *EnqueueCommandRequest) GetArgs() *structpb.Struct {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *EnqueueCommandRequest) GetTtlSeconds() int32 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type ListCommandsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Optional: one node's commands.
+	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCommandsRequest) Reset() {
+	*x = ListCommandsRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCommandsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCommandsRequest) ProtoMessage() {}
+
+func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
+func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListCommandsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListCommandsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ListCommandsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListCommandsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListCommandsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first.
+	Items         []*Command `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	NextPageToken string     `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCommandsResponse) Reset() {
+	*x = ListCommandsResponse{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCommandsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCommandsResponse) ProtoMessage() {}
+
+func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
+func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ListCommandsResponse) GetItems() []*Command {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListCommandsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetCommandRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	CommandId     string                 `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCommandRequest) Reset() {
+	*x = GetCommandRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCommandRequest) ProtoMessage() {}
+
+func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
+func (*GetCommandRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GetCommandRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *GetCommandRequest) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
 var File_bettercompute_v1_api_proto protoreflect.FileDescriptor
 
 const file_bettercompute_v1_api_proto_rawDesc = "" +
@@ -3354,7 +3801,46 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"F\n" +
 	"\x0eGetNodeRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId2\x87\x02\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"a\n" +
+	"\x11RetireNodeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb0\x03\n" +
+	"\aCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12+\n" +
+	"\x04args\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x04args\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12/\n" +
+	"\x06result\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06result\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x129\n" +
+	"\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x123\n" +
+	"\asent_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x123\n" +
+	"\adone_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x06doneAt\x129\n" +
+	"\n" +
+	"expires_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xaf\x01\n" +
+	"\x15EnqueueCommandRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12+\n" +
+	"\x04args\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x04args\x12\x1f\n" +
+	"\vttl_seconds\x18\x05 \x01(\x05R\n" +
+	"ttlSeconds\"\x87\x01\n" +
+	"\x13ListCommandsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"o\n" +
+	"\x14ListCommandsResponse\x12/\n" +
+	"\x05items\x18\x01 \x03(\v2\x19.bettercompute.v1.CommandR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"O\n" +
+	"\x11GetCommandRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x02 \x01(\tR\tcommandId2\x87\x02\n" +
 	"\rTenantService\x12O\n" +
 	"\fCreateTenant\x12%.bettercompute.v1.CreateTenantRequest\x1a\x18.bettercompute.v1.Tenant\x12I\n" +
 	"\tGetTenant\x12\".bettercompute.v1.GetTenantRequest\x1a\x18.bettercompute.v1.Tenant\x12Z\n" +
@@ -3381,10 +3867,17 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\fEventService\x12W\n" +
 	"\n" +
 	"ListEvents\x12#.bettercompute.v1.ListEventsRequest\x1a$.bettercompute.v1.ListEventsResponse\x12T\n" +
-	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xa8\x01\n" +
+	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xf3\x01\n" +
 	"\vNodeService\x12T\n" +
 	"\tListNodes\x12\".bettercompute.v1.ListNodesRequest\x1a#.bettercompute.v1.ListNodesResponse\x12C\n" +
-	"\aGetNode\x12 .bettercompute.v1.GetNodeRequest\x1a\x16.bettercompute.v1.NodeBDZBgithub.com/better-compute/better-compute/gen/bettercompute/v1;bcv1b\x06proto3"
+	"\aGetNode\x12 .bettercompute.v1.GetNodeRequest\x1a\x16.bettercompute.v1.Node\x12I\n" +
+	"\n" +
+	"RetireNode\x12#.bettercompute.v1.RetireNodeRequest\x1a\x16.bettercompute.v1.Node2\x93\x02\n" +
+	"\x0eCommandService\x12T\n" +
+	"\x0eEnqueueCommand\x12'.bettercompute.v1.EnqueueCommandRequest\x1a\x19.bettercompute.v1.Command\x12]\n" +
+	"\fListCommands\x12%.bettercompute.v1.ListCommandsRequest\x1a&.bettercompute.v1.ListCommandsResponse\x12L\n" +
+	"\n" +
+	"GetCommand\x12#.bettercompute.v1.GetCommandRequest\x1a\x19.bettercompute.v1.CommandBDZBgithub.com/better-compute/better-compute/gen/bettercompute/v1;bcv1b\x06proto3"
 
 var (
 	file_bettercompute_v1_api_proto_rawDescOnce sync.Once
@@ -3398,7 +3891,7 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ErrorDetail)(nil),             // 0: bettercompute.v1.ErrorDetail
 	(*Tenant)(nil),                  // 1: bettercompute.v1.Tenant
@@ -3445,95 +3938,117 @@ var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),        // 42: bettercompute.v1.ListNodesRequest
 	(*ListNodesResponse)(nil),       // 43: bettercompute.v1.ListNodesResponse
 	(*GetNodeRequest)(nil),          // 44: bettercompute.v1.GetNodeRequest
-	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 46: google.protobuf.Struct
+	(*RetireNodeRequest)(nil),       // 45: bettercompute.v1.RetireNodeRequest
+	(*Command)(nil),                 // 46: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),   // 47: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),     // 48: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),    // 49: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),       // 50: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),         // 52: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	45, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	51, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	45, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	51, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
 	13, // 6: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	45, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	45, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	51, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	51, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	13, // 9: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	14, // 10: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 11: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	20, // 12: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	45, // 13: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	45, // 14: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	45, // 15: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	51, // 13: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	51, // 14: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 15: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
 	20, // 16: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
 	21, // 17: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
 	21, // 18: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
 	28, // 19: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	45, // 20: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	45, // 21: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	45, // 22: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	51, // 20: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 21: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	51, // 22: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
 	28, // 23: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
 	29, // 24: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	45, // 25: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	46, // 26: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	51, // 25: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	52, // 26: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
 	34, // 27: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	45, // 28: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	46, // 29: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	51, // 28: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	52, // 29: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
 	37, // 30: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	45, // 31: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	45, // 32: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	45, // 33: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	45, // 34: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	46, // 35: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	45, // 36: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	45, // 37: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	51, // 31: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	51, // 32: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	51, // 33: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	51, // 34: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	52, // 35: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	51, // 36: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	51, // 37: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
 	40, // 38: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
 	41, // 39: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	2,  // 40: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 41: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 42: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 43: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 44: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 45: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	15, // 46: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	16, // 47: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	17, // 48: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	19, // 49: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	22, // 50: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	24, // 51: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	26, // 52: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	30, // 53: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	31, // 54: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	33, // 55: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	35, // 56: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	38, // 57: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	42, // 58: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	44, // 59: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	1,  // 60: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 61: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 62: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 63: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 64: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 65: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	14, // 66: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	14, // 67: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	18, // 68: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	14, // 69: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	23, // 70: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	25, // 71: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	27, // 72: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	29, // 73: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	32, // 74: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	29, // 75: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	36, // 76: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	39, // 77: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	43, // 78: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	41, // 79: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	52, // 40: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	52, // 41: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	51, // 42: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	51, // 43: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	51, // 44: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	51, // 45: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	52, // 46: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	46, // 47: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 48: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 49: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 50: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 51: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 52: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 53: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	15, // 54: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	16, // 55: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	17, // 56: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	19, // 57: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	22, // 58: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	24, // 59: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	26, // 60: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	30, // 61: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	31, // 62: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	33, // 63: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	35, // 64: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	38, // 65: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	42, // 66: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	44, // 67: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	45, // 68: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	47, // 69: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	48, // 70: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	50, // 71: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 72: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 73: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 74: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 75: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 76: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 77: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	14, // 78: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	14, // 79: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	18, // 80: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	14, // 81: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	23, // 82: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	25, // 83: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	27, // 84: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	29, // 85: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	32, // 86: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	29, // 87: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	36, // 88: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	39, // 89: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	43, // 90: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	41, // 91: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	41, // 92: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	46, // 93: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	49, // 94: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	46, // 95: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	72, // [72:96] is the sub-list for method output_type
+	48, // [48:72] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -3547,9 +4062,9 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   51,
 			NumExtensions: 0,
-			NumServices:   7,
+			NumServices:   8,
 		},
 		GoTypes:           file_bettercompute_v1_api_proto_goTypes,
 		DependencyIndexes: file_bettercompute_v1_api_proto_depIdxs,

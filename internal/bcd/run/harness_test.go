@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -328,7 +329,7 @@ func (h *harness) dial(t testing.TB, cert *tls.Certificate) (*agentv1.SessionSer
 	defer cancel()
 	s := c.Connect(ctx)
 	defer s.CloseResponse()
-	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1}}}); err != nil && err != io.EOF {
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1}}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	return s.Receive()

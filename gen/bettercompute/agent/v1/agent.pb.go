@@ -1011,8 +1011,12 @@ type Welcome struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	NodeId           string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	HeartbeatSeconds int32                  `protobuf:"varint,2,opt,name=heartbeat_seconds,json=heartbeatSeconds,proto3" json:"heartbeat_seconds,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The kinds the session's certificate allows (exact kinds or prefix.*);
+	// empty means no restriction (R7.5). The gateway refuses to forward a
+	// command of another kind.
+	AllowedKinds  []string `protobuf:"bytes,3,rep,name=allowed_kinds,json=allowedKinds,proto3" json:"allowed_kinds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -1057,6 +1061,13 @@ func (x *Welcome) GetHeartbeatSeconds() int32 {
 		return x.HeartbeatSeconds
 	}
 	return 0
+}
+
+func (x *Welcome) GetAllowedKinds() []string {
+	if x != nil {
+		return x.AllowedKinds
+	}
+	return nil
 }
 
 type SessionServerMessage struct {
@@ -1218,10 +1229,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
 	"\x06result\x18\x03 \x01(\v2%.bettercompute.agent.v1.CommandResultH\x00R\x06resultB\x05\n" +
-	"\x03msg\"O\n" +
+	"\x03msg\"t\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
-	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\"\x9d\x01\n" +
+	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
+	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\"\x9d\x01\n" +
 	"\x14SessionServerMessage\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
 	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommandB\x05\n" +

@@ -41,6 +41,8 @@ const (
 	EventServiceName = "bettercompute.v1.EventService"
 	// NodeServiceName is the fully-qualified name of the NodeService service.
 	NodeServiceName = "bettercompute.v1.NodeService"
+	// CommandServiceName is the fully-qualified name of the CommandService service.
+	CommandServiceName = "bettercompute.v1.CommandService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -100,6 +102,17 @@ const (
 	NodeServiceListNodesProcedure = "/bettercompute.v1.NodeService/ListNodes"
 	// NodeServiceGetNodeProcedure is the fully-qualified name of the NodeService's GetNode RPC.
 	NodeServiceGetNodeProcedure = "/bettercompute.v1.NodeService/GetNode"
+	// NodeServiceRetireNodeProcedure is the fully-qualified name of the NodeService's RetireNode RPC.
+	NodeServiceRetireNodeProcedure = "/bettercompute.v1.NodeService/RetireNode"
+	// CommandServiceEnqueueCommandProcedure is the fully-qualified name of the CommandService's
+	// EnqueueCommand RPC.
+	CommandServiceEnqueueCommandProcedure = "/bettercompute.v1.CommandService/EnqueueCommand"
+	// CommandServiceListCommandsProcedure is the fully-qualified name of the CommandService's
+	// ListCommands RPC.
+	CommandServiceListCommandsProcedure = "/bettercompute.v1.CommandService/ListCommands"
+	// CommandServiceGetCommandProcedure is the fully-qualified name of the CommandService's GetCommand
+	// RPC.
+	CommandServiceGetCommandProcedure = "/bettercompute.v1.CommandService/GetCommand"
 )
 
 // TenantServiceClient is a client for the bettercompute.v1.TenantService service.
@@ -838,6 +851,7 @@ func (UnimplementedEventServiceHandler) ListAudit(context.Context, *connect.Requ
 type NodeServiceClient interface {
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
+	RetireNode(context.Context, *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error)
 }
 
 // NewNodeServiceClient constructs a client for the bettercompute.v1.NodeService service. By
@@ -863,13 +877,20 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("GetNode")),
 			connect.WithClientOptions(opts...),
 		),
+		retireNode: connect.NewClient[v1.RetireNodeRequest, v1.Node](
+			httpClient,
+			baseURL+NodeServiceRetireNodeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("RetireNode")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	listNodes *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
-	getNode   *connect.Client[v1.GetNodeRequest, v1.Node]
+	listNodes  *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	getNode    *connect.Client[v1.GetNodeRequest, v1.Node]
+	retireNode *connect.Client[v1.RetireNodeRequest, v1.Node]
 }
 
 // ListNodes calls bettercompute.v1.NodeService.ListNodes.
@@ -882,10 +903,16 @@ func (c *nodeServiceClient) GetNode(ctx context.Context, req *connect.Request[v1
 	return c.getNode.CallUnary(ctx, req)
 }
 
+// RetireNode calls bettercompute.v1.NodeService.RetireNode.
+func (c *nodeServiceClient) RetireNode(ctx context.Context, req *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error) {
+	return c.retireNode.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the bettercompute.v1.NodeService service.
 type NodeServiceHandler interface {
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
+	RetireNode(context.Context, *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -907,12 +934,20 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("GetNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceRetireNodeHandler := connect.NewUnaryHandler(
+		NodeServiceRetireNodeProcedure,
+		svc.RetireNode,
+		connect.WithSchema(nodeServiceMethods.ByName("RetireNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceListNodesProcedure:
 			nodeServiceListNodesHandler.ServeHTTP(w, r)
 		case NodeServiceGetNodeProcedure:
 			nodeServiceGetNodeHandler.ServeHTTP(w, r)
+		case NodeServiceRetireNodeProcedure:
+			nodeServiceRetireNodeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -928,4 +963,130 @@ func (UnimplementedNodeServiceHandler) ListNodes(context.Context, *connect.Reque
 
 func (UnimplementedNodeServiceHandler) GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.GetNode is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) RetireNode(context.Context, *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.RetireNode is not implemented"))
+}
+
+// CommandServiceClient is a client for the bettercompute.v1.CommandService service.
+type CommandServiceClient interface {
+	EnqueueCommand(context.Context, *connect.Request[v1.EnqueueCommandRequest]) (*connect.Response[v1.Command], error)
+	ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error)
+	GetCommand(context.Context, *connect.Request[v1.GetCommandRequest]) (*connect.Response[v1.Command], error)
+}
+
+// NewCommandServiceClient constructs a client for the bettercompute.v1.CommandService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewCommandServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) CommandServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	commandServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("CommandService").Methods()
+	return &commandServiceClient{
+		enqueueCommand: connect.NewClient[v1.EnqueueCommandRequest, v1.Command](
+			httpClient,
+			baseURL+CommandServiceEnqueueCommandProcedure,
+			connect.WithSchema(commandServiceMethods.ByName("EnqueueCommand")),
+			connect.WithClientOptions(opts...),
+		),
+		listCommands: connect.NewClient[v1.ListCommandsRequest, v1.ListCommandsResponse](
+			httpClient,
+			baseURL+CommandServiceListCommandsProcedure,
+			connect.WithSchema(commandServiceMethods.ByName("ListCommands")),
+			connect.WithClientOptions(opts...),
+		),
+		getCommand: connect.NewClient[v1.GetCommandRequest, v1.Command](
+			httpClient,
+			baseURL+CommandServiceGetCommandProcedure,
+			connect.WithSchema(commandServiceMethods.ByName("GetCommand")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// commandServiceClient implements CommandServiceClient.
+type commandServiceClient struct {
+	enqueueCommand *connect.Client[v1.EnqueueCommandRequest, v1.Command]
+	listCommands   *connect.Client[v1.ListCommandsRequest, v1.ListCommandsResponse]
+	getCommand     *connect.Client[v1.GetCommandRequest, v1.Command]
+}
+
+// EnqueueCommand calls bettercompute.v1.CommandService.EnqueueCommand.
+func (c *commandServiceClient) EnqueueCommand(ctx context.Context, req *connect.Request[v1.EnqueueCommandRequest]) (*connect.Response[v1.Command], error) {
+	return c.enqueueCommand.CallUnary(ctx, req)
+}
+
+// ListCommands calls bettercompute.v1.CommandService.ListCommands.
+func (c *commandServiceClient) ListCommands(ctx context.Context, req *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error) {
+	return c.listCommands.CallUnary(ctx, req)
+}
+
+// GetCommand calls bettercompute.v1.CommandService.GetCommand.
+func (c *commandServiceClient) GetCommand(ctx context.Context, req *connect.Request[v1.GetCommandRequest]) (*connect.Response[v1.Command], error) {
+	return c.getCommand.CallUnary(ctx, req)
+}
+
+// CommandServiceHandler is an implementation of the bettercompute.v1.CommandService service.
+type CommandServiceHandler interface {
+	EnqueueCommand(context.Context, *connect.Request[v1.EnqueueCommandRequest]) (*connect.Response[v1.Command], error)
+	ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error)
+	GetCommand(context.Context, *connect.Request[v1.GetCommandRequest]) (*connect.Response[v1.Command], error)
+}
+
+// NewCommandServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewCommandServiceHandler(svc CommandServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	commandServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("CommandService").Methods()
+	commandServiceEnqueueCommandHandler := connect.NewUnaryHandler(
+		CommandServiceEnqueueCommandProcedure,
+		svc.EnqueueCommand,
+		connect.WithSchema(commandServiceMethods.ByName("EnqueueCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
+	commandServiceListCommandsHandler := connect.NewUnaryHandler(
+		CommandServiceListCommandsProcedure,
+		svc.ListCommands,
+		connect.WithSchema(commandServiceMethods.ByName("ListCommands")),
+		connect.WithHandlerOptions(opts...),
+	)
+	commandServiceGetCommandHandler := connect.NewUnaryHandler(
+		CommandServiceGetCommandProcedure,
+		svc.GetCommand,
+		connect.WithSchema(commandServiceMethods.ByName("GetCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.v1.CommandService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case CommandServiceEnqueueCommandProcedure:
+			commandServiceEnqueueCommandHandler.ServeHTTP(w, r)
+		case CommandServiceListCommandsProcedure:
+			commandServiceListCommandsHandler.ServeHTTP(w, r)
+		case CommandServiceGetCommandProcedure:
+			commandServiceGetCommandHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedCommandServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedCommandServiceHandler struct{}
+
+func (UnimplementedCommandServiceHandler) EnqueueCommand(context.Context, *connect.Request[v1.EnqueueCommandRequest]) (*connect.Response[v1.Command], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.CommandService.EnqueueCommand is not implemented"))
+}
+
+func (UnimplementedCommandServiceHandler) ListCommands(context.Context, *connect.Request[v1.ListCommandsRequest]) (*connect.Response[v1.ListCommandsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.CommandService.ListCommands is not implemented"))
+}
+
+func (UnimplementedCommandServiceHandler) GetCommand(context.Context, *connect.Request[v1.GetCommandRequest]) (*connect.Response[v1.Command], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.CommandService.GetCommand is not implemented"))
 }

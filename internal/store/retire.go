@@ -1,0 +1,64 @@
+package store
+
+import (
+	"context"
+	"fmt"
+)
+
+// RevokeAllNodeCerts revokes every unrevoked certificate of a node, of any
+// identity generation, and returns their serials (retiring a node).
+func (t *Tx) RevokeAllNodeCerts(ctx context.Context, nodeID, reason string) ([]string, error) {
+	rows, err := t.query(ctx, "SELECT serial FROM node_certs WHERE node_id = ? AND revoked_ms IS NULL ORDER BY serial", nodeID)
+	if err != nil {
+		return nil, fmt.Errorf("find certs to revoke: %w", err)
+	}
+	var serials []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		serials = append(serials, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(serials) == 0 {
+		return nil, nil
+	}
+	if _, err := t.exec(ctx, "UPDATE node_certs SET revoked_ms = compute_now(), revoke_reason = ? WHERE node_id = ? AND revoked_ms IS NULL", reason, nodeID); err != nil {
+		return nil, fmt.Errorf("revoke node certs: %w", err)
+	}
+	return serials, nil
+}
+
+// FailPendingCommands fails a node's queued and sent commands with errText
+// and returns their ids.
+func (t *Tx) FailPendingCommands(ctx context.Context, nodeID, errText string) ([]string, error) {
+	rows, err := t.query(ctx, "SELECT id FROM commands WHERE node_id = ? AND state IN ('queued', 'sent') ORDER BY id", nodeID)
+	if err != nil {
+		return nil, fmt.Errorf("find pending commands: %w", err)
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if _, err := t.exec(ctx, "UPDATE commands SET state = 'failed', error = ?, finished_ms = compute_now() WHERE node_id = ? AND state IN ('queued', 'sent')", errText, nodeID); err != nil {
+		return nil, fmt.Errorf("fail pending commands: %w", err)
+	}
+	return ids, nil
+}
