@@ -510,23 +510,28 @@ func (s *Service) refused(ctx context.Context, r *refusal) {
 	}
 	data := map[string]any{"attestor": r.attestor, "reason": reason, "role": r.role, "csrSha256": hex.EncodeToString(r.csrHash),
 		"hardwareKey": r.hwKey.Hex(), "suppressed": suppressed}
+	s.recordRefusal(ctx, r.tenantID, events.Event{Type: "security.join.refused", Subject: r.attestor, Data: data})
+}
+
+// recordRefusal publishes a refusal event in its own transaction (the
+// refused one rolled back) to tenantID, or to the root tenant when it is ""
+// (the caller proved nothing yet, so it may not write into a tenant's
+// stream).
+func (s *Service) recordRefusal(ctx context.Context, tenantID string, e events.Event) {
 	// The daemon may hang up; the record is still written.
 	ctx = context.WithoutCancel(ctx)
 	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
-		tenant := r.tenantID
-		if tenant == "" {
+		e.TenantID = tenantID
+		if e.TenantID == "" {
 			root, err := s.rootTenant(ctx, tx)
-			if err != nil {
+			if err != nil || root == "" {
 				return err
 			}
-			if root == "" {
-				return nil
-			}
-			tenant = root
+			e.TenantID = root
 		}
-		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.join.refused", Subject: r.attestor, Data: data})
+		return events.Publish(ctx, tx, s.cfg.Hub, e)
 	})
 	if err != nil {
-		s.log.Error("record join refusal", "err", err)
+		s.log.Error("record refusal", "type", e.Type, "err", err)
 	}
 }

@@ -280,23 +280,5 @@ func (s *Service) renewRefused(ctx context.Context, r *renewRefusal, csrHash []b
 	if r.serial != "" {
 		data["certSerial"] = r.serial
 	}
-	// The daemon may hang up; the record is still written.
-	ctx = context.WithoutCancel(ctx)
-	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
-		tenant := r.tenantID
-		if tenant == "" {
-			root, err := s.rootTenant(ctx, tx)
-			if err != nil {
-				return err
-			}
-			if root == "" {
-				return nil
-			}
-			tenant = root
-		}
-		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.renew.refused", Subject: r.nodeID, Data: data})
-	})
-	if err != nil {
-		s.log.Error("record renew refusal", "err", err)
-	}
+	s.recordRefusal(ctx, r.tenantID, events.Event{Type: "security.renew.refused", Subject: r.nodeID, Data: data})
 }

@@ -3,35 +3,13 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 )
 
 // RevokeAllNodeCerts revokes every unrevoked certificate of a node, of any
 // identity generation, and returns their serials (retiring a node).
 func (t *Tx) RevokeAllNodeCerts(ctx context.Context, nodeID, reason string) ([]string, error) {
-	rows, err := t.query(ctx, "SELECT serial FROM node_certs WHERE node_id = ? AND revoked_ms IS NULL ORDER BY serial", nodeID)
-	if err != nil {
-		return nil, fmt.Errorf("find certs to revoke: %w", err)
-	}
-	var serials []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		serials = append(serials, s)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if len(serials) == 0 {
-		return nil, nil
-	}
-	if _, err := t.exec(ctx, "UPDATE node_certs SET revoked_ms = compute_now(), revoke_reason = ? WHERE node_id = ? AND revoked_ms IS NULL", reason, nodeID); err != nil {
-		return nil, fmt.Errorf("revoke node certs: %w", err)
-	}
-	return serials, nil
+	return t.RevokeNodeCerts(ctx, nodeID, math.MaxInt32, reason)
 }
 
 // FailPendingCommands fails a node's queued and sent commands with errText
