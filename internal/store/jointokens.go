@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/errs"
 )
 
 // JoinToken is a join_tokens row. Only the SHA-256 of the secret is stored.
@@ -30,9 +32,15 @@ type JoinToken struct {
 	Live bool
 }
 
-const tokenCols = `id, tenant_id, pool_id, site_id, role, secret_sha256, max_uses, uses_left, expect, allow_reclaim, hosted,
+// usesLeft is a token's uses left: the sum of its slots.
+const usesLeft = `(SELECT COALESCE(SUM(s.uses_left), 0) FROM join_token_slots s WHERE s.token_id = join_tokens.id)`
+
+const tokenCols = `id, tenant_id, pool_id, site_id, role, secret_sha256, max_uses, ` + usesLeft + `, expect, allow_reclaim, hosted,
 	COALESCE(idempotency_key, ''), created_by, created_ms, expires_ms, revoked_ms,
-	(revoked_ms IS NULL AND expires_ms > compute_now() AND uses_left > 0)`
+	(revoked_ms IS NULL AND expires_ms > compute_now() AND ` + usesLeft + ` > 0)`
+
+// maxSlots bounds how many rows a token's uses are split over.
+const maxSlots = 16
 
 func scanToken(sc interface{ Scan(...any) error }) (JoinToken, error) {
 	var j JoinToken
@@ -56,15 +64,28 @@ func (t *Tx) InsertJoinToken(ctx context.Context, j JoinToken, ttl time.Duration
 	if j.IdempotencyKey != "" {
 		key = sql.NullString{String: j.IdempotencyKey, Valid: true}
 	}
-	row := t.queryRow(ctx, `INSERT INTO join_tokens (id, tenant_id, pool_id, site_id, role, secret_sha256, max_uses, uses_left, expect, allow_reclaim, hosted,
+	_, err := t.exec(ctx, `INSERT INTO join_tokens (id, tenant_id, pool_id, site_id, role, secret_sha256, max_uses, uses_left, expect, allow_reclaim, hosted,
 			idempotency_key, created_by, created_ms, expires_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now() + ?)
-		RETURNING `+tokenCols,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now() + ?)`,
 		j.ID, j.TenantID, j.PoolID, j.SiteID, j.Role, j.SecretSHA256, j.MaxUses, j.MaxUses, string(j.Expect), j.AllowReclaim, j.Hosted,
 		key, j.CreatedBy, ttl.Milliseconds())
-	out, err := scanToken(row)
 	if err != nil {
 		return JoinToken{}, fmt.Errorf("insert join token: %w", err)
+	}
+	// Split the uses over up to maxSlots rows, as evenly as they go.
+	slots := min(j.MaxUses, maxSlots)
+	for i := 0; i < slots; i++ {
+		n := j.MaxUses / slots
+		if i < j.MaxUses%slots {
+			n++
+		}
+		if _, err := t.exec(ctx, "INSERT INTO join_token_slots (token_id, slot, uses_left) VALUES (?, ?, ?)", j.ID, i, n); err != nil {
+			return JoinToken{}, fmt.Errorf("insert join token slot: %w", err)
+		}
+	}
+	out, err := t.GetJoinToken(ctx, j.ID)
+	if err != nil {
+		return JoinToken{}, fmt.Errorf("read new join token: %w", err)
 	}
 	return out, nil
 }
@@ -82,18 +103,51 @@ func (t *Tx) GetJoinTokenByKey(ctx context.Context, tenantID, key string) (JoinT
 }
 
 // ConsumeJoinTokenUse spends one use of a live token. It reports false when
-// the token had none left, was revoked or expired at compute_now(). On
-// PostgreSQL the row stays locked until the transaction ends, and a
-// concurrent spender waits and re-checks the committed row: spend last and
-// keep the rest of the transaction short, since a token with many uses is
-// one hot row.
+// the token had none left, was revoked or expired at compute_now().
+//
+// The uses sit in a few slot rows (join_token_slots). On PostgreSQL a spend
+// takes a slot with uses left that no other transaction holds (FOR UPDATE
+// SKIP LOCKED), so joins of one token proceed in parallel instead of
+// queueing on one hot row until each commits; the slot stays locked until
+// the transaction ends, so spend last. Only when every slot with uses left
+// is held does it wait for one, and then re-checks it. The token row itself
+// is only read, never locked. SQLite's single writer needs none of this.
 func (t *Tx) ConsumeJoinTokenUse(ctx context.Context, id string) (bool, error) {
-	res, err := t.exec(ctx, "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ? AND uses_left > 0 AND revoked_ms IS NULL AND expires_ms > compute_now()", id)
-	if err != nil {
-		return false, fmt.Errorf("consume join token: %w", err)
+	const pick = `SELECT s.token_id, s.slot FROM join_token_slots s JOIN join_tokens j ON j.id = s.token_id
+		WHERE s.token_id = ? AND s.uses_left > 0 AND j.revoked_ms IS NULL AND j.expires_ms > compute_now()`
+	spend := func(lock string) (bool, error) {
+		res, err := t.exec(ctx, "UPDATE join_token_slots SET uses_left = uses_left - 1 WHERE (token_id, slot) IN ("+pick+lock+") AND uses_left > 0", id)
+		if err != nil {
+			return false, fmt.Errorf("consume join token: %w", err)
+		}
+		n, err := res.RowsAffected()
+		return n == 1, err
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	if t.db.dialect != Postgres {
+		return spend(" LIMIT 1")
+	}
+	for attempt := 0; ; attempt++ {
+		if ok, err := spend(" ORDER BY random() LIMIT 1 FOR UPDATE OF s SKIP LOCKED"); ok || err != nil {
+			return ok, err
+		}
+		// Every slot with uses left is held (or none has any): wait for
+		// one, then try again; the wait re-checks the row it gets.
+		if ok, err := spend(" ORDER BY s.slot LIMIT 1 FOR UPDATE OF s"); ok || err != nil {
+			return ok, err
+		}
+		var left int
+		if err := t.queryRow(ctx, "SELECT COALESCE(SUM(uses_left), 0) FROM join_token_slots WHERE token_id = ?", id).Scan(&left); err != nil {
+			return false, fmt.Errorf("read join token uses: %w", err)
+		}
+		if left == 0 {
+			return false, nil
+		}
+		// Each round, another join took a use; a token this busy for this
+		// long is answered as busy rather than waited on forever.
+		if attempt == 100 {
+			return false, errs.New(errs.Unavailable, "the join token is busy; retry")
+		}
+	}
 }
 
 // ListJoinTokens lists a pool's tokens in id order after `after`; live only
@@ -101,7 +155,7 @@ func (t *Tx) ConsumeJoinTokenUse(ctx context.Context, id string) (bool, error) {
 func (t *Tx) ListJoinTokens(ctx context.Context, poolID string, includeInactive bool, after string, limit int) ([]JoinToken, error) {
 	q := "SELECT " + tokenCols + " FROM join_tokens WHERE pool_id = ? AND id > ?"
 	if !includeInactive {
-		q += " AND revoked_ms IS NULL AND expires_ms > compute_now() AND uses_left > 0"
+		q += " AND revoked_ms IS NULL AND expires_ms > compute_now() AND " + usesLeft + " > 0"
 	}
 	q += " ORDER BY id LIMIT ?"
 	rows, err := t.query(ctx, q, poolID, after, limit)
