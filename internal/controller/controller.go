@@ -97,20 +97,24 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, w := range items {
+	// The whole batch in one transaction (one commit for many adoptions
+	// after a rack joined); should any item fail, each goes again alone so
+	// one bad item cannot hold back the others.
+	if len(items) > 1 {
 		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-			err := c.handle(ctx, tx, w)
-			// A deferred item keeps what its handler wrote and comes back
-			// later (acceptance waits for its node and its command).
-			var d *deferred
-			if errors.As(err, &d) {
-				return tx.FailWork(ctx, w.ID, d.reason, d.after)
+			for _, w := range items {
+				if err := c.process(ctx, tx, w); err != nil {
+					return err
+				}
 			}
-			if err != nil {
-				return err
-			}
-			return tx.FinishWork(ctx, w.ID)
+			return nil
 		})
+		if err == nil {
+			return len(items), nil
+		}
+	}
+	for _, w := range items {
+		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return c.process(ctx, tx, w) })
 		if err != nil {
 			backoff := min(time.Duration(1<<min(w.Attempts, 8))*time.Second, 5*time.Minute)
 			c.cfg.Log.Warn("work failed", "kind", w.Kind, "node", w.NodeID, "attempt", w.Attempts+1, "err", err)
@@ -118,6 +122,21 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 		}
 	}
 	return len(items), nil
+}
+
+// process handles one item inside tx and settles it in the queue.
+func (c *Controller) process(ctx context.Context, tx *store.Tx, w store.WorkItem) error {
+	err := c.handle(ctx, tx, w)
+	// A deferred item keeps what its handler wrote and comes back later
+	// (acceptance waits for its node and its command).
+	var d *deferred
+	if errors.As(err, &d) {
+		return tx.FailWork(ctx, w.ID, d.reason, d.after)
+	}
+	if err != nil {
+		return err
+	}
+	return tx.FinishWork(ctx, w.ID)
 }
 
 func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem) error {
