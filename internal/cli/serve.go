@@ -232,10 +232,11 @@ gateway for daemons: %s
 Join this machine (a token without --expect-*, or one naming its own serial):
   better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h --out ./my-token
   bcd join --config %s < ./my-token
+  bcd run --config %s          # the session, commands and renewals
   better-compute nodes list --tenant $TENANT
 
 Stop with Ctrl-C; starting again on the same --data-dir keeps everything.
-`, url, wire.DefaultBasePath, dir, gwURL, envPath, bcdConf)
+`, url, wire.DefaultBasePath, dir, gwURL, envPath, bcdConf, bcdConf)
 		},
 	})
 	select {
