@@ -191,6 +191,8 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 		return nil, nil, ref("attestor-unknown")
 	}
 	if role != pki.RoleNode && role != pki.RoleSite && role != pki.RoleRamdisk {
+		// Like the attestor name, the caller's text is not recorded.
+		role = "invalid"
 		return nil, nil, ref("role-invalid")
 	}
 	if req.GetNodeId() != "" && !ids.Valid(ids.Node, req.GetNodeId()) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,6 +240,16 @@ func TestBadInputRefused(t *testing.T) {
 				}
 				f.refusedOnce(t, tenant, reason(tc.reason), func() error { _, err := f.svc.Join(context.Background(), r, join.Peer{}); return err })
 			})
+		}
+		// R4.7: the caller's own text never reaches the event stream: an
+		// invalid role is recorded as "invalid".
+		r := req(func(r *agentv1.JoinRequest, _ *jointest.Machine) { r.Role = strings.Repeat("x", 4000) })(t)
+		if _, err := f.svc.Join(context.Background(), r, join.Peer{}); !errs.Is(err, errs.AccessDenied) {
+			t.Fatalf("long role: %v", err)
+		}
+		refs := jointest.Refusals(t, e.DB, f.root)
+		if last := refs[len(refs)-1]; last.Reason != "join-token:role-invalid" || last.Role != "invalid" {
+			t.Errorf("refusal recorded %+v", last)
 		}
 		if got := f.usesLeft(t, tok.Id); got != 100 {
 			t.Errorf("usesLeft %d, want 100", got)
