@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/base64"
 	"net/http"
 
 	"connectrpc.com/connect"
@@ -19,10 +18,7 @@ const PeerAddrHeader = wire.PeerAddrHeader
 
 // PeerCertificateHeader carries, on Renew, the DER leaf the daemon presented
 // to the gateway, in standard base64 (gateway.HeaderPeerCertificate).
-const PeerCertificateHeader = "Bc-Peer-Certificate"
-
-// maxPeerCertificateB64 bounds the header; a node certificate is under 1 KiB.
-const maxPeerCertificateB64 = 16 << 10
+const PeerCertificateHeader = wire.PeerCertificateHeader
 
 // agent serves JoinService to gateways.
 type agent struct{ s *Server }
@@ -38,32 +34,11 @@ func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinReque
 // Renew relays to JoinService.Renew with the daemon's TLS client
 // certificate as the gateway forwarded it (PeerCertificateHeader).
 func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
-	res, err := a.s.join.Renew(ctx, req.Msg, join.Peer{Addr: req.Header().Get(PeerAddrHeader), Cert: peerCertificate(req.Header())})
+	res, err := a.s.join.Renew(ctx, req.Msg, join.Peer{Addr: req.Header().Get(PeerAddrHeader), Cert: wire.PeerCertificate(req.Header())})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(res), nil
-}
-
-// peerCertificate decodes the daemon's TLS client certificate from the
-// gateway's header; nil when there is none, more than one, or it does not
-// decode (Renew then refuses: the caller's mTLS identity is missing).
-//
-// SECURITY: the header is trusted only because this handler is served on
-// the agent listener, which requires the gateway's client certificate, and
-// the gateway drops any Bc-Peer-* header a daemon sent. Renew still matches
-// the DER byte for byte against node_certs, so a gateway can only name a
-// certificate that was issued, never make one up.
-func peerCertificate(h http.Header) []byte {
-	vals := h.Values(PeerCertificateHeader)
-	if len(vals) != 1 || len(vals[0]) > maxPeerCertificateB64 {
-		return nil
-	}
-	der, err := base64.StdEncoding.DecodeString(vals[0])
-	if err != nil {
-		return nil
-	}
-	return der
 }
 
 // AgentHandler serves the agent protocol for gateways. It must be served on

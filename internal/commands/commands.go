@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // TTL bounds.
@@ -161,7 +162,7 @@ func (s *Service) Enqueue(ctx context.Context, p authz.Principal, tenantID, node
 		if err := json.Unmarshal(cert.AllowedKinds, &kinds); err != nil && len(cert.AllowedKinds) > 0 {
 			return fmt.Errorf("read allowed kinds of %s: %w", cert.Serial, err)
 		}
-		if !session.KindAllowed(kinds, kind) {
+		if !wire.KindAllowed(kinds, kind) {
 			return errs.New(errs.InvalidState, "kind %s is not allowed for node %s's certificate (allowed: %s)", kind, n.ID, strings.Join(kinds, ", "))
 		}
 		now, err := tx.Now(ctx)

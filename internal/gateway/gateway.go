@@ -21,7 +21,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,11 +47,11 @@ import (
 const (
 	// HeaderPeerAddr is the daemon's remote address (host:port) as the
 	// gateway saw it.
-	HeaderPeerAddr = "Bc-Peer-Addr"
+	HeaderPeerAddr = wire.PeerAddrHeader
 	// HeaderPeerCertificate is the DER leaf the daemon presented on its TLS
 	// connection, in standard base64; set on Renew only. The gateway does
 	// not verify it: the API does.
-	HeaderPeerCertificate = "Bc-Peer-Certificate"
+	HeaderPeerCertificate = wire.PeerCertificateHeader
 
 	// peerHeaderPrefix covers every header the gateway owns.
 	peerHeaderPrefix = "Bc-Peer-"
@@ -361,7 +360,7 @@ func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 	up := connect.NewRequest(req.Msg)
 	up.Header().Set(HeaderPeerAddr, p.addr)
 	if len(p.certDER) > 0 {
-		up.Header().Set(HeaderPeerCertificate, base64.StdEncoding.EncodeToString(p.certDER))
+		wire.SetPeerCertificate(up.Header(), p.certDER)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
 	defer cancel()

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
@@ -81,7 +80,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	client := g.sessions[int(g.next.Add(1)%uint64(len(g.sessions)))]
 	up := client.Connect(ctx)
 	up.RequestHeader().Set(HeaderPeerAddr, p.addr)
-	up.RequestHeader().Set(HeaderPeerCertificate, base64.StdEncoding.EncodeToString(p.certDER))
+	wire.SetPeerCertificate(up.RequestHeader(), p.certDER)
 	// up.Send is used by both goroutines (relayed messages; results of
 	// refused commands).
 	var sendMu sync.Mutex
@@ -185,23 +184,5 @@ func (g *Gateway) commandAllowed(allowed []string, c *agentv1.SignedCommand) (id
 	if len(c.GetBody()) > g.cfg.MaxBodyBytes || proto.Unmarshal(c.GetBody(), &body) != nil {
 		return "", "", false
 	}
-	return body.GetCommandId(), body.GetKind(), kindAllowed(allowed, body.GetKind())
-}
-
-// kindAllowed reports whether kind is in allowed (exact kinds or prefix.*);
-// an empty list allows every kind (R7.5). The same rule as the API's
-// session.KindAllowed.
-func kindAllowed(allowed []string, kind string) bool {
-	if len(allowed) == 0 {
-		return true
-	}
-	for _, a := range allowed {
-		if a == kind {
-			return true
-		}
-		if p, ok := strings.CutSuffix(a, ".*"); ok && strings.HasPrefix(kind, p+".") {
-			return true
-		}
-	}
-	return false
+	return body.GetCommandId(), body.GetKind(), wire.KindAllowed(allowed, body.GetKind())
 }

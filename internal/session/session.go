@@ -27,7 +27,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -64,7 +63,7 @@ const (
 
 // PeerCertificateHeader carries the daemon's TLS client certificate (DER,
 // standard base64), set by the gateway.
-const PeerCertificateHeader = "Bc-Peer-Certificate"
+const PeerCertificateHeader = wire.PeerCertificateHeader
 
 // Defaults.
 const (
@@ -77,7 +76,6 @@ const (
 	idleBeats = 3
 	// maxPeerCertificateB64 bounds the header; a node certificate is under
 	// 1 KiB.
-	maxPeerCertificateB64 = 16 << 10
 	// maxResultBytes bounds a stored command output.
 	maxResultBytes = 32 << 10
 )
@@ -222,7 +220,7 @@ func (r *refusal) Error() string { return "session refused: " + r.reason }
 func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	procedure := agentv1connect.SessionServiceConnectProcedure
 	peer := stream.RequestHeader().Get(wire.PeerAddrHeader)
-	a, err := s.authenticate(ctx, peerCertificate(stream.RequestHeader()))
+	a, err := s.authenticate(ctx, wire.PeerCertificate(stream.RequestHeader()))
 	if err != nil {
 		return s.fail(ctx, procedure, peer, err)
 	}
@@ -304,25 +302,6 @@ func newSessionID() string {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	return "sess_" + hex.EncodeToString(b)
-}
-
-// peerCertificate decodes the gateway's Bc-Peer-Certificate; nil when there
-// is none, more than one, or it does not decode.
-//
-// SECURITY: the header is trusted only because the agent listener requires
-// the gateway's client certificate and the gateway drops any Bc-Peer-*
-// header a daemon sent; the DER is still matched byte for byte against
-// node_certs, so a gateway can only name a certificate that was issued.
-func peerCertificate(h http.Header) []byte {
-	vals := h.Values(PeerCertificateHeader)
-	if len(vals) != 1 || len(vals[0]) > maxPeerCertificateB64 {
-		return nil
-	}
-	der, err := base64.StdEncoding.DecodeString(vals[0])
-	if err != nil {
-		return nil
-	}
-	return der
 }
 
 // authenticate checks the presented certificate (R12.1).
@@ -558,23 +537,6 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 	}
 }
 
-// KindAllowed reports whether kind is in allowed (exact kinds or prefix.*);
-// an empty list allows every kind (R7.5).
-func KindAllowed(allowed []string, kind string) bool {
-	if len(allowed) == 0 {
-		return true
-	}
-	for _, a := range allowed {
-		if a == kind {
-			return true
-		}
-		if p, ok := strings.CutSuffix(a, ".*"); ok && strings.HasPrefix(kind, p+".") {
-			return true
-		}
-	}
-	return false
-}
-
 // deliver signs and sends the node's queued commands.
 func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	if s.cfg.Bundle == nil || s.cfg.Bundle.CommandSigningKey == nil {
@@ -609,7 +571,7 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 				return err
 			}
 			continue
-		case !KindAllowed(c.allowedKinds, cmd.Kind):
+		case !wire.KindAllowed(c.allowedKinds, cmd.Kind):
 			// R7.5: checked again at dispatch.
 			if err := finish(store.CommandFailed, "kind not allowed by the node certificate"); err != nil {
 				return err
