@@ -19,6 +19,7 @@ package join
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
@@ -178,6 +179,31 @@ func (j *Joiner) progress(format string, args ...any) {
 	}
 }
 
+// claimsAndKey collects the machine's hardware claims and makes the new node
+// key and its certificate request.
+func (j *Joiner) claimsAndKey(cfg *config.Config) (hwid.Claims, crypto.Signer, []byte, []byte, error) {
+	j.progress("collecting hardware claims…")
+	cl, warnings, err := claims.Collect(cfg.SysfsRoot, cfg.ProcfsRoot)
+	for _, w := range warnings {
+		j.log.Warn("hardware claim", "warning", w)
+	}
+	if err != nil {
+		return cl, nil, nil, nil, err
+	}
+	signer, keyRecord, err := j.keys.GenerateKey()
+	if err != nil {
+		return cl, nil, nil, nil, fmt.Errorf("make the node key: %w", err)
+	}
+	csr, err := identity.NewCSR(signer, cl.Hostname)
+	if err != nil {
+		// The hostname is only a hint for people reading logs.
+		if csr, err = identity.NewCSR(signer, ""); err != nil {
+			return cl, nil, nil, nil, fmt.Errorf("make the certificate request: %w", err)
+		}
+	}
+	return cl, signer, keyRecord, csr, nil
+}
+
 // Reset moves the identity aside (`bcd join --reset --yes`, R11.4) and
 // returns the directory that now holds it. It returns an error matching
 // identity.ErrNotJoined when there is no identity.
@@ -227,25 +253,9 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	j.progress("collecting hardware claims…")
-	cl, warnings, err := claims.Collect(cfg.SysfsRoot, cfg.ProcfsRoot)
-	for _, w := range warnings {
-		j.log.Warn("hardware claim", "warning", w)
-	}
+	cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
 	if err != nil {
 		return nil, err
-	}
-
-	signer, keyRecord, err := j.keys.GenerateKey()
-	if err != nil {
-		return nil, fmt.Errorf("make the node key: %w", err)
-	}
-	csr, err := identity.NewCSR(signer, cl.Hostname)
-	if err != nil {
-		// The hostname is only a hint for people reading logs.
-		if csr, err = identity.NewCSR(signer, ""); err != nil {
-			return nil, fmt.Errorf("make the certificate request: %w", err)
-		}
 	}
 
 	j.progress("sealing the token…")

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/bcd/claims"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -65,23 +64,9 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 		return nil, errs.Invalid("--role", "this node's role is %s; x509pop re-joins it with that role", role)
 	}
 
-	j.progress("collecting hardware claims…")
-	cl, warnings, err := claims.Collect(cfg.SysfsRoot, cfg.ProcfsRoot)
-	for _, w := range warnings {
-		j.log.Warn("hardware claim", "warning", w)
-	}
+	cl, signer, keyRecord, csr, err := j.claimsAndKey(&cfg)
 	if err != nil {
 		return nil, err
-	}
-	signer, keyRecord, err := j.keys.GenerateKey()
-	if err != nil {
-		return nil, fmt.Errorf("make the node key: %w", err)
-	}
-	csr, err := identity.NewCSR(signer, cl.Hostname)
-	if err != nil {
-		if csr, err = identity.NewCSR(signer, ""); err != nil {
-			return nil, fmt.Errorf("make the certificate request: %w", err)
-		}
 	}
 
 	// The evidence, signed with the expired certificate's key.
