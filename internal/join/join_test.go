@@ -53,6 +53,8 @@ func TestJoinAdmitsR4_4(t *testing.T) {
 				if got := f.usesLeft(t, tok.Id); got != 2 {
 					t.Errorf("usesLeft %d after one join of 3, want 2", got)
 				}
+				// R1.3: the authorization projection row, written in the
+				// join transaction.
 				var az store.NodeAuthz
 				f.read(t, func(tx *store.Tx) (err error) { az, err = tx.GetNodeAuthz(context.Background(), n.ID); return })
 				if az != (store.NodeAuthz{NodeID: n.ID, TenantID: f.root, SiteID: f.site.Id, PoolID: tc.pool.Id, Role: pki.RoleNode}) {
@@ -187,6 +189,7 @@ func TestJoinRefusalsR4_4(t *testing.T) {
 					return joinWith(tok.Token, "")()
 				}
 			}},
+			// R2.7: a token presented for another role is refused.
 			{"wrong role", "acme", "token-role", func(t *testing.T) func() error {
 				return joinWith(acmeTok(nil).Token, pki.RoleSite)
 			}},
@@ -467,7 +470,7 @@ func TestPoolAttestorR6_4(t *testing.T) {
 	})
 }
 
-// R8: a hosted token makes a node-tenant unless the pool is platform-operated
+// R8, R2.8: a hosted token makes a node-tenant unless the pool is platform-operated
 // and platform-owned; the token decides, and a hosted reclaim lowers a
 // platform node.
 func TestHostedTokensR8(t *testing.T) {
