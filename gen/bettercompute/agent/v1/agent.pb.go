@@ -141,9 +141,19 @@ type JoinRequest struct {
 	Protocol int32 `protobuf:"varint,7,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// The x509pop attestor's evidence (R10.5): set only with attestor
 	// "x509pop", and then sealed_token is empty.
-	X509Pop       *X509Pop `protobuf:"bytes,8,opt,name=x509pop,proto3" json:"x509pop,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	X509Pop *X509Pop `protobuf:"bytes,8,opt,name=x509pop,proto3" json:"x509pop,omitempty"`
+	// Opaque evidence for the attestor named above (e.g. the TPM's EK, AK and
+	// certified node key); each attestor parses its own. Covered by the
+	// request digest (pki.JoinRequestDigest) like every other field.
+	Evidence []byte `protobuf:"bytes,9,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// The answer to a challenge an earlier leg of this join returned (an
+	// attestor that needs two legs, such as the TPM's credential activation).
+	ChallengeResponse []byte `protobuf:"bytes,10,opt,name=challenge_response,json=challengeResponse,proto3" json:"challenge_response,omitempty"`
+	// For a node key held in a TPM: the AK's TPM2_Certify of the CSR's key
+	// over sha256(csr).
+	KeyAttestation []byte `protobuf:"bytes,11,opt,name=key_attestation,json=keyAttestation,proto3" json:"key_attestation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *JoinRequest) Reset() {
@@ -228,6 +238,27 @@ func (x *JoinRequest) GetProtocol() int32 {
 func (x *JoinRequest) GetX509Pop() *X509Pop {
 	if x != nil {
 		return x.X509Pop
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetEvidence() []byte {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetChallengeResponse() []byte {
+	if x != nil {
+		return x.ChallengeResponse
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetKeyAttestation() []byte {
+	if x != nil {
+		return x.KeyAttestation
 	}
 	return nil
 }
@@ -1164,7 +1195,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0echassis_serial\x18\x04 \x01(\tR\rchassisSerial\x12\x12\n" +
 	"\x04macs\x18\x05 \x03(\tR\x04macs\x12\x1b\n" +
 	"\tgpu_uuids\x18\x06 \x03(\tR\bgpuUuids\x12\x1a\n" +
-	"\bhostname\x18\a \x01(\tR\bhostname\"\x9a\x02\n" +
+	"\bhostname\x18\a \x01(\tR\bhostname\"\x8e\x03\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\tR\vsealedToken\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x126\n" +
@@ -1173,7 +1204,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04role\x18\x05 \x01(\tR\x04role\x12\x17\n" +
 	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bprotocol\x18\a \x01(\x05R\bprotocol\x129\n" +
-	"\ax509pop\x18\b \x01(\v2\x1f.bettercompute.agent.v1.X509PopR\ax509pop\"`\n" +
+	"\ax509pop\x18\b \x01(\v2\x1f.bettercompute.agent.v1.X509PopR\ax509pop\x12\x1a\n" +
+	"\bevidence\x18\t \x01(\fR\bevidence\x12-\n" +
+	"\x12challenge_response\x18\n" +
+	" \x01(\fR\x11challengeResponse\x12'\n" +
+	"\x0fkey_attestation\x18\v \x01(\fR\x0ekeyAttestation\"`\n" +
 	"\aX509Pop\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\fR\x05chain\x12-\n" +
 	"\x13client_time_unix_ms\x18\x02 \x01(\x03R\x10clientTimeUnixMs\x12\x10\n" +
