@@ -4,12 +4,11 @@ import (
 	"crypto/x509"
 	"slices"
 
-	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/join/attest"
 	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
-	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/nodeident"
 )
 
 // KnownAttestors are the attestor names a server can configure (the
@@ -35,7 +34,7 @@ func ValidateAttestors(names []string) error {
 
 // attestors builds JoinService's registry from the configured names
 // (DefaultAttestors when none).
-func attestors(names []string, bundle *pki.Bundle, clk clock.Clock) (attest.Registry, error) {
+func attestors(names []string, core *nodeident.Core) (attest.Registry, error) {
 	if len(names) == 0 {
 		names = DefaultAttestors
 	}
@@ -43,8 +42,8 @@ func attestors(names []string, bundle *pki.Bundle, clk clock.Clock) (attest.Regi
 		return nil, err
 	}
 	var nodeCA *x509.Certificate
-	if bundle != nil {
-		nodeCA = bundle.NodeCA
+	if b := core.Bundle(); b != nil {
+		nodeCA = b.NodeCA
 	}
 	as := make([]attest.Attestor, 0, len(names))
 	for _, n := range names {
@@ -52,7 +51,7 @@ func attestors(names []string, bundle *pki.Bundle, clk clock.Clock) (attest.Regi
 		case jtattest.Name:
 			as = append(as, jtattest.New())
 		case x509pop.Name:
-			as = append(as, x509pop.New(x509pop.Config{NodeCA: nodeCA, Clock: clk}))
+			as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: nodeCA}))
 		}
 	}
 	return attest.NewRegistry(as...)

@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/jointoken"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/session"
@@ -114,14 +115,21 @@ func New(cfg Config) (*Server, error) {
 		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
 		mux:     http.NewServeMux(),
 	}
-	reg, err := attestors(cfg.Attestors, cfg.Bundle, cfg.Clock)
+	// One identity core checks, issues and records refusals for joins,
+	// renewals and sessions, with one refusal limiter.
+	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL})
 	if err != nil {
 		return nil, err
 	}
-	if s.join, err = join.New(join.Config{DB: cfg.DB, Bundle: cfg.Bundle, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL}); err != nil {
+	reg, err := attestors(cfg.Attestors, core)
+	if err != nil {
 		return nil, err
 	}
-	s.sessions = session.New(session.Config{DB: cfg.DB, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle})
+	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle})
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub,
+		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID) }}); err != nil {
+		return nil, err
+	}
 	s.nodes = nodes.New(nodes.Config{DB: cfg.DB, Hub: hub, EndSession: s.sessions.EndNode})
 	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Notify: s.sessions.Notify})
 	op := &operator{s: s}

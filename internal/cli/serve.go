@@ -178,7 +178,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Agent:   server.AgentConfig{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "agent.crt"), KeyFile: filepath.Join(dir, "agent.key")},
 		Gateway: server.GatewayConfig{URL: gwURL},
 		// dev enables every attestor that is built, so all of the page can be tried.
-		Join: server.JoinConfig{Attestors: []string{"join-token", "x509pop"}},
+		Join: server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}},
 	}
 	envPath := filepath.Join(dir, "dev.env")
 	var st devState

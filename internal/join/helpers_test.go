@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/join/attest"
 	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/join/jointest"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -278,7 +279,11 @@ func ownService(t testing.TB, e *apitest.Env, c clock.Clock, lim *events.Limiter
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := join.New(join.Config{DB: e.DB, Bundle: e.Bundle, Attestors: reg, Clock: c, Limiter: lim, CertTTL: ttl, Hub: e.Server.Hub()})
+	core, err := nodeident.New(nodeident.Config{DB: e.DB, Bundle: e.Bundle, Clock: c, Limiter: lim, CertTTL: ttl, Hub: e.Server.Hub()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := join.New(join.Config{DB: e.DB, Core: core, Attestors: reg, Clock: c, Hub: e.Server.Hub()})
 	if err != nil {
 		t.Fatal(err)
 	}

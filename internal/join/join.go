@@ -1,22 +1,28 @@
 // Package join is JoinService: it checks a machine's evidence through an
-// attestor, creates or reclaims the node row, and signs its certificate, all
-// in one database transaction, so any refusal leaves nothing behind and
-// spends no token use. The daemon learns only "Join refused"; the reason is
-// recorded as a security.join.refused event, rate-limited per attestor and
-// reason, routed to the token's tenant once its secret verified and to the
-// root tenant before.
+// attestor, decides (decide, a pure function) whether it joins as a new
+// node, reclaims its node or re-joins it, and applies that in one database
+// transaction, so any refusal leaves nothing behind and spends no token
+// use. Certificates are issued and refusals recorded by the identity core
+// (internal/nodeident), shared with renewal and sessions.
+//
+// SECURITY: the gateway relays every byte. The seal (or an attestor's own
+// signature) covers a digest of the whole request (pki.JoinRequestDigest),
+// so claims, role, node id and evidence cannot be changed on the way; a
+// request that arrives again gets the answer stored for it (R4.9), so a
+// retry after a lost answer recovers the certificate and a replay gains a
+// certificate for a key it does not hold and nothing else. The daemon
+// learns only "Join refused"; the reason is recorded as a
+// security.join.refused event.
 package join
 
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -28,31 +34,32 @@ import (
 	"github.com/better-compute/better-compute/internal/hwid"
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/join/attest"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // DefaultAttestor is the attestor of a request that names none.
-const DefaultAttestor = "join-token"
+const DefaultAttestor = wire.AttestorJoinToken
 
 // UnknownAttestor names, in refusal events, a request for an attestor that
 // is not configured.
 const UnknownAttestor = "unknown"
 
-// Certificate lifetimes.
+// Certificate lifetimes (R7.1), kept here for callers of this package.
 const (
-	MaxCertTTL        = 24 * time.Hour
-	MaxRamdiskCertTTL = 2 * time.Hour
-	// backdate allows for node clocks a little behind the server's.
-	backdate = 5 * time.Minute
+	MaxCertTTL        = nodeident.MaxCertTTL
+	MaxRamdiskCertTTL = nodeident.MaxRamdiskCertTTL
 )
 
-// backdateFor is how far before now a certificate of lifetime ttl starts:
-// backdate, but at most a tenth of the lifetime, so that a short-lived
-// certificate (cert_ttl_seconds down to 60) is still valid when issued and
-// bcd's renewal at 60% of the lifetime lies ahead, not behind.
-func backdateFor(ttl time.Duration) time.Duration { return min(backdate, ttl/10) }
+// AnswerRetention is how long the answer to a join request is kept for the
+// same request arriving again (R4.9). A seal is refused after
+// pki.SealMaxAge, so a captured request replays for at most that long; bcd
+// reseals the very same request when it retries, and gets the stored
+// answer for as long as this, the longest a node certificate lives.
+const AnswerRetention = 24 * time.Hour
 
 // Work kinds queued for the controllers.
 const WorkAdopt = "adopt"
@@ -60,30 +67,26 @@ const WorkAdopt = "adopt"
 // Config lists JoinService's dependencies.
 type Config struct {
 	DB *store.DB
-	// Bundle is the machine PKI; nil makes every join INVALID_CONFIG.
-	Bundle    *pki.Bundle
+	// Core is the identity core (issues certificates, records refusals).
+	// Required.
+	Core      *nodeident.Core
 	Attestors attest.Registry
 	Clock     clock.Clock
 	Log       *slog.Logger
 	Hub       *events.Hub
-	// CertTTL is certTtlSeconds: default and maximum 24 h.
-	CertTTL time.Duration
-	// Limiter bounds refusal events (default 60 per attestor and reason per
-	// minute).
-	Limiter *events.Limiter
+	// OnIdentityChanged, when set, is called after a reclaim or re-join
+	// committed, with the node whose older certificates it revoked (the
+	// session service ends that node's session).
+	OnIdentityChanged func(nodeID string)
 }
 
 // Service is JoinService.
 type Service struct {
-	cfg     Config
-	db      *store.DB
-	log     *slog.Logger
-	clock   clock.Clock
-	limiter *events.Limiter
-	bundle  []byte // the command-signing trust bundle (DER certs), precomputed
-	// root caches the root tenant's id: it never changes once bootstrap set
-	// it, and every join needs it.
-	root atomic.Pointer[string]
+	cfg   Config
+	db    *store.DB
+	core  *nodeident.Core
+	log   *slog.Logger
+	clock clock.Clock
 }
 
 // New returns JoinService.
@@ -91,22 +94,16 @@ func New(cfg Config) (*Service, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("join: a store is required")
 	}
+	if cfg.Core == nil {
+		return nil, errors.New("join: the identity core is required")
+	}
 	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
+		cfg.Clock = cfg.Core.Clock()
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.CertTTL == 0 {
-		cfg.CertTTL = MaxCertTTL
-	}
-	if cfg.CertTTL < time.Minute || cfg.CertTTL > MaxCertTTL {
-		return nil, errs.New(errs.InvalidConfig, "certTtlSeconds must be from 60 to 86400")
-	}
-	if cfg.Limiter == nil {
-		cfg.Limiter = events.NewLimiter(cfg.Clock, 60, time.Minute)
-	}
-	return &Service{cfg: cfg, db: cfg.DB, log: cfg.Log, clock: cfg.Clock, limiter: cfg.Limiter}, nil
+	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock}, nil
 }
 
 // Peer is what the gateway says about the daemon's connection.
@@ -125,33 +122,38 @@ var errRefused = errs.New(errs.AccessDenied, "Join refused")
 // errRace is the answer to the loser of two racing joins of one machine.
 var errRace = errs.New(errs.Conflict, "This machine joined concurrently; retry")
 
-// refusal carries what the refusal event needs.
-type refusal struct {
-	attestor, reason, tenantID, role string
-	csrHash                          []byte
-	hwKey                            hwid.HardwareKey
+// joinRefusal is a refused join with what its event needs.
+type joinRefusal struct {
+	*nodeident.Refusal
+	attestor, role string
+	csrHash        []byte
+	hwKey          hwid.HardwareKey
 }
 
 // Join admits a machine (R4).
 func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
-	b := s.cfg.Bundle
-	if b == nil {
-		return nil, errs.New(errs.InvalidConfig, "JoinService is not configured: the server has no machine PKI (pki.dir)")
+	if s.core.Bundle() == nil {
+		return nil, nodeident.ErrNotConfigured
 	}
 	in, pub, ref := s.check(req)
 	if ref != nil {
 		s.refused(ctx, ref)
 		return nil, errRefused
 	}
-	att := s.cfg.Attestors[ref0(req.GetAttestor())]
+	att := s.cfg.Attestors[attestorName(req.GetAttestor())]
 	res, err := s.admit(ctx, att, in, pub, req, peer)
-	var r *attest.Refusal
+	var r *nodeident.Refusal
+	var ch *attest.ChallengeError
 	switch {
 	case err == nil:
 		return res, nil
 	case errors.As(err, &r):
-		s.refused(ctx, &refusal{attestor: att.Name(), reason: r.Reason, tenantID: r.TenantID, role: in.Role, csrHash: in.CSRSHA256, hwKey: in.Key})
+		s.refused(ctx, &joinRefusal{Refusal: r, attestor: att.Name(), role: in.Role, csrHash: in.CSRSHA256, hwKey: in.Key})
 		return nil, errRefused
+	case errors.As(err, &ch):
+		// Another leg: nothing was issued or spent (the transaction rolled
+		// back).
+		return &agentv1.JoinResponse{Challenge: ch.Challenge}, nil
 	case errors.Is(err, errRace):
 		return nil, errRace
 	default:
@@ -159,28 +161,39 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 	}
 }
 
-func ref0(a string) string {
+func attestorName(a string) string {
 	if a == "" {
 		return DefaultAttestor
 	}
 	return a
 }
 
-// check parses and checks the request's shape before any database work. It
-// returns the CSR's key, whose signature it verified, for the certificate.
-func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicKey, *refusal) {
-	name := ref0(req.GetAttestor())
+// check parses and checks the request's shape before any database work:
+// the attestor and role, the CSR (returning its key, whose signature it
+// verified), the claims, and the seal, which must bind this very request
+// (its digest) and be fresh.
+func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicKey, *joinRefusal) {
+	name := attestorName(req.GetAttestor())
 	role := req.GetRole()
 	if role == "" {
 		role = pki.RoleNode
 	}
-	sum := sha256.Sum256(req.GetCsr())
-	in := &attest.Input{Role: role, CSRSHA256: sum[:], CSR: req.GetCsr()}
-	if ev := req.GetX509Pop(); ev != nil {
-		in.X509Pop = &attest.X509Pop{Chain: ev.GetChain(), ClientTimeMS: ev.GetClientTimeUnixMs(), Sig: ev.GetSig()}
+	in := &attest.Input{Role: role, CSRSHA256: pki.CSRHash(req.GetCsr()), CSR: req.GetCsr(), RequestDigest: pki.JoinRequestDigest(req),
+		Evidence: req.GetEvidence(), KeyAttestation: req.GetKeyAttestation()}
+	if ev := req.GetX509Pop(); ev != nil && len(in.Evidence) == 0 {
+		// x509pop's evidence has a field of its own in the protocol; the
+		// attestor gets it opaque like any other.
+		in.Evidence, _ = proto.Marshal(ev)
 	}
-	ref := func(reason string) *refusal {
-		return &refusal{attestor: name, reason: reason, role: role, csrHash: in.CSRSHA256, hwKey: in.Key}
+	answer := req.GetChallengeResponse()
+	in.Challenge = func(_ context.Context, challenge []byte) ([]byte, error) {
+		if len(answer) == 0 {
+			return nil, &attest.ChallengeError{Challenge: challenge}
+		}
+		return answer, nil
+	}
+	ref := func(reason string) *joinRefusal {
+		return &joinRefusal{Refusal: nodeident.Refuse(reason, ""), attestor: name, role: role, csrHash: in.CSRSHA256, hwKey: in.Key}
 	}
 	if _, ok := s.cfg.Attestors[name]; !ok {
 		// The requested name is the caller's text: recording it would let
@@ -216,7 +229,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	}
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
-		tok, err := pki.Open(s.cfg.Bundle.JoinEncryptionKey, sealed, req.GetCsr())
+		tok, err := pki.Open(s.core.Bundle().JoinEncryptionKey, sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
 		if err != nil {
 			reason, ok := pki.SealReason(err)
 			if !ok {
@@ -229,12 +242,13 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	return in, pub, nil
 }
 
-// admit runs the admission transaction. Its statements are ordered for the
-// hot token row (PostgreSQL): reads and checks, then the certificate is
-// signed, then the inserts, and the attestor's spend last, so the token row
-// is locked only from the spend to the commit and never while signing.
+// admit runs the admission transaction: the stored answer if this request
+// was answered before; else the attestor's admission, the reads decide
+// needs, decide, then the writes. Its statements are ordered for the hot
+// token row (PostgreSQL): reads and checks, the node, the certificate,
+// events, and the attestor's spend last, so the token row is locked only
+// from the spend to the commit.
 func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, pub *ecdsa.PublicKey, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
-	b := s.cfg.Bundle
 	// Neither depends on the transaction, and a retried transaction reuses
 	// them.
 	claims := in.Claims.Claims()
@@ -242,131 +256,90 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	if err != nil {
 		return nil, fmt.Errorf("marshal claims: %w", err)
 	}
-	var body *agentv1.JoinResponseBody
+	spki, err := pki.PublicKeySPKIHash(pub)
+	if err != nil {
+		return nil, err
+	}
+	var res *agentv1.JoinResponse
+	var changed string // a reclaimed or re-joined node
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
+		res, changed = nil, ""
+		// R4.9: the same request again gets the answer stored for it and
+		// spends nothing.
+		if prior, err := storedAnswer(ctx, tx, in.RequestDigest); err != nil || prior != nil {
+			res = prior
+			return err
+		}
 		adm, err := att.Admit(ctx, tx, in)
 		if err != nil {
 			return err
 		}
-		tenant := adm.TenantID
 		pool, site, err := tx.GetPoolWithSite(ctx, adm.PoolID)
 		if err != nil {
 			return fmt.Errorf("read pool: %w", err)
-		}
-		if pool.OwnerTenantID != tenant {
-			return attest.Refuse("pool-tenant", tenant)
-		}
-		if pool.Agent != tenancy.AgentBCD {
-			return attest.Refuse("pool-agent", tenant)
 		}
 		policy, err := tenancy.ParsePolicy(pool.Policy)
 		if err != nil {
 			return err
 		}
-		if !policy.AllowsAttestor(att.Name()) {
-			return attest.Refuse("pool-attestor", tenant)
-		}
-		// R10.5: an admission naming a node re-joins it (x509pop). The
-		// attestor named the node from a certificate JoinService issued to
-		// it, so the expect binding, the placeholder rule and the
-		// hardware-key reclaim rules below do not apply: they decide which
-		// node a machine's claims make it, and the certificate already
-		// decided that. The node keeps its hardware key.
-		rejoin := adm.NodeID != ""
-		// R5: the expect binding; a mismatch spends nothing (rollback).
-		if !rejoin && !adm.Expect.Empty() && !adm.Expect.Matches(in.Claims) {
-			return attest.Refuse("expect-mismatch", tenant)
-		}
-		// R6.2: placeholder hardware needs an expect binding.
-		if !rejoin && in.Key.PlaceholderHardware() && adm.Expect.Empty() {
-			return attest.Refuse("placeholder-hardware", tenant)
-		}
-		// Placeholder hardware admitted by an expect binding joins with an
-		// untrusted key (R6.2), so it never reclaims: a key of two kinds
-		// without a product UUID or serial (e.g. MAC + GPU) is trusted by
-		// hwid but not here.
-		trusted := in.Key.Trusted && !in.Key.PlaceholderHardware()
-		root, err := s.rootTenant(ctx, tx)
+		root, err := s.core.RootTenant(ctx, tx)
 		if err != nil {
 			return err
 		}
-		role := certRole(adm, policy, pool, site, root)
-
-		// R6.3: a trusted key that already belongs to a node is a reclaim.
-		var existing *store.Node
-		if rejoin {
+		sit := situation{Attestor: att.Name(), Adm: adm, Pool: pool, Site: site, Policy: policy, Root: root,
+			Claims: in.Claims, Key: in.Key, RequestedNodeID: req.GetNodeId()}
+		var elsewhere []store.NodeRef
+		switch {
+		case adm.NodeID != "":
 			n, err := tx.GetNode(ctx, adm.NodeID)
 			if err != nil {
 				return fmt.Errorf("read the re-joining node: %w", err)
 			}
-			existing, trusted = &n, n.HardwareKeyTrusted
-		} else if trusted {
-			n, err := tx.NodeByHardwareKey(ctx, in.Key.Hash[:])
+			sit.Existing = &n
+		case in.Key.Trusted && !in.Key.PlaceholderHardware():
+			// Hardware keys are matched within the token's tenant: another
+			// tenant's node never makes this a reclaim (nor refuses it).
+			n, err := tx.NodeByHardwareKey(ctx, adm.TenantID, in.Key.Hash[:])
 			if err == nil {
-				existing = &n
+				sit.Existing = &n
 			} else if !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
+			if elsewhere, err = tx.HardwareKeyElsewhere(ctx, adm.TenantID, in.Key.Hash[:], 4); err != nil {
+				return err
+			}
 		}
-		if want := req.GetNodeId(); want != "" && (existing == nil || existing.ID != want) {
-			return attest.Refuse("node-id-mismatch", tenant)
+		if sit.Existing != nil {
+			if sit.KeyIssued, err = tx.NodeKeyIssued(ctx, sit.Existing.ID, spki); err != nil {
+				return err
+			}
 		}
-		state := store.NodeAdopting
+		d, reason := decide(sit)
+		if reason != "" {
+			return attest.Refuse(reason, adm.TenantID)
+		}
+		tenant := adm.TenantID
 		n := store.Node{
-			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: role, State: state,
-			HardwareKeyTrusted: trusted, NodeKey: adm.NodeKey, Attestor: att.Name(),
+			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: store.NodeAdopting,
+			HardwareKeyTrusted: d.Trusted, HardwareKey: d.HardwareKey, NodeKey: adm.NodeKey, Attestor: att.Name(),
 			Hostname: claims.Hostname, Claims: claimsJSON, JoinTokenID: adm.JoinTokenID,
 		}
-		if trusted {
-			n.HardwareKey = in.Key.Hash[:]
-		}
-		reclaim := existing != nil && !rejoin
-		if rejoin {
-			if existing.State == store.NodeRetired || existing.TenantID != tenant || existing.SiteID != pool.SiteID || existing.PoolID != pool.ID || family(existing.Role) != family(role) {
-				return attest.Refuse("rejoin", tenant)
-			}
-			n.ID, n.HardwareKey = existing.ID, existing.HardwareKey
-		} else if reclaim {
-			if !adm.AllowReclaim || existing.TenantID != tenant || existing.SiteID != pool.SiteID || existing.PoolID != pool.ID || family(existing.Role) != family(role) {
-				return attest.Refuse("reclaim", tenant)
-			}
-			// A reclaim only ever lowers trust: a node made tenant-controlled
-			// by a hosted token stays so.
-			if existing.Role == pki.RoleNodeTenant {
-				role = pki.RoleNodeTenant
-				n.Role = role
-			}
-			n.ID = existing.ID
-		} else {
-			n.ID = ids.New(ids.Node, s.clock.Now())
-		}
-
-		// Sign before the writes: the certificate needs only the node id,
-		// and no lock is held yet.
-		now := s.clock.Now()
-		ttl := s.cfg.CertTTL
-		if role == pki.RoleRamdisk {
-			ttl = min(ttl, MaxRamdiskCertTTL)
-		}
-		if adm.MaxTTL > 0 {
-			ttl = min(ttl, adm.MaxTTL)
-		}
-		nb := now.Add(-backdateFor(ttl))
-		cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, pki.NodeCertParams{
-			TrustDomain: b.TrustDomain, SiteID: pool.SiteID, NodeID: n.ID, Role: role, Statements: adm.Statements,
-			NotBefore: nb, NotAfter: nb.Add(ttl),
-		})
-		if err != nil {
-			return fmt.Errorf("sign node certificate: %w", err)
-		}
-
 		var revoked []string
 		revokeReason := "reclaimed"
-		if rejoin {
+		if d.Outcome == joinRejoin {
 			revokeReason = "rejoined"
 		}
-		if reclaim || rejoin {
-			if n, err = tx.ReclaimNode(ctx, n, existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
+		if d.Outcome == joinNew {
+			n.ID, n.IdentityGeneration = ids.New(ids.Node, s.clock.Now()), 1
+			if n, err = tx.InsertNode(ctx, n); err != nil {
+				if store.IsUniqueViolation(err) {
+					return errRace
+				}
+				return err
+			}
+		} else {
+			n.ID = d.NodeID
+			if n, err = tx.ReclaimNode(ctx, n, sit.Existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
 				return errRace
 			} else if err != nil {
 				return err
@@ -374,22 +347,14 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, revokeReason); err != nil {
 				return err
 			}
-		} else {
-			n.IdentityGeneration = 1
-			if n, err = tx.InsertNode(ctx, n); err != nil {
-				if store.IsUniqueViolation(err) {
-					return errRace
-				}
-				return err
-			}
+			changed = n.ID
 		}
-		kinds, _ := json.Marshal(nonNil(adm.AllowedKinds))
-		stmts, _ := json.Marshal(nonNil(adm.Statements))
-		if err := tx.InsertNodeCert(ctx, store.NodeCert{Serial: cert.Serial, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Role: role,
-			SPKISHA256: cert.SPKISHA256, DER: cert.DER, AllowedKinds: kinds, Statements: stmts, NotBefore: cert.Cert.NotBefore, NotAfter: cert.Cert.NotAfter}); err != nil {
+		issued, err := s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: pub, CSRSHA256: in.CSRSHA256, Node: n, Role: d.Role,
+			Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL})
+		if err != nil {
 			return err
 		}
-		if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, role); err != nil {
+		if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {
 			return err
 		}
 		// R4.5: without acceptance checks the controllers adopt the node now;
@@ -405,9 +370,23 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 				return err
 			}
 		}
+		if len(elsewhere) > 0 && root != "" {
+			// SECURITY: claims are self-reported, so a collision across
+			// tenants says nothing either tenant may learn; the root
+			// tenant (the platform) sees it.
+			others := make([]map[string]string, len(elsewhere))
+			for i, o := range elsewhere {
+				others[i] = map[string]string{"nodeId": o.ID, "tenantId": o.TenantID}
+			}
+			if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: root, Type: "security.hardware-key.conflict", Subject: n.ID,
+				Data: map[string]any{"nodeId": n.ID, "tenantId": tenant, "hardwareKey": in.Key.Hex(), "others": others}}); err != nil {
+				return err
+			}
+		}
+		reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
 		joined := map[string]any{
-			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": role, "attestor": att.Name(), "reclaim": reclaim,
-			"hardwareKeyTrusted": trusted, "certSerial": cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
+			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": d.Role, "attestor": att.Name(), "reclaim": reclaim,
+			"hardwareKeyTrusted": d.Trusted, "certSerial": issued.Cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
 			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
 		}
 		if rejoin {
@@ -431,109 +410,74 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 			return err
 		}
+		raw, err := proto.Marshal(issued.Response)
+		if err != nil {
+			return fmt.Errorf("marshal join answer: %w", err)
+		}
+		if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: in.RequestDigest, NodeID: n.ID, Response: raw,
+			ExpiresAt: s.clock.Now().Add(AnswerRetention)}); err != nil {
+			if store.IsUniqueViolation(err) {
+				// The same request is being answered concurrently.
+				return errRace
+			}
+			return err
+		}
 		// Last: spending may lock the token row until the commit.
 		if adm.Spend != nil {
 			if err := adm.Spend(ctx, tx); err != nil {
 				return err
 			}
 		}
-		body = &agentv1.JoinResponseBody{
-			NodeId: n.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
-			CsrSha256: in.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: pool.SiteID, Role: role,
-		}
+		res = issued.Response
 		return nil
 	})
+	if errors.Is(err, errRace) {
+		// The loser of a race with the very same request gets the
+		// winner's answer (R4.9); another machine's race stays CONFLICT.
+		if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
+			return prior, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("marshal join response: %w", err)
+	if changed != "" && s.cfg.OnIdentityChanged != nil {
+		s.cfg.OnIdentityChanged(changed)
 	}
-	sig, err := pki.SignResponse(b.JoinSigningKey, raw)
-	if err != nil {
-		return nil, fmt.Errorf("sign join response: %w", err)
-	}
-	return &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
+	return res, nil
 }
 
-// rootTenant returns the root tenant's id, reading it until bootstrap has
-// set it ("" before) and from the cache after: it never changes then.
-func (s *Service) rootTenant(ctx context.Context, tx *store.Tx) (string, error) {
-	if id := s.root.Load(); id != nil {
-		return *id, nil
+// storedAnswer returns the answer stored for a request digest, nil when
+// there is none.
+func storedAnswer(ctx context.Context, tx *store.Tx, digest []byte) (*agentv1.JoinResponse, error) {
+	a, err := tx.GetJoinAnswer(ctx, digest)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
 	}
-	id, err := tx.RootTenantID(ctx)
-	if err != nil || id == "" {
-		return id, err
+	var res agentv1.JoinResponse
+	if err := proto.Unmarshal(a.Response, &res); err != nil {
+		return nil, fmt.Errorf("read the stored join answer: %w", err)
 	}
-	s.root.Store(&id)
-	return id, nil
+	return &res, nil
 }
 
-// certRole decides the certificate's role (R8): a hosted token makes a
-// tenant-controlled node-tenant, unless the pool is platform-operated and
-// owned by the platform. The token decides, never the machine's claims.
-func certRole(adm *attest.Admission, policy tenancy.Policy, pool store.Pool, site store.Site, root string) string {
-	if adm.Hosted == "" || adm.Role != pki.RoleNode {
-		return adm.Role
-	}
-	platformOwned := pool.OwnerTenantID == site.OwnerTenantID && !site.Custom && (root == "" || pool.OwnerTenantID == root)
-	if policy.Kubernetes.PlatformOperated && platformOwned {
-		return pki.RoleNode
-	}
-	return pki.RoleNodeTenant
-}
-
-// family is the token role behind a certificate role: node-tenant is a node
-// that a hosted token made tenant-controlled.
-func family(role string) string {
-	if role == pki.RoleNodeTenant {
-		return pki.RoleNode
-	}
-	return role
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
-
-// refused records a refusal (R4.7) in its own transaction: the join's own
-// transaction has rolled back.
-func (s *Service) refused(ctx context.Context, r *refusal) {
-	reason := r.attestor + ":" + r.reason
-	ok, suppressed := s.limiter.Allow(reason)
-	s.log.Info("join refused", "reason", reason, "tenant", r.tenantID, "csr_sha256", hex.EncodeToString(r.csrHash), "suppressed", suppressed, "recorded", ok)
-	if !ok {
-		return
-	}
-	data := map[string]any{"attestor": r.attestor, "reason": reason, "role": r.role, "csrSha256": hex.EncodeToString(r.csrHash),
-		"hardwareKey": r.hwKey.Hex(), "suppressed": suppressed}
-	s.recordRefusal(ctx, r.tenantID, events.Event{Type: "security.join.refused", Subject: r.attestor, Data: data})
-}
-
-// recordRefusal publishes a refusal event in its own transaction (the
-// refused one rolled back) to tenantID, or to the root tenant when it is ""
-// (the caller proved nothing yet, so it may not write into a tenant's
-// stream).
-func (s *Service) recordRefusal(ctx context.Context, tenantID string, e events.Event) {
-	// The daemon may hang up; the record is still written.
-	ctx = context.WithoutCancel(ctx)
-	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
-		e.TenantID = tenantID
-		if e.TenantID == "" {
-			root, err := s.rootTenant(ctx, tx)
-			if err != nil || root == "" {
-				return err
-			}
-			e.TenantID = root
-		}
-		return events.Publish(ctx, tx, s.cfg.Hub, e)
+// answerFor reads the stored answer of a request in a transaction of its
+// own.
+func (s *Service) answerFor(ctx context.Context, digest []byte) (*agentv1.JoinResponse, error) {
+	var res *agentv1.JoinResponse
+	err := s.db.ReadTx(ctx, func(tx *store.Tx) error {
+		var err error
+		res, err = storedAnswer(ctx, tx, digest)
+		return err
 	})
-	if err != nil {
-		s.log.Error("record refusal", "type", e.Type, "err", err)
-	}
+	return res, err
+}
+
+// refused records a refused join (R4.7) through the identity core.
+func (s *Service) refused(ctx context.Context, r *joinRefusal) {
+	s.core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindJoin, Attestor: r.attestor, Refusal: r.Refusal, Data: map[string]any{
+		"role": r.role, "csrSha256": hex.EncodeToString(r.csrHash), "hardwareKey": r.hwKey.Hex(),
+	}})
 }

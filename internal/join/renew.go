@@ -3,8 +3,8 @@ package join
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -12,11 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -48,139 +47,87 @@ const (
 // errRenewRefused is the only refusal a renewing daemon ever sees (R13.5).
 var errRenewRefused = errs.New(errs.AccessDenied, "Renew refused")
 
-// renewRefusal is a refused renewal with what its event needs. tenantID is
-// the node's owner once the caller proved the current key, else "" (the
-// root tenant). nodeID and serial are set only once the presented leaf
-// matched a stored row: before that they would be the caller's own text.
-type renewRefusal struct {
-	reason, tenantID, nodeID, serial string
-}
-
-func (r *renewRefusal) Error() string { return "renew refused: " + r.reason }
-
-// Renew issues a node its next certificate (R13). The caller proves
-// possession of its current key (pop_sig over the new CSR, the node id and
-// client_time, under the presented leaf's key); the presented leaf must be
-// byte for byte a node_certs row of the node's current identity generation,
-// unrevoked and unexpired; the caller's mTLS certificate (peer.Cert, as the
-// gateway relays it) must be a stored, valid certificate of the same node.
-// The new certificate keeps the stored row's role, allowed kinds and
-// statements (never the CSR's), and is recorded, audited and announced in
-// one transaction. Every refusal is ACCESS_DENIED "Renew refused" with the
-// reason in a security.renew.refused event.
+// Renew issues a node its next certificate (R13). The presented leaf goes
+// through the identity core's one check (ForRenew): byte for byte a
+// node_certs row, of the node's current identity generation, unrevoked,
+// unexpired and the node's newest, with the caller's proof of possession
+// (pop_sig over the new CSR, the node id and client_time under the leaf's
+// key). The caller's mTLS certificate (peer.Cert, as the gateway relays
+// it) must pass the same check for a session, of the same node. The new
+// certificate supersedes the leaf, keeps the stored row's role, allowed
+// kinds and statements (never the CSR's), and is recorded, audited and
+// announced in one transaction. Every refusal is ACCESS_DENIED "Renew
+// refused" with the reason in a security.renew.refused event.
 func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Peer) (*agentv1.RenewResponse, error) {
-	b := s.cfg.Bundle
-	if b == nil {
-		return nil, errs.New(errs.InvalidConfig, "JoinService is not configured: the server has no machine PKI (pki.dir)")
+	if s.core.Bundle() == nil {
+		return nil, nodeident.ErrNotConfigured
 	}
 	csrHash := pki.CSRHash(req.GetCsr())
-	refuse := func(r *renewRefusal) (*agentv1.RenewResponse, error) {
-		s.renewRefused(ctx, r, csrHash)
+	refuse := func(r *nodeident.Refusal) (*agentv1.RenewResponse, error) {
+		s.core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindRenew, Refusal: r, Data: map[string]any{"csrSha256": hex.EncodeToString(csrHash)}})
 		return nil, errRenewRefused
 	}
-	// Parsing and the signature checks need no database, so they run before
-	// the transaction; their verdicts count only where the transaction
-	// reaches them, in order.
+	// Parsing needs no database, so it runs before the transaction.
 	pub, err := pki.ParseCSR(req.GetCsr())
 	if err != nil {
-		return refuse(&renewRefusal{reason: "csr-invalid"})
+		return refuse(nodeident.Refuse("csr-invalid", ""))
 	}
 	chain := req.GetChain()
 	if len(chain) == 0 {
-		return refuse(&renewRefusal{reason: "chain-missing"})
+		return refuse(nodeident.Refuse("chain-missing", ""))
 	}
-	leaf, err := x509.ParseCertificate(chain[0])
-	if err != nil {
-		return refuse(&renewRefusal{reason: "leaf-invalid"})
-	}
-	popOK := pki.VerifyRenewPoP(leaf.PublicKey, req.GetCsr(), req.GetNodeId(), req.GetClientTimeUnixMs(), req.GetPopSig()) == nil
 	// SECURITY: replays are recognised by the signed message, not by the
 	// signature bytes: an ECDSA signature can be re-encoded into another
 	// valid one (s -> n-s) by anyone who saw it, e.g. a gateway.
 	proof := sha256.Sum256(pki.RenewPoPMessage(req.GetCsr(), req.GetNodeId(), req.GetClientTimeUnixMs()))
-	var peerCert *x509.Certificate
-	var peerID pki.NodeIdentity
-	peerErr := "peer-missing"
-	if len(peer.Cert) > 0 {
-		peerErr = "peer-invalid"
-		if c, err := x509.ParseCertificate(peer.Cert); err == nil {
-			if id, err := pki.NodeIdentityOf(c); err == nil {
-				peerCert, peerID, peerErr = c, id, ""
-			}
-		}
-	}
 
-	var body *agentv1.JoinResponseBody
+	var res *agentv1.JoinResponse
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
 		now := s.clock.Now()
-		row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
-		if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(row.DER, chain[0]) {
-			// Not a certificate JoinService issued, or a re-signed or
-			// altered copy of one.
-			return &renewRefusal{reason: "leaf-unknown"}
-		} else if err != nil {
+		c, err := s.core.Check(ctx, tx, nodeident.Presented{
+			DER: chain[0],
+			Prove: func(pub crypto.PublicKey) error {
+				return pki.VerifyRenewPoP(pub, req.GetCsr(), req.GetNodeId(), req.GetClientTimeUnixMs(), req.GetPopSig())
+			},
+		}, nodeident.ForRenew)
+		if err != nil {
 			return err
 		}
-		n, err := tx.GetNode(ctx, row.NodeID)
-		if err != nil {
-			return fmt.Errorf("read the leaf's node: %w", err)
-		}
-		if !popOK {
-			return &renewRefusal{reason: "pop-invalid", nodeID: n.ID, serial: row.Serial}
-		}
-		// From here the caller proved the key of one of this node's
-		// certificates: refusals go to the node's owner.
+		n, row := c.Node, c.Row
+		// From here the caller proved the key of this node's newest
+		// certificate: refusals go to the node's owner.
 		ref := func(reason string) error {
-			return &renewRefusal{reason: reason, tenantID: n.TenantID, nodeID: n.ID, serial: row.Serial}
+			return &nodeident.Refusal{Reason: reason, TenantID: n.TenantID, NodeID: n.ID, Serial: row.Serial}
 		}
-		switch {
-		case req.GetNodeId() != n.ID:
+		if req.GetNodeId() != n.ID {
 			return ref("node-id-mismatch")
-		case n.State == store.NodeRetired:
-			return ref("node-retired")
-		case row.IdentityGeneration != n.IdentityGeneration:
-			return ref("leaf-generation")
-		case row.RevokedAt != nil:
-			return ref("leaf-revoked")
-		case !now.Before(row.NotAfter):
-			return ref("leaf-expired")
-		case now.Before(row.NotBefore):
-			return ref("leaf-not-yet-valid")
 		}
-		// The caller's mTLS identity is this node (R13.2).
-		if peerErr != "" {
-			return ref(peerErr)
-		}
-		if peerID.NodeID != n.ID {
-			return ref("peer-node")
-		}
-		prow := row
-		if !bytes.Equal(peer.Cert, row.DER) {
-			prow, err = tx.GetNodeCert(ctx, pki.SerialHex(peerCert))
-			if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(prow.DER, peer.Cert) {
-				return ref("peer-unknown")
+		// The caller's mTLS identity is this node (R13.2): a stored, valid
+		// certificate of it (the leaf itself, or one in its session
+		// overlap).
+		if !bytes.Equal(peer.Cert, chain[0]) {
+			pc, err := s.core.Check(ctx, tx, nodeident.Presented{DER: peer.Cert, Proven: true}, nodeident.ForSession)
+			var pr *nodeident.Refusal
+			if errors.As(err, &pr) {
+				return ref("peer-" + strings.TrimPrefix(pr.Reason, "cert-"))
 			} else if err != nil {
 				return err
 			}
-		}
-		switch {
-		case prow.NodeID != n.ID:
-			return ref("peer-node")
-		case prow.IdentityGeneration != n.IdentityGeneration:
-			return ref("peer-generation")
-		case prow.RevokedAt != nil:
-			return ref("peer-revoked")
-		case !now.Before(prow.NotAfter) || now.Before(prow.NotBefore):
-			return ref("peer-expired")
+			if pc.Node.ID != n.ID {
+				return ref("peer-node")
+			}
 		}
 		if skew := now.Sub(time.UnixMilli(req.GetClientTimeUnixMs())); skew > RenewClockSkew || skew < -RenewClockSkew {
 			return ref("client-time")
 		}
 		// R13.3/R13.4: the statements come from the stored row, never from
 		// the CSR, so a TPM-held key cannot be renewed into a software key.
-		var statements []string
+		var statements, kinds []string
 		if err := json.Unmarshal(row.Statements, &statements); err != nil {
 			return fmt.Errorf("read the leaf's statements: %w", err)
+		}
+		if err := json.Unmarshal(row.AllowedKinds, &kinds); err != nil {
+			return fmt.Errorf("read the leaf's allowed kinds: %w", err)
 		}
 		for _, st := range statements {
 			if strings.HasPrefix(st, TPMAKStatementPrefix) {
@@ -199,37 +146,23 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if !fresh {
 			return ref("proof-replayed")
 		}
-
-		id, err := pki.NodeIdentityOf(leaf)
-		if err != nil {
-			return fmt.Errorf("read the stored leaf: %w", err)
-		}
-		role := row.Role
-		ttl := s.cfg.CertTTL
-		if role == pki.RoleRamdisk {
-			ttl = min(ttl, MaxRamdiskCertTTL)
+		// R13.2: the new certificate supersedes the leaf. Of two renewals
+		// racing from one leaf, only one supersedes it.
+		if ok, err := tx.SupersedeNodeCert(ctx, row.Serial); err != nil {
+			return err
+		} else if !ok {
+			return ref("cert-superseded")
 		}
 		// An attestor may have shortened the first certificate; a renewal
 		// never lengthens it.
-		if prior := row.NotAfter.Sub(row.NotBefore); prior > 0 {
-			ttl = min(ttl, prior)
-		}
-		nb := now.Add(-backdateFor(ttl))
-		cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, pki.NodeCertParams{
-			TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: n.ID, Role: role, Statements: statements,
-			NotBefore: nb, NotAfter: nb.Add(ttl),
-		})
+		issued, err := s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: pub, CSRSHA256: csrHash, Node: n, Role: row.Role,
+			Statements: statements, AllowedKinds: kinds, MaxTTL: row.NotAfter.Sub(row.NotBefore)})
 		if err != nil {
-			return fmt.Errorf("sign node certificate: %w", err)
-		}
-		if err := tx.InsertNodeCert(ctx, store.NodeCert{Serial: cert.Serial, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Role: role,
-			SPKISHA256: cert.SPKISHA256, DER: cert.DER, AllowedKinds: row.AllowedKinds, Statements: row.Statements,
-			NotBefore: cert.Cert.NotBefore, NotAfter: cert.Cert.NotAfter}); err != nil {
 			return err
 		}
 		data, err := json.Marshal(map[string]any{
-			"nodeId": n.ID, "siteId": id.SiteID, "role": role, "certSerial": cert.Serial, "previousSerial": row.Serial,
-			"identityGeneration": n.IdentityGeneration, "notAfter": cert.Cert.NotAfter.UTC().Format(time.RFC3339), "peer": peer.Addr,
+			"nodeId": n.ID, "siteId": n.SiteID, "role": row.Role, "certSerial": issued.Cert.Serial, "previousSerial": row.Serial,
+			"identityGeneration": n.IdentityGeneration, "notAfter": issued.Cert.Cert.NotAfter.UTC().Format(time.RFC3339), "peer": peer.Addr,
 		})
 		if err != nil {
 			return fmt.Errorf("marshal renew event: %w", err)
@@ -240,45 +173,15 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if err := events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "node:" + n.ID, Action: "node.certificate-renewed", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 			return err
 		}
-		body = &agentv1.JoinResponseBody{
-			NodeId: n.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
-			CsrSha256: csrHash, TrustDomain: b.TrustDomain, SiteId: id.SiteID, Role: role,
-		}
+		res = issued.Response
 		return nil
 	})
-	var rr *renewRefusal
+	var rr *nodeident.Refusal
 	if errors.As(err, &rr) {
 		return refuse(rr)
 	}
 	if err != nil {
 		return nil, err
 	}
-	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("marshal renew response: %w", err)
-	}
-	sig, err := pki.SignResponse(b.JoinSigningKey, raw)
-	if err != nil {
-		return nil, fmt.Errorf("sign renew response: %w", err)
-	}
-	return &agentv1.RenewResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
-}
-
-// renewRefused records a refused renewal (R13.5) in its own transaction,
-// rate-limited per reason like join refusals (R4.7).
-func (s *Service) renewRefused(ctx context.Context, r *renewRefusal, csrHash []byte) {
-	ok, suppressed := s.limiter.Allow("renew:" + r.reason)
-	s.log.Info("renew refused", "reason", r.reason, "tenant", r.tenantID, "node", r.nodeID, "csr_sha256", hex.EncodeToString(csrHash),
-		"suppressed", suppressed, "recorded", ok)
-	if !ok {
-		return
-	}
-	data := map[string]any{"reason": r.reason, "csrSha256": hex.EncodeToString(csrHash), "suppressed": suppressed}
-	if r.nodeID != "" {
-		data["nodeId"] = r.nodeID
-	}
-	if r.serial != "" {
-		data["certSerial"] = r.serial
-	}
-	s.recordRefusal(ctx, r.tenantID, events.Event{Type: "security.renew.refused", Subject: r.nodeID, Data: data})
+	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
 }

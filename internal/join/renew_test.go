@@ -224,16 +224,30 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 			owner  bool // routed to acme (the node's owner), else root
 			do     func(t *testing.T, r *renewEnv) setup
 		}{
-			{"R13.2 proof replayed within 120 s", "proof-replayed", true, func(t *testing.T, r *renewEnv) setup {
+			// The same renewal again: its leaf was superseded by the
+			// first, so the replay is refused before its proof is looked
+			// at (the proof record stays as a second line).
+			{"R13.2 proof replayed within 120 s", "cert-superseded", true, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				req, _ := r.request(t, n)
 				if _, err := r.renew(req, n.leaf); err != nil {
 					t.Fatalf("first use: %v", err)
 				}
-				// Later replays are refused for their client_time already
-				// (60 s): stay inside it so only the replay check refuses.
 				r.clk.Advance(59 * time.Second)
 				return setup{req, n.leaf, n.id}
+			}},
+			// Issue 7: a renewal supersedes its parent; a fresh proof from
+			// the parent renews nothing (20 renewals from one certificate
+			// left 21 valid certificates).
+			{"R13.2 renewal from a superseded certificate", "cert-superseded", true, func(t *testing.T, r *renewEnv) setup {
+				n := r.join(t, f.acme, nil)
+				req, _ := r.request(t, n)
+				if _, err := r.renew(req, n.leaf); err != nil {
+					t.Fatalf("first renewal: %v", err)
+				}
+				r.clk.Advance(time.Second)
+				again, _ := r.request(t, n)
+				return setup{again, n.leaf, n.id}
 			}},
 			{"R13.2 client_time 61 s ahead", "client-time", true, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
@@ -245,7 +259,7 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				req, _ := jointest.RenewRequest(t, n.key, n.chain, n.id, r.clk.Now().Add(-61*time.Second))
 				return setup{req, n.leaf, n.id}
 			}},
-			{"R13.2 leaf of an older identity generation (reclaimed)", "leaf-generation", true, func(t *testing.T, r *renewEnv) setup {
+			{"R13.2 leaf of an older identity generation (reclaimed)", "cert-generation", true, func(t *testing.T, r *renewEnv) setup {
 				renewMachines++
 				claims := jointest.Claims(renewMachines)
 				old := r.joinMachine(t, jointest.NewMachine(t, claims), f.acme, nil)
@@ -256,7 +270,7 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				req, _ := r.request(t, old)
 				return setup{req, old.leaf, old.id}
 			}},
-			{"R13.2 leaf re-signed with the same serial", "leaf-unknown", false, func(t *testing.T, r *renewEnv) setup {
+			{"R13.2 leaf re-signed with the same serial", "cert-unknown", false, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				leaf, err := x509.ParseCertificate(n.leaf)
 				if err != nil {
@@ -271,14 +285,14 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				req, _ := jointest.RenewRequest(t, n.key, [][]byte{der, e.Bundle.NodeCA.Raw}, n.id, r.clk.Now())
 				return setup{req, der, ""}
 			}},
-			{"R13.2 leaf with a flipped byte in its signature", "leaf-unknown", false, func(t *testing.T, r *renewEnv) setup {
+			{"R13.2 leaf with a flipped byte in its signature", "cert-unknown", false, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				der := bytes.Clone(n.leaf)
 				der[len(der)-1] ^= 1
 				req, _ := jointest.RenewRequest(t, n.key, [][]byte{der, e.Bundle.NodeCA.Raw}, n.id, r.clk.Now())
 				return setup{req, n.leaf, ""}
 			}},
-			{"R13.2 revoked leaf", "leaf-revoked", true, func(t *testing.T, r *renewEnv) setup {
+			{"R13.2 revoked leaf", "cert-revoked", true, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				r.write(t, func(tx *store.Tx) error {
 					_, err := tx.RevokeNodeCert(context.Background(), pki.SerialHex(mustParse(t, n.leaf)), "test")
@@ -287,7 +301,7 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				req, _ := r.request(t, n)
 				return setup{req, n.leaf, n.id}
 			}},
-			{"R13.2 expired leaf", "leaf-expired", true, func(t *testing.T, r *renewEnv) setup {
+			{"R13.2 expired leaf", "cert-expired", true, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				r.clk.Advance(join.MaxCertTTL)
 				req, _ := r.request(t, n)
@@ -416,13 +430,13 @@ func TestRenewProofWindowR13_2(t *testing.T) {
 		}
 		next.VerifyRenewal(t, e.Bundle, res, pki.RoleNode)
 
-		// Past the window the proof is pruned, and its client_time is
-		// refused instead.
+		// Past the window the proof is pruned; the request is refused all
+		// the same, its leaf being superseded by the renewal it made.
 		r.clk.Advance(join.RenewProofWindow + time.Second)
 		_, err = r.renew(req, n.leaf)
 		jointest.WantRenewRefused(t, err)
-		if got := jointest.RenewRefusals(t, e.DB, f.acme); len(got) == 0 || got[len(got)-1].Reason != "client-time" {
-			t.Errorf("refusals %+v, want the last client-time", got)
+		if got := jointest.RenewRefusals(t, e.DB, f.acme); len(got) == 0 || got[len(got)-1].Reason != "cert-superseded" {
+			t.Errorf("refusals %+v, want the last cert-superseded", got)
 		}
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/apitest"
@@ -19,6 +21,7 @@ import (
 	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/join/jointest"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -37,16 +40,20 @@ type popEnv struct {
 func newPopEnv(t testing.TB, f *fixture, withX509Pop bool) *popEnv {
 	t.Helper()
 	clk := clock.NewFake(time.Now())
+	core, err := nodeident.New(nodeident.Config{DB: f.e.DB, Bundle: f.e.Bundle, Clock: clk,
+		Limiter: events.NewLimiter(clk, 1000, time.Minute), CertTTL: popTTL, Hub: f.e.Server.Hub()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	as := []attest.Attestor{jtattest.New()}
 	if withX509Pop {
-		as = append(as, x509pop.New(x509pop.Config{NodeCA: f.e.Bundle.NodeCA, Clock: clk}))
+		as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: f.e.Bundle.NodeCA}))
 	}
 	reg, err := attest.NewRegistry(as...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := join.New(join.Config{DB: f.e.DB, Bundle: f.e.Bundle, Attestors: reg, Clock: clk,
-		Limiter: events.NewLimiter(clk, 1000, time.Minute), CertTTL: popTTL, Hub: f.e.Server.Hub()})
+	svc, err := join.New(join.Config{DB: f.e.DB, Core: core, Attestors: reg, Hub: f.e.Server.Hub()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,8 +67,10 @@ type popNode struct {
 	claims *agentv1.Claims
 	key    crypto.Signer
 	chain  [][]byte
-	// other, when set, is the node id the request names instead of id.
+	// other, when set, is the node id the request names instead of id;
+	// relay: a relay put it there (the evidence is not signed again).
 	other string
+	relay bool
 }
 
 var popMachines = 5000
@@ -94,6 +103,17 @@ func (p *popEnv) request(t testing.TB, n *popNode, skew time.Duration) (*agentv1
 	t.Helper()
 	m := jointest.NewMachine(t, n.claims)
 	return m.X509PopRequest(t, n.key, n.chain, n.id, p.clk.Now().Add(skew)), m
+}
+
+// resign signs req's x509pop evidence again with n's key, as the machine
+// does for the request it sends.
+func (p *popEnv) resign(t testing.TB, req *agentv1.JoinRequest, n *popNode) {
+	t.Helper()
+	sig, err := pki.SignX509Pop(n.key, pki.JoinRequestDigest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.X509Pop.Sig = sig
 }
 
 func (p *popEnv) rejoin(req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
@@ -217,15 +237,19 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 		skew    time.Duration
 		// noX509Pop builds a JoinService without the attestor.
 		noX509Pop bool
-		mod       func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, m *jointest.Machine)
-		root      bool
-		reason    string
+		// resign signs the evidence again after mod, as the machine
+		// itself would for what it asks; without it a changed request is
+		// what a relay would send.
+		resign bool
+		mod    func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, m *jointest.Machine)
+		root   bool
+		reason string
 	}
 	cases := []tc{
 		{name: "expired 8 days ago", expired: 8 * 24 * time.Hour, reason: "x509pop:cert-expired-too-long"},
 		{name: "expired exactly 7 days ago", expired: x509pop.MaxExpiredFor, reason: "x509pop:cert-expired-too-long"},
 		{name: "not yet expired", expired: -time.Minute, reason: "x509pop:cert-not-expired"},
-		{name: "revoked leaf", expired: time.Hour, reason: "x509pop:leaf-revoked",
+		{name: "revoked leaf", expired: time.Hour, reason: "x509pop:cert-revoked",
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				leaf := mustLeaf(t, n.chain[0])
 				withTx(t, p.f.e.DB, func(tx *store.Tx) error {
@@ -234,7 +258,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 				})
 				return n
 			}},
-		{name: "leaf of an older generation", expired: time.Hour, reason: "x509pop:leaf-generation",
+		{name: "leaf of an older generation", expired: time.Hour, reason: "x509pop:cert-generation",
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				// The machine reclaims its node with a token: generation 2.
 				m := jointest.NewMachine(t, n.claims)
@@ -254,7 +278,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				return &popNode{id: n.id, claims: n.claims, key: jointest.Key(t), chain: n.chain}
 			}},
-		{name: "leaf not issued by JoinService", expired: time.Hour, root: true, reason: "x509pop:leaf-unknown",
+		{name: "leaf not issued by JoinService", expired: time.Hour, root: true, reason: "x509pop:cert-unknown",
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				b := p.f.e.Bundle
 				leaf := mustLeaf(t, n.chain[0])
@@ -270,7 +294,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) {
 				// The same evidence was used (by a racing join) a moment ago.
 				withTx(t, p.f.e.DB, func(tx *store.Tx) error {
-					_, err := tx.UseRenewProof(context.Background(), x509pop.ProofHash(req.Csr, req.NodeId, req.X509Pop.ClientTimeUnixMs),
+					_, err := tx.UseRenewProof(context.Background(), x509pop.ProofHash(pki.JoinRequestDigest(req)),
 						req.NodeId, p.clk.Now(), x509pop.ProofWindow)
 					return err
 				})
@@ -286,15 +310,39 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 		{name: "sealed token with x509pop", expired: time.Hour, root: true, reason: "x509pop:token-present",
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, m *jointest.Machine) {
 				tok := p.f.token(t, &bcv1.CreateJoinTokenRequest{TenantId: p.f.acme, PoolId: p.f.acmePool.Id})
-				req.SealedToken = jointest.Seal(t, p.f.e.Bundle, tok.Token, m.CSR)
+				req.SealedToken = jointest.SealAt(t, p.f.e.Bundle, tok.Token, req, p.clk.Now())
 			}},
 		{name: "evidence missing", expired: time.Hour, root: true, reason: "x509pop:evidence-missing",
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) { req.X509Pop = nil }},
-		{name: "another role", expired: time.Hour, reason: "x509pop:role-mismatch",
+		{name: "another role", expired: time.Hour, reason: "x509pop:role-mismatch", resign: true,
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) { req.Role = pki.RoleSite }},
-		{name: "another node id", expired: time.Hour, reason: "x509pop:node-id-mismatch",
+		{name: "another node id", expired: time.Hour, reason: "x509pop:node-id-mismatch", resign: true,
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				n.other = p.join(t, nil, false).id
+				return n
+			}},
+		// R4.2: the evidence signs the whole request; a relay changes
+		// nothing in it (refused before the caller proved anything).
+		{name: "relay changes the role", expired: time.Hour, root: true, reason: "x509pop:sig-invalid",
+			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) { req.Role = pki.RoleSite }},
+		{name: "relay changes the claims", expired: time.Hour, root: true, reason: "x509pop:sig-invalid",
+			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) {
+				req.Claims.ProductSerial = "SN-SWAPPED"
+			}},
+		{name: "relay changes the node id", expired: time.Hour, root: true, reason: "x509pop:sig-invalid",
+			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
+				n.other = p.join(t, nil, false).id
+				n.relay = true
+				return n
+			}},
+		// Issue 7: a key from a backup taken before a renewal re-joins
+		// nothing while the node holds a newer certificate.
+		{name: "older key while a newer certificate exists", expired: time.Hour, reason: "x509pop:cert-superseded",
+			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
+				req, _ := jointest.RenewRequest(t, n.key, n.chain, n.id, p.clk.Now())
+				if _, err := p.svc.Renew(context.Background(), req, join.Peer{Addr: "192.0.2.7:40001", Cert: n.chain[0]}); err != nil {
+					t.Fatalf("renew: %v", err)
+				}
 				return n
 			}},
 	}
@@ -311,9 +359,15 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 				req, m := p.request(t, n, c.skew)
 				if n.other != "" {
 					req.NodeId = n.other
+					if !n.relay {
+						p.resign(t, req, n)
+					}
 				}
 				if c.mod != nil {
 					c.mod(t, p, req, m)
+				}
+				if c.resign {
+					p.resign(t, req, n)
 				}
 				tenant := f.acme
 				if c.root {
@@ -338,10 +392,26 @@ func TestX509PopReplayAfterRejoinR10_5(t *testing.T) {
 		n := p.join(t, nil, false)
 		p.clk.Set(mustLeaf(t, n.chain[0]).NotAfter.Add(time.Hour))
 		req, _ := p.request(t, n, 0)
-		if _, err := p.rejoin(req); err != nil {
+		first, err := p.rejoin(req)
+		if err != nil {
 			t.Fatalf("x509pop join: %v", err)
 		}
-		f.refusedOnce(t, f.acme, "x509pop:leaf-generation", func() error { _, err := p.rejoin(req); return err })
+		// R4.9: the same request again gets the answer stored for it and
+		// changes nothing; evidence re-signed into another request is a
+		// leaf of an older generation.
+		res, err := p.rejoin(req)
+		if err != nil {
+			t.Fatalf("the same x509pop request again: %v", err)
+		}
+		if !proto.Equal(res, first) {
+			t.Error("the same request got another answer")
+		}
+		if g := f.node(t, n.id).IdentityGeneration; g != 2 {
+			t.Errorf("generation %d, want 2", g)
+		}
+		req.Claims.Hostname = "another"
+		p.resign(t, req, n)
+		f.refusedOnce(t, f.acme, "x509pop:cert-generation", func() error { _, err := p.rejoin(req); return err })
 		if g := f.node(t, n.id).IdentityGeneration; g != 2 {
 			t.Errorf("generation %d, want 2", g)
 		}

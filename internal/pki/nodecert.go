@@ -108,6 +108,17 @@ func SPKIHash(cert *x509.Certificate) []byte {
 	return sum[:]
 }
 
+// PublicKeySPKIHash returns the SHA-256 of pub's SubjectPublicKeyInfo: the
+// SPKIHash a certificate for pub will have.
+func PublicKeySPKIHash(pub crypto.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("marshal public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return sum[:], nil
+}
+
 func nodeSPIFFEID(td, siteID, nodeID string) (spiffeid.ID, error) {
 	if err := ValidateTrustDomain(td); err != nil {
 		return spiffeid.ID{}, err

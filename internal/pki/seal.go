@@ -42,6 +42,23 @@ const (
 	ReasonSealDecrypt = "seal-decrypt"
 	// ReasonSealPlaintext: the sealed token is empty, too long or not UTF-8.
 	ReasonSealPlaintext = "seal-plaintext"
+	// ReasonSealRequestMismatch: the seal was made for another request
+	// (its claims, role, node id, ... were changed on the way).
+	ReasonSealRequestMismatch = "seal-request-mismatch"
+	// ReasonSealExpired: the seal's iat is more than SealMaxAge ago.
+	ReasonSealExpired = "seal-expired"
+	// ReasonSealFuture: the seal's iat is more than SealMaxFuture ahead.
+	ReasonSealFuture = "seal-iat-future"
+)
+
+// Seal freshness. A seal older than SealMaxAge is refused, so a captured
+// request cannot be replayed later; a machine retries with a fresh seal.
+// SealMaxFuture bounds an iat ahead of the server's clock (a machine's
+// clock may run a little fast), so a future-dated seal cannot extend the
+// replay window.
+const (
+	SealMaxAge    = 10 * time.Minute
+	SealMaxFuture = 5 * time.Minute
 )
 
 // SealError is the error Open returns. Reason is one of the Reason*
@@ -87,7 +104,7 @@ func CSRHash(csrDER []byte) []byte {
 // SHA-256 of csrDER). The header is authenticated as AES-GCM additional data,
 // so the gateway that relays the seal can neither read the token nor move it
 // to a CSR of its own.
-func Seal(encPub *ecdsa.PublicKey, token string, csrDER []byte, iat time.Time) (string, error) {
+func Seal(encPub *ecdsa.PublicKey, token string, csrDER, reqDigest []byte, iat time.Time) (string, error) {
 	if encPub == nil || !isP256(encPub) {
 		return "", errors.New("seal: the encryption key must be ECDSA P-256")
 	}
@@ -100,7 +117,8 @@ func Seal(encPub *ecdsa.PublicKey, token string, csrDER []byte, iat time.Time) (
 	opts := (&jose.EncrypterOptions{}).
 		WithType(SealType).
 		WithHeader("iat", iat.Unix()).
-		WithHeader("csr", base64.RawURLEncoding.EncodeToString(CSRHash(csrDER)))
+		WithHeader("csr", base64.RawURLEncoding.EncodeToString(CSRHash(csrDER))).
+		WithHeader("req", base64.RawURLEncoding.EncodeToString(reqDigest))
 	enc, err := jose.NewEncrypter(jose.A256GCM, jose.Recipient{Algorithm: jose.ECDH_ES_A256KW, Key: encPub}, opts)
 	if err != nil {
 		return "", fmt.Errorf("make encrypter: %w", err)
@@ -121,7 +139,7 @@ func Seal(encPub *ecdsa.PublicKey, token string, csrDER []byte, iat time.Time) (
 // makes sets it, and zip in particular would let a small input inflate.
 func allowedSealHeader(k string) bool {
 	switch k {
-	case "alg", "enc", "epk", "typ", "iat", "csr":
+	case "alg", "enc", "epk", "typ", "iat", "csr", "req":
 		return true
 	}
 	return false
@@ -136,7 +154,7 @@ func allowedSealHeader(k string) bool {
 // often have unsynchronized clocks, and a seal is already bound to one CSR
 // (whose key only the machine holds) and to the token's own expiry and uses,
 // which JoinService checks at the database's clock.
-func Open(encKey *ecdsa.PrivateKey, compact string, csrDER []byte) (string, error) {
+func Open(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
 	if encKey == nil || !isP256(&encKey.PublicKey) {
 		return "", errors.New("open seal: the encryption key must be ECDSA P-256")
 	}
@@ -148,7 +166,7 @@ func Open(encKey *ecdsa.PrivateKey, compact string, csrDER []byte) (string, erro
 		return "", sealErr(ReasonSealMalformed, "not compact JWE")
 	}
 	protected, _, _ := strings.Cut(compact, ".")
-	if err := checkSealHeader(protected, csrDER); err != nil {
+	if err := checkSealHeader(protected, csrDER, reqDigest, now); err != nil {
 		return "", err
 	}
 	// The allow-lists are enforced again by go-jose on the same bytes.
@@ -168,7 +186,7 @@ func Open(encKey *ecdsa.PrivateKey, compact string, csrDER []byte) (string, erro
 
 // checkSealHeader decodes the protected header and checks it strictly before
 // any key agreement: algorithms, typ, iat, and the CSR binding.
-func checkSealHeader(protected string, csrDER []byte) error {
+func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) error {
 	raw, err := base64.RawURLEncoding.DecodeString(protected)
 	if err != nil {
 		return sealErr(ReasonSealMalformed, "protected header: %w", err)
@@ -206,7 +224,8 @@ func checkSealHeader(protected string, csrDER []byte) error {
 	if !ok {
 		return sealErr(ReasonSealHeader, "iat is not a number")
 	}
-	if n, err := iat.Int64(); err != nil || n <= 0 {
+	n, err := iat.Int64()
+	if err != nil || n <= 0 {
 		return sealErr(ReasonSealHeader, "iat is not positive unix seconds")
 	}
 	var csr string
@@ -216,6 +235,21 @@ func checkSealHeader(protected string, csrDER []byte) error {
 	want := base64.RawURLEncoding.EncodeToString(CSRHash(csrDER))
 	if subtle.ConstantTimeCompare([]byte(csr), []byte(want)) != 1 {
 		return sealErr(ReasonSealCSRMismatch, "the seal was made for another CSR")
+	}
+	var req string
+	if json.Unmarshal(h["req"], &req) != nil || req == "" {
+		return sealErr(ReasonSealHeader, "req missing")
+	}
+	wantReq := base64.RawURLEncoding.EncodeToString(reqDigest)
+	if subtle.ConstantTimeCompare([]byte(req), []byte(wantReq)) != 1 {
+		return sealErr(ReasonSealRequestMismatch, "the seal was made for another request")
+	}
+	at := time.Unix(n, 0)
+	if now.Sub(at) > SealMaxAge {
+		return sealErr(ReasonSealExpired, "iat %s is more than %s before %s", at, SealMaxAge, now)
+	}
+	if at.Sub(now) > SealMaxFuture {
+		return sealErr(ReasonSealFuture, "iat %s is more than %s after %s", at, SealMaxFuture, now)
 	}
 	return nil
 }

@@ -23,10 +23,8 @@
 package session
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,6 +44,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -90,8 +89,9 @@ type Config struct {
 	Log    *slog.Logger
 	Hub    *events.Hub
 	Bundle *pki.Bundle // signs commands; nil: commands stay queued
-	// Limiter bounds refusal events (default 60 per reason per minute).
-	Limiter *events.Limiter
+	// Core is the identity core: it checks the session's certificate and
+	// records refusals (nil: one of the session service's own, for tests).
+	Core *nodeident.Core
 	// Heartbeat is the interval announced in Welcome (default 15 s).
 	Heartbeat time.Duration
 	// Poll is how often queued commands, idle sessions and expired
@@ -121,8 +121,12 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Limiter == nil {
-		cfg.Limiter = events.NewLimiter(cfg.Clock, 60, time.Minute)
+	if cfg.Core == nil {
+		core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: cfg.Hub})
+		if err != nil {
+			panic(fmt.Sprintf("session: identity core: %v", err))
+		}
+		cfg.Core = core
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = DefaultHeartbeat
@@ -304,48 +308,19 @@ func newSessionID() string {
 	return "sess_" + hex.EncodeToString(b)
 }
 
-// authenticate checks the presented certificate (R12.1).
+// authenticate checks the presented certificate (R12.1) through the
+// identity core's one check (ForSession).
 func (s *Service) authenticate(ctx context.Context, der []byte) (*auth, error) {
-	if len(der) == 0 {
-		return nil, &refusal{reason: "peer-missing"}
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, &refusal{reason: "peer-invalid"}
-	}
-	id, err := pki.NodeIdentityOf(leaf)
-	if err != nil {
-		return nil, &refusal{reason: "peer-invalid"}
-	}
 	var a auth
-	err = s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
-		row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
-		if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(row.DER, der) {
-			return &refusal{reason: "cert-unknown"}
+	err := s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
+		c, err := s.cfg.Core.Check(ctx, tx, nodeident.Presented{DER: der}, nodeident.ForSession)
+		var r *nodeident.Refusal
+		if errors.As(err, &r) {
+			return &refusal{reason: r.Reason, tenantID: r.TenantID, nodeID: r.NodeID, serial: r.Serial}
 		} else if err != nil {
 			return err
 		}
-		n, err := tx.GetNode(ctx, row.NodeID)
-		if err != nil {
-			return fmt.Errorf("read the certificate's node: %w", err)
-		}
-		ref := func(reason string) error {
-			return &refusal{reason: reason, tenantID: n.TenantID, nodeID: n.ID, serial: row.Serial}
-		}
-		now := s.cfg.Clock.Now()
-		switch {
-		case id.NodeID != n.ID:
-			return ref("cert-node")
-		case n.State == store.NodeRetired:
-			return ref("node-retired")
-		case row.RevokedAt != nil:
-			return ref("cert-revoked")
-		case row.IdentityGeneration != n.IdentityGeneration:
-			return ref("cert-generation")
-		case !now.Before(row.NotAfter) || now.Before(row.NotBefore):
-			return ref("cert-expired")
-		}
-		a = auth{node: n, cert: row}
+		a = auth{node: c.Node, cert: c.Row}
 		return nil
 	})
 	if err != nil {
@@ -666,30 +641,11 @@ func (s *Service) fail(ctx context.Context, procedure, peer string, err error) e
 	return wire.ToWire(s.log, procedure, errRefused)
 }
 
-// refused records a refusal as a rate-limited security.session.refused
-// event: to the node's owner once the certificate matched a stored row,
-// else to the root tenant.
+// refused records a refusal as a security.session.refused event through
+// the identity core: to the node's owner once the caller proved the
+// certificate's key, else to the root tenant.
 func (s *Service) refused(ctx context.Context, r *refusal) {
-	ok, suppressed := s.cfg.Limiter.Allow(r.reason)
-	s.log.Info("session refused", "reason", r.reason, "node", r.nodeID, "serial", r.serial, "peer", r.peer, "suppressed", suppressed, "recorded", ok)
-	if !ok {
-		return
-	}
-	ctx = context.WithoutCancel(ctx)
-	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-		tenant := r.tenantID
-		if tenant == "" {
-			root, err := tx.RootTenantID(ctx)
-			if err != nil || root == "" {
-				return err
-			}
-			tenant = root
-		}
-		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.session.refused", Subject: r.nodeID, Data: map[string]any{
-			"reason": r.reason, "nodeId": r.nodeID, "certSerial": r.serial, "peer": r.peer, "suppressed": suppressed,
-		}})
-	})
-	if err != nil {
-		s.log.Error("record session refusal", "err", err)
-	}
+	s.cfg.Core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindSession,
+		Refusal: &nodeident.Refusal{Reason: r.reason, TenantID: r.tenantID, NodeID: r.nodeID, Serial: r.serial},
+		Data:    map[string]any{"peer": r.peer}})
 }

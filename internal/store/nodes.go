@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -55,11 +56,64 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	return n, nil
 }
 
-// NodeByHardwareKey finds the live (not retired) node holding a trusted
-// hardware key.
-func (t *Tx) NodeByHardwareKey(ctx context.Context, key []byte) (Node, error) {
-	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired'", key, true))
+// NodeByHardwareKey finds tenantID's live (not retired) node holding a
+// trusted hardware key. Keys are matched within a tenant: another tenant's
+// node with the same key is never returned.
+func (t *Tx) NodeByHardwareKey(ctx context.Context, tenantID string, key []byte) (Node, error) {
+	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE tenant_id = ? AND hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired'", tenantID, key, true))
 	return n, notFound(err)
+}
+
+// NodeRef names a node and its tenant.
+type NodeRef struct{ ID, TenantID string }
+
+// HardwareKeyElsewhere lists up to limit live nodes of tenants other than
+// tenantID that hold the same trusted hardware key: a cross-tenant
+// collision, reported to the root tenant only.
+func (t *Tx) HardwareKeyElsewhere(ctx context.Context, tenantID string, key []byte, limit int) ([]NodeRef, error) {
+	rows, err := t.query(ctx, "SELECT id, tenant_id FROM nodes WHERE hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired' AND tenant_id <> ? ORDER BY id LIMIT ?", key, true, tenantID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("find hardware key elsewhere: %w", err)
+	}
+	defer rows.Close()
+	var out []NodeRef
+	for rows.Next() {
+		var r NodeRef
+		if err := rows.Scan(&r.ID, &r.TenantID); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// NodeKeyIssued reports whether any certificate of the node, of any
+// generation, certified the key with this SPKI hash.
+func (t *Tx) NodeKeyIssued(ctx context.Context, nodeID string, spkiSHA256 []byte) (bool, error) {
+	var one int
+	err := t.queryRow(ctx, "SELECT 1 FROM node_certs WHERE node_id = ? AND spki_sha256 = ? LIMIT 1", nodeID, spkiSHA256).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("find issued key: %w", err)
+	}
+	return true, nil
+}
+
+// SupersedeNodeCert marks a certificate superseded by its successor, now
+// (compute_now()). It reports false when the certificate was already
+// superseded or revoked: another renewal from the same parent won.
+func (t *Tx) SupersedeNodeCert(ctx context.Context, serial string) (bool, error) {
+	res, err := t.exec(ctx, "UPDATE node_certs SET superseded_ms = compute_now() WHERE serial = ? AND superseded_ms IS NULL AND revoked_ms IS NULL", serial)
+	if err != nil {
+		return false, fmt.Errorf("supersede node cert: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("supersede node cert: %w", err)
+	}
+	return n == 1, nil
 }
 
 // GetNode reads a node.
@@ -139,18 +193,21 @@ type NodeCert struct {
 	CreatedAt          time.Time
 	RevokedAt          *time.Time
 	RevokeReason       string
+	// SupersededAt is when a renewal issued this certificate's successor.
+	SupersededAt *time.Time
 }
 
-const certCols = "serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms, revoked_ms, revoke_reason"
+const certCols = "serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms, revoked_ms, revoke_reason, superseded_ms"
 
 func scanCert(sc interface{ Scan(...any) error }) (NodeCert, error) {
 	var c NodeCert
 	var kinds, stmts string
 	var nb, na, created int64
-	var rev sql.NullInt64
-	if err := sc.Scan(&c.Serial, &c.NodeID, &c.IdentityGeneration, &c.Role, &c.SPKISHA256, &c.DER, &kinds, &stmts, &nb, &na, &created, &rev, &c.RevokeReason); err != nil {
+	var rev, sup sql.NullInt64
+	if err := sc.Scan(&c.Serial, &c.NodeID, &c.IdentityGeneration, &c.Role, &c.SPKISHA256, &c.DER, &kinds, &stmts, &nb, &na, &created, &rev, &c.RevokeReason, &sup); err != nil {
 		return NodeCert{}, err
 	}
+	c.SupersededAt = fromNullMS(sup)
 	c.AllowedKinds, c.Statements = []byte(kinds), []byte(stmts)
 	c.NotBefore, c.NotAfter, c.CreatedAt, c.RevokedAt = fromMS(nb), fromMS(na), fromMS(created), fromNullMS(rev)
 	return c, nil

@@ -16,13 +16,14 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // AgentBCD is the agent of pools whose machines run the daemon.
 const AgentBCD = "bcd"
 
 // Attestors a pool policy may name.
-var Attestors = []string{"join-token", "tpm", "discovery", "x509pop"}
+var Attestors = []string{wire.AttestorJoinToken, wire.AttestorTPM, wire.AttestorDiscovery, wire.AttestorX509Pop}
 
 // Policy is a pool's policy.
 type Policy struct {

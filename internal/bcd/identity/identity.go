@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/fsutil"
+	"github.com/better-compute/better-compute/internal/wire"
 
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -48,11 +49,11 @@ const (
 
 // Attestor names recorded in identity.json. The wire's empty attestor is
 // the join token.
-const AttestorJoinToken = "join-token"
+const AttestorJoinToken = wire.AttestorJoinToken
 
 // AttestorX509Pop re-joins a node whose certificate expired while the
 // machine was offline (R10.5).
-const AttestorX509Pop = "x509pop"
+const AttestorX509Pop = wire.AttestorX509Pop
 
 // Modes of the files and the directory.
 const (

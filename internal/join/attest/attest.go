@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/hwid"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -27,20 +28,31 @@ type Input struct {
 	// CSR is the daemon's certificate request (DER), whose signature
 	// JoinService verified.
 	CSR []byte
-	// X509Pop is the x509pop evidence, when the daemon sent some.
-	X509Pop *X509Pop
-	Claims  hwid.Normalized
-	Key     hwid.HardwareKey
+	// RequestDigest is pki.JoinRequestDigest of the whole request: what a
+	// seal, or an attestor's own signature, binds end to end so the relay
+	// can change nothing.
+	RequestDigest []byte
+	// Evidence is the attestor's own evidence, opaque to JoinService: each
+	// attestor parses its own.
+	Evidence []byte
+	// KeyAttestation is the request's key attestation (a TPM2_Certify of
+	// the CSR key), when sent.
+	KeyAttestation []byte
+	// Challenge sends challenge to the machine and returns its answer
+	// (SPIRE's Attest(payload, challengeFn) shape). An attestor that needs
+	// a second leg calls it; when the request carries no answer yet, it
+	// returns a *ChallengeError that ends this leg: JoinService answers the
+	// machine with the challenge, which repeats the request with its
+	// answer. Attestors never see the transport.
+	Challenge func(ctx context.Context, challenge []byte) ([]byte, error)
+	Claims    hwid.Normalized
+	Key       hwid.HardwareKey
 }
 
-// X509Pop is the x509pop attestor's evidence (R10.5): an expired node
-// certificate chain, leaf first, and a signature by the leaf's key over
-// pki.X509PopMessage at ClientTimeMS.
-type X509Pop struct {
-	Chain        [][]byte
-	ClientTimeMS int64
-	Sig          []byte
-}
+// ChallengeError ends a join leg with a challenge for the machine.
+type ChallengeError struct{ Challenge []byte }
+
+func (e *ChallengeError) Error() string { return "join: challenge issued" }
 
 // Admission is an attestor's yes: where the machine goes and what its
 // certificate may say.
@@ -82,19 +94,14 @@ type Admission struct {
 }
 
 // Refusal is a refused join. Reason is recorded server-side as
-// <attestor>:<reason>; the daemon only ever sees "Join refused".
-type Refusal struct {
-	Reason string
-	// TenantID routes the refusal event: the token's tenant once its secret
-	// verified, else "" (the root tenant), so an unauthenticated caller
-	// cannot write into another tenant's stream.
-	TenantID string
-}
-
-func (r *Refusal) Error() string { return "join refused: " + r.Reason }
+// <attestor>:<reason>; the daemon only ever sees "Join refused". TenantID
+// routes the refusal event: the token's tenant once its secret verified,
+// else "" (the root tenant), so an unauthenticated caller cannot write into
+// another tenant's stream. It is the identity core's one refusal type.
+type Refusal = nodeident.Refusal
 
 // Refuse returns a Refusal.
-func Refuse(reason, tenantID string) *Refusal { return &Refusal{Reason: reason, TenantID: tenantID} }
+func Refuse(reason, tenantID string) *Refusal { return nodeident.Refuse(reason, tenantID) }
 
 // Attestor checks one kind of evidence.
 type Attestor interface {

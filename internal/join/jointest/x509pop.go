@@ -16,12 +16,13 @@ import (
 func (m *Machine) X509PopRequest(t testing.TB, old crypto.Signer, chain [][]byte, nodeID string, clientTime time.Time) *agentv1.JoinRequest {
 	t.Helper()
 	ms := clientTime.UnixMilli()
-	sig, err := pki.SignX509Pop(old, m.CSR, nodeID, ms)
+	req := m.Request(t, nil, "", "")
+	req.Attestor, req.NodeId = "x509pop", nodeID
+	req.X509Pop = &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: ms}
+	sig, err := pki.SignX509Pop(old, pki.JoinRequestDigest(req))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := m.Request(t, nil, "", "")
-	req.Attestor, req.NodeId = "x509pop", nodeID
-	req.X509Pop = &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: ms, Sig: sig}
+	req.X509Pop.Sig = sig
 	return req
 }

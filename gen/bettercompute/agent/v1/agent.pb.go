@@ -340,8 +340,12 @@ type JoinResponse struct {
 	Sig   []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
 	// DER of the join-signing certificate.
 	SigningCertificate []byte `protobuf:"bytes,3,opt,name=signing_certificate,json=signingCertificate,proto3" json:"signing_certificate,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set (and body empty) when the attestor needs another leg: nothing was
+	// issued or spent; the daemon answers the challenge and sends the same
+	// request again with challenge_response.
+	Challenge     []byte `protobuf:"bytes,4,opt,name=challenge,proto3" json:"challenge,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
@@ -391,6 +395,13 @@ func (x *JoinResponse) GetSig() []byte {
 func (x *JoinResponse) GetSigningCertificate() []byte {
 	if x != nil {
 		return x.SigningCertificate
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetChallenge() []byte {
+	if x != nil {
+		return x.Challenge
 	}
 	return nil
 }
@@ -1212,11 +1223,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\aX509Pop\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\fR\x05chain\x12-\n" +
 	"\x13client_time_unix_ms\x18\x02 \x01(\x03R\x10clientTimeUnixMs\x12\x10\n" +
-	"\x03sig\x18\x03 \x01(\fR\x03sig\"e\n" +
+	"\x03sig\x18\x03 \x01(\fR\x03sig\"\x83\x01\n" +
 	"\fJoinResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
-	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"\xe0\x01\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xe0\x01\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +

@@ -115,7 +115,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		if !x509PopOK(f.bundle, req.Msg) {
 			return nil, refuse()
 		}
-	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr()); err != nil || tok != f.token {
+	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), time.Now()); err != nil || tok != f.token {
 		return nil, refuse()
 	}
 	role := req.Msg.GetRole()
@@ -360,5 +360,5 @@ func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
 	if err != nil || id.NodeID != req.GetNodeId() {
 		return false
 	}
-	return pki.VerifyX509Pop(leaf.PublicKey, req.GetCsr(), id.NodeID, ev.GetClientTimeUnixMs(), ev.GetSig()) == nil
+	return pki.VerifyX509Pop(leaf.PublicKey, pki.JoinRequestDigest(req), ev.GetSig()) == nil
 }

@@ -15,10 +15,11 @@ import (
 	tokens "github.com/better-compute/better-compute/internal/jointoken"
 	"github.com/better-compute/better-compute/internal/secret"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Name of the attestor.
-const Name = "join-token"
+const Name = wire.AttestorJoinToken
 
 // Attestor admits machines that present a join token.
 type Attestor struct{}

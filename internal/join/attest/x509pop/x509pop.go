@@ -3,39 +3,45 @@
 // MaxExpiredFor of the expiry, by proving possession of that certificate's
 // key. A certificate that is still valid renews instead (R13).
 //
-// The evidence names the node: the leaf must be byte for byte a node_certs
-// row of the node's current identity generation, unrevoked, chaining to the
-// node CA, of a node that is not retired. The admission carries that node
+// The evidence names the node: the leaf goes through the identity core's
+// one certificate check (byte for byte a node_certs row of the node's
+// current identity generation, unrevoked, its newest, of a node that is not
+// retired), and chains to the node CA. Its signature covers the whole
+// request's digest. The admission carries that node
 // (attest.Admission.NodeID), and JoinService re-joins it. Admit only reads;
 // the replay record (the renew_proofs table, under its own hash domain) is
 // written by Spend, last in the admission transaction.
 package x509pop
 
 import (
-	"bytes"
 	"context"
+	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/join/attest"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Name of the attestor.
-const Name = "x509pop"
+const Name = wire.AttestorX509Pop
 
 // Windows of the evidence.
 const (
 	// MaxExpiredFor is how long after its expiry a certificate still
 	// re-joins its node.
-	MaxExpiredFor = 7 * 24 * time.Hour
+	MaxExpiredFor = nodeident.MaxExpiredFor
 	// ClockSkew is how far the daemon's client time may be from the
 	// server's clock.
 	ClockSkew = 60 * time.Second
@@ -45,7 +51,7 @@ const (
 )
 
 // proofDomain separates x509pop replay records from renewal proofs in the
-// shared renew_proofs table: the two messages have the same layout.
+// shared renew_proofs table.
 const proofDomain = "better-compute x509pop proof v1\x00"
 
 // tpmAKStatement starts the statement naming the TPM attestation key that
@@ -54,15 +60,18 @@ const tpmAKStatement = pki.StatementPrefix + "tpm-ak:"
 
 // Config lists the attestor's dependencies.
 type Config struct {
+	// Core is the identity core that checks the presented certificate.
+	Core *nodeident.Core
 	// NodeCA is the CA every node certificate chains to; nil refuses every
 	// join (JoinService answers INVALID_CONFIG before that without a PKI).
 	NodeCA *x509.Certificate
-	// Clock is JoinService's clock (nil: the wall clock).
+	// Clock is JoinService's clock (nil: the core's).
 	Clock clock.Clock
 }
 
 // Attestor admits a machine back into its node with an expired certificate.
 type Attestor struct {
+	core  *nodeident.Core
 	ca    *x509.Certificate
 	clock clock.Clock
 }
@@ -70,67 +79,51 @@ type Attestor struct {
 // New returns the attestor.
 func New(cfg Config) *Attestor {
 	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
+		cfg.Clock = cfg.Core.Clock()
 	}
-	return &Attestor{ca: cfg.NodeCA, clock: cfg.Clock}
+	return &Attestor{core: cfg.Core, ca: cfg.NodeCA, clock: cfg.Clock}
 }
 
 // Name implements attest.Attestor.
 func (*Attestor) Name() string { return Name }
 
-// Admit implements attest.Attestor.
+// Admit implements attest.Attestor. The presented leaf goes through the
+// identity core's one check (ForRejoin): it must be the node's newest
+// certificate, so a key from a backup taken before a renewal re-joins
+// nothing; the evidence signature covers the whole request's digest.
 func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*attest.Admission, error) {
 	if in.Token != "" {
 		return nil, attest.Refuse("token-present", "")
 	}
-	ev := in.X509Pop
-	if ev == nil {
+	var ev agentv1.X509Pop
+	if len(in.Evidence) == 0 || proto.Unmarshal(in.Evidence, &ev) != nil {
 		return nil, attest.Refuse("evidence-missing", "")
 	}
-	if len(ev.Chain) == 0 {
+	if len(ev.GetChain()) == 0 {
 		return nil, attest.Refuse("chain-missing", "")
 	}
-	leaf, err := x509.ParseCertificate(ev.Chain[0])
+	c, err := a.core.Check(ctx, tx, nodeident.Presented{
+		DER:         ev.GetChain()[0],
+		Prove:       func(pub crypto.PublicKey) error { return pki.VerifyX509Pop(pub, in.RequestDigest, ev.GetSig()) },
+		ProofReason: "sig-invalid",
+	}, nodeident.ForRejoin)
 	if err != nil {
-		return nil, attest.Refuse("leaf-invalid", "")
-	}
-	now := a.clock.Now()
-	row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
-	if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(row.DER, ev.Chain[0]) {
-		// Not a certificate JoinService issued, or an altered copy of one.
-		return nil, attest.Refuse("leaf-unknown", "")
-	} else if err != nil {
 		return nil, err
 	}
-	if pki.VerifyX509Pop(leaf.PublicKey, in.CSR, row.NodeID, ev.ClientTimeMS, ev.Sig) != nil {
-		return nil, attest.Refuse("sig-invalid", "")
-	}
-	n, err := tx.GetNode(ctx, row.NodeID)
-	if err != nil {
-		return nil, fmt.Errorf("read the leaf's node: %w", err)
-	}
-	// The caller proved the key of one of this node's certificates: from
+	n, row := c.Node, c.Row
+	// The caller proved the key of this node's newest certificate: from
 	// here refusals go to the node's owner.
-	ref := func(reason string) (*attest.Admission, error) { return nil, attest.Refuse(reason, n.TenantID) }
-	switch {
-	case n.State == store.NodeRetired:
-		return ref("node-retired")
-	case row.IdentityGeneration != n.IdentityGeneration:
-		return ref("leaf-generation")
-	case row.RevokedAt != nil:
-		return ref("leaf-revoked")
-	case !a.chains(leaf):
-		return ref("leaf-chain")
-	case now.Before(row.NotAfter):
-		// Still valid: the node renews it (R13) instead.
-		return ref("cert-not-expired")
-	case now.Sub(row.NotAfter) >= MaxExpiredFor:
-		return ref("cert-expired-too-long")
+	ref := func(reason string) (*attest.Admission, error) {
+		return nil, &attest.Refusal{Reason: reason, TenantID: n.TenantID, NodeID: n.ID, Serial: row.Serial}
 	}
-	if skew := now.Sub(time.UnixMilli(ev.ClientTimeMS)); skew > ClockSkew || skew < -ClockSkew {
+	now := a.clock.Now()
+	if !a.chains(c.Leaf) {
+		return ref("cert-chain")
+	}
+	if skew := now.Sub(time.UnixMilli(ev.GetClientTimeUnixMs())); skew > ClockSkew || skew < -ClockSkew {
 		return ref("client-time")
 	}
-	if family(row.Role) != in.Role {
+	if nodeident.Family(row.Role) != in.Role {
 		return ref("role-mismatch")
 	}
 	var kinds, statements []string
@@ -150,7 +143,7 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	}
 	// SECURITY: replays are recognised by the signed message, not by the
 	// signature bytes, which anyone who saw them can re-encode.
-	proof := ProofHash(in.CSR, n.ID, ev.ClientTimeMS)
+	proof := ProofHash(in.RequestDigest)
 	adm := &attest.Admission{
 		TenantID: n.TenantID, PoolID: n.PoolID, SiteID: n.SiteID, Role: row.Role, NodeID: n.ID,
 		NodeKey: "unattested", AllowedKinds: kinds, Statements: statements,
@@ -175,8 +168,8 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 // ProofHash is the replay record of x509pop evidence in the renew_proofs
 // table: the hash of the signed message under a domain of its own, so it
 // never equals a renewal proof's record.
-func ProofHash(csrDER []byte, nodeID string, clientTimeMS int64) []byte {
-	sum := sha256.Sum256(append([]byte(proofDomain), pki.X509PopMessage(csrDER, nodeID, clientTimeMS)...))
+func ProofHash(reqDigest []byte) []byte {
+	sum := sha256.Sum256(append([]byte(proofDomain), pki.X509PopMessage(reqDigest)...))
 	return sum[:]
 }
 
@@ -192,13 +185,4 @@ func (a *Attestor) chains(leaf *x509.Certificate) bool {
 		Roots: roots, CurrentTime: leaf.NotAfter.Add(-time.Second), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
 	return err == nil
-}
-
-// family is the requested role behind a certificate role: node-tenant is a
-// node that a hosted token made tenant-controlled.
-func family(role string) string {
-	if role == pki.RoleNodeTenant {
-		return pki.RoleNode
-	}
-	return role
 }

@@ -1,0 +1,90 @@
+package nodeident
+
+import (
+	"context"
+	"maps"
+
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Kinds of refusal, each its own event type security.<kind>.refused.
+const (
+	KindJoin    = "join"
+	KindRenew   = "renew"
+	KindSession = "session"
+)
+
+// Refused is a refusal to record.
+type Refused struct {
+	// Kind is KindJoin, KindRenew or KindSession.
+	Kind string
+	// Attestor names the join attestor (joins only; its reason is recorded
+	// as <attestor>:<reason>, R4.7).
+	Attestor string
+	*Refusal
+	// Data adds fields to the event (role, csrSha256, hardwareKey, peer,
+	// ...): hashes and names only, never a secret.
+	Data map[string]any
+}
+
+// Refused records a refusal (R4.7, R13.5) as a security.<kind>.refused
+// event in its own transaction (the refused one rolled back, and the caller
+// may have hung up), to the refusal's tenant or, when it names none, the
+// root tenant.
+//
+// Events are rate-limited to 60 per minute per tenant, kind, attestor and
+// reason, and each event's `suppressed` counts that key's events dropped
+// since its last one. SECURITY: the key includes the tenant, so refusals
+// one tenant causes never suppress, hide or count another tenant's.
+func (c *Core) Refused(ctx context.Context, r Refused) {
+	ctx = context.WithoutCancel(ctx)
+	tenant := r.TenantID
+	if tenant == "" {
+		err := c.db.ReadTx(ctx, func(tx *store.Tx) error {
+			var err error
+			tenant, err = c.RootTenant(ctx, tx)
+			return err
+		})
+		if err != nil {
+			c.log.Error("record refusal: read the root tenant", "err", err)
+			return
+		}
+		if tenant == "" {
+			// Before bootstrap there is no tenant to tell.
+			c.log.Info(r.Kind+" refused", "reason", r.Reason, "recorded", false)
+			return
+		}
+	}
+	reason := r.Reason
+	if r.Kind == KindJoin {
+		reason = r.Attestor + ":" + r.Reason
+	}
+	ok, suppressed := c.limiter.Allow(tenant + "\x00" + r.Kind + "\x00" + reason)
+	c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
+		"suppressed", suppressed, "recorded", ok)
+	if !ok {
+		return
+	}
+	data := map[string]any{"reason": reason, "suppressed": suppressed}
+	if r.Kind == KindJoin {
+		data["attestor"] = r.Attestor
+	}
+	if r.NodeID != "" {
+		data["nodeId"] = r.NodeID
+	}
+	if r.Serial != "" {
+		data["certSerial"] = r.Serial
+	}
+	maps.Copy(data, r.Data)
+	subject := r.NodeID
+	if r.Kind == KindJoin && subject == "" {
+		subject = r.Attestor
+	}
+	err := c.db.WithTx(ctx, func(tx *store.Tx) error {
+		return events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: tenant, Type: "security." + r.Kind + ".refused", Subject: subject, Data: data})
+	})
+	if err != nil {
+		c.log.Error("record refusal", "kind", r.Kind, "err", err)
+	}
+}
