@@ -275,6 +275,12 @@ func (f *fixture) refusedOnce(t testing.TB, wantTenant, reason string, do func()
 // clock, limiter and certificate lifetime.
 func ownService(t testing.TB, e *apitest.Env, c clock.Clock, lim *events.Limiter, ttl time.Duration) *join.Service {
 	t.Helper()
+	return ownServiceConfig(t, e, c, lim, ttl, nil)
+}
+
+// ownServiceConfig is ownService with mod applied to the config.
+func ownServiceConfig(t testing.TB, e *apitest.Env, c clock.Clock, lim *events.Limiter, ttl time.Duration, mod func(*join.Config)) *join.Service {
+	t.Helper()
 	reg, err := attest.NewRegistry(jtattest.New())
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +289,11 @@ func ownService(t testing.TB, e *apitest.Env, c clock.Clock, lim *events.Limiter
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := join.New(join.Config{DB: e.DB, Core: core, Attestors: reg, Clock: c, Hub: e.Server.Hub()})
+	cfg := join.Config{DB: e.DB, Core: core, Attestors: reg, Clock: c, Hub: e.Server.Hub()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	svc, err := join.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,6 +78,10 @@ type Config struct {
 	// committed, with the node whose older certificates it revoked (the
 	// session service ends that node's session).
 	OnIdentityChanged func(nodeID string)
+	// AfterCommit, when set, is called once an admission transaction
+	// committed, before the answer is returned: a fault-injection seam for
+	// tests of answers lost after the commit.
+	AfterCommit func()
 }
 
 // Service is JoinService.
@@ -440,6 +444,9 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	}
 	if err != nil {
 		return nil, err
+	}
+	if s.cfg.AfterCommit != nil {
+		s.cfg.AfterCommit()
 	}
 	if changed != "" && s.cfg.OnIdentityChanged != nil {
 		s.cfg.OnIdentityChanged(changed)

@@ -164,7 +164,7 @@ func TestR12_1SessionRefused(t *testing.T) {
 			m          *machine
 			wantReason string // "" : refused at the gateway, no event
 		}{
-			{name: "revoked after reclaim", m: old, wantReason: "cert-revoked"},
+			{name: "revoked after reclaim", m: old, wantReason: "cert-generation"},
 			{name: "retired node", m: retired, wantReason: "node-retired"},
 			{name: "no client certificate"},
 		}

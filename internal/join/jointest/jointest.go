@@ -103,9 +103,15 @@ func NewMachine(t testing.TB, claims *agentv1.Claims) *Machine {
 // CSR; "" sends no token) for role ("" is node).
 func (m *Machine) Request(t testing.TB, b *pki.Bundle, token, role string) *agentv1.JoinRequest {
 	t.Helper()
+	return m.RequestAt(t, b, token, role, time.Now())
+}
+
+// RequestAt is Request with the seal issued at at.
+func (m *Machine) RequestAt(t testing.TB, b *pki.Bundle, token, role string, at time.Time) *agentv1.JoinRequest {
+	t.Helper()
 	req := &agentv1.JoinRequest{Csr: m.CSR, Claims: proto.Clone(m.Claims).(*agentv1.Claims), Role: role, Protocol: 1}
 	if token != "" {
-		req.SealedToken = Seal(t, b, token, req)
+		req.SealedToken = SealAt(t, b, token, req, at)
 	}
 	return req
 }
