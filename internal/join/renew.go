@@ -148,7 +148,7 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		}
 		// R13.2: the new certificate supersedes the leaf. Of two renewals
 		// racing from one leaf, only one supersedes it.
-		if ok, err := tx.SupersedeNodeCert(ctx, row.Serial); err != nil {
+		if ok, err := tx.SupersedeNodeCert(ctx, row.Serial, now); err != nil {
 			return err
 		} else if !ok {
 			return ref("cert-superseded")

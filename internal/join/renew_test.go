@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/join/jointest"
+	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -488,4 +489,57 @@ func mustParse(t testing.TB, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// R13.2 (issue 7): a renewal supersedes its parent. The parent renews
+// nothing more, but still serves as the caller's mTLS identity for
+// nodeident.SessionOverlap, so a session held on it is not cut while bcd
+// moves to the new certificate; after the overlap it is refused there too.
+func TestRenewSupersedesParentR13_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		r := newRenewEnv(t, f)
+		n1 := r.join(t, f.acme, nil)
+		renew := func(n *renewNode, peer []byte) (*renewNode, error) {
+			req, next := r.request(t, n)
+			res, err := r.renew(req, peer)
+			if err != nil {
+				return nil, err
+			}
+			got := next.VerifyAt(t, e.Bundle, &agentv1.JoinResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()},
+				pki.RoleNode, r.clk.Now())
+			return &renewNode{id: n.id, key: next.Key, chain: got.Body.CertChain, leaf: got.Leaf.Raw}, nil
+		}
+		n2, err := renew(n1, n1.leaf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range f.certs(t, n1.id) {
+			if bytes.Equal(c.DER, n1.leaf) && c.SupersededAt == nil {
+				t.Error("the parent is not marked superseded")
+			}
+			if bytes.Equal(c.DER, n2.leaf) && c.SupersededAt != nil {
+				t.Error("the new certificate is marked superseded")
+			}
+		}
+		// Within the overlap the superseded parent is still the caller's
+		// mTLS identity.
+		r.clk.Advance(nodeident.SessionOverlap - time.Second)
+		n3, err := renew(n2, n1.leaf)
+		if err != nil {
+			t.Fatalf("renew with the parent as mTLS identity inside the overlap: %v", err)
+		}
+		// Past the overlap, n2 (superseded a moment ago by n3) still
+		// serves, n1 no longer does.
+		r.clk.Advance(2 * time.Second)
+		req, _ := r.request(t, n3)
+		_, err = r.renew(req, n1.leaf)
+		jointest.WantRenewRefused(t, err)
+		if got := jointest.RenewRefusals(t, e.DB, f.acme); len(got) == 0 || got[len(got)-1].Reason != "peer-superseded" {
+			t.Errorf("refusals %+v, want the last peer-superseded", got)
+		}
+		if _, err := renew(n3, n2.leaf); err != nil {
+			t.Fatalf("renew with n2 inside its overlap: %v", err)
+		}
+	})
 }

@@ -101,11 +101,12 @@ func (t *Tx) NodeKeyIssued(ctx context.Context, nodeID string, spkiSHA256 []byte
 	return true, nil
 }
 
-// SupersedeNodeCert marks a certificate superseded by its successor, now
-// (compute_now()). It reports false when the certificate was already
-// superseded or revoked: another renewal from the same parent won.
-func (t *Tx) SupersedeNodeCert(ctx context.Context, serial string) (bool, error) {
-	res, err := t.exec(ctx, "UPDATE node_certs SET superseded_ms = compute_now() WHERE serial = ? AND superseded_ms IS NULL AND revoked_ms IS NULL", serial)
+// SupersedeNodeCert marks a certificate superseded by its successor at at
+// (the identity core's clock, which its overlap is measured on). It
+// reports false when the certificate was already superseded or revoked:
+// another renewal from the same parent won.
+func (t *Tx) SupersedeNodeCert(ctx context.Context, serial string, at time.Time) (bool, error) {
+	res, err := t.exec(ctx, "UPDATE node_certs SET superseded_ms = ? WHERE serial = ? AND superseded_ms IS NULL AND revoked_ms IS NULL", ms(at), serial)
 	if err != nil {
 		return false, fmt.Errorf("supersede node cert: %w", err)
 	}
