@@ -48,9 +48,13 @@ func rq[T any](m *T) *connect.Request[T] { return connect.NewRequest(m) }
 type harness struct {
 	e      *apitest.Env
 	gwAddr string
-	site   *bcv1.Site
-	dir    string
-	n      int // machines made so far
+	// agentURL is the API's agent listener; gwCreds are the gateway's
+	// client credentials to it (what a compromised gateway holds).
+	agentURL string
+	gwCreds  tls.Certificate
+	site     *bcv1.Site
+	dir      string
+	n        int // machines made so far
 }
 
 func newHarness(t *testing.T, e *apitest.Env) *harness {
@@ -102,6 +106,10 @@ func newHarness(t *testing.T, e *apitest.Env) *harness {
 		_ = g.Shutdown(sctx)
 	})
 	h.gwAddr = ln.Addr().String()
+	h.agentURL = agent.URL
+	if h.gwCreds, err = tls.X509KeyPair(gwPEM, gwKey); err != nil {
+		t.Fatal(err)
+	}
 
 	// The controller, woken like the server wakes it.
 	sess := e.Server.Sessions()

@@ -1,0 +1,245 @@
+package run_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/join/jointest"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
+)
+
+// Attacks by a compromised gateway (issue 7; docs/security.md): it holds
+// the gateway's client credentials to the API's agent listener and sees
+// every byte a machine sends through it. It may change or replay what it
+// relays; it must gain nothing.
+
+// relay is the compromised gateway's JoinService client: the gateway's own
+// credentials, straight to the agent listener.
+func (h *harness) relay(t *testing.T) agentv1connect.JoinServiceClient {
+	t.Helper()
+	roots := x509.NewCertPool()
+	roots.AddCert(h.e.Bundle.ServingCA)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{h.gwCreds}},
+		ForceAttemptHTTP2: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, h.agentURL, connect.WithGRPC())
+}
+
+// captured is a machine's genuine join request, sealed by the machine, as
+// the gateway sees it pass.
+func captured(t *testing.T, h *harness, token string, i int) *agentv1.JoinRequest {
+	t.Helper()
+	signer, _, err := identity.SoftwareKeys{}.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := identity.NewCSR(signer, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), Protocol: 1}
+	req.SealedToken = jointest.Seal(t, h.e.Bundle, token, req)
+	return req
+}
+
+func (h *harness) usesLeft(t *testing.T, token string) int {
+	t.Helper()
+	id, _, _ := strings.Cut(strings.TrimPrefix(token, "bcjt_"), ".")
+	var j store.JoinToken
+	if err := h.e.DB.ReadTx(context.Background(), func(tx *store.Tx) (err error) {
+		j, err = tx.GetJoinToken(context.Background(), id)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return j.UsesLeft
+}
+
+func (h *harness) refusalReasons(t *testing.T, typ string) []string {
+	t.Helper()
+	var out []string
+	for _, ev := range h.events(t, typ) {
+		var d map[string]any
+		_ = json.Unmarshal(ev.Data, &d)
+		r, _ := d["reason"].(string)
+		out = append(out, r)
+	}
+	return out
+}
+
+// R4.2: the relay rewrites a machine's join: its claims (to take over
+// another machine's node), its role, its node id. Each is refused with the
+// uniform answer and recorded as seal-request-mismatch; nothing is spent,
+// and the machine's own request still joins.
+func TestRelayRewrittenJoinRefusedR4_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		h := newHarness(t, e)
+		pool := h.pool(t, "p", nil)
+		tok := h.token(t, pool, true)
+		victim := h.join(t, h.token(t, pool, false), 41, 2)
+		relay := h.relay(t)
+		orig := captured(t, h, tok, 40)
+		for _, tc := range []struct {
+			name string
+			mod  func(r *agentv1.JoinRequest)
+		}{
+			{"another machine's claims", func(r *agentv1.JoinRequest) { r.Claims = jointest.Claims(41) }},
+			{"role site", func(r *agentv1.JoinRequest) { r.Role = "site" }},
+			{"the victim's node id", func(r *agentv1.JoinRequest) { r.NodeId = victim.nodeID }},
+			{"a hostname", func(r *agentv1.JoinRequest) { r.Claims.Hostname = "forged-by-gateway" }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := proto.Clone(orig).(*agentv1.JoinRequest)
+				tc.mod(r)
+				before := len(h.refusalReasons(t, "security.join.refused"))
+				_, err := relay.Join(context.Background(), connect.NewRequest(r))
+				pe, ok := errs.As(wire.FromWire(err))
+				if !ok || pe.Code != errs.AccessDenied || pe.Message != "Join refused" {
+					t.Fatalf("got %v, want ACCESS_DENIED Join refused", err)
+				}
+				got := h.refusalReasons(t, "security.join.refused")[before:]
+				if len(got) != 1 || got[0] != "join-token:seal-request-mismatch" {
+					t.Errorf("refusals %v, want join-token:seal-request-mismatch", got)
+				}
+			})
+		}
+		if u := h.usesLeft(t, tok); u != 5 {
+			t.Errorf("usesLeft %d after rewritten joins, want 5", u)
+		}
+		if n := h.node(t, victim.nodeID); n.IdentityGeneration != 1 {
+			t.Errorf("victim moved to generation %d", n.IdentityGeneration)
+		}
+		if _, err := relay.Join(context.Background(), connect.NewRequest(orig)); err != nil {
+			t.Fatalf("the machine's own request: %v", err)
+		}
+	})
+}
+
+// R4.9: the relay replays a captured join (the token allows reclaims and
+// has uses left: this used to move the node to its next generation and
+// revoke its certificate). Each replay gets the stored answer — a
+// certificate for a key the relay does not hold — and changes nothing.
+func TestRelayReplayedJoinGainsNothingR4_9(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		h := newHarness(t, e)
+		pool := h.pool(t, "p", nil)
+		tok := h.token(t, pool, true)
+		relay := h.relay(t)
+		req := captured(t, h, tok, 50)
+		first, err := relay.Join(context.Background(), connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body agentv1.JoinResponseBody
+		if err := proto.Unmarshal(first.Msg.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			res, err := relay.Join(context.Background(), connect.NewRequest(req))
+			if err != nil {
+				t.Fatalf("replay: %v", err)
+			}
+			if !proto.Equal(res.Msg, first.Msg) {
+				t.Fatal("a replay got another answer")
+			}
+		}
+		n := h.node(t, body.NodeId)
+		if n.IdentityGeneration != 1 || n.State == store.NodeRetired {
+			t.Errorf("node %+v after replays: want generation 1", n)
+		}
+		if u := h.usesLeft(t, tok); u != 4 {
+			t.Errorf("usesLeft %d after replays, want 4", u)
+		}
+		if r := h.refusalReasons(t, "security.certificate-revoked"); len(r) != 0 {
+			t.Errorf("certificates revoked by replays: %v", r)
+		}
+	})
+}
+
+// R6.3: a reclaim needs a key never issued to the node. The relay cannot
+// re-use the machine's own key in a new request to move the node to a new
+// generation either.
+func TestRelayReclaimWithIssuedKeyRefusedR6_3(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		h := newHarness(t, e)
+		pool := h.pool(t, "p", nil)
+		tok := h.token(t, pool, true)
+		relay := h.relay(t)
+		req := captured(t, h, tok, 60)
+		res, err := relay.Join(context.Background(), connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body agentv1.JoinResponseBody
+		_ = proto.Unmarshal(res.Msg.Body, &body)
+		// The same CSR (key) in another request: the relay cannot reseal
+		// the token (it never saw it), but a holder of the token can.
+		again := proto.Clone(req).(*agentv1.JoinRequest)
+		again.Claims.Hostname = "reinstalled"
+		again.SealedToken = jointest.Seal(t, h.e.Bundle, tok, again)
+		_, err = relay.Join(context.Background(), connect.NewRequest(again))
+		if pe, ok := errs.As(wire.FromWire(err)); !ok || pe.Code != errs.AccessDenied {
+			t.Fatalf("got %v, want ACCESS_DENIED", err)
+		}
+		if got := h.refusalReasons(t, "security.join.refused"); len(got) != 1 || got[0] != "join-token:reclaim-key-reused" {
+			t.Errorf("refusals %v, want join-token:reclaim-key-reused", got)
+		}
+		if n := h.node(t, body.NodeId); n.IdentityGeneration != 1 {
+			t.Errorf("node moved to generation %d", n.IdentityGeneration)
+		}
+	})
+}
+
+// R13.2: a renewal supersedes its parent. Someone holding the key of a
+// superseded certificate (a backup taken before the renewal) renews
+// nothing through the real gateway, even presenting that certificate for
+// mTLS.
+func TestRenewFromSupersededRefusedR13_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		h := newHarness(t, e)
+		pool := h.pool(t, "p", nil)
+		m := h.join(t, h.token(t, pool, false), 70, 2)
+		chain := make([][]byte, len(m.id.Chain))
+		for i, c := range m.id.Chain {
+			chain[i] = c.Raw
+		}
+		// The node renews (bcd's renewal loop, in-process here).
+		req, _ := jointest.RenewRequest(t, m.id.Signer, chain, m.nodeID, time.Now())
+		if _, err := e.Server.Join().Renew(context.Background(), req, join.Peer{Cert: chain[0]}); err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		// The backup's holder renews through the gateway with the old
+		// certificate and key.
+		roots := x509.NewCertPool()
+		roots.AddCert(h.e.Bundle.ServingCA)
+		tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{*m.tlsCert()}},
+			ForceAttemptHTTP2: true}
+		defer tr.CloseIdleConnections()
+		c := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+h.gwAddr, connect.WithGRPC())
+		again, _ := jointest.RenewRequest(t, m.id.Signer, chain, m.nodeID, time.Now())
+		_, err := c.Renew(context.Background(), connect.NewRequest(again))
+		pe, ok := errs.As(wire.FromWire(err))
+		if !ok || pe.Code != errs.AccessDenied || pe.Message != "Renew refused" {
+			t.Fatalf("got %v, want ACCESS_DENIED Renew refused", err)
+		}
+		if got := h.refusalReasons(t, "security.renew.refused"); len(got) != 1 || got[0] != "cert-superseded" {
+			t.Errorf("refusals %v, want cert-superseded", got)
+		}
+	})
+}
