@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -184,16 +185,7 @@ type machine struct {
 func (h *harness) join(t *testing.T, token string, i, cpus int) *machine {
 	t.Helper()
 	h.n++
-	signer, record, err := identity.SoftwareKeys{}.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	csr, err := identity.NewCSR(signer, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), Protocol: 1}
-	req.SealedToken = jointest.Seal(t, h.e.Bundle, token, req)
+	req, _, record := h.request(t, token, i)
 	res, err := h.e.Server.Join().Join(context.Background(), req, join.Peer{Addr: "192.0.2.1:1"})
 	if err != nil {
 		t.Fatalf("join: %v", err)
@@ -232,6 +224,23 @@ func (h *harness) join(t *testing.T, token string, i, cpus int) *machine {
 		JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption, DataDir: st.Dir, ProcfsRoot: procfs}
 	cfg.ApplyDefaults()
 	return &machine{nodeID: id.NodeID, store: st, cfg: cfg, id: loaded}
+}
+
+// request is machine i's join request with a new software key, sealed with
+// token as bcd seals it; it returns the key and its node.key record too.
+func (h *harness) request(t *testing.T, token string, i int) (*agentv1.JoinRequest, crypto.Signer, []byte) {
+	t.Helper()
+	signer, record, err := identity.SoftwareKeys{}.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := identity.NewCSR(signer, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), Protocol: 1}
+	req.SealedToken = jointest.Seal(t, h.e.Bundle, token, req)
+	return req, signer, record
 }
 
 func pemOf(ders [][]byte) []byte {

@@ -16,7 +16,6 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/join/jointest"
@@ -45,17 +44,22 @@ func (h *harness) relay(t *testing.T) agentv1connect.JoinServiceClient {
 // the gateway sees it pass.
 func captured(t *testing.T, h *harness, token string, i int) *agentv1.JoinRequest {
 	t.Helper()
-	signer, _, err := identity.SoftwareKeys{}.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	csr, err := identity.NewCSR(signer, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), Protocol: 1}
-	req.SealedToken = jointest.Seal(t, h.e.Bundle, token, req)
+	req, _, _ := h.request(t, token, i)
 	return req
+}
+
+// relayJoin sends req through the relay and returns the answer's body.
+func relayJoin(t *testing.T, relay agentv1connect.JoinServiceClient, req *agentv1.JoinRequest) (*agentv1.JoinResponse, *agentv1.JoinResponseBody) {
+	t.Helper()
+	res, err := relay.Join(context.Background(), connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body agentv1.JoinResponseBody
+	if err := proto.Unmarshal(res.Msg.Body, &body); err != nil {
+		t.Fatal(err)
+	}
+	return res.Msg, &body
 }
 
 func (h *harness) usesLeft(t *testing.T, token string) int {
@@ -142,20 +146,13 @@ func TestRelayReplayedJoinGainsNothingR4_9(t *testing.T) {
 		tok := h.token(t, pool, true)
 		relay := h.relay(t)
 		req := captured(t, h, tok, 50)
-		first, err := relay.Join(context.Background(), connect.NewRequest(req))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body agentv1.JoinResponseBody
-		if err := proto.Unmarshal(first.Msg.Body, &body); err != nil {
-			t.Fatal(err)
-		}
+		first, body := relayJoin(t, relay, req)
 		for range 3 {
 			res, err := relay.Join(context.Background(), connect.NewRequest(req))
 			if err != nil {
 				t.Fatalf("replay: %v", err)
 			}
-			if !proto.Equal(res.Msg, first.Msg) {
+			if !proto.Equal(res.Msg, first) {
 				t.Fatal("a replay got another answer")
 			}
 		}
@@ -182,18 +179,13 @@ func TestRelayReclaimWithIssuedKeyRefusedR6_3(t *testing.T) {
 		tok := h.token(t, pool, true)
 		relay := h.relay(t)
 		req := captured(t, h, tok, 60)
-		res, err := relay.Join(context.Background(), connect.NewRequest(req))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body agentv1.JoinResponseBody
-		_ = proto.Unmarshal(res.Msg.Body, &body)
+		_, body := relayJoin(t, relay, req)
 		// The same CSR (key) in another request: the relay cannot reseal
 		// the token (it never saw it), but a holder of the token can.
 		again := proto.Clone(req).(*agentv1.JoinRequest)
 		again.Claims.Hostname = "reinstalled"
 		again.SealedToken = jointest.Seal(t, h.e.Bundle, tok, again)
-		_, err = relay.Join(context.Background(), connect.NewRequest(again))
+		_, err := relay.Join(context.Background(), connect.NewRequest(again))
 		if pe, ok := errs.As(wire.FromWire(err)); !ok || pe.Code != errs.AccessDenied {
 			t.Fatalf("got %v, want ACCESS_DENIED", err)
 		}
