@@ -175,7 +175,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 		role = pki.RoleNode
 	}
 	sum := sha256.Sum256(req.GetCsr())
-	in := &attest.Input{Role: role, CSRSHA256: sum[:], CSR: req.GetCsr()}
+	in := &attest.Input{Role: role, CSRSHA256: sum[:], CSR: req.GetCsr(), RequestDigest: pki.JoinRequestDigest(req)}
 	if ev := req.GetX509Pop(); ev != nil {
 		in.X509Pop = &attest.X509Pop{Chain: ev.GetChain(), ClientTimeMS: ev.GetClientTimeUnixMs(), Sig: ev.GetSig()}
 	}
@@ -216,7 +216,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	}
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
-		tok, err := pki.Open(s.cfg.Bundle.JoinEncryptionKey, sealed, req.GetCsr())
+		tok, err := pki.Open(s.cfg.Bundle.JoinEncryptionKey, sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
 		if err != nil {
 			reason, ok := pki.SealReason(err)
 			if !ok {

@@ -134,7 +134,7 @@ func TestJoinRefusalsR4_4(t *testing.T) {
 				tok := acmeTok(nil)
 				m, other := machine(), machine()
 				req := m.Request(t, e.Bundle, "", "")
-				req.SealedToken = jointest.Seal(t, e.Bundle, tok.Token, other.CSR)
+				req.SealedToken = other.Request(t, e.Bundle, tok.Token, "").SealedToken
 				return func() error { return joinReq(req) }
 			}},
 			{"R4.2 malformed JWE", "root", "seal-malformed", func(t *testing.T) func() error {
@@ -150,7 +150,7 @@ func TestJoinRefusalsR4_4(t *testing.T) {
 				}
 				m := machine()
 				req := m.Request(t, e.Bundle, "", "")
-				req.SealedToken = jointest.Seal(t, other, tok.Token, m.CSR)
+				req.SealedToken = jointest.Seal(t, other, tok.Token, req)
 				return func() error { return joinReq(req) }
 			}},
 			{"no token", "root", "token-missing", func(t *testing.T) func() error { return joinWith("", "") }},

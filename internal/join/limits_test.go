@@ -204,7 +204,7 @@ func TestBadInputRefused(t *testing.T) {
 				return r
 			}
 		}
-		reseal := func(r *agentv1.JoinRequest) { r.SealedToken = jointest.Seal(t, e.Bundle, tok.Token, r.Csr) }
+		reseal := func(r *agentv1.JoinRequest) { r.SealedToken = jointest.Seal(t, e.Bundle, tok.Token, r) }
 		for _, tc := range []struct {
 			name, reason string
 			acme         bool
@@ -228,7 +228,7 @@ func TestBadInputRefused(t *testing.T) {
 			{"malformed node id", "node-id-invalid", false, req(func(r *agentv1.JoinRequest, _ *jointest.Machine) { r.NodeId = "node_../../x" })},
 			{"node id of no node of this machine", "node-id-mismatch", true, req(func(r *agentv1.JoinRequest, m *jointest.Machine) {
 				r.NodeId = ids.New(ids.Node, time.Now())
-				r.SealedToken = jointest.Seal(t, e.Bundle, acmeTok.Token, m.CSR)
+				r.SealedToken = jointest.Seal(t, e.Bundle, acmeTok.Token, r)
 			})},
 			{"role node-tenant requested", "role-invalid", false, req(func(r *agentv1.JoinRequest, _ *jointest.Machine) { r.Role = pki.RoleNodeTenant })},
 		} {

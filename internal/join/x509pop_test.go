@@ -270,7 +270,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) {
 				// The same evidence was used (by a racing join) a moment ago.
 				withTx(t, p.f.e.DB, func(tx *store.Tx) error {
-					_, err := tx.UseRenewProof(context.Background(), x509pop.ProofHash(req.Csr, req.NodeId, req.X509Pop.ClientTimeUnixMs),
+					_, err := tx.UseRenewProof(context.Background(), x509pop.ProofHash(pki.JoinRequestDigest(req)),
 						req.NodeId, p.clk.Now(), x509pop.ProofWindow)
 					return err
 				})
@@ -286,7 +286,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 		{name: "sealed token with x509pop", expired: time.Hour, root: true, reason: "x509pop:token-present",
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, m *jointest.Machine) {
 				tok := p.f.token(t, &bcv1.CreateJoinTokenRequest{TenantId: p.f.acme, PoolId: p.f.acmePool.Id})
-				req.SealedToken = jointest.Seal(t, p.f.e.Bundle, tok.Token, m.CSR)
+				req.SealedToken, _ = pki.Seal(&p.f.e.Bundle.JoinEncryptionKey.PublicKey, tok.Token, req.Csr, pki.JoinRequestDigest(req), p.clk.Now())
 			}},
 		{name: "evidence missing", expired: time.Hour, root: true, reason: "x509pop:evidence-missing",
 			mod: func(t *testing.T, p *popEnv, req *agentv1.JoinRequest, _ *jointest.Machine) { req.X509Pop = nil }},
@@ -314,6 +314,9 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 				}
 				if c.mod != nil {
 					c.mod(t, p, req, m)
+				}
+				if req.X509Pop != nil { // bcd signs the request as sent (R4.2)
+					jointest.SignX509Pop(t, n.key, req)
 				}
 				tenant := f.acme
 				if c.root {

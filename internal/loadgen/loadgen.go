@@ -321,17 +321,20 @@ func prepare(i int, seed, token string, encKey *ecdsa.PublicKey) (*machine, erro
 	if err != nil {
 		return nil, err
 	}
-	sealed, err := pki.Seal(encKey, token, csr, time.Now())
-	if err != nil {
-		return nil, err
-	}
 	h := sha256.Sum256([]byte(seed + "/" + strconv.Itoa(i)))
 	mac := fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", h[0]&0xfc, h[1], h[2], h[3], h[4], h[5])
 	uuid := fmt.Sprintf("%x-%x-%x-%x-%x", h[6:10], h[10:12], h[12:14], h[14:16], h[16:22])
-	return &machine{key: key, csr: csr, req: &agentv1.JoinRequest{
-		SealedToken: sealed, Csr: csr, Protocol: version.ProtocolMax,
+	req := &agentv1.JoinRequest{
+		Csr: csr, Protocol: version.ProtocolMax,
 		Claims: &agentv1.Claims{ProductUuid: uuid, ProductSerial: fmt.Sprintf("LG-%s-%06d", seed, i), Macs: []string{mac}, Hostname: fmt.Sprintf("lg-%06d", i)},
-	}}, nil
+	}
+	// As bcd does: the seal covers the complete request (R4.2).
+	sealed, err := pki.Seal(encKey, token, csr, pki.JoinRequestDigest(req), time.Now())
+	if err != nil {
+		return nil, err
+	}
+	req.SealedToken = sealed
+	return &machine{key: key, csr: csr, req: req}, nil
 }
 
 // cpuTimes reads utime+stime (seconds) of each process from /proc.

@@ -258,21 +258,21 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
+	req := &agentv1.JoinRequest{
+		Csr:      csr,
+		Claims:   wireClaims(cl),
+		Attestor: wireAttestor,
+		Role:     role,
+		NodeId:   opts.NodeID,
+		Protocol: version.ProtocolMax,
+	}
+	// R4.2: the seal covers the digest of the complete request.
 	j.progress("sealing the token…")
-	sealed, err := pki.Seal(encKey, opts.Token, csr, j.clock.Now())
+	sealed, err := pki.Seal(encKey, opts.Token, csr, pki.JoinRequestDigest(req), j.clock.Now())
 	if err != nil {
 		return nil, fmt.Errorf("seal the token: %w", err)
 	}
-
-	req := &agentv1.JoinRequest{
-		SealedToken: sealed,
-		Csr:         csr,
-		Claims:      wireClaims(cl),
-		Attestor:    wireAttestor,
-		Role:        role,
-		NodeId:      opts.NodeID,
-		Protocol:    version.ProtocolMax,
-	}
+	req.SealedToken = sealed
 	res, err := j.call(ctx, cfg, req)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,8 @@ import (
 
 	"github.com/better-compute/better-compute/internal/wire"
 
+	"google.golang.org/protobuf/proto"
+
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
@@ -91,8 +93,17 @@ func TestJoinHappyPath(t *testing.T) {
 	if strings.Contains(req.GetSealedToken(), e.token) {
 		t.Error("R4.2: the token is readable in the request")
 	}
-	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr")); err == nil {
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(req), e.now); err != nil {
+		t.Errorf("R4.2: the seal does not open for the request it came with: %v", err)
+	}
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr"), pki.JoinRequestDigest(req), e.now); err == nil {
 		t.Error("R4.2: the seal opens for another CSR")
+	}
+	// The seal covers the whole request: the claims the gateway relays too.
+	changed := proto.Clone(req).(*agentv1.JoinRequest)
+	changed.Claims.Hostname = "relay-was-here"
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(changed), e.now); err == nil {
+		t.Error("R4.2: the seal opens for a request with other claims")
 	}
 	want := []string{"collecting hardware claims…", "sealing the token…", "joining through " + strings.TrimPrefix(e.srv.URL, "https://") + "…"}
 	if strings.Join(e.progress, "|") != strings.Join(want, "|") {

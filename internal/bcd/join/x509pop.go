@@ -74,11 +74,6 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 	for i, c := range old.Chain {
 		chain[i] = c.Raw
 	}
-	clientMS := j.clock.Now().UnixMilli()
-	sig, err := pki.SignX509Pop(old.Signer, csr, old.NodeID, clientMS)
-	if err != nil {
-		return nil, fmt.Errorf("sign the x509pop evidence with the expired certificate's key: %w", err)
-	}
 	req := &agentv1.JoinRequest{
 		Csr:      csr,
 		Claims:   wireClaims(cl),
@@ -86,8 +81,14 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 		Role:     ask,
 		NodeId:   old.NodeID,
 		Protocol: version.ProtocolMax,
-		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: clientMS, Sig: sig},
+		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.clock.Now().UnixMilli()},
 	}
+	// R4.2: the evidence signs the digest of the complete request.
+	sig, err := pki.SignX509Pop(old.Signer, pki.JoinRequestDigest(req))
+	if err != nil {
+		return nil, fmt.Errorf("sign the x509pop evidence with the expired certificate's key: %w", err)
+	}
+	req.X509Pop.Sig = sig
 	res, err := j.call(ctx, &cfg, req)
 	if err != nil {
 		if e, ok := errs.As(err); ok && e.Code == errs.AccessDenied {

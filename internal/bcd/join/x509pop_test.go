@@ -69,8 +69,8 @@ func TestRejoinX509PopR10_5(t *testing.T) {
 		t.Errorf("request %v", req)
 	case ev == nil || len(ev.GetChain()) != 2 || string(ev.GetChain()[0]) != string(old.Leaf().Raw):
 		t.Errorf("evidence %v, want the expired chain", ev)
-	case pki.VerifyX509Pop(old.Leaf().PublicKey, req.GetCsr(), old.NodeID, ev.GetClientTimeUnixMs(), ev.GetSig()) != nil:
-		t.Error("the evidence is not signed by the expired certificate's key")
+	case pki.VerifyX509Pop(old.Leaf().PublicKey, pki.JoinRequestDigest(req), ev.GetSig()) != nil:
+		t.Error("R4.2: the evidence does not sign the request's digest with the expired certificate's key")
 	case ev.GetClientTimeUnixMs() != e.now.UnixMilli():
 		t.Errorf("client time %d, want %d", ev.GetClientTimeUnixMs(), e.now.UnixMilli())
 	}

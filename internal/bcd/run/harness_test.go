@@ -184,7 +184,8 @@ func (h *harness) join(t *testing.T, token string, i, cpus int) *machine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), SealedToken: jointest.Seal(t, h.e.Bundle, token, csr), Protocol: 1}
+	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(i), Protocol: 1}
+	req.SealedToken = jointest.Seal(t, h.e.Bundle, token, req)
 	res, err := h.e.Server.Join().Join(context.Background(), req, join.Peer{Addr: "192.0.2.1:1"})
 	if err != nil {
 		t.Fatalf("join: %v", err)

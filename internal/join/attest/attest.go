@@ -27,6 +27,9 @@ type Input struct {
 	// CSR is the daemon's certificate request (DER), whose signature
 	// JoinService verified.
 	CSR []byte
+	// RequestDigest is pki.JoinRequestDigest of the whole request: what the
+	// seal's req header and x509pop's signature bind (R4.2).
+	RequestDigest []byte
 	// X509Pop is the x509pop evidence, when the daemon sent some.
 	X509Pop *X509Pop
 	Claims  hwid.Normalized
@@ -35,7 +38,7 @@ type Input struct {
 
 // X509Pop is the x509pop attestor's evidence (R10.5): an expired node
 // certificate chain, leaf first, and a signature by the leaf's key over
-// pki.X509PopMessage at ClientTimeMS.
+// pki.X509PopMessage of the request digest (which covers ClientTimeMS).
 type X509Pop struct {
 	Chain        [][]byte
 	ClientTimeMS int64

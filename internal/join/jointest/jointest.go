@@ -68,10 +68,12 @@ func Claims(i int) *agentv1.Claims {
 	}
 }
 
-// Seal seals token to b's JoinService encryption key for csr, as bcd does.
-func Seal(t testing.TB, b *pki.Bundle, token string, csr []byte) string {
+// Seal seals token to b's JoinService encryption key for req, as bcd does:
+// for its CSR and its digest (pki.JoinRequestDigest), so req must be
+// complete but for the seal (R4.2).
+func Seal(t testing.TB, b *pki.Bundle, token string, req *agentv1.JoinRequest) string {
 	t.Helper()
-	s, err := pki.Seal(&b.JoinEncryptionKey.PublicKey, token, csr, time.Now())
+	s, err := pki.Seal(&b.JoinEncryptionKey.PublicKey, token, req.GetCsr(), pki.JoinRequestDigest(req), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func (m *Machine) Request(t testing.TB, b *pki.Bundle, token, role string) *agen
 	t.Helper()
 	req := &agentv1.JoinRequest{Csr: m.CSR, Claims: proto.Clone(m.Claims).(*agentv1.Claims), Role: role, Protocol: 1}
 	if token != "" {
-		req.SealedToken = Seal(t, b, token, m.CSR)
+		req.SealedToken = Seal(t, b, token, req)
 	}
 	return req
 }

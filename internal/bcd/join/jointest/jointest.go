@@ -111,11 +111,11 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 	}
 	if req.Msg.GetAttestor() == "x509pop" {
 		// R10.5: the evidence instead of a token: a leaf of this PKI whose
-		// key signed the CSR, the node id and the client time.
+		// key signed the request's digest.
 		if !x509PopOK(f.bundle, req.Msg) {
 			return nil, refuse()
 		}
-	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr()); err != nil || tok != f.token {
+	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), f.now); err != nil || tok != f.token {
 		return nil, refuse()
 	}
 	role := req.Msg.GetRole()
@@ -346,7 +346,7 @@ func NewToken(now time.Time) string {
 }
 
 // x509PopOK is the fake's x509pop check: no token, a leaf signed by the node
-// CA, naming the requested node, whose key signed the evidence.
+// CA, naming the requested node, whose key signed the request's digest.
 func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
 	ev := req.GetX509Pop()
 	if req.GetSealedToken() != "" || ev == nil || len(ev.GetChain()) == 0 {
@@ -360,5 +360,5 @@ func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
 	if err != nil || id.NodeID != req.GetNodeId() {
 		return false
 	}
-	return pki.VerifyX509Pop(leaf.PublicKey, req.GetCsr(), id.NodeID, ev.GetClientTimeUnixMs(), ev.GetSig()) == nil
+	return pki.VerifyX509Pop(leaf.PublicKey, pki.JoinRequestDigest(req), ev.GetSig()) == nil
 }

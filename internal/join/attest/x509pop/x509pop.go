@@ -102,7 +102,7 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	} else if err != nil {
 		return nil, err
 	}
-	if pki.VerifyX509Pop(leaf.PublicKey, in.CSR, row.NodeID, ev.ClientTimeMS, ev.Sig) != nil {
+	if pki.VerifyX509Pop(leaf.PublicKey, in.RequestDigest, ev.Sig) != nil {
 		return nil, attest.Refuse("sig-invalid", "")
 	}
 	n, err := tx.GetNode(ctx, row.NodeID)
@@ -150,7 +150,7 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	}
 	// SECURITY: replays are recognised by the signed message, not by the
 	// signature bytes, which anyone who saw them can re-encode.
-	proof := ProofHash(in.CSR, n.ID, ev.ClientTimeMS)
+	proof := ProofHash(in.RequestDigest)
 	adm := &attest.Admission{
 		TenantID: n.TenantID, PoolID: n.PoolID, SiteID: n.SiteID, Role: row.Role, NodeID: n.ID,
 		NodeKey: "unattested", AllowedKinds: kinds, Statements: statements,
@@ -175,8 +175,8 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 // ProofHash is the replay record of x509pop evidence in the renew_proofs
 // table: the hash of the signed message under a domain of its own, so it
 // never equals a renewal proof's record.
-func ProofHash(csrDER []byte, nodeID string, clientTimeMS int64) []byte {
-	sum := sha256.Sum256(append([]byte(proofDomain), pki.X509PopMessage(csrDER, nodeID, clientTimeMS)...))
+func ProofHash(reqDigest []byte) []byte {
+	sum := sha256.Sum256(append([]byte(proofDomain), pki.X509PopMessage(reqDigest)...))
 	return sum[:]
 }
 
