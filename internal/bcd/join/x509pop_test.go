@@ -101,7 +101,9 @@ func TestRejoinX509PopKeepsIdentityR10_5(t *testing.T) {
 	t.Run("save fails", func(t *testing.T) {
 		e := newEnv(t, envOption{})
 		old := e.joinExpired(t)
-		j, err := New(Config{BCD: e.cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock, HTTPClient: e.srv.HTTPClient, Log: discard, Keys: badRecordKeys{}})
+		c := e.config(e.cfg)
+		c.Keys = badRecordKeys{}
+		j, err := New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
