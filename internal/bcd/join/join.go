@@ -433,14 +433,9 @@ func (j *Joiner) oldIdentity() (*oldIdentity, error) {
 // refused is the answer to a refused join with --reset: the old identity
 // stayed, and the usual cause is a machine the control plane knows.
 func (o *oldIdentity) refused(err error) error {
-	msg := errText(err)
-	if e, ok := errs.As(err); ok {
-		msg = e.Message
-		// The control plane's uniform message, without bcd's note on it.
-		if i := strings.Index(msg, " ("); i > 0 {
-			msg = msg[:i]
-		}
-	}
+	// The control plane's uniform message (and a clock note), without the
+	// general note on where the reason is: said below.
+	msg := strings.Replace(errText(err), refusedNote, "", 1)
 	kept := "The old identity was kept in place in " + o.dir
 	if o.id != nil {
 		kept = fmt.Sprintf("The old identity (node %s) was kept in place", o.id.NodeID)
@@ -726,12 +721,44 @@ func (j *Joiner) callError(err error, gateway string) (out error, transient bool
 	}
 	switch e.Code {
 	case errs.AccessDenied:
-		// The agent never learns why (R4.7); say where the reason is.
-		return errs.New(errs.AccessDenied, "%s (the reason is recorded by the control plane as a security.join.refused event; a refused join does not spend the token)", e.Message), false
+		// The agent never learns why (R4.7); say where the reason is, and
+		// what this machine can see itself: a clock off the gateway's.
+		return errs.New(errs.AccessDenied, "%s%s%s", e.Message, refusedNote, j.clockNote(err)), false
 	case errs.Unavailable:
 		return errs.New(errs.Unavailable, "cannot join through %s: %s", gateway, e.Message), true
 	}
 	return e, false
+}
+
+// refusedNote follows the control plane's uniform refusal.
+const refusedNote = " (the reason is recorded by the control plane as a security.join.refused event; a refused join does not spend the token)"
+
+// maxClockSkew is how far this machine's clock may be from the gateway's
+// before a refusal mentions it: the seal's iat is refused more than
+// pki.SealMaxFuture ahead of the control plane's clock (R4.2).
+const maxClockSkew = time.Minute
+
+// clockNote returns a note for a refused join when the gateway's Date header
+// shows this machine's clock more than maxClockSkew off, else "". The
+// header is only a hint for the operator (the gateway is not trusted):
+// it never changes what bcd does.
+func (j *Joiner) clockNote(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	date, perr := http.ParseTime(ce.Meta().Get("Date"))
+	if perr != nil {
+		return ""
+	}
+	skew := j.clock.Now().Sub(date).Truncate(time.Second)
+	switch {
+	case skew > maxClockSkew:
+		return fmt.Sprintf("; this machine's clock is %s ahead of the gateway's, and a seal dated more than %s ahead of the control plane's clock is refused: set the clock (NTP) and join again", skew, pki.SealMaxFuture)
+	case skew < -maxClockSkew:
+		return fmt.Sprintf("; this machine's clock is %s behind the gateway's, and a seal older than %s by the control plane's clock is refused: set the clock (NTP) and join again", -skew, pki.SealMaxAge)
+	}
+	return ""
 }
 
 // install saves the identity the verified body describes and returns it as

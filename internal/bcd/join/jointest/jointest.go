@@ -321,7 +321,9 @@ func New(t testing.TB, o Options) *Server {
 	if o.GatewayBundle != nil {
 		gb = o.GatewayBundle
 	}
-	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now, 24*time.Hour)
+	// Valid from an hour ago, like the bundle, so a daemon whose clock is
+	// somewhat behind still reaches the JoinService.
+	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now.Add(-time.Hour), 25*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
