@@ -38,7 +38,7 @@ func stillOld(t *testing.T, e *env, old *identity.Identity) {
 // new identity that cannot be saved, leaves the old one as it was, and the
 // refusal says what the operator needs.
 func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
-	reset := func(e *env, token string) Options { return Options{Token: token, Reset: true} }
+	reset := func(token string) Options { return Options{Token: token, Reset: true} }
 	joined := func(t *testing.T, e *env) *identity.Identity {
 		t.Helper()
 		id, err := e.joiner(e.cfg).Join(context.Background(), e.opts())
@@ -51,7 +51,7 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		e := newEnv(t, envOption{})
 		old := joined(t, e)
-		_, err := e.joiner(e.cfg).Join(context.Background(), reset(e, newToken(e.now)))
+		_, err := e.joiner(e.cfg).Join(context.Background(), reset(newToken(e.now)))
 		wantErr(t, "R11.4", err, errs.AccessDenied,
 			"Join refused. This machine has joined before; the control plane refuses a new key for a known machine unless the token allows it: mint a token with --allow-reclaim and run bcd join --reset --yes again. The reason is recorded in the security.join.refused event.",
 			"The old identity (node "+old.NodeID+") was kept in place.")
@@ -67,7 +67,7 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 		var duringErr error
 		e.fake.BeforeSign(func(*jointest.Answer) { during, duringErr = e.store.Load() })
 		e.progress = nil
-		id, err := e.joiner(e.cfg).Join(context.Background(), reset(e, e.token))
+		id, err := e.joiner(e.cfg).Join(context.Background(), reset(e.token))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +101,7 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := j.Join(context.Background(), reset(e, e.token)); err == nil {
+		if _, err := j.Join(context.Background(), reset(e.token)); err == nil {
 			t.Fatal("saved an identity whose key record is another key")
 		}
 		stillOld(t, e, old)
@@ -111,7 +111,7 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 		// command.
 		e := newEnv(t, envOption{})
 		old := e.joinExpired(t)
-		id, err := e.joiner(e.cfg).Join(context.Background(), reset(e, e.token))
+		id, err := e.joiner(e.cfg).Join(context.Background(), reset(e.token))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,12 +125,12 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 		if err := os.Remove(filepath.Join(e.store.Dir, identity.BundleFile)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := e.joiner(e.cfg).Join(context.Background(), reset(e, newToken(e.now)))
+		_, err := e.joiner(e.cfg).Join(context.Background(), reset(newToken(e.now)))
 		wantErr(t, "R11.4", err, errs.AccessDenied, "This machine has joined before", "The old identity was kept in place in "+e.store.Dir)
 		if _, err := os.Stat(filepath.Join(e.store.Dir, identity.KeyFile)); err != nil {
 			t.Fatalf("R11.4: the damaged identity was touched: %v", err)
 		}
-		if _, err := e.joiner(e.cfg).Join(context.Background(), reset(e, e.token)); err != nil {
+		if _, err := e.joiner(e.cfg).Join(context.Background(), reset(e.token)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.store.Load(); err != nil {
@@ -139,7 +139,7 @@ func TestResetKeepsIdentityUntilJoinedR11_4(t *testing.T) {
 	})
 	t.Run("not joined", func(t *testing.T) {
 		e := newEnv(t, envOption{})
-		if _, err := e.joiner(e.cfg).Join(context.Background(), reset(e, e.token)); err != nil {
+		if _, err := e.joiner(e.cfg).Join(context.Background(), reset(e.token)); err != nil {
 			t.Fatal(err)
 		}
 		if !hasProgress(e, "nothing to reset: no identity in "+e.store.Dir) {
