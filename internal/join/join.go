@@ -418,8 +418,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if err != nil {
 			return fmt.Errorf("marshal join answer: %w", err)
 		}
-		if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: in.RequestDigest, NodeID: n.ID, Response: raw,
-			ExpiresAt: s.clock.Now().Add(AnswerRetention)}); err != nil {
+		if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: in.RequestDigest, NodeID: n.ID, Response: raw, TTL: AnswerRetention}); err != nil {
 			if store.IsUniqueViolation(err) {
 				// The same request is being answered concurrently.
 				return errRace

@@ -109,11 +109,7 @@ func (p *popEnv) request(t testing.TB, n *popNode, skew time.Duration) (*agentv1
 // does for the request it sends.
 func (p *popEnv) resign(t testing.TB, req *agentv1.JoinRequest, n *popNode) {
 	t.Helper()
-	sig, err := pki.SignX509Pop(n.key, pki.JoinRequestDigest(req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.X509Pop.Sig = sig
+	jointest.SignX509Pop(t, n.key, req)
 }
 
 func (p *popEnv) rejoin(req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {

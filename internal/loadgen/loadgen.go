@@ -328,6 +328,7 @@ func prepare(i int, seed, token string, encKey *ecdsa.PublicKey) (*machine, erro
 		Csr: csr, Protocol: version.ProtocolMax,
 		Claims: &agentv1.Claims{ProductUuid: uuid, ProductSerial: fmt.Sprintf("LG-%s-%06d", seed, i), Macs: []string{mac}, Hostname: fmt.Sprintf("lg-%06d", i)},
 	}
+	// As bcd does: the seal covers the complete request (R4.2).
 	sealed, err := pki.Seal(encKey, token, csr, pki.JoinRequestDigest(req), time.Now())
 	if err != nil {
 		return nil, err

@@ -24,6 +24,13 @@ const (
 	MaxSealSize = 8 << 10
 	// MaxSealedTokenSize bounds the sealed plaintext (the bearer token).
 	MaxSealedTokenSize = 1 << 10
+	// SealMaxAge is how long after its iat a seal is accepted (R4.2).
+	SealMaxAge = 10 * time.Minute
+	// SealMaxFuture is how far ahead of the server's clock a seal's iat may
+	// be (R4.2). Without it, a seal dated ahead (by a machine whose clock
+	// runs fast, or on purpose) would escape SealMaxAge for as long as it is
+	// dated ahead: whoever relayed it could replay it for that long.
+	SealMaxFuture = 5 * time.Minute
 )
 
 // Reasons an Open fails, recorded by the caller (e.g. in
@@ -33,32 +40,25 @@ const (
 	ReasonSealMalformed = "seal-malformed"
 	// ReasonSealAlgorithm: alg or enc other than ECDH-ES+A256KW / A256GCM.
 	ReasonSealAlgorithm = "seal-algorithm"
-	// ReasonSealHeader: typ, iat or csr missing or wrong, or an unexpected
-	// header (zip, crit, ...).
+	// ReasonSealHeader: typ, iat, csr or req missing or wrong, or an
+	// unexpected header (zip, crit, ...).
 	ReasonSealHeader = "seal-header"
 	// ReasonSealCSRMismatch: the seal was made for another CSR.
 	ReasonSealCSRMismatch = "seal-csr-mismatch"
+	// ReasonSealRequestMismatch: the seal was made for another join request
+	// (its req header is not the digest of the request it came with): the
+	// relay changed the request, or moved the seal to a request of its own.
+	ReasonSealRequestMismatch = "seal-request-mismatch"
+	// ReasonSealExpired: iat is more than SealMaxAge before the server's
+	// clock.
+	ReasonSealExpired = "seal-expired"
+	// ReasonSealFuture: iat is more than SealMaxFuture after the server's
+	// clock.
+	ReasonSealFuture = "seal-iat-future"
 	// ReasonSealDecrypt: not encrypted to this key, or tampered with.
 	ReasonSealDecrypt = "seal-decrypt"
 	// ReasonSealPlaintext: the sealed token is empty, too long or not UTF-8.
 	ReasonSealPlaintext = "seal-plaintext"
-	// ReasonSealRequestMismatch: the seal was made for another request
-	// (its claims, role, node id, ... were changed on the way).
-	ReasonSealRequestMismatch = "seal-request-mismatch"
-	// ReasonSealExpired: the seal's iat is more than SealMaxAge ago.
-	ReasonSealExpired = "seal-expired"
-	// ReasonSealFuture: the seal's iat is more than SealMaxFuture ahead.
-	ReasonSealFuture = "seal-iat-future"
-)
-
-// Seal freshness. A seal older than SealMaxAge is refused, so a captured
-// request cannot be replayed later; a machine retries with a fresh seal.
-// SealMaxFuture bounds an iat ahead of the server's clock (a machine's
-// clock may run a little fast), so a future-dated seal cannot extend the
-// replay window.
-const (
-	SealMaxAge    = 10 * time.Minute
-	SealMaxFuture = 5 * time.Minute
 )
 
 // SealError is the error Open returns. Reason is one of the Reason*
@@ -100,10 +100,15 @@ func CSRHash(csrDER []byte) []byte {
 
 // Seal encrypts token to encPub (the pinned JoinService encryption key, P-256)
 // as a compact JWE: alg ECDH-ES+A256KW, enc A256GCM, protected header typ
-// "bcjt+jwe", iat (unix seconds) and csr (base64url, unpadded, of the
-// SHA-256 of csrDER). The header is authenticated as AES-GCM additional data,
-// so the gateway that relays the seal can neither read the token nor move it
-// to a CSR of its own.
+// "bcjt+jwe", iat (unix seconds), csr (base64url, unpadded, of the SHA-256
+// of csrDER) and req (base64url, unpadded, of reqDigest, the
+// JoinRequestDigest of the request the seal travels in). The header is
+// authenticated as AES-GCM additional data, so the gateway that relays the
+// seal can neither read the token, nor move it to a CSR or a request of its
+// own, nor change anything in the request it came with (R4.2).
+//
+// The request must be complete before it is sealed: the digest covers every
+// field but the seal itself.
 func Seal(encPub *ecdsa.PublicKey, token string, csrDER, reqDigest []byte, iat time.Time) (string, error) {
 	if encPub == nil || !isP256(encPub) {
 		return "", errors.New("seal: the encryption key must be ECDSA P-256")
@@ -113,6 +118,9 @@ func Seal(encPub *ecdsa.PublicKey, token string, csrDER, reqDigest []byte, iat t
 	}
 	if len(csrDER) == 0 {
 		return "", errors.New("seal: empty CSR")
+	}
+	if len(reqDigest) != sha256.Size {
+		return "", fmt.Errorf("seal: the request digest must be %d bytes (JoinRequestDigest)", sha256.Size)
 	}
 	opts := (&jose.EncrypterOptions{}).
 		WithType(SealType).
@@ -146,17 +154,31 @@ func allowedSealHeader(k string) bool {
 }
 
 // Open decrypts a seal made by Seal with encKey (the JoinService encryption
-// key) and returns the token. csrDER is the CSR that came with the seal; a
-// seal made for another CSR is refused. Every failure is a *SealError whose
+// key) and returns the token. csrDER is the CSR that came with the seal and
+// reqDigest the JoinRequestDigest of the request that carried it; a seal
+// made for another CSR or another request is refused. now is the server's
+// clock: a seal whose iat is more than SealMaxAge before now, or more than
+// SealMaxFuture after it, is refused. Every failure is a *SealError whose
 // Reason the caller records.
 //
-// Open deliberately does not check iat for freshness: machines that join
-// often have unsynchronized clocks, and a seal is already bound to one CSR
-// (whose key only the machine holds) and to the token's own expiry and uses,
-// which JoinService checks at the database's clock.
+// All header checks, the binding and the time included, run before any
+// ECDH work, so a refused seal costs no key agreement.
+//
+// Why iat is checked (R4.2): the digest binds the seal to one request, and
+// a request that arrives again gets the answer stored for it (R4.9), so a
+// replay of a whole request gains nothing while that answer is kept; the
+// age bound keeps a captured request from being presented after its stored
+// answer is gone, when it would be admitted anew. The price is that a
+// machine's clock must be within SealMaxFuture of the server's and a seal
+// used within SealMaxAge: bcd seals again on each attempt, and a machine
+// whose clock is off is refused with seal-expired or seal-iat-future, which
+// the operator reads in security.join.refused.
 func Open(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
 	if encKey == nil || !isP256(&encKey.PublicKey) {
 		return "", errors.New("open seal: the encryption key must be ECDSA P-256")
+	}
+	if len(reqDigest) != sha256.Size {
+		return "", fmt.Errorf("open seal: the request digest must be %d bytes (JoinRequestDigest)", sha256.Size)
 	}
 	// SECURITY: bound the input before any parsing or ECDH work.
 	if len(compact) == 0 || len(compact) > MaxSealSize {
@@ -185,7 +207,8 @@ func Open(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, no
 }
 
 // checkSealHeader decodes the protected header and checks it strictly before
-// any key agreement: algorithms, typ, iat, and the CSR binding.
+// any key agreement: algorithms, typ, iat, the CSR and request bindings, and
+// iat against now.
 func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) error {
 	raw, err := base64.RawURLEncoding.DecodeString(protected)
 	if err != nil {
@@ -224,8 +247,8 @@ func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) 
 	if !ok {
 		return sealErr(ReasonSealHeader, "iat is not a number")
 	}
-	n, err := iat.Int64()
-	if err != nil || n <= 0 {
+	iatSec, err := iat.Int64()
+	if err != nil || iatSec <= 0 {
 		return sealErr(ReasonSealHeader, "iat is not positive unix seconds")
 	}
 	var csr string
@@ -240,16 +263,18 @@ func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) 
 	if json.Unmarshal(h["req"], &req) != nil || req == "" {
 		return sealErr(ReasonSealHeader, "req missing")
 	}
+	// The encoding is compared, not decoded: one digest has one unpadded
+	// base64url form, and anything else is another request.
 	wantReq := base64.RawURLEncoding.EncodeToString(reqDigest)
 	if subtle.ConstantTimeCompare([]byte(req), []byte(wantReq)) != 1 {
-		return sealErr(ReasonSealRequestMismatch, "the seal was made for another request")
+		return sealErr(ReasonSealRequestMismatch, "the seal was made for another join request")
 	}
-	at := time.Unix(n, 0)
-	if now.Sub(at) > SealMaxAge {
-		return sealErr(ReasonSealExpired, "iat %s is more than %s before %s", at, SealMaxAge, now)
+	issued := time.Unix(iatSec, 0)
+	if age := now.Sub(issued); age > SealMaxAge {
+		return sealErr(ReasonSealExpired, "iat %s is %s before now, more than %s", issued.UTC().Format(time.RFC3339), age, SealMaxAge)
 	}
-	if at.Sub(now) > SealMaxFuture {
-		return sealErr(ReasonSealFuture, "iat %s is more than %s after %s", at, SealMaxFuture, now)
+	if ahead := issued.Sub(now); ahead > SealMaxFuture {
+		return sealErr(ReasonSealFuture, "iat %s is %s after now, more than %s", issued.UTC().Format(time.RFC3339), ahead, SealMaxFuture)
 	}
 	return nil
 }

@@ -9,16 +9,25 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 )
 
 const testToken = "bcjt_jt_01k5w7c2v9m3.Yc1q3m1oS3m8fJ0l6h7Xg2s4r5t6u7v8w9x0y1z2A3B"
 
-// R4.2: a seal opens with the JoinService key for the CSR it was made for,
-// and carries the documented header.
+// requestFor returns the digest of a join request for csr, with a hostname
+// that tells two requests for one CSR apart.
+func requestFor(csr []byte, hostname string) []byte {
+	return JoinRequestDigest(&agentv1.JoinRequest{Csr: csr, Protocol: 1, Claims: &agentv1.Claims{Hostname: hostname}})
+}
+
+// R4.2: a seal opens with the JoinService key for the CSR and the request it
+// was made for, and carries the documented header.
 func TestSealOpenRoundTrip(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, newP256(t))
-	sealed, err := Seal(&key.PublicKey, testToken, csr, t0)
+	req := requestFor(csr, "a")
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,22 +36,60 @@ func TestSealOpenRoundTrip(t *testing.T) {
 	}
 	h := protectedHeader(t, sealed)
 	csrHash := base64.RawURLEncoding.EncodeToString(CSRHash(csr))
+	reqHash := base64.RawURLEncoding.EncodeToString(req)
 	if h["alg"] != "ECDH-ES+A256KW" || h["enc"] != "A256GCM" || h["typ"] != "bcjt+jwe" ||
-		h["iat"] != float64(t0.Unix()) || h["csr"] != csrHash || h["epk"] == nil {
+		h["iat"] != float64(t0.Unix()) || h["csr"] != csrHash || h["req"] != reqHash || h["epk"] == nil || len(h) != 7 {
 		t.Errorf("header = %v", h)
 	}
-	got, err := Open(key, sealed, csr)
+	got, err := Open(key, sealed, csr, req, t0)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
 	if got != testToken {
 		t.Errorf("Open = %q", got)
 	}
-	// iat freshness is deliberately not checked: a machine with a clock years
-	// off still joins.
-	old, _ := Seal(&key.PublicKey, testToken, csr, time.Unix(1, 0))
-	if _, err := Open(key, old, csr); err != nil {
-		t.Errorf("Open of an old iat: %v", err)
+}
+
+// R4.2: a seal is accepted from SealMaxFuture before its iat to SealMaxAge
+// after it, both bounds included, and refused outside with its own reason.
+func TestOpenTimes(t *testing.T) {
+	key := newP256(t)
+	csr := newCSR(t, newP256(t))
+	req := requestFor(csr, "a")
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		now    time.Time
+		reason string // "" opens
+	}{
+		{"at iat", t0, ""},
+		{"exactly 10 min old", t0.Add(10 * time.Minute), ""},
+		{"10 min and 1 ns old", t0.Add(10*time.Minute + time.Nanosecond), ReasonSealExpired},
+		{"a day old", t0.Add(24 * time.Hour), ReasonSealExpired},
+		{"exactly 5 min ahead", t0.Add(-5 * time.Minute), ""},
+		{"5 min and 1 ns ahead", t0.Add(-5*time.Minute - time.Nanosecond), ReasonSealFuture},
+		{"a year ahead", t0.Add(-365 * 24 * time.Hour), ReasonSealFuture},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tok, err := Open(key, sealed, csr, req, tt.now)
+			if tt.reason == "" {
+				if err != nil || tok != testToken {
+					t.Fatalf("Open = %q, %v", tok, err)
+				}
+				return
+			}
+			if reason, _ := SealReason(err); reason != tt.reason || tok != "" {
+				t.Fatalf("Open = %q, %v; want reason %s", tok, err, tt.reason)
+			}
+		})
+	}
+	// The bounds are the documented ones.
+	if SealMaxAge != 10*time.Minute || SealMaxFuture != 5*time.Minute {
+		t.Fatalf("SealMaxAge %s, SealMaxFuture %s", SealMaxAge, SealMaxFuture)
 	}
 }
 
@@ -85,19 +132,21 @@ func jweWith(t *testing.T, pub *ecdsa.PublicKey, alg jose.KeyAlgorithm, enc jose
 	return s
 }
 
-// R4.2: everything but a well-formed seal for this CSR and key is refused,
-// with a reason the caller can record.
+// R4.2: everything but a well-formed, fresh seal for this CSR, request and
+// key is refused, with a reason the caller can record.
 func TestOpenRefusals(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, newP256(t))
 	otherCSR := newCSR(t, newP256(t))
-	good, err := Seal(&key.PublicKey, testToken, csr, t0)
+	req := requestFor(csr, "a")
+	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	csrHash := base64.RawURLEncoding.EncodeToString(CSRHash(csr))
+	reqHash := base64.RawURLEncoding.EncodeToString(req)
 	hdr := func(edit func(map[string]any)) map[string]any {
-		h := map[string]any{"typ": SealType, "iat": t0.Unix(), "csr": csrHash}
+		h := map[string]any{"typ": SealType, "iat": t0.Unix(), "csr": csrHash, "req": reqHash}
 		if edit != nil {
 			edit(h)
 		}
@@ -117,6 +166,13 @@ func TestOpenRefusals(t *testing.T) {
 	rawH, _ := json.Marshal(h)
 	headerSwapped := base64.RawURLEncoding.EncodeToString(rawH) + good[strings.Index(good, "."):]
 
+	jwe := func(edit func(map[string]any)) string {
+		return jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(edit), false, testToken)
+	}
+	// A seal for this request that is stale, encrypted to another key: the
+	// time is checked before any ECDH work.
+	staleOtherKey := jweWith(t, &newP256(t).PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(func(h map[string]any) { h["iat"] = t0.Add(-time.Hour).Unix() }), false, testToken)
+
 	tests := []struct {
 		name   string
 		seal   string
@@ -125,6 +181,16 @@ func TestOpenRefusals(t *testing.T) {
 		reason string
 	}{
 		{"another CSR", good, key, otherCSR, ReasonSealCSRMismatch},
+		{"another request", jwe(func(h map[string]any) { h["req"] = base64.RawURLEncoding.EncodeToString(requestFor(csr, "b")) }), key, csr, ReasonSealRequestMismatch},
+		{"no req", jwe(func(h map[string]any) { delete(h, "req") }), key, csr, ReasonSealHeader},
+		{"empty req", jwe(func(h map[string]any) { h["req"] = "" }), key, csr, ReasonSealHeader},
+		{"req not a string", jwe(func(h map[string]any) { h["req"] = 7 }), key, csr, ReasonSealHeader},
+		{"padded req", jwe(func(h map[string]any) { h["req"] = reqHash + "=" }), key, csr, ReasonSealRequestMismatch},
+		{"standard base64 req", jwe(func(h map[string]any) { h["req"] = base64.StdEncoding.EncodeToString(req) }), key, csr, ReasonSealRequestMismatch},
+		{"req of the CSR hash", jwe(func(h map[string]any) { h["req"] = csrHash }), key, csr, ReasonSealRequestMismatch},
+		{"iat 11 min old", jwe(func(h map[string]any) { h["iat"] = t0.Add(-11 * time.Minute).Unix() }), key, csr, ReasonSealExpired},
+		{"iat 6 min ahead", jwe(func(h map[string]any) { h["iat"] = t0.Add(6 * time.Minute).Unix() }), key, csr, ReasonSealFuture},
+		{"stale, to another key", staleOtherKey, key, csr, ReasonSealExpired},
 		{"another key", good, newP256(t), csr, ReasonSealDecrypt},
 		{"ECDH-ES direct", jweWith(t, &key.PublicKey, jose.ECDH_ES, jose.A256GCM, hdr(nil), false, testToken), key, csr, ReasonSealAlgorithm},
 		{"A128GCM", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A128GCM, hdr(nil), false, testToken), key, csr, ReasonSealAlgorithm},
@@ -156,7 +222,7 @@ func TestOpenRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tok, err := Open(tt.key, tt.seal, tt.csr)
+			tok, err := Open(tt.key, tt.seal, tt.csr, req, t0)
 			reason, ok := SealReason(err)
 			if !ok || reason != tt.reason {
 				t.Errorf("Open = %q, %v; want reason %s", tok, err, tt.reason)
@@ -172,17 +238,28 @@ func TestOpenRefusals(t *testing.T) {
 func TestSealRefusals(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, key)
+	req := requestFor(csr, "a")
 	p384 := mustP384(t).Public().(*ecdsa.PublicKey)
 	for name, f := range map[string]func() (string, error){
-		"P-384 key":   func() (string, error) { return Seal(p384, testToken, csr, t0) },
-		"nil key":     func() (string, error) { return Seal(nil, testToken, csr, t0) },
-		"empty token": func() (string, error) { return Seal(&key.PublicKey, "", csr, t0) },
-		"long token":  func() (string, error) { return Seal(&key.PublicKey, strings.Repeat("a", 1025), csr, t0) },
-		"no CSR":      func() (string, error) { return Seal(&key.PublicKey, testToken, nil, t0) },
+		"P-384 key":      func() (string, error) { return Seal(p384, testToken, csr, req, t0) },
+		"nil key":        func() (string, error) { return Seal(nil, testToken, csr, req, t0) },
+		"empty token":    func() (string, error) { return Seal(&key.PublicKey, "", csr, req, t0) },
+		"long token":     func() (string, error) { return Seal(&key.PublicKey, strings.Repeat("a", 1025), csr, req, t0) },
+		"no CSR":         func() (string, error) { return Seal(&key.PublicKey, testToken, nil, req, t0) },
+		"no digest":      func() (string, error) { return Seal(&key.PublicKey, testToken, csr, nil, t0) },
+		"a short digest": func() (string, error) { return Seal(&key.PublicKey, testToken, csr, req[:31], t0) },
 	} {
 		if _, err := f(); err == nil {
 			t.Errorf("%s: Seal succeeded", name)
 		}
+	}
+	// Open refuses a digest that is not one, before looking at the seal.
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(key, sealed, csr, req[:16], t0); err == nil {
+		t.Error("Open with a 16-byte digest succeeded")
 	}
 }
 
@@ -190,7 +267,8 @@ func TestSealRefusals(t *testing.T) {
 func FuzzOpen(f *testing.F) {
 	key := newP256(f)
 	csr := newCSR(f, newP256(f))
-	good, err := Seal(&key.PublicKey, testToken, csr, t0)
+	req := requestFor(csr, "a")
+	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -199,7 +277,7 @@ func FuzzOpen(f *testing.F) {
 	f.Add("....")
 	f.Add(good[:len(good)/2])
 	f.Fuzz(func(t *testing.T, s string) {
-		tok, err := Open(key, s, csr)
+		tok, err := Open(key, s, csr, req, t0)
 		if err == nil && tok != testToken {
 			t.Fatalf("Open accepted %q as %q", s, tok)
 		}
@@ -214,9 +292,10 @@ func FuzzOpen(f *testing.F) {
 func BenchmarkSeal(b *testing.B) {
 	key := newP256(b)
 	csr := newCSR(b, newP256(b))
+	req := requestFor(csr, "a")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Seal(&key.PublicKey, testToken, csr, t0); err != nil {
+		if _, err := Seal(&key.PublicKey, testToken, csr, req, t0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -225,13 +304,14 @@ func BenchmarkSeal(b *testing.B) {
 func BenchmarkOpen(b *testing.B) {
 	key := newP256(b)
 	csr := newCSR(b, newP256(b))
-	sealed, err := Seal(&key.PublicKey, testToken, csr, t0)
+	req := requestFor(csr, "a")
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Open(key, sealed, csr); err != nil {
+		if _, err := Open(key, sealed, csr, req, t0); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -2,35 +2,88 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
 
-// JoinAnswer is the answer stored for a join request (R4.9).
+// JoinAnswer is a join_answers row: the answer JoinService gave one join
+// request, kept by the request's digest (pki.JoinRequestDigest) so that the
+// same request arriving again gets it back and spends nothing (R4.9).
 type JoinAnswer struct {
+	// RequestDigest is the request's digest, the key.
 	RequestDigest []byte
-	NodeID        string
-	Response      []byte
-	ExpiresAt     time.Time
+	// NodeID is the node the answer admitted ("" for an answer that
+	// admitted none, such as a deferral).
+	NodeID string
+	// Response is the answer as sent (a serialized, signed JoinResponse).
+	Response []byte
+	// TTL is how long after compute_now() the answer is kept; used by
+	// InsertJoinAnswer only.
+	TTL time.Duration
+	// CreatedAt and ExpiresAt are read back, on the database's clock.
+	CreatedAt time.Time
+	ExpiresAt time.Time
 }
 
-// GetJoinAnswer reads the unexpired answer stored for a request digest.
+// GetJoinAnswer reads the answer stored for a request digest. It returns
+// ErrNotFound when there is none or it expired at compute_now().
 func (t *Tx) GetJoinAnswer(ctx context.Context, digest []byte) (JoinAnswer, error) {
 	var a JoinAnswer
-	var exp int64
-	err := t.queryRow(ctx, "SELECT request_digest, node_id, response, expires_ms FROM join_answers WHERE request_digest = ? AND expires_ms > compute_now()", digest).
-		Scan(&a.RequestDigest, &a.NodeID, &a.Response, &exp)
-	a.ExpiresAt = fromMS(exp)
-	return a, notFound(err)
+	var created, expires int64
+	err := t.queryRow(ctx, `SELECT request_digest, node_id, response, created_ms, expires_ms FROM join_answers
+		WHERE request_digest = ? AND expires_ms > compute_now()`, digest).
+		Scan(&a.RequestDigest, &a.NodeID, &a.Response, &created, &expires)
+	if err != nil {
+		return JoinAnswer{}, notFound(err)
+	}
+	a.CreatedAt, a.ExpiresAt = fromMS(created), fromMS(expires)
+	return a, nil
 }
 
-// InsertJoinAnswer stores the answer to a request; a second answer for the
-// same digest is a unique violation.
+// InsertJoinAnswer stores an answer that expires a.TTL after compute_now().
+// A live answer for the same digest makes it fail with a unique violation
+// (IsUniqueViolation): two transactions admitting one request race, and the
+// loser rolls back and reads the winner's answer. An expired answer for the
+// digest is replaced. On PostgreSQL the violation aborts the transaction:
+// the caller must end it, not carry on in it.
 func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {
-	_, err := t.exec(ctx, "INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms) VALUES (?, ?, ?, compute_now(), ?)",
-		a.RequestDigest, a.NodeID, a.Response, ms(a.ExpiresAt))
+	switch {
+	case len(a.RequestDigest) == 0:
+		return errors.New("insert join answer: no request digest")
+	case a.TTL < time.Millisecond:
+		return fmt.Errorf("insert join answer: TTL %s, want at least 1 ms", a.TTL)
+	case a.Response == nil:
+		return errors.New("insert join answer: no response")
+	}
+	// An expired row would otherwise collide with its request sent anew.
+	if _, err := t.exec(ctx, "DELETE FROM join_answers WHERE request_digest = ? AND expires_ms <= compute_now()", a.RequestDigest); err != nil {
+		return fmt.Errorf("replace expired join answer: %w", err)
+	}
+	_, err := t.exec(ctx, `INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms)
+		VALUES (?, ?, ?, compute_now(), compute_now() + ?)`,
+		a.RequestDigest, a.NodeID, a.Response, a.TTL.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("insert join answer: %w", err)
 	}
 	return nil
+}
+
+// DeleteExpiredJoinAnswers deletes up to limit answers expired at
+// compute_now(), oldest first, and reports how many it deleted. Batches keep
+// each transaction short; call it until it deletes fewer than limit.
+func (t *Tx) DeleteExpiredJoinAnswers(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	res, err := t.exec(ctx, `DELETE FROM join_answers WHERE request_digest IN (
+		SELECT request_digest FROM join_answers WHERE expires_ms <= compute_now() ORDER BY expires_ms LIMIT ?)`, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired join answers: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete expired join answers: %w", err)
+	}
+	return int(n), nil
 }

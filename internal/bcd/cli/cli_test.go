@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
@@ -297,4 +298,73 @@ func TestMisc(t *testing.T) {
 	}
 	r = h.status()
 	want(t, "R11.1", r, 1, "stderr", "Error: INVALID_CONFIG: ", "unknown key gateway")
+}
+
+// R11.4: a refused bcd join --reset --yes leaves the old identity in place
+// (status shows it, it loads), and says what the operator needs.
+func TestResetRefusedKeepsIdentityR11_4(t *testing.T) {
+	h := newHost(t, true)
+	join := append([]string{"join"}, h.cfgFlag()...)
+	if r := h.run(h.srv.Token, false, join...); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	before := h.status("--json").stdout
+	var old Status
+	if err := json.Unmarshal([]byte(before), &old); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run(jointest.NewToken(h.srv.Now), false, append(join, "--reset", "--yes")...)
+	want(t, "R11.4", r, 1, "stderr",
+		"Error: ACCESS_DENIED: Join refused. This machine has joined before; the control plane refuses a new key for a known machine unless the token allows it: mint a token with --allow-reclaim and run bcd join --reset --yes again. The reason is recorded in the security.join.refused event.",
+		"The old identity (node "+old.NodeID+") was kept in place.")
+	if strings.Contains(r.stderr, "moved the old identity aside") {
+		t.Error("R11.4: the refused join moved the identity aside")
+	}
+	if got := h.status("--json").stdout; got != before {
+		t.Fatalf("R11.4: the identity changed:\n%s\nwant\n%s", got, before)
+	}
+	if _, err := (&identity.Store{Dir: h.cfg.DataDir}).Load(); err != nil {
+		t.Fatalf("R11.4: the old identity does not load: %v", err)
+	}
+}
+
+// R11.4: doctor's advice for an expired certificate works as written: "join
+// again as root: bcd join --reset --yes, then bcd join" (the first command,
+// without a token, moves the identity aside; the second joins). The one
+// command with the token (--reset --yes < token) works too, and keeps the
+// expired identity until the new one is saved.
+func TestDoctorAdviceForExpiredR11_4(t *testing.T) {
+	expired := func(t *testing.T) *host {
+		t.Helper()
+		h := newHost(t, true)
+		h.srv.JoinService.BeforeSign(func(a *jointest.Answer) {
+			a.Params.NotBefore, a.Params.NotAfter = h.srv.Now.Add(-4*time.Minute), h.srv.Now.Add(-time.Minute)
+		})
+		if r := h.run(h.srv.Token, false, append([]string{"join"}, h.cfgFlag()...)...); r.code != 0 {
+			t.Fatal(r.stderr)
+		}
+		h.srv.JoinService.BeforeSign(nil)
+		d := h.doctorAt(h.srv.Now)
+		want(t, "R11.4", d, 1, "stdout", "the certificate expired at ", "join again as root: bcd join --reset --yes, then bcd join")
+		return h
+	}
+	t.Run("as written", func(t *testing.T) {
+		h := expired(t)
+		join := append([]string{"join"}, h.cfgFlag()...)
+		r := h.run("", true, append(join, "--reset", "--yes")...)
+		want(t, "R11.4", r, 0, "stderr", "moved the old identity aside to ", "now join with a new token")
+		r = h.run(h.srv.Token, false, join...)
+		want(t, "R11.4", r, 0, "stderr", "joined as node_")
+		if d := h.doctorAt(h.srv.Now); d.code != 0 {
+			t.Fatalf("R11.4: doctor after following its advice: %d\n%s", d.code, d.stdout)
+		}
+	})
+	t.Run("in one command", func(t *testing.T) {
+		h := expired(t)
+		r := h.run(h.srv.Token, false, append(append([]string{"join"}, h.cfgFlag()...), "--reset", "--yes")...)
+		want(t, "R11.4", r, 0, "stderr", "joined as node_", "moved the old identity aside to ")
+		if d := h.doctorAt(h.srv.Now); d.code != 0 {
+			t.Fatalf("R11.4: doctor after the join: %d\n%s", d.code, d.stdout)
+		}
+	})
 }

@@ -56,8 +56,17 @@ On a host without config.toml, --server with --site and the three pins builds
 the configuration from the control plane's well-known document and writes it
 after the join.
 
---reset --yes moves an existing identity aside first (without a token it only
-does that).
+--reset --yes joins anew although this machine has an identity. The old
+identity stays in place, and bcd run keeps using it, until the new one is
+saved; then it is moved aside to <data_dir>/reset-<time>/. A refused join
+leaves it as it was. Without a token, --reset --yes only moves the identity
+aside.
+
+A join whose answer is lost (the gateway or the network failed, bcd was
+stopped) is sent again, the very same request, while the failure is
+transient; the request is kept in <data_dir>/join.pending until its answer
+is saved, and bcd join with the same token sends it again, so an answer that
+landed is picked up and nothing is spent twice.
 
 --attestor x509pop brings back a node whose certificate expired while the
 machine was offline (a certificate that is still valid renews: bcd renew). It
@@ -82,7 +91,7 @@ answer checked out.`,
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
 	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), or x509pop to re-join with an expired certificate")
 	fl.StringVar(&f.role, "role", "", "the requested role: node (default), site, ramdisk or node-tenant")
-	fl.BoolVar(&f.reset, "reset", false, "move the existing identity aside first (needs --yes)")
+	fl.BoolVar(&f.reset, "reset", false, "join anew although joined; the old identity is moved aside once the new one is saved (needs --yes)")
 	fl.BoolVar(&f.yes, "yes", false, "confirm --reset")
 	fl.BoolVar(&f.json, "json", false, "print the new identity as JSON on standard output")
 	fl.StringVar(&f.site, "site", "", "host build: the site id, site_…")
@@ -183,7 +192,9 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		return err
 	}
 
-	if f.reset {
+	// --reset --yes without a token only moves the identity aside. With a
+	// token, Join keeps the identity in place until the new one is saved.
+	if f.reset && token == "" {
 		dir, err := j.Reset(now())
 		switch {
 		case errors.Is(err, identity.ErrNotJoined):
@@ -193,10 +204,8 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		default:
 			fmt.Fprintf(a.env.Stderr, "moved the old identity aside to %s\n", dir)
 		}
-		if token == "" {
-			fmt.Fprintf(a.env.Stderr, "now join with a new token: %s\n", howToGiveToken)
-			return nil
-		}
+		fmt.Fprintf(a.env.Stderr, "now join with a new token: %s\n", howToGiveToken)
+		return nil
 	}
 	if token == "" {
 		return errs.New(errs.InvalidArgument, "no join token: %s", howToGiveToken)
@@ -204,7 +213,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 
 	id, err := j.Join(ctx, join.Options{
 		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server,
-		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot),
+		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot), Reset: f.reset,
 	})
 	if id == nil {
 		return err

@@ -2,8 +2,8 @@
 // node key record (node.key, 0600), the certificate chain (node.crt, leaf
 // first), the command-signing trust bundle (bundle.pem) and identity.json,
 // what the node is (R4.1, R4.6). It writes them as one step, loads and
-// cross-checks them, and moves them aside for `bcd join --reset --yes`
-// (R11.4). It also makes the CSR (NewCSR).
+// cross-checks them, and replaces or moves them aside for `bcd join --reset
+// --yes` (R11.4). It also makes the CSR (NewCSR).
 //
 // The key itself sits behind KeyStore so the TPM (R9.1) can plug in:
 // SoftwareKeys keeps a PKCS#8 key in node.key; a TPM store keeps a
@@ -451,20 +451,9 @@ func (s *Store) MoveAside(now time.Time) (string, error) {
 	if len(present) == 0 {
 		return "", fmt.Errorf("%s: %w", s.Dir, ErrNotJoined)
 	}
-	base := resetPrefix + now.UTC().Format(resetLayout)
-	var dst string
-	for i := 1; ; i++ {
-		dst = s.path(base)
-		if i > 1 {
-			dst += "-" + strconv.Itoa(i)
-		}
-		err := os.Mkdir(dst, dirMode)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, fs.ErrExist) || i >= 100 {
-			return "", fmt.Errorf("create %s: %w", dst, err)
-		}
+	dst, err := s.newResetDir(now)
+	if err != nil {
+		return "", err
 	}
 	var moved []string
 	for _, name := range present {
@@ -479,6 +468,64 @@ func (s *Store) MoveAside(now time.Time) (string, error) {
 	}
 	fsutil.SyncDir(dst)
 	fsutil.SyncDir(s.Dir)
+	return dst, nil
+}
+
+// newResetDir creates a new, empty <Dir>/reset-<UTC timestamp>[-n]/ (0700).
+func (s *Store) newResetDir(now time.Time) (string, error) {
+	base := resetPrefix + now.UTC().Format(resetLayout)
+	for i := 1; ; i++ {
+		dst := s.path(base)
+		if i > 1 {
+			dst += "-" + strconv.Itoa(i)
+		}
+		err := os.Mkdir(dst, dirMode)
+		if err == nil {
+			return dst, nil
+		}
+		if !errors.Is(err, fs.ErrExist) || i >= 100 {
+			return "", fmt.Errorf("create %s: %w", dst, err)
+		}
+	}
+}
+
+// Replace installs a new identity in place of the one in Dir and keeps the
+// old one in a new directory <Dir>/reset-<UTC timestamp>/, as MoveAside
+// does, for `bcd join --reset --yes` (R11.4) and the x509pop re-join
+// (R10.5) once the new identity was answered and checked. It returns that
+// directory, or "" when there was no old identity (Replace then is Save).
+//
+// Unlike MoveAside followed by Save, the old identity never leaves its
+// place before the new one is complete: the old files are first hard-linked
+// into the reset directory, then Save replaces them one rename at a time
+// and rolls back on failure. So a failure at any step leaves the old
+// identity in place and loadable (the reset directory is removed), and
+// `bcd run` can go on using it until the new one is in place. A crash
+// leaves at worst an extra reset directory, or Save's .previous-* backup.
+func (s *Store) Replace(now time.Time, id *Identity, keyRecord, chainPEM, bundlePEM []byte) (string, error) {
+	present, err := s.Present()
+	if err != nil {
+		return "", err
+	}
+	if len(present) == 0 {
+		return "", s.Save(id, keyRecord, chainPEM, bundlePEM)
+	}
+	dst, err := s.newResetDir(now)
+	if err != nil {
+		return "", err
+	}
+	for _, name := range present {
+		if err := os.Link(s.path(name), filepath.Join(dst, name)); err != nil {
+			_ = os.RemoveAll(dst)
+			return "", fmt.Errorf("keep the old %s in %s: %w", name, dst, err)
+		}
+	}
+	fsutil.SyncDir(dst)
+	if err := s.Save(id, keyRecord, chainPEM, bundlePEM); err != nil {
+		// Save put the old files back; the links are not needed.
+		_ = os.RemoveAll(dst)
+		return "", err
+	}
 	return dst, nil
 }
 

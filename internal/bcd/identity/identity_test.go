@@ -419,6 +419,128 @@ func TestMoveAside(t *testing.T) {
 }
 
 // R9.1: a TPM record opens through TPMKeys; software records never need it.
+// resetDirs lists the reset-* directories in dir.
+func resetDirs(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, resetPrefix+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// R11.4: Replace installs the new identity and keeps the old one aside; a
+// failure at any step leaves the old identity in place and no reset
+// directory.
+func TestReplace(t *testing.T) {
+	f := newPKI(t)
+	t.Run("swaps and keeps the old identity aside", func(t *testing.T) {
+		s := &Store{Dir: t.TempDir()}
+		old := f.issue(t, SoftwareKeys{}, "node_01k5x", t0, time.Hour)
+		old.save(t, s)
+		next := f.issue(t, SoftwareKeys{}, "node_01k5z", t0.Add(time.Minute), time.Hour)
+		aside, err := s.Replace(t0, next.id, next.record, next.chainPEM, next.bundlePEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(s.Dir, "reset-20260301T120000Z"); aside != want || mode(t, aside) != 0o700 {
+			t.Fatalf("aside %s (%04o), want %s", aside, mode(t, aside), want)
+		}
+		got, err := s.Load()
+		if err != nil || got.Serial != next.id.Serial || got.NodeID != "node_01k5z" {
+			t.Fatalf("R11.4: the new identity: %+v %v", got, err)
+		}
+		kept, err := (&Store{Dir: aside}).Load()
+		if err != nil || kept.Serial != old.id.Serial {
+			t.Fatalf("R11.4: the old identity kept aside: %v", err)
+		}
+		if mode(t, filepath.Join(aside, KeyFile)) != 0o600 {
+			t.Error("R4.1: the old key aside is not 0600")
+		}
+		if l := leftovers(t, s.Dir); len(l) != 0 {
+			t.Errorf("left %v", l)
+		}
+	})
+	t.Run("no old identity", func(t *testing.T) {
+		s := &Store{Dir: filepath.Join(t.TempDir(), "bcd")}
+		next := f.issue(t, SoftwareKeys{}, "node_01k5z", t0, time.Hour)
+		aside, err := s.Replace(t0, next.id, next.record, next.chainPEM, next.bundlePEM)
+		if err != nil || aside != "" {
+			t.Fatalf("Replace = %q, %v", aside, err)
+		}
+		if _, err := s.Load(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a damaged old identity is set aside as it is", func(t *testing.T) {
+		s := &Store{Dir: t.TempDir()}
+		f.issue(t, SoftwareKeys{}, "node_01k5x", t0, time.Hour).save(t, s)
+		remove(t, filepath.Join(s.Dir, BundleFile))
+		next := f.issue(t, SoftwareKeys{}, "node_01k5z", t0, time.Hour)
+		aside, err := s.Replace(t0, next.id, next.record, next.chainPEM, next.bundlePEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(aside, KeyFile)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(aside, BundleFile)); err == nil {
+			t.Fatal("a file that was not there was set aside")
+		}
+		if got, err := s.Load(); err != nil || got.NodeID != "node_01k5z" {
+			t.Fatalf("%+v %v", got, err)
+		}
+	})
+	for step := range len(fileNames()) {
+		t.Run(fmt.Sprintf("rename %d fails", step), func(t *testing.T) {
+			s := &Store{Dir: t.TempDir()}
+			old := f.issue(t, SoftwareKeys{}, "node_01k5x", t0, time.Hour)
+			old.save(t, s)
+			n := 0
+			s.rename = func(a, b string) error {
+				// Until the failing step, the old identity is in place.
+				if got, err := (&Store{Dir: s.Dir}).Load(); n == 0 && (err != nil || got.Serial != old.id.Serial) {
+					t.Errorf("R11.4: before the first rename the old identity does not load: %v", err)
+				}
+				if n == step {
+					return errors.New("injected")
+				}
+				n++
+				return os.Rename(a, b)
+			}
+			next := f.issue(t, SoftwareKeys{}, "node_01k5z", t0, time.Hour)
+			if _, err := s.Replace(t0, next.id, next.record, next.chainPEM, next.bundlePEM); err == nil || !strings.Contains(err.Error(), "injected") {
+				t.Fatalf("Replace: %v", err)
+			}
+			s.rename = nil
+			if got, err := s.Load(); err != nil || got.Serial != old.id.Serial {
+				t.Fatalf("R11.4: the old identity after a failed Replace: %v", err)
+			}
+			if d := resetDirs(t, s.Dir); len(d) != 0 {
+				t.Errorf("left %v", d)
+			}
+			if l := leftovers(t, s.Dir); len(l) != 0 {
+				t.Errorf("left %v", l)
+			}
+		})
+	}
+	t.Run("an invalid new identity", func(t *testing.T) {
+		s := &Store{Dir: t.TempDir()}
+		old := f.issue(t, SoftwareKeys{}, "node_01k5x", t0, time.Hour)
+		old.save(t, s)
+		a, b := f.issue(t, SoftwareKeys{}, "node_01k5z", t0, time.Hour), f.issue(t, SoftwareKeys{}, "node_01k5z", t0, time.Hour)
+		if _, err := s.Replace(t0, a.id, b.record, a.chainPEM, a.bundlePEM); err == nil {
+			t.Fatal("replaced with a key that is not the certificate's")
+		}
+		if got, err := s.Load(); err != nil || got.Serial != old.id.Serial {
+			t.Fatalf("%v", err)
+		}
+		if d := resetDirs(t, s.Dir); len(d) != 0 {
+			t.Errorf("left %v", d)
+		}
+	})
+}
+
 func TestTPMKeysSeam(t *testing.T) {
 	f := newPKI(t)
 	tpm := &fakeTPM{}

@@ -1,6 +1,7 @@
 package join
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -37,6 +38,10 @@ type env struct {
 	cfgPath  string
 	store    *identity.Store
 	progress []string
+	// sleeps are the waits between attempts; each moves the clock.
+	sleeps []time.Duration
+	// callTimeout bounds one Join call (zero: the default).
+	callTimeout time.Duration
 }
 
 type envOption struct {
@@ -68,15 +73,26 @@ func (e *env) setDoc(change func(d *wire.WellKnown)) { e.srv.SetDoc(change) }
 // config.toml.
 func (e *env) joiner(cfg *config.Config) *Joiner {
 	e.t.Helper()
-	j, err := New(Config{
-		BCD: cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock,
-		HTTPClient: e.srv.HTTPClient, Log: discard,
-		Progress: func(line string) { e.progress = append(e.progress, line) },
-	})
+	j, err := New(e.config(cfg))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return j
+}
+
+// config is the Joiner's Config over the env: waits between attempts move
+// the env's clock instead of sleeping.
+func (e *env) config(cfg *config.Config) Config {
+	return Config{
+		BCD: cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock,
+		HTTPClient: e.srv.HTTPClient, Log: discard, CallTimeout: e.callTimeout,
+		Progress: func(line string) { e.progress = append(e.progress, line) },
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			e.sleeps = append(e.sleeps, d)
+			e.clock.Advance(d)
+			return ctx.Err()
+		},
+	}
 }
 
 func (e *env) opts() Options { return Options{Token: e.token} }

@@ -1,8 +1,17 @@
-// Package join is bcd's side of the join flow (R4.1–R4.3, R4.6,
+// Package join is bcd's side of the join flow (R4.1–R4.3, R4.6, R4.9,
 // R11.1–R11.4): it makes the node key and CSR, collects the hardware
-// claims, seals the join token to the pinned JoinService encryption key,
-// calls JoinService.Join through the gateway over TLS pinned to the serving
-// CA, checks the signed answer in the page's order, and saves the identity.
+// claims, builds the complete request and seals the join token to the
+// pinned JoinService encryption key over the request's digest (or signs the
+// digest, for x509pop), calls JoinService.Join through the gateway over TLS
+// pinned to the serving CA, checks the signed answer in the page's order,
+// and saves the identity.
+//
+// A lost answer is recovered, never paid for twice (R4.9): the request is
+// recorded in join.pending before it is first sent, sent again unchanged
+// while failures are transient, and sent again by the next bcd join with
+// the same token; JoinService answers a request it answered before with the
+// stored answer. With --reset, the identity in place stays there, usable,
+// until the new one is saved (identity.Store.Replace).
 //
 // It also implements the well-known fallback: with --server, the
 // encryption key (when join-encryption.jwk is absent) and, on a host with no
@@ -12,8 +21,9 @@
 // SECURITY: bcd's only trust anchors are the three pins. The gateway is
 // authenticated by the serving CA pin alone (PinnedTLSConfig), the token is
 // readable only by the holder of the pinned encryption key, and the answer
-// is accepted only under the pinned join-signing key. Nothing is written to
-// the data directory until every check passed.
+// is accepted only under the pinned join-signing key. Nothing but
+// join.pending (the new key and the request, 0600, never the token) is
+// written to the data directory until every check passed.
 package join
 
 import (
@@ -32,6 +42,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/wire"
@@ -51,8 +62,18 @@ import (
 	"github.com/better-compute/better-compute/internal/version"
 )
 
+// Retries of one join request (R4.9).
 const (
-	// joinTimeout bounds the Join call, TLS handshake included.
+	// JoinAttempts bounds how often one bcd join sends its request when the
+	// failures are transient.
+	JoinAttempts = 5
+	// JoinMinBackoff and JoinMaxBackoff bound the wait between attempts.
+	JoinMinBackoff = 2 * time.Second
+	JoinMaxBackoff = 30 * time.Second
+)
+
+const (
+	// joinTimeout bounds one Join call, TLS handshake included.
 	joinTimeout = 2 * time.Minute
 	// maxResponseSize bounds the JoinResponse read from the gateway; a real
 	// one is a few KiB.
@@ -104,15 +125,22 @@ type Config struct {
 	// Progress, when set, receives a short line before each step, for the
 	// CLI to print.
 	Progress func(line string)
+	// Sleep waits d between attempts, or until ctx ends (returning its
+	// error); nil uses a timer. Tests move their clock instead.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// CallTimeout bounds one Join call; zero means two minutes.
+	CallTimeout time.Duration
 }
 
 // Joiner joins this machine; build it with New.
 type Joiner struct {
-	cfg        Config
-	keys       identity.KeyStore
-	clock      clock.Clock
-	httpClient HTTPClientFunc
-	log        *slog.Logger
+	cfg         Config
+	keys        identity.KeyStore
+	clock       clock.Clock
+	httpClient  HTTPClientFunc
+	log         *slog.Logger
+	sleep       func(ctx context.Context, d time.Duration) error
+	callTimeout time.Duration
 }
 
 // New returns a Joiner for cfg. cfg.Store is required.
@@ -123,7 +151,13 @@ func New(cfg Config) (*Joiner, error) {
 	if cfg.ConfigPath == "" {
 		cfg.ConfigPath = config.DefaultPath
 	}
-	j := &Joiner{cfg: cfg, keys: cfg.Keys, clock: cfg.Clock, httpClient: cfg.HTTPClient, log: cfg.Log}
+	j := &Joiner{cfg: cfg, keys: cfg.Keys, clock: cfg.Clock, httpClient: cfg.HTTPClient, log: cfg.Log, sleep: cfg.Sleep, callTimeout: cfg.CallTimeout}
+	if j.sleep == nil {
+		j.sleep = sleep
+	}
+	if j.callTimeout <= 0 {
+		j.callTimeout = joinTimeout
+	}
 	if j.keys == nil {
 		j.keys = identity.SoftwareKeys{}
 	}
@@ -156,6 +190,11 @@ type Options struct {
 	// Bootstrap is required when there is no config.toml (Config.BCD nil)
 	// and refused otherwise.
 	Bootstrap *Bootstrap
+	// Reset joins although this machine has an identity (`bcd join --reset
+	// --yes`, R11.4). The identity stays in place, and usable by bcd run,
+	// until the new one is saved; then it is moved aside to
+	// <data_dir>/reset-<time>/. A refused join leaves it as it was.
+	Reset bool
 }
 
 // Bootstrap is what a host build (R11.3) takes from the command line: the
@@ -204,9 +243,11 @@ func (j *Joiner) claimsAndKey(cfg *config.Config) (hwid.Claims, crypto.Signer, [
 	return cl, signer, keyRecord, csr, nil
 }
 
-// Reset moves the identity aside (`bcd join --reset --yes`, R11.4) and
-// returns the directory that now holds it. It returns an error matching
-// identity.ErrNotJoined when there is no identity.
+// Reset moves the identity aside (`bcd join --reset --yes` without a token,
+// R11.4) and returns the directory that now holds it. It returns an error
+// matching identity.ErrNotJoined when there is no identity. A reset with a
+// token is Join with Options.Reset, which keeps the identity in place until
+// the new one is saved.
 func (j *Joiner) Reset(now time.Time) (string, error) {
 	return j.cfg.Store.MoveAside(now)
 }
@@ -219,9 +260,20 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 	if wireAttestor == identity.AttestorX509Pop {
+		if opts.Reset {
+			return nil, errs.New(errs.InvalidArgument,
+				"--attestor x509pop re-joins with the expired identity, so it cannot be reset first; bcd moves it aside itself once the control plane answered")
+		}
 		return j.rejoin(ctx, opts)
 	}
-	if err := j.refuseJoined(); err != nil {
+	// R11.4: with --reset the identity in place (even a damaged one) stays
+	// there, and usable, until the new one is saved.
+	var old *oldIdentity
+	if opts.Reset {
+		if old, err = j.oldIdentity(); err != nil {
+			return nil, err
+		}
+	} else if err := j.refuseJoined(); err != nil {
 		return nil, err
 	}
 
@@ -253,29 +305,49 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
-	if err != nil {
-		return nil, err
+	// R4.9: the request of an earlier run that got no answer, when it was
+	// for this token, or a new one recorded before it is first sent.
+	want := pendingKey{tokenSHA256: TokenHash(opts.Token), attestor: wireAttestor, role: role, nodeID: opts.NodeID, site: cfg.Site}
+	p := j.takePending(want, old.identity(), nil)
+	if p != nil {
+		j.progress("sending the request of an earlier join that got no answer (%s) again…", j.pendingPath())
+	} else {
+		cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
+		if err != nil {
+			return nil, err
+		}
+		p = &pending{signer: signer, keyRecord: keyRecord, req: &agentv1.JoinRequest{
+			Csr:      csr,
+			Claims:   wireClaims(cl),
+			Attestor: wireAttestor,
+			Role:     role,
+			NodeId:   opts.NodeID,
+			Protocol: version.ProtocolMax,
+		}}
+		if err := j.writePending(p, want.tokenSHA256, cfg.Site); err != nil {
+			return nil, err
+		}
 	}
+	req := p.req
 
-	req := &agentv1.JoinRequest{
-		Csr:      csr,
-		Claims:   wireClaims(cl),
-		Attestor: wireAttestor,
-		Role:     role,
-		NodeId:   opts.NodeID,
-		Protocol: version.ProtocolMax,
-	}
+	// R4.2: the seal covers the digest of the complete request. Each
+	// attempt seals anew, so iat stays fresh; the digest does not cover the
+	// seal, so the request stays the same.
 	j.progress("sealing the token…")
-	// The seal binds the whole request (R4.2): the relay can change none
-	// of it.
-	sealed, err := pki.Seal(encKey, opts.Token, csr, pki.JoinRequestDigest(req), j.clock.Now())
-	if err != nil {
-		return nil, fmt.Errorf("seal the token: %w", err)
+	reseal := func(r *agentv1.JoinRequest) error {
+		sealed, err := pki.Seal(encKey, opts.Token, r.GetCsr(), pki.JoinRequestDigest(r), j.clock.Now())
+		if err != nil {
+			return fmt.Errorf("seal the token: %w", err)
+		}
+		r.SealedToken = sealed
+		return nil
 	}
-	req.SealedToken = sealed
-	res, err := j.call(ctx, cfg, req)
+	res, answered, err := j.send(ctx, cfg, req, reseal)
 	if err != nil {
+		err = j.sendFailed(err, answered, "bcd join again with the same token")
+		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
+			return nil, old.refused(err)
+		}
 		return nil, err
 	}
 
@@ -286,8 +358,8 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	body, err := verifyResponse(res, expectation{
 		signingPin: cfg.JoinSigningKeyPin,
 		docCert:    docCert,
-		csrHash:    pki.CSRHash(csr),
-		nodeKey:    signer.Public(),
+		csrHash:    pki.CSRHash(req.GetCsr()),
+		nodeKey:    p.signer.Public(),
 		siteID:     cfg.Site,
 		nodeID:     opts.NodeID,
 		role:       role,
@@ -296,9 +368,12 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	id, err := j.save(body, keyRecord, opts.Attestor)
+	id, aside, err := j.install(body, p.keyRecord, opts.Attestor, opts.Reset)
 	if err != nil {
 		return nil, err
+	}
+	if aside != "" {
+		j.progress("moved the old identity aside to %s", aside)
 	}
 	if j.cfg.BCD == nil {
 		if err := j.writeConfig(cfg, encKey, opts.Bootstrap); err != nil {
@@ -306,6 +381,68 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		}
 	}
 	return id, nil
+}
+
+// sendFailed is the error of a failed send. A definite answer means the
+// request did not land: join.pending goes. Otherwise it stays, and an
+// UNAVAILABLE says how to pick up an answer that may have landed.
+func (j *Joiner) sendFailed(err error, answered bool, again string) error {
+	if answered {
+		j.removePending()
+		return err
+	}
+	if e, ok := errs.As(err); ok && e.Code == errs.Unavailable {
+		return errs.New(errs.Unavailable, "%s; the request is kept in %s: if it reached the control plane, run %s to pick up its answer",
+			e.Message, j.pendingPath(), again)
+	}
+	return err
+}
+
+// oldIdentity is what is in the data directory before a join with --reset.
+type oldIdentity struct {
+	// id is the identity when it loads (an expired one too), else nil.
+	id  *identity.Identity
+	dir string
+}
+
+func (o *oldIdentity) identity() *identity.Identity {
+	if o == nil {
+		return nil
+	}
+	return o.id
+}
+
+// oldIdentity returns what a join with --reset will replace: nil when the
+// data directory holds no identity file.
+func (j *Joiner) oldIdentity() (*oldIdentity, error) {
+	present, err := j.cfg.Store.Present()
+	if err != nil {
+		return nil, err
+	}
+	if len(present) == 0 {
+		j.progress("nothing to reset: no identity in %s", j.cfg.Store.Dir)
+		return nil, nil
+	}
+	old := &oldIdentity{dir: j.cfg.Store.Dir}
+	if id, err := j.cfg.Store.Load(); err == nil {
+		old.id = id
+	}
+	return old, nil
+}
+
+// refused is the answer to a refused join with --reset: the old identity
+// stayed, and the usual cause is a machine the control plane knows.
+func (o *oldIdentity) refused(err error) error {
+	// The control plane's uniform message (and a clock note), without the
+	// general note on where the reason is: said below.
+	msg := strings.Replace(errText(err), refusedNote, "", 1)
+	kept := "The old identity was kept in place in " + o.dir
+	if o.id != nil {
+		kept = fmt.Sprintf("The old identity (node %s) was kept in place", o.id.NodeID)
+	}
+	return errs.New(errs.AccessDenied,
+		"%s. This machine has joined before; the control plane refuses a new key for a known machine unless the token allows it: mint a token with --allow-reclaim and run bcd join --reset --yes again. The reason is recorded in the security.join.refused event. %s.",
+		strings.TrimSuffix(msg, "."), kept)
 }
 
 // checkOptions returns the role and the attestor to send.
@@ -488,12 +625,22 @@ func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server s
 	return wk.encKey, wk, nil
 }
 
-// call dials the gateway over pinned TLS and calls Join. Server errors come
-// back as the product's *errs.E.
-func (j *Joiner) call(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
+// send dials the gateway over pinned TLS and sends req with Join, again and
+// again while the failure is transient (R4.9): a deadline, an unavailable
+// gateway (HTTP 502, 503, 504), a reset connection. Every attempt sends the
+// very same request, so when an earlier one landed and only its answer was
+// lost, JoinService answers with what it stored for it and spends nothing.
+// reseal, when set, seals the token anew before each attempt (a fresh iat;
+// the seal is not part of the request's digest). A definite answer
+// (ACCESS_DENIED, CONFLICT, ...) is never retried.
+//
+// answered reports whether the control plane gave a definite answer, so the
+// request did not land (and join.pending can go); on a transient failure
+// or a refused gateway it is false.
+func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error) (res *agentv1.JoinResponse, answered bool, err error) {
 	u, err := url.Parse(cfg.GatewayURL)
 	if err != nil {
-		return nil, errs.New(errs.InvalidConfig, "gateway_url: not a URL")
+		return nil, false, errs.New(errs.InvalidConfig, "gateway_url: not a URL")
 	}
 	serverName := cfg.GatewayServerName
 	if serverName == "" {
@@ -501,58 +648,144 @@ func (j *Joiner) call(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	}
 	tlsConfig, err := PinnedTLSConfig(cfg.ServingCASPKIPin, serverName, j.clock.Now)
 	if err != nil {
-		return nil, errs.New(errs.InvalidConfig, "%v", err)
+		return nil, false, errs.New(errs.InvalidConfig, "%v", err)
 	}
 	j.progress("joining through %s…", u.Host)
+	// One client for every attempt: its connection is reused.
 	client := agentv1connect.NewJoinServiceClient(j.httpClient(tlsConfig), cfg.GatewayURL,
 		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
-	ctx, cancel := context.WithTimeout(ctx, joinTimeout)
-	defer cancel()
-	res, err := client.Join(ctx, connect.NewRequest(req))
-	if err != nil {
-		return nil, j.callError(err, u.Host)
+	for attempt := 1; ; attempt++ {
+		if reseal != nil {
+			if err := reseal(req); err != nil {
+				return nil, false, err
+			}
+		}
+		callCtx, cancel := context.WithTimeout(ctx, j.callTimeout)
+		r, err := client.Join(callCtx, connect.NewRequest(req))
+		cancel()
+		if err == nil {
+			return r.Msg, true, nil
+		}
+		out, transient := j.callError(err, u.Host)
+		if !transient || ctx.Err() != nil {
+			return nil, !transient && !isPinError(err), out
+		}
+		if attempt >= JoinAttempts {
+			return nil, false, out
+		}
+		wait := JoinBackoff(attempt)
+		j.progress("no answer through %s (%s); sending the same request again in %s (attempt %d of %d)…",
+			u.Host, errText(out), wait, attempt+1, JoinAttempts)
+		if err := j.sleep(ctx, wait); err != nil {
+			return nil, false, errs.New(errs.Unavailable, "cannot join through %s: stopped while waiting to retry: %v", u.Host, err)
+		}
 	}
-	return res.Msg, nil
 }
 
-// callError turns a failed Join call into the error the user reads.
-func (j *Joiner) callError(err error, gateway string) error {
+// JoinBackoff is the wait after the n-th failed attempt (n ≥ 1):
+// JoinMinBackoff doubling up to JoinMaxBackoff.
+func JoinBackoff(n int) time.Duration {
+	return min(JoinMinBackoff<<min(n-1, 8), JoinMaxBackoff)
+}
+
+func isPinError(err error) bool {
+	var pe *pinError
+	return errors.As(err, &pe)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// callError turns a failed Join call into the error the user reads, and
+// reports whether it is transient: UNAVAILABLE, which is what a deadline, a
+// reset connection, an HTTP 502, 503 or 504 from the gateway, or an answer
+// without a product code come back as (wire.FromWire). Everything the
+// control plane answered with a product code but UNAVAILABLE is definite.
+func (j *Joiner) callError(err error, gateway string) (out error, transient bool) {
 	// The pinned verification failed: the token never left this machine.
 	var pe *pinError
 	if errors.As(err, &pe) {
-		return errs.New(errs.Unauthenticated, "refusing the gateway %s: %s; the token was not sent", gateway, pe.msg)
+		return errs.New(errs.Unauthenticated, "refusing the gateway %s: %s; the token was not sent", gateway, pe.msg), false
 	}
 	e, ok := errs.As(wire.FromWire(err))
 	if !ok {
-		return errs.New(errs.Unavailable, "cannot join through %s: %v", gateway, err)
+		return errs.New(errs.Unavailable, "cannot join through %s: %v", gateway, err), true
 	}
 	switch e.Code {
 	case errs.AccessDenied:
-		// The agent never learns why (R4.7); say where the reason is.
-		return errs.New(errs.AccessDenied, "%s (the reason is recorded by the control plane as a security.join.refused event; a refused join does not spend the token)", e.Message)
+		// The agent never learns why (R4.7); say where the reason is, and
+		// what this machine can see itself: a clock off the gateway's.
+		return errs.New(errs.AccessDenied, "%s%s%s", e.Message, refusedNote, j.clockNote(err)), false
 	case errs.Unavailable:
-		return errs.New(errs.Unavailable, "cannot join through %s: %s", gateway, e.Message)
+		return errs.New(errs.Unavailable, "cannot join through %s: %s", gateway, e.Message), true
 	}
-	return e
+	return e, false
 }
 
-// save writes the identity the verified body describes and returns it as
-// Load reads it back.
-func (j *Joiner) save(body *agentv1.JoinResponseBody, keyRecord []byte, attestor string) (*identity.Identity, error) {
+// refusedNote follows the control plane's uniform refusal.
+const refusedNote = " (the reason is recorded by the control plane as a security.join.refused event; a refused join does not spend the token)"
+
+// maxClockSkew is how far this machine's clock may be from the gateway's
+// before a refusal mentions it: the seal's iat is refused more than
+// pki.SealMaxFuture ahead of the control plane's clock (R4.2).
+const maxClockSkew = time.Minute
+
+// clockNote returns a note for a refused join when the gateway's Date header
+// shows this machine's clock more than maxClockSkew off, else "". The
+// header is only a hint for the operator (the gateway is not trusted):
+// it never changes what bcd does.
+func (j *Joiner) clockNote(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	date, perr := http.ParseTime(ce.Meta().Get("Date"))
+	if perr != nil {
+		return ""
+	}
+	skew := j.clock.Now().Sub(date).Truncate(time.Second)
+	switch {
+	case skew > maxClockSkew:
+		return fmt.Sprintf("; this machine's clock is %s ahead of the gateway's, and a seal dated more than %s ahead of the control plane's clock is refused: set the clock (NTP) and join again", skew, pki.SealMaxFuture)
+	case skew < -maxClockSkew:
+		return fmt.Sprintf("; this machine's clock is %s behind the gateway's, and a seal older than %s by the control plane's clock is refused: set the clock (NTP) and join again", -skew, pki.SealMaxAge)
+	}
+	return ""
+}
+
+// install saves the identity the verified body describes and returns it as
+// Load reads it back. With replace, an identity in place is replaced in one
+// step and kept aside (identity.Store.Replace); aside is its directory. Once
+// the identity is saved, join.pending has done its work and goes.
+func (j *Joiner) install(body *agentv1.JoinResponseBody, keyRecord []byte, attestor string, replace bool) (saved *identity.Identity, aside string, err error) {
 	chainPEM := derToPEM(body.GetCertChain())
 	bundlePEM := derToPEM(body.GetCommandBundle())
 	id, err := identity.NewIdentity(chainPEM, attestor, j.clock.Now())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	if err := j.cfg.Store.Save(id, keyRecord, chainPEM, bundlePEM); err != nil {
-		return nil, fmt.Errorf("save the identity in %s: %w", j.cfg.Store.Dir, err)
+	if replace {
+		aside, err = j.cfg.Store.Replace(j.clock.Now(), id, keyRecord, chainPEM, bundlePEM)
+	} else {
+		err = j.cfg.Store.Save(id, keyRecord, chainPEM, bundlePEM)
 	}
-	saved, err := j.cfg.Store.Load()
 	if err != nil {
-		return nil, fmt.Errorf("reload the saved identity: %w", err)
+		return nil, "", fmt.Errorf("save the identity in %s: %w", j.cfg.Store.Dir, err)
 	}
-	return saved, nil
+	j.removePending()
+	saved, err = j.cfg.Store.Load()
+	if err != nil {
+		return nil, aside, fmt.Errorf("reload the saved identity: %w", err)
+	}
+	return saved, aside, nil
 }
 
 func derToPEM(ders [][]byte) []byte {

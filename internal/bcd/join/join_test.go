@@ -12,6 +12,8 @@ import (
 
 	"github.com/better-compute/better-compute/internal/wire"
 
+	"google.golang.org/protobuf/proto"
+
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
@@ -91,8 +93,17 @@ func TestJoinHappyPath(t *testing.T) {
 	if strings.Contains(req.GetSealedToken(), e.token) {
 		t.Error("R4.2: the token is readable in the request")
 	}
-	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr")); err == nil {
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(req), e.now); err != nil {
+		t.Errorf("R4.2: the seal does not open for the request it came with: %v", err)
+	}
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr"), pki.JoinRequestDigest(req), e.now); err == nil {
 		t.Error("R4.2: the seal opens for another CSR")
+	}
+	// The seal covers the whole request: the claims the gateway relays too.
+	changed := proto.Clone(req).(*agentv1.JoinRequest)
+	changed.Claims.Hostname = "relay-was-here"
+	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(changed), e.now); err == nil {
+		t.Error("R4.2: the seal opens for a request with other claims")
 	}
 	want := []string{"collecting hardware claims…", "sealing the token…", "joining through " + strings.TrimPrefix(e.srv.URL, "https://") + "…"}
 	if strings.Join(e.progress, "|") != strings.Join(want, "|") {
@@ -608,4 +619,37 @@ func TestVerifySignatureFirst(t *testing.T) {
 	if !errors.As(err, &re) || re.Check != CheckCSR {
 		t.Fatalf("R4.6: %v", err)
 	}
+}
+
+// R4.2: a machine whose clock is off is refused (its seal is dated outside
+// the control plane's window); the refusal says so when the gateway's Date
+// shows it, and says nothing of clocks otherwise.
+func TestRefusalNamesClockSkewR4_2(t *testing.T) {
+	tests := []struct {
+		name  string
+		shift time.Duration
+		want  string
+	}{
+		{name: "ahead", shift: 20 * time.Minute, want: "ahead of the gateway's, and a seal dated more than 5m0s ahead of the control plane's clock is refused: set the clock (NTP) and join again"},
+		{name: "behind", shift: -20 * time.Minute, want: "behind the gateway's, and a seal older than 10m0s by the control plane's clock is refused: set the clock (NTP) and join again"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, envOption{})
+			e.clock.Advance(tt.shift)
+			_, err := e.joiner(e.cfg).Join(context.Background(), e.opts())
+			wantErr(t, "R4.2", err, errs.AccessDenied, "Join refused", "this machine's clock is ", tt.want)
+			nothingSaved(t, "R4.2", e.store)
+		})
+	}
+	t.Run("a refusal with the clock right", func(t *testing.T) {
+		e := newEnv(t, envOption{})
+		o := e.opts()
+		o.Token = newToken(e.now)
+		_, err := e.joiner(e.cfg).Join(context.Background(), o)
+		wantErr(t, "R4.7", err, errs.AccessDenied, "Join refused")
+		if strings.Contains(err.Error(), "clock") {
+			t.Errorf("R4.7: %v", err)
+		}
+	})
 }

@@ -1,12 +1,14 @@
 package join
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -21,8 +23,11 @@ const X509PopMaxExpired = 7 * 24 * time.Hour
 // rejoin is `bcd join --attestor x509pop` (R10.5): the machine's
 // certificate expired while it was offline, so it cannot renew; it proves
 // possession of the expired certificate's key instead and comes back as the
-// same node. No token is involved. The expired identity is moved aside only
-// after the answer verified, and put back when the new one cannot be saved.
+// same node. No token is involved. The expired identity is replaced, and
+// kept aside, only after the answer verified; it stays in place when the new
+// one cannot be saved. Like a token join, the request is retried while the
+// failure is transient and kept in join.pending until its answer is saved
+// (R4.9).
 func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, error) {
 	if j.cfg.BCD == nil || opts.Bootstrap != nil {
 		return nil, errs.New(errs.InvalidConfig,
@@ -64,81 +69,93 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 		return nil, errs.Invalid("--role", "this node's role is %s; x509pop re-joins it with that role", role)
 	}
 
-	cl, signer, keyRecord, csr, err := j.claimsAndKey(&cfg)
+	// R4.9: the request of an earlier run that got no answer, when it was
+	// made with this expired certificate, or a new one recorded before it
+	// is first sent.
+	want := pendingKey{attestor: identity.AttestorX509Pop, role: ask, nodeID: old.NodeID, site: cfg.Site}
+	sameLeaf := func(r *agentv1.JoinRequest) bool {
+		chain := r.GetX509Pop().GetChain()
+		return len(chain) > 0 && bytes.Equal(chain[0], old.Leaf().Raw)
+	}
+	p := j.takePending(want, old, sameLeaf)
+	for {
+		if p != nil {
+			j.progress("sending the request of an earlier re-join that got no answer (%s) again…", j.pendingPath())
+		} else if p, err = j.newRejoinRequest(&cfg, old, ask); err != nil {
+			return nil, err
+		}
+		res, answered, err := j.send(ctx, &cfg, p.req, nil)
+		if err != nil {
+			err = j.sendFailed(err, answered, "bcd join --attestor x509pop again")
+			if e, ok := errs.As(err); ok && e.Code == errs.AccessDenied {
+				if p.fromFile {
+					// Had the earlier request landed, its stored answer
+					// would have come back; its proof is dated, so make a
+					// fresh one, once.
+					j.progress("the control plane refused the earlier request; making a new one…")
+					p = nil
+					continue
+				}
+				return nil, errs.New(errs.AccessDenied,
+					"%s; x509pop re-joins a node only within %s of its certificate's expiry (it expired at %s), when the control plane runs the x509pop attestor and the pool's policy allows it; otherwise join again with a new token: bcd join --reset --yes, then bcd join",
+					e.Message, X509PopMaxExpired, old.NotAfter.Format(time.RFC3339))
+			}
+			return nil, err
+		}
+		body, err := verifyResponse(res, expectation{
+			signingPin:  cfg.JoinSigningKeyPin,
+			csrHash:     pki.CSRHash(p.req.GetCsr()),
+			nodeKey:     p.signer.Public(),
+			siteID:      cfg.Site,
+			nodeID:      old.NodeID,
+			role:        role,
+			trustDomain: old.TrustDomain,
+			rejoin:      true,
+		})
+		if err != nil {
+			return nil, err
+		}
+		// Only now is the expired identity replaced, in one step, and kept
+		// aside as --reset does; if the new one cannot be saved, the
+		// expired one stays in place.
+		id, aside, err := j.install(body, p.keyRecord, identity.AttestorX509Pop, true)
+		if err != nil {
+			return nil, fmt.Errorf("%w; the expired identity is still in place", err)
+		}
+		j.progress("re-joined as %s; the expired identity is in %s", id.NodeID, aside)
+		return id, nil
+	}
+}
+
+// newRejoinRequest makes the new key and the complete x509pop request, signs
+// its digest with the expired certificate's key (R4.2), and records it in
+// join.pending before it is first sent (R4.9).
+func (j *Joiner) newRejoinRequest(cfg *config.Config, old *identity.Identity, role string) (*pending, error) {
+	cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
 	if err != nil {
 		return nil, err
 	}
-
-	// The evidence, signed with the expired certificate's key.
 	chain := make([][]byte, len(old.Chain))
 	for i, c := range old.Chain {
 		chain[i] = c.Raw
 	}
-	clientMS := j.clock.Now().UnixMilli()
 	req := &agentv1.JoinRequest{
 		Csr:      csr,
 		Claims:   wireClaims(cl),
 		Attestor: identity.AttestorX509Pop,
-		Role:     ask,
+		Role:     role,
 		NodeId:   old.NodeID,
 		Protocol: version.ProtocolMax,
-		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: clientMS},
+		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.clock.Now().UnixMilli()},
 	}
-	// The signature covers the whole request (R4.2): the relay can change
-	// none of it.
 	sig, err := pki.SignX509Pop(old.Signer, pki.JoinRequestDigest(req))
 	if err != nil {
 		return nil, fmt.Errorf("sign the x509pop evidence with the expired certificate's key: %w", err)
 	}
 	req.X509Pop.Sig = sig
-	res, err := j.call(ctx, &cfg, req)
-	if err != nil {
-		if e, ok := errs.As(err); ok && e.Code == errs.AccessDenied {
-			return nil, errs.New(errs.AccessDenied,
-				"%s; x509pop re-joins a node only within %s of its certificate's expiry (it expired at %s), when the control plane runs the x509pop attestor and the pool's policy allows it; otherwise join again with a new token: bcd join --reset --yes, then bcd join",
-				e.Message, X509PopMaxExpired, old.NotAfter.Format(time.RFC3339))
-		}
+	p := &pending{req: req, signer: signer, keyRecord: keyRecord}
+	if err := j.writePending(p, "", cfg.Site); err != nil {
 		return nil, err
 	}
-	body, err := verifyResponse(res, expectation{
-		signingPin:  cfg.JoinSigningKeyPin,
-		csrHash:     pki.CSRHash(csr),
-		nodeKey:     signer.Public(),
-		siteID:      cfg.Site,
-		nodeID:      old.NodeID,
-		role:        role,
-		trustDomain: old.TrustDomain,
-		rejoin:      true,
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	// Only now is the expired identity moved aside, as --reset does; if the
-	// new one cannot be saved, it is put back.
-	aside, err := j.cfg.Store.MoveAside(j.clock.Now())
-	if err != nil {
-		return nil, fmt.Errorf("move the expired identity aside: %w; the new certificate was not saved", err)
-	}
-	id, err := j.save(body, keyRecord, identity.AttestorX509Pop)
-	if err != nil {
-		if rerr := j.restore(aside); rerr != nil {
-			return nil, fmt.Errorf("%w; putting the expired identity back failed (%v): it is in %s", err, rerr, aside)
-		}
-		return nil, fmt.Errorf("%w; the expired identity was put back", err)
-	}
-	j.progress("re-joined as %s; the expired identity is in %s", id.NodeID, aside)
-	return id, nil
-}
-
-// restore removes whatever a failed save left and moves the identity in
-// dir back.
-func (j *Joiner) restore(dir string) error {
-	if present, err := j.cfg.Store.Present(); err == nil && len(present) > 0 {
-		// Save rolls its own files back; anything still here is partial.
-		if _, err := j.cfg.Store.MoveAside(j.clock.Now()); err != nil {
-			return err
-		}
-	}
-	return j.cfg.Store.Restore(dir)
+	return p, nil
 }

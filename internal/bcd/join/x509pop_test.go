@@ -70,7 +70,7 @@ func TestRejoinX509PopR10_5(t *testing.T) {
 	case ev == nil || len(ev.GetChain()) != 2 || string(ev.GetChain()[0]) != string(old.Leaf().Raw):
 		t.Errorf("evidence %v, want the expired chain", ev)
 	case pki.VerifyX509Pop(old.Leaf().PublicKey, pki.JoinRequestDigest(req), ev.GetSig()) != nil:
-		t.Error("the evidence is not signed by the expired certificate's key")
+		t.Error("R4.2: the evidence does not sign the request's digest with the expired certificate's key")
 	case ev.GetClientTimeUnixMs() != e.now.UnixMilli():
 		t.Errorf("client time %d, want %d", ev.GetClientTimeUnixMs(), e.now.UnixMilli())
 	}
@@ -101,7 +101,9 @@ func TestRejoinX509PopKeepsIdentityR10_5(t *testing.T) {
 	t.Run("save fails", func(t *testing.T) {
 		e := newEnv(t, envOption{})
 		old := e.joinExpired(t)
-		j, err := New(Config{BCD: e.cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock, HTTPClient: e.srv.HTTPClient, Log: discard, Keys: badRecordKeys{}})
+		c := e.config(e.cfg)
+		c.Keys = badRecordKeys{}
+		j, err := New(c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -125,7 +125,8 @@ func (x *Claims) GetHostname() string {
 type JoinRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The join token as a compact JWE (ECDH-ES+A256KW, A256GCM) to the
-	// JoinService encryption key; header typ bcjt+jwe, iat, csr.
+	// JoinService encryption key; header typ bcjt+jwe, iat, csr, and req,
+	// the digest of this whole request but the seal (pki.JoinRequestDigest).
 	SealedToken string `protobuf:"bytes,1,opt,name=sealed_token,json=sealedToken,proto3" json:"sealed_token,omitempty"`
 	// PKCS#10 request (DER) for a P-256 key.
 	Csr    []byte  `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
@@ -273,7 +274,8 @@ type X509Pop struct {
 	// The daemon's clock when it signed, Unix milliseconds.
 	ClientTimeUnixMs int64 `protobuf:"varint,2,opt,name=client_time_unix_ms,json=clientTimeUnixMs,proto3" json:"client_time_unix_ms,omitempty"`
 	// Signature by the expired certificate's key, purpose x509pop, over
-	// sha256(csr) || node id || client time (pki.X509PopMessage).
+	// the request digest (pki.JoinRequestDigest, pki.X509PopMessage), which
+	// covers the CSR, claims, role, node id, chain and client time.
 	Sig           []byte `protobuf:"bytes,3,opt,name=sig,proto3" json:"sig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

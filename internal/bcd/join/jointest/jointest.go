@@ -2,10 +2,13 @@
 // tests of bcd's join and CLI. It is a fake, not a mock: it opens the seal
 // with the bundle's encryption key, signs a real node certificate with the
 // node CA, signs the body with the join-signing key, and serves the
-// well-known document. Hooks let a test tamper with the answer.
+// well-known document. Like JoinService, it keeps each answer by the
+// request's digest and hands it back when the same request arrives again
+// (R4.9). Hooks let a test tamper with the answer or lose it on the way back.
 package jointest
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -69,6 +72,45 @@ type JoinService struct {
 	fail     error
 	before   func(a *Answer)
 	after    func(a *Answer)
+	// answers are the answers given, by request digest (R4.9).
+	answers    map[string]*agentv1.JoinResponse
+	admissions int
+	losses     []Loss
+}
+
+// Loss is how the gateway loses an answer the fake already gave and stored
+// (R4.9): the join landed, the daemon does not learn it.
+type Loss struct {
+	// Status, when not zero, answers with this HTTP status instead (502,
+	// 503, 504: a gateway whose upstream failed).
+	Status int
+	// Reset closes the daemon's connections instead of answering.
+	Reset bool
+	// Hang answers nothing until the daemon gives up (its deadline).
+	Hang bool
+}
+
+// LoseAnswers makes the next len(l) Join calls run and store their answer,
+// then lose it as l says, in order.
+func (f *JoinService) LoseAnswers(l ...Loss) {
+	f.mu.Lock()
+	f.losses = append(f.losses, l...)
+	f.mu.Unlock()
+}
+
+// Admissions returns how many joins the fake admitted: answers it made, not
+// those it handed back again for a request it had answered.
+func (f *JoinService) Admissions() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.admissions
+}
+
+// Requests returns every Join request that arrived, in order.
+func (f *JoinService) Requests() []*agentv1.JoinRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*agentv1.JoinRequest(nil), f.requests...)
 }
 
 // Fail makes every Join answer err (an *errs.E) through wire.ToWire.
@@ -111,12 +153,20 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 	}
 	if req.Msg.GetAttestor() == "x509pop" {
 		// R10.5: the evidence instead of a token: a leaf of this PKI whose
-		// key signed the CSR, the node id and the client time.
+		// key signed the request's digest.
 		if !x509PopOK(f.bundle, req.Msg) {
 			return nil, refuse()
 		}
-	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), time.Now()); err != nil || tok != f.token {
+	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), f.now); err != nil || tok != f.token {
 		return nil, refuse()
+	}
+	// R4.9: a request answered before gets that answer again.
+	digest := string(pki.JoinRequestDigest(req.Msg))
+	f.mu.Lock()
+	stored := f.answers[digest]
+	f.mu.Unlock()
+	if stored != nil {
+		return connect.NewResponse(proto.Clone(stored).(*agentv1.JoinResponse)), nil
 	}
 	role := req.Msg.GetRole()
 	if role == "" {
@@ -165,8 +215,64 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		f.t.Errorf("fake JoinService: %v", err)
 		return nil, refuse()
 	}
-	return connect.NewResponse(&agentv1.JoinResponse{Body: body, Sig: sig, SigningCertificate: a.SigningCert}), nil
+	res := &agentv1.JoinResponse{Body: body, Sig: sig, SigningCertificate: a.SigningCert}
+	f.mu.Lock()
+	if f.answers == nil {
+		f.answers = map[string]*agentv1.JoinResponse{}
+	}
+	f.answers[digest] = res
+	f.admissions++
+	f.mu.Unlock()
+	return connect.NewResponse(proto.Clone(res).(*agentv1.JoinResponse)), nil
 }
+
+// nextLoss pops the next loss, if any.
+func (f *JoinService) nextLoss() (Loss, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.losses) == 0 {
+		return Loss{}, false
+	}
+	l := f.losses[0]
+	f.losses = f.losses[1:]
+	return l, true
+}
+
+// lossy wraps the Join handler: with a loss pending, the call runs to the
+// end (the answer is stored) and its answer is then lost on the way back,
+// as a gateway or a network loses it.
+func (f *JoinService) lossy(h http.Handler, closeConns func()) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l, ok := f.nextLoss()
+		if !ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		inner := r.Clone(context.WithoutCancel(r.Context()))
+		inner.Body = io.NopCloser(bytes.NewReader(body))
+		h.ServeHTTP(&discardWriter{h: http.Header{}}, inner)
+		switch {
+		case l.Status != 0:
+			w.WriteHeader(l.Status)
+		case l.Reset:
+			closeConns()
+		case l.Hang:
+			<-r.Context().Done()
+		}
+	})
+}
+
+// discardWriter takes a whole answer and keeps none of it.
+type discardWriter struct{ h http.Header }
+
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (d *discardWriter) WriteHeader(int)             {}
+func (d *discardWriter) Flush()                      {}
 
 // Options configure New.
 type Options struct {
@@ -215,7 +321,9 @@ func New(t testing.TB, o Options) *Server {
 	if o.GatewayBundle != nil {
 		gb = o.GatewayBundle
 	}
-	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now, 24*time.Hour)
+	// Valid from an hour ago, like the bundle, so a daemon whose clock is
+	// somewhat behind still reaches the JoinService.
+	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now.Add(-time.Hour), 25*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +335,9 @@ func New(t testing.TB, o Options) *Server {
 	s.Roots.AddCert(gb.ServingCA)
 
 	mux := http.NewServeMux()
-	mux.Handle(agentv1connect.NewJoinServiceHandler(s.JoinService))
+	var srv *httptest.Server
+	joinPath, joinHandler := agentv1connect.NewJoinServiceHandler(s.JoinService)
+	mux.Handle(joinPath, s.JoinService.lossy(joinHandler, func() { srv.CloseClientConnections() }))
 	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		doc := s.doc
@@ -235,7 +345,7 @@ func New(t testing.TB, o Options) *Server {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(doc)
 	})
-	srv := httptest.NewUnstartedServer(mux)
+	srv = httptest.NewUnstartedServer(mux)
 	srv.EnableHTTP2 = true
 	// The refused handshakes of the pin tests are expected.
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
@@ -346,7 +456,7 @@ func NewToken(now time.Time) string {
 }
 
 // x509PopOK is the fake's x509pop check: no token, a leaf signed by the node
-// CA, naming the requested node, whose key signed the evidence.
+// CA, naming the requested node, whose key signed the request's digest.
 func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
 	ev := req.GetX509Pop()
 	if req.GetSealedToken() != "" || ev == nil || len(ev.GetChain()) == 0 {

@@ -1,6 +1,10 @@
 -- +goose Up
--- The answer given to each join request, by request digest (R4.9): the same
--- request arriving again gets it back and spends nothing.
+-- The answer JoinService gave each join request, by the request's digest
+-- (pki.JoinRequestDigest), so that the same request arriving again gets the
+-- same answer and spends nothing (R4.9): a daemon that lost the answer to a
+-- landed join recovers it by retrying, and a replay gains nothing. A row
+-- counts until expires_ms, compared with compute_now(); expired rows are
+-- deleted in batches.
 CREATE TABLE join_answers (
     request_digest BYTEA PRIMARY KEY,
     node_id        TEXT NOT NULL,
