@@ -231,7 +231,8 @@ func TestDevInstallScript(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install-bcd.sh: %v\n%s", err, out)
 	}
-	for _, want := range []string{"install-bcd: downloading bcd " + version + " for linux-" + arch + " from https://127.0.0.1:", "joined as node_", "install-bcd: joined pool " + d.env["POOL"]} {
+	for _, want := range []string{"install-bcd: downloading bcd " + version + " for linux-" + arch + " from https://127.0.0.1:", "joined as node_", "install-bcd: joined pool " + d.env["POOL"] + " under BCD_ROOT (no service was started); run the daemon with: " +
+		filepath.Join(host, "usr/local/bin/bcd") + " run --config " + filepath.Join(host, "etc/bcd/config.toml") + " --data-dir " + filepath.Join(host, "var/lib/bcd")} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("install-bcd.sh output lacks %q:\n%s", want, out)
 		}
