@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"io"
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/errs"
@@ -14,7 +17,7 @@ func (a *app) daemonCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "daemon", Short: "Install bcd, the node daemon, on machines"}
 	var p installscript.Params
 	var sums []string
-	var dir string
+	var dir, caFile string
 	script := &cobra.Command{
 		Use:   "install-script --pool P --site S --gateway-url URL --base-url URL --bcd-version V --sha256 amd64=HEX,arm64=HEX",
 		Short: "Print a POSIX sh script that installs bcd and joins the machine",
@@ -29,7 +32,12 @@ or standard input (never an argument), downloads
 SHA-256, installs /usr/local/bin/bcd, /etc/bcd/config.toml,
 /etc/bcd/join-encryption.jwk and bcd.service, runs bcd join with the token on
 standard input, and enables the service. Without a token on a host that
-already has /etc/bcd/config.toml it upgrades bcd in place.`,
+already has /etc/bcd/config.toml it upgrades bcd in place.
+
+--download-ca-file embeds CA certificates the script trusts for the download
+instead of the system's: for a control plane with a private CA, such as
+better-compute dev (bc-dev/ca.pem). The download is still checked against
+its SHA-256; the script never falls back to plain http.`,
 		Example: `  better-compute daemon install-script --pool $POOL --site $SITE \
     --gateway-url https://gw.eu.example.com --base-url https://compute.example.com \
     --bcd-version 0.1.0 --sha256 amd64=<hex>,arm64=<hex> > install-bcd.sh
@@ -50,6 +58,11 @@ already has /etc/bcd/config.toml it upgrades bcd in place.`,
 			var err error
 			if p.SHA256, err = installscript.ParseSHA256(sums); err != nil {
 				return err
+			}
+			if caFile != "" {
+				if p.DownloadCA, err = readSmallFile("--download-ca-file", caFile); err != nil {
+					return err
+				}
 			}
 			// A typo is reported before the secret is asked for.
 			if err := p.ValidateFlags(); err != nil {
@@ -85,6 +98,24 @@ already has /etc/bcd/config.toml it upgrades bcd in place.`,
 	f.StringVar(&p.Version, "bcd-version", "", "bcd version to install, like 0.1.0")
 	f.StringSliceVar(&sums, "sha256", nil, "SHA-256 of each build: amd64=<hex>,arm64=<hex>")
 	f.StringVar(&dir, "pki-dir", "", "PKI bundle directory (default $BETTER_COMPUTE_PKI_DIR or "+DefaultPKIDir+")")
+	f.StringVar(&caFile, "download-ca-file", "", "PEM CA certificates the script trusts for the download (a private CA, like better-compute dev's bc-dev/ca.pem)")
 	cmd.AddCommand(script)
 	return cmd
+}
+
+// readSmallFile reads a file a flag names, at most 1 MiB.
+func readSmallFile(flag, path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, errs.Invalid(flag, "%v", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20+1))
+	if err != nil {
+		return nil, errs.Invalid(flag, "%v", err)
+	}
+	if len(data) > 1<<20 {
+		return nil, errs.Invalid(flag, "%s is larger than 1 MiB", path)
+	}
+	return data, nil
 }

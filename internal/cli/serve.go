@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/authz"
 	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/fsutil"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/server"
@@ -84,8 +86,15 @@ type devState struct {
 	key, tenant, site, pool string
 }
 
+// Bounds of dev --cert-ttl, JoinService's own (R7.1).
+const (
+	devMinCertTTL = time.Minute
+	devMaxCertTTL = 24 * time.Hour
+)
+
 func (a *app) devCmd() *cobra.Command {
-	var dir, listen, gwListen, td, level string
+	var o devOptions
+	var level string
 	cmd := &cobra.Command{
 		Use:   "dev [--data-dir DIR]",
 		Short: "Run a complete local control plane on an embedded database",
@@ -96,37 +105,65 @@ site and a bcd pool. It writes DIR/dev.env; after
     source DIR/dev.env
 
 the CLI examples run as written (BETTER_COMPUTE_URL, BETTER_COMPUTE_API_KEY,
-TENANT, SITE, POOL). It also runs a gateway and writes DIR/bcd/config.toml,
-so that
+BETTER_COMPUTE_CA_FILE, TENANT, SITE, POOL). The API serves https on
+loopback with a certificate from the dev PKI's serving CA, written to
+DIR/ca.pem. It also runs a gateway and writes DIR/bcd/config.toml, so that
 
-    bcd join --config DIR/bcd/config.toml < join-token
+    bcd fake-machine --out ./fake-sys --serial SN-7701
+    bcd join --config DIR/bcd/config.toml --sysfs-root ./fake-sys < join-token
 
-joins this machine to it. Restarting on the same directory keeps everything.
+joins a made-up machine to it (docs/joining.md). Restarting on the same
+directory keeps everything.
+
+It serves a bcd build under {url}/api/compute/downloads/bcd/{version}/linux-{arch}
+for the install script (better-compute daemon install-script
+--download-ca-file DIR/ca.pem): --bcd-binary, else the bcd beside this
+better-compute, else one built with go build from the working directory.
+
+--cert-ttl shortens node certificates (60s to 24h; default 24h) so that
+renewal and the x509pop re-join of an expired certificate can be watched in
+minutes.
 
 For development only: the secret that encrypts the PKI's keys is kept in
 DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("cert-ttl") {
+				if o.certTTL < devMinCertTTL || o.certTTL > devMaxCertTTL || o.certTTL%time.Second != 0 {
+					return errs.Invalid("--cert-ttl", "want a duration from 60s to 24h in whole seconds, like 2m")
+				}
+			}
 			log, err := a.logger(level)
 			if err != nil {
 				return err
 			}
 			ctx, cancel := signalContext(cmd.Context())
 			defer cancel()
-			return a.runDev(ctx, devOptions{dir: dir, listen: listen, gwListen: gwListen, td: td}, log)
+			return a.runDev(ctx, o, log)
 		},
 	}
-	cmd.Flags().StringVar(&dir, "data-dir", "bc-dev", "data directory (created 0700)")
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "API address (plain HTTP on loopback)")
-	cmd.Flags().StringVar(&gwListen, "gateway-listen", "127.0.0.1:8443", "gateway address daemons join through (TLS)")
-	cmd.Flags().StringVar(&td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
-	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	f := cmd.Flags()
+	f.StringVar(&o.dir, "data-dir", "bc-dev", "data directory (created 0700)")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "API address (https on loopback; :0 picks a port)")
+	f.StringVar(&o.gwListen, "gateway-listen", "127.0.0.1:8443", "gateway address daemons join through (TLS; :0 picks a port)")
+	f.StringVar(&o.td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
+	f.DurationVar(&o.certTTL, "cert-ttl", 0, "node certificate lifetime, 60s to 24h (default 24h); short ones show renewal and x509pop in minutes")
+	f.StringVar(&o.bcdBinary, "bcd-binary", "", "the linux bcd the downloads path serves (default: the bcd beside better-compute, else go build)")
+	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
 
 type devOptions struct {
 	dir, listen, gwListen, td string
+	certTTL                   time.Duration
+	bcdBinary                 string
+	// buildBCD builds bcd when none is found; nil means goBuildBCD.
+	buildBCD func(ctx context.Context, out, arch string) error
 }
+
+// devCAFile is the CA that verifies dev's API (and gateway) certificates:
+// the dev PKI's serving CA.
+const devCAFile = "ca.pem"
 
 func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	dir, err := filepath.Abs(o.dir)
@@ -151,14 +188,14 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	// The gateway's serving certificate and the API agent listener's, for
-	// loopback; made once.
-	for _, name := range []string{"gateway", "agent"} {
+	// The serving certificates of the gateway, the API agent listener and
+	// the API itself, for loopback; made once.
+	for _, name := range []string{"gateway", "agent", "api"} {
 		crt, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
 		if _, err := os.Stat(crt); err == nil {
 			continue
 		}
-		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost"}, time.Now(), 365*24*time.Hour)
+		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost", "::1"}, time.Now(), 365*24*time.Hour)
 		if err != nil {
 			return err
 		}
@@ -170,19 +207,53 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			return err
 		}
 	}
-	gwURL := "https://" + o.gwListen
+	caFile := filepath.Join(dir, devCAFile)
+	if err := fsutil.WriteFileAtomic(caFile, pki.CertPEM(bundle.ServingCA), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", caFile, err)
+	}
+
+	// The bcd the install script downloads. Its absence only costs that
+	// step of the walkthrough.
+	build := o.buildBCD
+	if build == nil {
+		build = goBuildBCD
+	}
+	downloadsDir := filepath.Join(dir, "downloads")
+	self, _ := os.Executable()
+	dl, err := devBCD(ctx, log, downloadsDir, o.bcdBinary, self, build)
+	if err != nil {
+		if o.bcdBinary != "" {
+			return err
+		}
+		log.Warn("the install script cannot be tried: no bcd to serve", "err", err)
+	} else {
+		log.Info("serving bcd for the install script", "version", dl.Version, "arch", dl.Arch, "sha256", dl.SHA256, "from", dl.Source)
+	}
+
+	// The gateway's listener first: its address goes into the well-known
+	// document and the bcd config, and --gateway-listen may pick a port.
+	gwLn, err := net.Listen("tcp", o.gwListen)
+	if err != nil {
+		return errs.New(errs.InvalidConfig, "gateway listen %s: %v", o.gwListen, err)
+	}
+	defer gwLn.Close()
+	gwURL := "https://" + gwLn.Addr().String()
 	cfg := server.Config{
 		Listen: o.listen, RootTenant: "root",
+		TLS:     server.TLSConfig{CertFile: filepath.Join(dir, "api.crt"), KeyFile: filepath.Join(dir, "api.key")},
 		Store:   store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
 		PKI:     server.PKIConfig{Dir: pkiDir},
 		Agent:   server.AgentConfig{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "agent.crt"), KeyFile: filepath.Join(dir, "agent.key")},
 		Gateway: server.GatewayConfig{URL: gwURL},
 		// dev enables every attestor that is built, so all of the page can be tried.
-		Join: server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}},
+		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}, CertTTLSeconds: int(o.certTTL / time.Second)},
+		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 	}
 	envPath := filepath.Join(dir, "dev.env")
 	var st devState
 	gwErr := make(chan error, 1)
+	gwDone := make(chan struct{})
+	gwStarted := false
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	err = server.Run(runCtx, cfg, server.Options{
@@ -194,25 +265,39 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			return err
 		},
 		AgentReady: func(addr string) {
+			glog := log.With("process", "gateway")
 			g, err := gateway.New(gateway.Config{
-				Listen: o.gwListen, CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
+				Listen: gwLn.Addr().String(), CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
 				APIURL: "https://" + addr, APICAFile: filepath.Join(pkiDir, pki.FileServingCACert),
-			}, gateway.Options{Log: log.With("process", "gateway")})
+			}, gateway.Options{Log: glog})
 			if err != nil {
 				gwErr <- err
 				cancel()
 				return
 			}
+			gwStarted = true
 			go func() {
-				if err := g.Run(runCtx); err != nil {
-					gwErr <- err
-					cancel()
+				defer close(gwDone)
+				errc := make(chan error, 1)
+				go func() { errc <- g.Serve(gwLn) }()
+				glog.Info("gateway listening", "addr", gwLn.Addr().String())
+				select {
+				case err := <-errc:
+					if err != nil {
+						gwErr <- err
+						cancel()
+					}
+					return
+				case <-runCtx.Done():
 				}
+				sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer scancel()
+				_ = g.Shutdown(sctx)
 			}()
 		},
 		Ready: func(addr string) {
-			url := "http://" + addr
-			if err := writeDevEnv(envPath, url, st); err != nil {
+			url := "https://" + addr
+			if err := writeDevEnv(envPath, url, caFile, st); err != nil {
 				log.Error("write dev.env", "err", err)
 				return
 			}
@@ -221,9 +306,44 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 				log.Error("write the bcd config", "err", err)
 				return
 			}
-			fmt.Fprintf(a.env.Stdout, `
+			ttl := o.certTTL
+			if ttl == 0 {
+				ttl = devMaxCertTTL
+			}
+			fmt.Fprint(a.env.Stdout, devBanner(devBannerData{
+				URL: url, Dir: dir, GatewayURL: gwURL, EnvPath: envPath, BCDConf: bcdConf, CAFile: caFile, CertTTL: ttl,
+				Download: dl, SecretFile: devSecretFile(dir, a.env.Getenv(SecretEnv)),
+			}))
+		},
+	})
+	cancel()
+	if gwStarted {
+		<-gwDone
+	}
+	select {
+	case gerr := <-gwErr:
+		return fmt.Errorf("gateway: %w", gerr)
+	default:
+	}
+	return err
+}
+
+type devBannerData struct {
+	URL, Dir, GatewayURL, EnvPath, BCDConf, CAFile string
+	CertTTL                                        time.Duration
+	Download                                       *devDownload
+	// SecretFile is dev-secret's path, "" when $BETTER_COMPUTE_SECRET is
+	// set.
+	SecretFile string
+}
+
+// devBanner is what dev prints once it serves: every flow of the page, as
+// commands to paste.
+func devBanner(d devBannerData) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `
 better-compute dev is running at %s%s (data in %s)
-gateway for daemons: %s
+gateway for daemons: %s; node certificates last %s (--cert-ttl)
 
   source %s
   better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h \
@@ -231,22 +351,39 @@ gateway for daemons: %s
   better-compute join-tokens list --tenant $TENANT --pool $POOL
   better-compute events list --tenant $TENANT
 
-Join this machine (a token without --expect-*, or one naming its own serial):
-  better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h --out ./my-token
-  bcd join --config %s < ./my-token
+Join a fake machine (bcd reads its serials and MACs from ./fake-sys):
+  bcd fake-machine --out ./fake-sys --serial SN-7701
+  bcd join --config %s --sysfs-root ./fake-sys < ./join-token
   bcd run --config %s          # the session, commands and renewals
   better-compute nodes list --tenant $TENANT
-
-Stop with Ctrl-C; starting again on the same --data-dir keeps everything.
-`, url, wire.DefaultBasePath, dir, gwURL, envPath, bcdConf, bcdConf)
-		},
-	})
-	select {
-	case gerr := <-gwErr:
-		return fmt.Errorf("gateway: %w", gerr)
-	default:
+`, d.URL, wire.DefaultBasePath, d.Dir, d.GatewayURL, d.CertTTL, d.EnvPath, d.BCDConf, d.BCDConf)
+	if d.Download != nil {
+		secret := ""
+		if d.SecretFile != "" {
+			secret = "BETTER_COMPUTE_SECRET=$(cat " + d.SecretFile + ") "
+		}
+		fmt.Fprintf(&b, `
+Install with the install script (bcd %s for linux-%s is served; BCD_ROOT keeps it out of /):
+  %sbetter-compute daemon install-script --pki-dir %s \
+    --pool $POOL --site $SITE --gateway-url %s --base-url %s \
+    --bcd-version %s --sha256 %s=%s --download-ca-file %s > install-bcd.sh
+  better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h --out ./token-2
+  bcd fake-machine --out ./fake-sys-2 --serial SN-7702
+  BCD_ROOT=$PWD/host-2 BCD_SYSFS_ROOT=$PWD/fake-sys-2 sh install-bcd.sh < ./token-2
+`, d.Download.Version, d.Download.Arch, secret, filepath.Join(d.Dir, "pki"), d.GatewayURL, d.URL,
+			d.Download.Version, d.Download.Arch, d.Download.SHA256, d.CAFile)
 	}
-	return err
+	b.WriteString("\nStop with Ctrl-C; starting again on the same --data-dir keeps everything.\n")
+	return b.String()
+}
+
+// devSecretFile is where dev keeps its PKI secret, or "" when it comes from
+// the environment.
+func devSecretFile(dir, env string) string {
+	if env != "" {
+		return ""
+	}
+	return filepath.Join(dir, "dev-secret")
 }
 
 // writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
@@ -375,14 +512,15 @@ func devBootstrap(ctx context.Context, s *api.Server, db *store.DB, envPath stri
 	return st, nil
 }
 
-func writeDevEnv(path, url string, st devState) error {
+func writeDevEnv(path, url, caFile string, st devState) error {
 	body := fmt.Sprintf(`# Written by better-compute dev. Use it with: source %s
 export BETTER_COMPUTE_URL=%s
+export BETTER_COMPUTE_CA_FILE=%s
 export BETTER_COMPUTE_API_KEY=%s
 export TENANT=%s
 export SITE=%s
 export POOL=%s
-`, path, url, st.key, st.tenant, st.site, st.pool)
+`, path, url, caFile, st.key, st.tenant, st.site, st.pool)
 	tmp := path + ".tmp"
 	_ = os.Remove(tmp)
 	if err := writeNew(tmp, []byte(body), 0o600); err != nil {

@@ -8,9 +8,16 @@ import (
 	"slices"
 )
 
-// keyDomain separates hardware-key hashes from every other SHA-256 in the
-// product. Changing the encoding below needs a new version here.
-const keyDomain = "better-compute hwkey v1"
+// The key's domain strings separate hardware-key hashes from every other
+// SHA-256 in the product, and the two derivations from each other. Changing
+// an encoding below needs a new domain string.
+const (
+	// keyDomain is the full key: every identifier left.
+	keyDomain = "better-compute hwkey v1"
+	// stableKeyDomain is the stable key: the product UUID and the serials
+	// only (see Key).
+	stableKeyDomain = "better-compute hwkey stable v1"
+)
 
 // Identifier kinds, as tagged in the key encoding.
 const (
@@ -24,15 +31,21 @@ const (
 // is the same whether JoinService derives it from join claims or the
 // Inventory controller from inventory.
 type HardwareKey struct {
-	// Hash is SHA-256 over the identifiers left once placeholders are
-	// dropped; all zero when Present is false.
+	// Hash is SHA-256 over the identifiers the key is derived from (all of
+	// them, or only the stable ones: see Stable); all zero when Present is
+	// false.
 	Hash [32]byte
 	// Present is false when no identifier is left: the machine has no key.
 	Present bool
 	// Trusted is true when at least two independent kinds of identifier
 	// are left (see Kinds). Only a trusted key may reclaim a node (R6.3).
 	Trusted bool
-	// Identifiers counts the identifier values hashed.
+	// Stable is true when Hash covers only the product UUID and the
+	// serials, because both kinds are left: replacing a NIC or a GPU then
+	// keeps the key (R6.3). A stable key is always trusted.
+	Stable bool
+	// Identifiers counts the identifier values left once placeholders are
+	// dropped, whether or not the hash covers them.
 	Identifiers int
 	// Kinds counts the independent kinds among them.
 	//
@@ -111,23 +124,79 @@ func gpuPlaceholder(g string) bool {
 	return IsPlaceholder(g)
 }
 
-// Key derives the hardware key of n (R6.1). Placeholder values are dropped
-// first. The hash is SHA-256 over a canonical encoding: the domain string
-// "better-compute hwkey v1", the number of identifiers, then each
-// identifier as its kind ("uuid", "serial", "mac", "gpu") and value, sorted
-// by kind then value, every string length-prefixed (4 bytes, big endian)
-// and the count likewise. Values are the normalized forms: product UUID
-// lower case dashed; each distinct serial case-folded (so the same serial
-// in two slots counts once, and the slot does not matter); each permanent
-// MAC lower case colon separated; each GPU UUID case-folded. The hostname is
-// not an identifier. The key is thus stable under reordering, case and
-// separators of the claims.
+// Key derives the hardware key of n (R6.1, R6.3).
+//
+// Placeholder values are dropped first (IsPlaceholder, IsPlaceholderUUID;
+// the hostname is never an identifier). Of the identifiers left, the
+// product UUID and the serials are the machine's stable identifiers: they
+// live in the mainboard's firmware and change only with the board. The
+// permanent MACs and the GPU UUIDs belong to replaceable parts. The key is:
+//
+//   - stable, when a product UUID and a serial are both left (two
+//     independent kinds, so trusted): the hash covers those two kinds only.
+//     A machine whose NIC or GPU was replaced, added or removed keeps its
+//     key, and so stays its node (a reinstall after the swap reclaims it);
+//   - full, otherwise: the hash covers every identifier left, and the MACs
+//     and GPU UUIDs count towards the two kinds a trusted key needs. Such a
+//     machine has at most one stable identifier, and one identifier alone is
+//     too weak a name (cloned VMs share product UUIDs, some vendors reuse
+//     serials), so its replaceable parts are part of its name: after a NIC
+//     or GPU swap it is a new machine, and the old node is retired by hand.
+//
+// Trust is decided the same way in both cases: at least two independent
+// kinds left (see HardwareKey.Kinds).
+//
+// The hash is SHA-256 over a canonical encoding: the domain string
+// ("better-compute hwkey stable v1" for a stable key, "better-compute hwkey
+// v1" for a full one), the number of identifiers hashed, then each as its
+// kind ("uuid", "serial", "mac", "gpu") and value, sorted by kind then
+// value, every string length-prefixed (4 bytes, big endian) and the count
+// likewise. Values are the normalized forms: product UUID lower case dashed;
+// each distinct serial case-folded (so the same serial in two slots counts
+// once, and the slot does not matter); each permanent MAC lower case colon
+// separated; each GPU UUID case-folded. The key is thus stable under
+// reordering, case and separators of the claims. The two domains keep a
+// stable key from ever equalling a full one.
 func (n Normalized) Key() HardwareKey {
 	ids := n.identifiers()
 	if len(ids) == 0 {
 		return HardwareKey{}
 	}
 	k := HardwareKey{Present: true, Identifiers: len(ids)}
+	var hasUUID, hasSerial bool
+	last := ""
+	for _, id := range ids {
+		if id.kind != last {
+			k.Kinds++
+			last = id.kind
+		}
+		hasUUID = hasUUID || id.kind == kindUUID
+		hasSerial = hasSerial || id.kind == kindSerial
+	}
+	k.HasUUIDOrSerial = hasUUID || hasSerial
+	k.Trusted = k.Kinds >= 2
+	k.Stable = hasUUID && hasSerial
+	domain, hashed := keyDomain, ids
+	if k.Stable {
+		domain, hashed = stableKeyDomain, stableOnly(ids)
+	}
+	k.Hash = hashIdentifiers(domain, hashed)
+	return k
+}
+
+// stableOnly returns the product UUID and serials among ids, in order.
+func stableOnly(ids []ident) []ident {
+	out := make([]ident, 0, len(ids))
+	for _, id := range ids {
+		if id.kind == kindUUID || id.kind == kindSerial {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// hashIdentifiers is the canonical encoding described at Key.
+func hashIdentifiers(domain string, ids []ident) [32]byte {
 	h := sha256.New()
 	var buf [4]byte
 	put := func(s string) {
@@ -135,24 +204,16 @@ func (n Normalized) Key() HardwareKey {
 		h.Write(buf[:])
 		h.Write([]byte(s))
 	}
-	put(keyDomain)
+	put(domain)
 	binary.BigEndian.PutUint32(buf[:], uint32(len(ids)))
 	h.Write(buf[:])
-	last := ""
 	for _, id := range ids {
 		put(id.kind)
 		put(id.value)
-		if id.kind != last {
-			k.Kinds++
-			last = id.kind
-		}
-		if id.kind == kindUUID || id.kind == kindSerial {
-			k.HasUUIDOrSerial = true
-		}
 	}
-	h.Sum(k.Hash[:0])
-	k.Trusted = k.Kinds >= 2
-	return k
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // KeyOf normalizes c and derives its hardware key: the one function

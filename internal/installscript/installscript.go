@@ -16,7 +16,9 @@ package installscript
 import (
 	"bytes"
 	"crypto/ecdsa"
+	"crypto/x509"
 	_ "embed"
+	"encoding/pem"
 	"net/url"
 	"regexp"
 	"sort"
@@ -65,6 +67,14 @@ type Params struct {
 	// EncryptionKey is the JoinService encryption key, written to
 	// join-encryption.jwk. It must match Pins.JoinEncryption.
 	EncryptionKey *ecdsa.PublicKey
+	// DownloadCA, optional, is PEM of the CA certificates the script
+	// trusts for the download instead of the system's (--download-ca-file):
+	// for a control plane whose TLS certificate comes from a private CA,
+	// such as better-compute dev's bc-dev/ca.pem. It only widens whom the
+	// script will talk to; what it installs is still decided by the
+	// SHA-256. Only CERTIFICATE blocks are accepted, so a key file given by
+	// mistake never ends up in a script.
+	DownloadCA []byte
 
 	// allowHTTP lets tests embed an http:// BaseURL (an httptest server).
 	// The script still refuses it unless BCD_ALLOW_HTTP=1.
@@ -81,6 +91,50 @@ var (
 
 // maxVersionLen bounds --bcd-version (the download route allows 64).
 const maxVersionLen = 64
+
+// ValidVersion reports whether v is a version --bcd-version accepts
+// (MAJOR.MINOR.PATCH[-pre][+build], at most 64 characters).
+func ValidVersion(v string) bool {
+	return len(v) <= maxVersionLen && versionRE.MatchString(v)
+}
+
+// maxDownloadCASize bounds --download-ca-file; a CA certificate is about
+// 1 KiB.
+const maxDownloadCASize = 64 << 10
+
+// DownloadCAPEM checks --download-ca-file's content and returns it as
+// canonical PEM: one or more CERTIFICATE blocks that parse, and nothing
+// else (no private key, no text between blocks). "" when data is empty.
+func DownloadCAPEM(data []byte) (string, error) {
+	if len(data) == 0 {
+		return "", nil
+	}
+	if len(data) > maxDownloadCASize {
+		return "", errs.Invalid("--download-ca-file", "larger than %d bytes: want the PEM of a CA certificate or two", maxDownloadCASize)
+	}
+	var out strings.Builder
+	rest := data
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			// SECURITY: never embed a key (or anything else) in a script
+			// that is meant to be copied around.
+			return "", errs.Invalid("--download-ca-file", "holds a %s block: want only CA certificates (PEM CERTIFICATE blocks)", b.Type)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return "", errs.Invalid("--download-ca-file", "a certificate does not parse: %v", err)
+		}
+		out.Write(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: b.Bytes}))
+	}
+	if len(bytes.TrimSpace(rest)) > 0 || out.Len() == 0 {
+		return "", errs.Invalid("--download-ca-file", "want the PEM of CA certificates (-----BEGIN CERTIFICATE-----), and nothing else")
+	}
+	return strings.TrimRight(out.String(), "\n"), nil
+}
 
 // ParseSHA256 parses --sha256 values: "amd64=HEX,arm64=HEX", as one value or
 // several. Hex is accepted in either case and returned lower case.
@@ -157,7 +211,7 @@ func (p *Params) ValidateFlags() error {
 	if bp := normalizeBasePath(p.BasePath); !basePathRE.MatchString(bp) || strings.Contains(bp, "/../") || strings.HasSuffix(bp, "/..") || strings.Contains(bp, "/./") || strings.HasSuffix(bp, "/.") {
 		return errs.Invalid("--base-path", "want a path like /api/compute (letters, digits, . _ ~ - and /)")
 	}
-	if len(p.Version) > maxVersionLen || !versionRE.MatchString(p.Version) {
+	if !ValidVersion(p.Version) {
 		return errs.Invalid("--bcd-version", "want a version like 0.1.0 (MAJOR.MINOR.PATCH[-pre][+build])")
 	}
 	if len(p.SHA256) == 0 {
@@ -170,6 +224,9 @@ func (p *Params) ValidateFlags() error {
 		if !hexRE.MatchString(sum) {
 			return errs.Invalid("--sha256", "%s: want 64 hex digits (sha256sum of the build)", arch)
 		}
+	}
+	if _, err := DownloadCAPEM(p.DownloadCA); err != nil {
+		return err
 	}
 	return nil
 }
@@ -303,6 +360,10 @@ func Generate(p Params) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	ca, err := DownloadCAPEM(p.DownloadCA)
+	if err != nil {
+		return nil, err
+	}
 	arches := make([]string, 0, len(p.SHA256))
 	for a := range p.SHA256 {
 		arches = append(arches, a)
@@ -311,14 +372,15 @@ func Generate(p Params) ([]byte, error) {
 	data := struct {
 		Pool, Site, Version, DownloadPrefix string
 		SHA256AMD64, SHA256ARM64, Arches    string
-		Config, JWK, Unit                   string
+		Config, JWK, Unit, DownloadCA       string
 	}{
 		Pool: p.Pool, Site: p.Site, Version: p.Version, DownloadPrefix: p.downloadPrefix(),
 		SHA256AMD64: p.SHA256["amd64"], SHA256ARM64: p.SHA256["arm64"], Arches: strings.Join(arches, " "),
 		// The script prints these with printf '%s\n'.
-		Config: strings.TrimRight(string(cfg), "\n"),
-		JWK:    strings.TrimRight(string(jwk), "\n"),
-		Unit:   strings.TrimRight(Unit, "\n"),
+		Config:     strings.TrimRight(string(cfg), "\n"),
+		JWK:        strings.TrimRight(string(jwk), "\n"),
+		Unit:       strings.TrimRight(Unit, "\n"),
+		DownloadCA: ca,
 	}
 	var buf bytes.Buffer
 	if err := tmpl.Execute(&buf, data); err != nil {

@@ -309,9 +309,10 @@ func TestInstallScriptJoinThenUpgrade(t *testing.T) {
 			}
 
 			cfgPath := filepath.Join(r.root, "etc/bcd/config.toml")
-			// The fake bcd saw `join --config …/etc/bcd/config.toml` and the
-			// token on stdin, never in argv or its environment.
-			if got, want := readFile(t, filepath.Join(r.log, "args")), "join\n--config\n"+cfgPath+"\n"; got != want {
+			// The fake bcd saw `join --config …/etc/bcd/config.toml` (and,
+			// under BCD_ROOT, the data directory there) and the token on
+			// stdin, never in argv or its environment.
+			if got, want := readFile(t, filepath.Join(r.log, "args")), "join\n--config\n"+cfgPath+"\n--data-dir\n"+filepath.Join(r.root, "var/lib/bcd")+"\n"; got != want {
 				t.Fatalf("bcd args %q, want %q", got, want)
 			}
 			if got := readFile(t, filepath.Join(r.log, "stdin")); got != token+"\n" {

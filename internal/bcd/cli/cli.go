@@ -1,5 +1,6 @@
 // Package cli is bcd's command line: `bcd join` (R4, R11.2–R11.4), `bcd
-// status` and `bcd version`. It parses flags, reads the token from where
+// run`, `bcd renew`, `bcd status`, `bcd doctor`, `bcd fake-machine` (a
+// made-up machine's sysfs tree, for trying joins) and `bcd version`. It parses flags, reads the token from where
 // R11.2 allows, and prints; the work is in internal/bcd/join and the
 // packages under it. Errors print as "Error: CODE: message" with exit
 // code 1.
@@ -157,7 +158,7 @@ then check the identity with 'bcd status'.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return errs.New(errs.InvalidArgument, "%v", err)
 	})
-	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.versionCmd())
+	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.fakeMachineCmd(), a.versionCmd())
 	return root
 }
 

@@ -15,7 +15,7 @@ import (
 // keeps the node's session to the gateway, runs signed commands, and
 // renews the certificate in the same process.
 func (a *app) runCmd() *cobra.Command {
-	var configPath string
+	var configPath, dataDir string
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the node daemon: keep the session to the gateway and renew the certificate",
@@ -37,6 +37,17 @@ within 7 days).`,
 			if err != nil {
 				return err
 			}
+			// --data-dir overrides the config's data_dir, as for join,
+			// renew and status: one identity, wherever bcd looks for it.
+			dir, err := absDir("--data-dir", dataDir)
+			if err != nil {
+				return err
+			}
+			if dir != "" {
+				c := *cfg
+				c.DataDir = dir
+				cfg = &c
+			}
 			// The daemon logs its life at info level, unlike the one-shot
 			// commands.
 			log := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -54,5 +65,6 @@ within 7 days).`,
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir)")
 	return cmd
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/errs"
 )
 
 // Status is what `bcd status --json` and `bcd join --json` print.
@@ -42,8 +43,11 @@ func statusOf(id *identity.Identity, dataDir string, now time.Time) Status {
 
 type statusFlags struct {
 	configPath string
-	dataDir    string
-	json       bool
+	// configSet is true when --config was given: a missing file is then an
+	// error, never a fall back to the default data directory.
+	configSet bool
+	dataDir   string
+	json      bool
 }
 
 func (a *app) statusCmd() *cobra.Command {
@@ -52,7 +56,10 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show this machine's node identity (exit code 1 when not joined)",
 		Args:  noArgs,
-		RunE:  func(*cobra.Command, []string) error { return a.status(&f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.configSet = cmd.Flags().Changed("config")
+			return a.status(&f)
+		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.configPath, "config", config.DefaultPath, "bcd's config.toml, for its data_dir")
@@ -72,8 +79,13 @@ func (a *app) status(f *statusFlags) error {
 			return err
 		}
 		dir = config.DefaultDataDir
-		if cfg != nil {
+		switch {
+		case cfg != nil:
 			dir = cfg.DataDir
+		case f.configSet:
+			// A named config that is not there is a typo or a wrong
+			// machine: answering for /var/lib/bcd would hide it.
+			return errs.New(errs.InvalidConfig, "no bcd config at %s: name the config bcd joined with (--config), or its identity directory (--data-dir)", f.configPath)
 		}
 	}
 	id, err := (&identity.Store{Dir: dir}).Load()
