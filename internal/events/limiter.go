@@ -7,8 +7,9 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 )
 
-// Limiter rate-limits security events per key (attestor and reason): at most
-// Per events each Window. What it drops is counted, and the next event let
+// Limiter rate-limits security events per key (the identity core keys
+// refusals by tenant, kind, attestor and reason): at most Per events each
+// Window. What it drops is counted, and the next event let
 // through reports that count as `suppressed`, so a flood of refused joins
 // costs a bounded number of rows and still shows its size. The limit is per
 // process: with several API replicas each keeps its own.
