@@ -292,7 +292,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		sit := situation{Attestor: att.Name(), Adm: adm, Pool: pool, Site: site, Policy: policy, Root: root,
 			Claims: in.Claims, Key: in.Key, RequestedNodeID: req.GetNodeId()}
-		var elsewhere []store.NodeRef
+		var elsewhere []store.Node
 		switch {
 		case adm.NodeID != "":
 			n, err := tx.GetNode(ctx, adm.NodeID)
@@ -303,14 +303,16 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		case in.Key.Trusted && !in.Key.PlaceholderHardware():
 			// Hardware keys are matched within the token's tenant: another
 			// tenant's node never makes this a reclaim (nor refuses it).
-			n, err := tx.NodeByHardwareKey(ctx, adm.TenantID, in.Key.Hash[:])
-			if err == nil {
-				sit.Existing = &n
-			} else if !errors.Is(err, store.ErrNotFound) {
+			same, err := tx.NodesByHardwareKey(ctx, in.Key.Hash[:], 5)
+			if err != nil {
 				return err
 			}
-			if elsewhere, err = tx.HardwareKeyElsewhere(ctx, adm.TenantID, in.Key.Hash[:], 4); err != nil {
-				return err
+			for i := range same {
+				if same[i].TenantID == adm.TenantID {
+					sit.Existing = &same[i]
+				} else {
+					elsewhere = append(elsewhere, same[i])
+				}
 			}
 		}
 		if sit.Existing != nil {

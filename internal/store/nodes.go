@@ -56,33 +56,23 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	return n, nil
 }
 
-// NodeByHardwareKey finds tenantID's live (not retired) node holding a
-// trusted hardware key. Keys are matched within a tenant: another tenant's
-// node with the same key is never returned.
-func (t *Tx) NodeByHardwareKey(ctx context.Context, tenantID string, key []byte) (Node, error) {
-	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE tenant_id = ? AND hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired'", tenantID, key, true))
-	return n, notFound(err)
-}
-
-// NodeRef names a node and its tenant.
-type NodeRef struct{ ID, TenantID string }
-
-// HardwareKeyElsewhere lists up to limit live nodes of tenants other than
-// tenantID that hold the same trusted hardware key: a cross-tenant
-// collision, reported to the root tenant only.
-func (t *Tx) HardwareKeyElsewhere(ctx context.Context, tenantID string, key []byte, limit int) ([]NodeRef, error) {
-	rows, err := t.query(ctx, "SELECT id, tenant_id FROM nodes WHERE hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired' AND tenant_id <> ? ORDER BY id LIMIT ?", key, true, tenantID, limit)
+// NodesByHardwareKey lists up to limit live (not retired) nodes of any
+// tenant holding a trusted hardware key, in one query: the caller matches
+// its own tenant's (at most one: the unique index is per tenant) and
+// reports the others as a cross-tenant collision.
+func (t *Tx) NodesByHardwareKey(ctx context.Context, key []byte, limit int) ([]Node, error) {
+	rows, err := t.query(ctx, "SELECT "+nodeCols+" FROM nodes WHERE hardware_key = ? AND hardware_key_trusted = ? AND state <> 'retired' ORDER BY id LIMIT ?", key, true, limit)
 	if err != nil {
-		return nil, fmt.Errorf("find hardware key elsewhere: %w", err)
+		return nil, fmt.Errorf("find nodes by hardware key: %w", err)
 	}
 	defer rows.Close()
-	var out []NodeRef
+	var out []Node
 	for rows.Next() {
-		var r NodeRef
-		if err := rows.Scan(&r.ID, &r.TenantID); err != nil {
+		n, err := scanNode(rows)
+		if err != nil {
 			return nil, err
 		}
-		out = append(out, r)
+		out = append(out, n)
 	}
 	return out, rows.Err()
 }
