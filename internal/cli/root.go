@@ -47,6 +47,11 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if env.Getenv == nil {
 		env.Getenv = os.Getenv
 	}
+	// Nothing reaches the terminal raw (termsafe.go).
+	stdout, stderr := newSafeWriter(env.Stdout), newSafeWriter(env.Stderr)
+	defer stdout.Flush()
+	defer stderr.Flush()
+	env.Stdout, env.Stderr = stdout, stderr
 	a := &app{env: env}
 	root := a.rootCmd()
 	root.SetArgs(args)
@@ -179,12 +184,21 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 	}
 }
 
-// table prints rows under a header, aligned.
+// table prints rows under a header, aligned. Every cell is escaped
+// (termsafe.go): node-controlled text cannot break the columns, forge rows
+// or reach the terminal as control characters.
 func (a *app) table(header []string, rows [][]string) {
 	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	line := func(cells []string) {
+		esc := make([]string, len(cells))
+		for i, c := range cells {
+			esc[i] = escape(c, false)
+		}
+		fmt.Fprintln(tw, strings.Join(esc, "\t"))
+	}
+	line(header)
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		line(r)
 	}
 	tw.Flush()
 }
