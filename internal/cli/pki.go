@@ -136,14 +136,13 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 	pins := &cobra.Command{
 		Use:   "pins [--dir DIR]",
 		Short: "Print the three pins a bcd config needs",
-		Long:  "Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving CA and the JoinService signing and encryption keys.",
-		Args:  cobra.NoArgs,
+		Long: `Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving
+CA and the JoinService signing and encryption keys. Pins are public: they are
+read from the bundle's certificates and join-encryption.jwk, without
+$BETTER_COMPUTE_SECRET.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sec, err := a.secret()
-			if err != nil {
-				return err
-			}
-			b, err := pki.Load(a.pkiDir(pDir), sec)
+			b, err := pki.LoadPublic(a.pkiDir(pDir))
 			if err != nil {
 				return err
 			}

@@ -33,6 +33,10 @@ type Env struct {
 	Getenv func(string) string
 }
 
+// CAFileEnv names the PEM file of CAs that verify the control plane, the
+// default of --ca-file (better-compute dev writes it into dev.env).
+const CAFileEnv = "BETTER_COMPUTE_CA_FILE"
+
 type app struct {
 	env    Env
 	url    string
@@ -77,8 +81,8 @@ func (a *app) rootCmd() *cobra.Command {
 		Long: `better-compute turns machines into nodes of a compute fleet.
 
 Start a local control plane with 'better-compute dev', then 'source' the
-dev.env it writes; the operator commands read BETTER_COMPUTE_URL and
-BETTER_COMPUTE_API_KEY (flags override them).`,
+dev.env it writes; the operator commands read BETTER_COMPUTE_URL,
+BETTER_COMPUTE_API_KEY and BETTER_COMPUTE_CA_FILE (flags override them).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version.Version,
@@ -86,7 +90,7 @@ BETTER_COMPUTE_API_KEY (flags override them).`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.url, "url", "", "control plane URL (default $BETTER_COMPUTE_URL)")
 	pf.StringVar(&a.apiKey, "api-key", "", "API key bck_… (default $BETTER_COMPUTE_API_KEY)")
-	pf.StringVar(&a.caFile, "ca-file", "", "PEM CAs that verify the control plane (default: system roots)")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM CAs that verify the control plane (default $"+CAFileEnv+", else the system roots)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(
@@ -129,7 +133,11 @@ func (a *app) client() (*client.Client, error) {
 	if a.output != "table" && a.output != "json" {
 		return nil, errs.Invalid("--output", "want table or json")
 	}
-	return client.New(client.Config{URL: url, APIKey: key, CAFile: a.caFile})
+	ca := a.caFile
+	if ca == "" {
+		ca = a.env.Getenv(CAFileEnv)
+	}
+	return client.New(client.Config{URL: url, APIKey: key, CAFile: ca})
 }
 
 // printJSON prints a protobuf message (or a list of them) as JSON.
