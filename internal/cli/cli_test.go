@@ -924,12 +924,22 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 func TestPKI(t *testing.T) {
 	base := t.TempDir()
 	dir := filepath.Join(base, "pki")
-	env := map[string]string{"BETTER_COMPUTE_SECRET": "correct horse battery staple"}
+	// Issue 8 point 5: the secret comes from pki generate-secret; a weak
+	// one is refused before anything is written.
+	gen := run(t, nil, "pki", "generate-secret").ok(t).stdout
+	if !regexp.MustCompile(`^[A-Za-z0-9_-]{43}\n$`).MatchString(gen) || gen == run(t, nil, "pki", "generate-secret").ok(t).stdout {
+		t.Fatalf("generate-secret printed %q", gen)
+	}
+	env := map[string]string{"BETTER_COMPUTE_SECRET": strings.TrimSpace(gen)}
 	noSecret := map[string]string{}
 
 	run(t, noSecret, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET")
+	run(t, map[string]string{"BETTER_COMPUTE_SECRET": "a"}, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).
+		fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET is too weak", "pki generate-secret")
+	run(t, map[string]string{"BETTER_COMPUTE_SECRET": "correct horse battery staple"}, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).
+		fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET is too weak")
 	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
-		t.Fatalf("init without a secret wrote %s: %v", dir, err)
+		t.Fatalf("init without a (strong) secret wrote %s: %v", dir, err)
 	}
 	run(t, env, "pki", "init", "--dir", dir).fails(t, "INVALID_ARGUMENT", "--trust-domain")
 

@@ -39,7 +39,7 @@ func hexOf(s string) string {
 // pins and encryption key.
 func TestDaemonInstallScript(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	env := map[string]string{"BETTER_COMPUTE_SECRET": "s3cret-for-tests"}
+	env := map[string]string{"BETTER_COMPUTE_SECRET": "Zq3v9W1xKc7TbN4mYp0sLr8hJd2fGu6eAo5iQt1wXyE"}
 	if code, _, stderr := daemonRun(env, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir); code != 0 {
 		t.Fatalf("pki init: %s", stderr)
 	}

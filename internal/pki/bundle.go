@@ -203,7 +203,8 @@ func randomSerial() (*big.Int, error) {
 // writes a temporary directory beside dir and renames it into place, so a
 // failure leaves no half-written bundle.
 //
-// Errors: errs.InvalidConfig when secret is empty, errs.InvalidArgument for
+// Errors: errs.InvalidConfig when secret is empty or too weak (CheckSecret),
+// errs.InvalidArgument for
 // an invalid trust domain, errs.AlreadyExists when dir exists and is not an
 // empty directory.
 func Init(dir, trustDomain string, secret []byte, now time.Time) (*Bundle, error) {
@@ -211,8 +212,9 @@ func Init(dir, trustDomain string, secret []byte, now time.Time) (*Bundle, error
 }
 
 func initBundle(dir, trustDomain string, secret []byte, now time.Time, logN int) (*Bundle, error) {
-	if len(secret) == 0 {
-		return nil, errSecretMissing()
+	// Before anything is made: a weak secret writes nothing.
+	if err := CheckSecret(secret); err != nil {
+		return nil, err
 	}
 	if err := ValidateTrustDomain(trustDomain); err != nil {
 		return nil, err

@@ -77,6 +77,3 @@ func TestLoadPublic(t *testing.T) {
 		})
 	}
 }
-
-// testSecret is a generated secret (secret.GenerateStrong's form).
-var testSecret = []byte("lH3f2xq0m1U8cYt7bVQ2r9nK5sJwE6aZpD4gL0oTyXc")

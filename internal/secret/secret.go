@@ -2,7 +2,8 @@
 // (join tokens bcjt_jt_….…, API keys bck_key_….…): minting 256 random bits,
 // parsing, and hashing. The control plane stores only SHA-256 of the secret,
 // so a database dump cannot be replayed as credentials, and it compares in
-// constant time.
+// constant time. It also estimates the strength of operator passphrases
+// (BETTER_COMPUTE_SECRET) and generates strong ones (strength.go).
 package secret
 
 import (

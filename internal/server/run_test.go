@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/pki"
+	secretpkg "github.com/better-compute/better-compute/internal/secret"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -56,7 +57,7 @@ func start(t *testing.T, cfg Config, o Options) *running {
 // when its context ends (issue 2, item 4; R11.6).
 func TestRunTLSMetricsShutdown(t *testing.T) {
 	dir := t.TempDir()
-	secret := []byte("test-secret")
+	secret := []byte(secretpkg.GenerateStrong())
 	b, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", secret, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +127,7 @@ func TestRunTLSMetricsShutdown(t *testing.T) {
 // before anything listens.
 func TestRunNeedsSecret(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", []byte("s"), time.Now()); err != nil {
+	if _, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", []byte(secretpkg.GenerateStrong()), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", RootTenant: "root", Store: store.Config{Path: filepath.Join(dir, "bc.db")}, PKI: PKIConfig{Dir: filepath.Join(dir, "pki")}}, Options{})

@@ -67,6 +67,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		if bundle, err = pki.Load(cfg.PKI.Dir, o.Secret); err != nil {
 			return err
 		}
+		if err := pki.CheckSecret(o.Secret); err != nil {
+			// Key files made before the rule still open (issue 8 point 5);
+			// the operator learns the secret is weak at every start.
+			log.Warn("the PKI's keys are encrypted with a weak secret: move to a generated one (better-compute pki generate-secret) by making a new bundle", "err", err)
+		}
 		log.Info("machine PKI loaded", "trust_domain", bundle.TrustDomain)
 	} else {
 		log.Warn("no pki.dir: joins will answer INVALID_CONFIG until the machine PKI is configured")
