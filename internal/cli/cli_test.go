@@ -783,10 +783,47 @@ func TestResourcesSmoke(t *testing.T) {
 		if r := w.cli(t, "pools", "list", "--tenant", w.root).ok(t); !regexp.MustCompile(`(?m)^` + p.Id + `\s+cpu\s+` + s.Id + `\s+bcd\s+join-token,tpm\s+false\s+true\s*$`).MatchString(r.stdout) {
 			t.Fatalf("pools table:\n%s", r.stdout)
 		}
-		var ps bcv1.Pool
-		w.cli(t, "pools", "set-policy", p.Id, "--tenant", w.root, "--json").ok(t).decode(t, &ps)
-		if len(ps.GetPolicy().GetJoinAttestors()) != 0 || ps.GetPolicy().GetAcceptance() != nil {
-			t.Fatalf("set-policy did not clear: %v", &ps)
+		// Issue 8 point 7: set-policy changes the flags given, and only
+		// those; --clear-FLAG removes one; each step starts from the last.
+		for _, step := range []struct {
+			name      string
+			args      []string
+			attestors string
+			acc       *bcv1.AcceptancePolicy // nil: no acceptance checks
+			platform  bool
+		}{
+			{"one flag keeps the rest", []string{"--min-gpus", "8"}, "join-token,tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinMemoryBytes: 64 << 30, MinGpus: 8}, false},
+			{"a set and a clear", []string{"--clear-min-memory", "--join-attestors", "tpm"}, "tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, false},
+			{"a bool", []string{"--platform-operated"}, "tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, true},
+			{"clear attestors", []string{"--clear-join-attestors"}, "", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, true},
+			{"clear the last minimums drops acceptance", []string{"--clear-min-cpus", "--clear-min-gpus", "--clear-platform-operated"}, "", nil, false},
+			{"set again", []string{"--min-cpus", "2", "--min-memory", "1GiB"}, "", &bcv1.AcceptancePolicy{MinCpus: 2, MinMemoryBytes: 1 << 30}, false},
+			{"clear acceptance", []string{"--clear-acceptance"}, "", nil, false},
+		} {
+			t.Run("set-policy "+step.name, func(t *testing.T) {
+				var ps bcv1.Pool
+				w.cli(t, slices.Concat([]string{"pools", "set-policy", p.Id, "--tenant", w.root, "--json"}, step.args)...).ok(t).decode(t, &ps)
+				var stored bcv1.Pool
+				w.cli(t, "pools", "get", p.Id, "--tenant", w.root, "--json").ok(t).decode(t, &stored)
+				for _, got := range []*bcv1.Pool{&ps, &stored} {
+					pol := got.GetPolicy()
+					if strings.Join(pol.GetJoinAttestors(), ",") != step.attestors || !proto.Equal(pol.GetAcceptance(), step.acc) ||
+						pol.GetKubernetes().GetPlatformOperated() != step.platform {
+						t.Fatalf("policy %v, want attestors %q acceptance %v platformOperated %v", pol, step.attestors, step.acc, step.platform)
+					}
+				}
+			})
+		}
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{nil, "nothing to change"},
+			{[]string{"--min-cpus", "4", "--clear-min-cpus"}, "contradict"},
+			{[]string{"--min-cpus", "4", "--clear-acceptance"}, "--clear-acceptance"},
+			{[]string{"--join-attestors", "nope"}, "unknown attestor"},
+		} {
+			w.cli(t, slices.Concat([]string{"pools", "set-policy", p.Id, "--tenant", w.root}, c.args)...).fails(t, "INVALID_ARGUMENT", c.want)
 		}
 		w.cli(t, "pools", "create", "x", "--tenant", w.root, "--site", s.Id, "--min-memory", "lots").fails(t, "INVALID_ARGUMENT", "--min-memory")
 	})
@@ -903,20 +940,76 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 			t.Fatalf("events after the cursor:\n%s", r.stdout)
 		}
 
-		var a bcv1.ListAuditResponse
-		w.cli(t, "audit", "list", "--tenant", w.root, "--json").ok(t).decode(t, &a)
+		// Issue 8 point 9: the table shows readable columns and a summary
+		// of the data, not raw JSON.
+		row := regexp.MustCompile(`(?m)^\S+Z\s+security\.join-token\.created\s+` + tok.Id + `\s+(.*)$`).FindStringSubmatch(r.stdout)
+		if !strings.HasPrefix(r.stdout, "TIME ") || !strings.Contains(r.stdout, "SUMMARY") || row == nil {
+			t.Fatalf("events table:\n%s", r.stdout)
+		}
+		// The subject is not repeated, false flags are left out, short
+		// values come first.
+		if sum := strings.TrimSpace(row[1]); !strings.HasPrefix(sum, "role=node ") || !strings.Contains(sum, " maxUses=1 pinned=true ") || strings.Contains(sum, "tokenId") ||
+			strings.Contains(sum, "allowReclaim") || strings.ContainsAny(sum, "{\"") || len([]rune(sum)) > 80 {
+			t.Fatalf("summary %q: want key=value pairs, at most 80 characters", sum)
+		}
+
+		// Issue 8 point 8: audit list reads oldest first with a cursor, one
+		// JSON object per line like events.
+		auditRows := func(args ...string) []*bcv1.AuditEntry {
+			t.Helper()
+			r := w.cli(t, slices.Concat([]string{"audit", "list", "--tenant", w.root, "--json"}, args)...).ok(t)
+			var out []*bcv1.AuditEntry
+			for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+				if l == "" {
+					continue
+				}
+				var it bcv1.AuditEntry
+				if err := protojson.Unmarshal([]byte(l), &it); err != nil {
+					t.Fatalf("audit line %q: %v", l, err)
+				}
+				out = append(out, &it)
+			}
+			return out
+		}
+		all := auditRows()
 		found = false
-		for _, it := range a.Items {
+		for i, it := range all {
 			if it.Action == "join-token.created" && it.Resource == "compute-pool/"+w.pool && it.Data.AsMap()["tokenId"] == tok.Id {
 				found = true
 			}
+			if i > 0 && !(all[i-1].Time.AsTime().Compare(it.Time.AsTime()) <= 0) {
+				t.Fatalf("audit rows not oldest first: %v then %v", all[i-1], it)
+			}
 		}
-		if !found {
-			t.Fatalf("no join-token.created audit row for %s: %v", tok.Id, a.Items)
+		if !found || len(all) < 3 {
+			t.Fatalf("no join-token.created audit row for %s: %v", tok.Id, all)
 		}
-		if r := w.cli(t, "audit", "list", "--tenant", w.root).ok(t); !strings.Contains(r.stdout, "join-token.created") || strings.Contains(r.stdout, secret) {
-			t.Fatalf("audit table:\n%s", r.stdout)
+		// Paging with --limit 1 reads the same rows; the printed cursor
+		// resumes after the last.
+		paged := auditRows("--limit", "1")
+		if len(paged) != len(all) {
+			t.Fatalf("paged %d rows, bulk %d", len(paged), len(all))
 		}
+		ar := w.cli(t, "audit", "list", "--tenant", w.root).ok(t)
+		if !strings.HasPrefix(ar.stdout, "TIME ") || !strings.Contains(ar.stdout, "join-token.created") || strings.Contains(ar.stdout, secret) ||
+			!strings.HasPrefix(ar.stderr, "cursor: ") {
+			t.Fatalf("audit table:\n%s\nstderr: %s", ar.stdout, ar.stderr)
+		}
+		end := strings.TrimSpace(strings.TrimPrefix(ar.stderr, "cursor: "))
+		if end != all[len(all)-1].Cursor {
+			t.Fatalf("printed cursor %q, last row's %q", end, all[len(all)-1].Cursor)
+		}
+		if rest := auditRows("--cursor", end); len(rest) != 0 {
+			t.Fatalf("rows after the end cursor: %v", rest)
+		}
+		if rest := auditRows("--cursor", all[0].Cursor); len(rest) != len(all)-1 || rest[0].Id != all[1].Id {
+			t.Fatalf("after the first row: %d rows", len(rest))
+		}
+		w.cli(t, "join-tokens", "revoke", tok.Id, "--tenant", w.root, "--pool", w.pool).ok(t)
+		if rest := auditRows("--cursor", end); len(rest) != 1 || rest[0].Action != "join-token.revoked" {
+			t.Fatalf("after the end cursor, once a token was revoked: %v", rest)
+		}
+		w.cli(t, "audit", "list", "--tenant", w.root, "--cursor", "nope").fails(t, "INVALID_ARGUMENT", "cursor")
 	})
 }
 

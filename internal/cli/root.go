@@ -196,6 +196,11 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 // (termsafe.go): node-controlled text cannot break the columns, forge rows
 // or reach the terminal as control characters.
 func (a *app) table(header []string, rows [][]string) {
+	a.tableRows(header, rows, true)
+}
+
+// tableRows prints rows aligned, under the header when withHeader is set.
+func (a *app) tableRows(header []string, rows [][]string, withHeader bool) {
 	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
 	line := func(cells []string) {
 		esc := make([]string, len(cells))
@@ -204,7 +209,9 @@ func (a *app) table(header []string, rows [][]string) {
 		}
 		fmt.Fprintln(tw, strings.Join(esc, "\t"))
 	}
-	line(header)
+	if withHeader {
+		line(header)
+	}
 	for _, r := range rows {
 		line(r)
 	}
