@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 )
@@ -93,7 +94,9 @@ func unsafeRune(r rune) bool {
 // safeWriter escapes what is written to w (layout kept). A UTF-8 sequence
 // split across two writes is held until it completes, so it is neither
 // escaped as invalid nor let through in pieces; Flush writes what is held.
+// It is safe for concurrent use (serve and dev log from many goroutines).
 type safeWriter struct {
+	mu      sync.Mutex
 	w       io.Writer
 	pending []byte
 }
@@ -101,6 +104,8 @@ type safeWriter struct {
 func newSafeWriter(w io.Writer) *safeWriter { return &safeWriter{w: w} }
 
 func (s *safeWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	buf := append(s.pending, p...)
 	cut := len(buf)
 	// Hold back an incomplete sequence at the end (at most 3 bytes).
@@ -123,6 +128,8 @@ func (s *safeWriter) Write(p []byte) (int, error) {
 // Flush writes a held incomplete sequence, escaped as the invalid bytes it
 // is.
 func (s *safeWriter) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if len(s.pending) == 0 {
 		return nil
 	}
