@@ -111,7 +111,7 @@ func TestServeGatewayPostgres(t *testing.T) {
 	dsn := storetest.PostgresDSN(t)
 	bc, bcd := binaries(t)
 	dir := t.TempDir()
-	secretEnv := []string{"BETTER_COMPUTE_SECRET=e2e-secret", "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
+	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + e2eSecret, "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
 	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code != 0 {
 		t.Fatal(errOut)
 	}

@@ -2,6 +2,8 @@ package api
 
 import (
 	"encoding/json"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -139,4 +141,83 @@ func next[T any](items []T, limit int, id func(T) string) string {
 		return ""
 	}
 	return id(items[len(items)-1])
+}
+
+// Policy field paths of UpdatePoolPolicyRequest.update_mask (proto names).
+const (
+	maskJoinAttestors    = "join_attestors"
+	maskKubernetes       = "kubernetes"
+	maskPlatformOperated = "kubernetes.platform_operated"
+	maskAcceptance       = "acceptance"
+	maskMinCPUs          = "acceptance.min_cpus"
+	maskMinMemory        = "acceptance.min_memory_bytes"
+	maskMinGPUs          = "acceptance.min_gpus"
+)
+
+var policyMaskPaths = []string{maskJoinAttestors, maskKubernetes, maskPlatformOperated, maskAcceptance, maskMinCPUs, maskMinMemory, maskMinGPUs}
+
+// checkPolicyMask refuses an unknown or repeated path.
+func checkPolicyMask(paths []string) error {
+	if len(paths) > len(policyMaskPaths) {
+		return errs.Invalid("updateMask", "at most %d paths", len(policyMaskPaths))
+	}
+	seen := map[string]bool{}
+	for _, p := range paths {
+		if !slices.Contains(policyMaskPaths, p) {
+			return errs.Invalid("updateMask", "unknown policy field %q (want one of %s)", p, strings.Join(policyMaskPaths, ", "))
+		}
+		if seen[p] {
+			return errs.Invalid("updateMask", "%q named twice", p)
+		}
+		seen[p] = true
+	}
+	for _, p := range paths {
+		if parent, _, ok := strings.Cut(p, "."); ok && seen[parent] {
+			return errs.Invalid("updateMask", "%q and %q overlap: name one", parent, p)
+		}
+	}
+	return nil
+}
+
+// mergePolicy returns old with each masked field taken from req (an unset
+// value clears the field). Acceptance checks whose minimums all end at
+// zero are removed: a pool without minimums runs no acceptance.
+func mergePolicy(old tenancy.Policy, req *bcv1.PoolPolicy, paths []string) tenancy.Policy {
+	out := old
+	out.JoinAttestors = slices.Clone(old.JoinAttestors)
+	acc := tenancy.Acceptance{}
+	if old.Acceptance != nil {
+		acc = *old.Acceptance
+	}
+	touchedAcceptance := false
+	for _, p := range paths {
+		switch p {
+		case maskJoinAttestors:
+			out.JoinAttestors = slices.Clone(req.GetJoinAttestors())
+		case maskKubernetes, maskPlatformOperated:
+			out.Kubernetes.PlatformOperated = req.GetKubernetes().GetPlatformOperated()
+		case maskAcceptance:
+			acc, touchedAcceptance = tenancy.Acceptance{}, true
+			if a := req.GetAcceptance(); a != nil {
+				acc = tenancy.Acceptance{MinCPUs: int(a.GetMinCpus()), MinMemoryBytes: a.GetMinMemoryBytes(), MinGPUs: int(a.GetMinGpus())}
+				out.Acceptance = &acc
+			} else {
+				out.Acceptance = nil
+			}
+		case maskMinCPUs:
+			acc.MinCPUs, touchedAcceptance = int(req.GetAcceptance().GetMinCpus()), true
+		case maskMinMemory:
+			acc.MinMemoryBytes, touchedAcceptance = req.GetAcceptance().GetMinMemoryBytes(), true
+		case maskMinGPUs:
+			acc.MinGPUs, touchedAcceptance = int(req.GetAcceptance().GetMinGpus()), true
+		}
+	}
+	if touchedAcceptance && !slices.Contains(paths, maskAcceptance) {
+		if acc == (tenancy.Acceptance{}) {
+			out.Acceptance = nil
+		} else {
+			out.Acceptance = &acc
+		}
+	}
+	return out
 }

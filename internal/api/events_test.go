@@ -1,8 +1,10 @@
 package api_test
 
 import (
+	"cmp"
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -139,8 +141,12 @@ func TestJoinTokenEvents(t *testing.T) {
 				_, err := e.Admin.Events.ListEvents(ctx, rq(c.r))
 				wantErr(t, err, errs.InvalidArgument, c.field)
 			}
-			_, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, PageToken: "x"}))
-			wantErr(t, err, errs.InvalidArgument, "pageToken")
+			for _, c := range []string{"x", "-1", "0", "01", "1.2", "99999999999999999999"} {
+				_, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, Cursor: c}))
+				wantErr(t, err, errs.InvalidArgument, "cursor")
+			}
+			_, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, PageSize: -1}))
+			wantErr(t, err, errs.InvalidArgument, "pageSize")
 		})
 		t.Run("long poll", func(t *testing.T) {
 			// R14.1: a reader waiting at the end of the stream wakes when a
@@ -169,51 +175,76 @@ func TestJoinTokenEvents(t *testing.T) {
 			}
 		})
 		t.Run("audit", func(t *testing.T) {
-			// R14.2: who, what, when, on what; newest first.
+			// R14.2: who, what, when, on what. Issue 8 point 8: oldest
+			// first with a cursor, the order events are read in.
 			var tokenRows []*bcv1.AuditEntry
 			for _, a := range auditAll(t, e.Admin, w.root) {
 				if a.Action == "join-token.created" || a.Action == "join-token.revoked" {
 					tokenRows = append(tokenRows, a)
 				}
 			}
-			// Newest first: the long poll's token, the revoke, plain, pinned.
+			// Oldest first: pinned, plain, the revoke, the long poll's token.
 			if len(tokenRows) != 4 {
 				t.Fatalf("%d join-token audit rows: %v", len(tokenRows), tokenRows)
 			}
 			actor := createdBy(t, evs[0])
 			for i, c := range []struct{ action, resource, token string }{
-				{"join-token.revoked", "compute-pool/" + w.pool.Id, pinned.Id},
-				{"join-token.created", "compute-pool/" + w.pool2.Id, plain.Id},
 				{"join-token.created", "compute-pool/" + w.pool.Id, pinned.Id},
+				{"join-token.created", "compute-pool/" + w.pool2.Id, plain.Id},
+				{"join-token.revoked", "compute-pool/" + w.pool.Id, pinned.Id},
 			} {
-				a := tokenRows[i+1]
+				a := tokenRows[i]
 				if a.Action != c.action || a.Resource != c.resource || a.Actor != actor || a.Time == nil || a.TenantId != w.root || a.Data.AsMap()["tokenId"] != c.token {
 					t.Fatalf("audit %d = %v, want %v by %s", i, a, c, actor)
 				}
 			}
-			// Paging one row at a time yields the same rows.
+			// Paging one row at a time with the cursor yields the same rows;
+			// every row carries the cursor that reads on after it.
 			var paged []string
-			tok := ""
-			for {
-				res, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, PageSize: 1, PageToken: tok}))
+			cur := ""
+			for range 1000 {
+				res, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, PageSize: 1, Cursor: cur}))
 				mustOK(t, err)
-				for _, a := range res.Msg.Items {
-					paged = append(paged, a.Id)
-				}
-				if res.Msg.NextPageToken == "" {
+				if len(res.Msg.Items) == 0 {
+					if res.Msg.NextCursor != cur {
+						t.Fatalf("an empty page moved the cursor from %q to %q", cur, res.Msg.NextCursor)
+					}
 					break
 				}
-				tok = res.Msg.NextPageToken
+				a := res.Msg.Items[0]
+				if a.Cursor != res.Msg.NextCursor {
+					t.Fatalf("row cursor %q, next cursor %q", a.Cursor, res.Msg.NextCursor)
+				}
+				paged = append(paged, a.Id)
+				cur = res.Msg.NextCursor
 			}
 			var all []string
 			for _, a := range auditAll(t, e.Admin, w.root) {
 				all = append(all, a.Id)
 			}
-			if !slices.Equal(paged, all) {
-				t.Fatalf("paged audit %v, bulk %v", paged, all)
+			if !slices.Equal(paged, all) || !slices.IsSortedFunc(all, func(a, b string) int { return cmpID(t, a, b) }) {
+				t.Fatalf("paged audit %v, bulk %v (want equal and oldest first)", paged, all)
+			}
+			// The end cursor resumes later with exactly what came after.
+			tok := mkToken(t, e.Admin, &bcv1.CreateJoinTokenRequest{TenantId: w.root, PoolId: w.pool.Id})
+			res, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, Cursor: cur}))
+			mustOK(t, err)
+			if len(res.Msg.Items) != 1 || res.Msg.Items[0].Action != "join-token.created" || res.Msg.Items[0].Data.AsMap()["tokenId"] != tok.Id {
+				t.Fatalf("after the end cursor: %v", res.Msg.Items)
 			}
 		})
 	})
+}
+
+// cmpID orders decimal row ids.
+func cmpID(t *testing.T, a, b string) int {
+	t.Helper()
+	x, err1 := strconv.ParseInt(a, 10, 64)
+	y, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("ids %q %q", a, b)
+	}
+	return cmp.Compare(x, y)
 }
 
 // R14.1, R1.2: a tenant's events and audit are its own; another tenant

@@ -183,19 +183,19 @@ func isEvent(typ, subject string) func(*bcv1.Event) bool {
 	return func(ev *bcv1.Event) bool { return ev.Type == typ && ev.Subject == subject }
 }
 
-// auditAll reads a tenant's audit rows, newest first, through the API.
+// auditAll reads a tenant's audit rows, oldest first, through the API.
 func auditAll(t testing.TB, c *client.Client, tenant string) []*bcv1.AuditEntry {
 	t.Helper()
 	var out []*bcv1.AuditEntry
-	tok := ""
+	cur := ""
 	for {
-		res, err := c.Events.ListAudit(context.Background(), rq(&bcv1.ListAuditRequest{TenantId: tenant, PageSize: 200, PageToken: tok}))
+		res, err := c.Events.ListAudit(context.Background(), rq(&bcv1.ListAuditRequest{TenantId: tenant, PageSize: 200, Cursor: cur}))
 		mustOK(t, err)
 		out = append(out, res.Msg.Items...)
-		if res.Msg.NextPageToken == "" {
+		if len(res.Msg.Items) < 200 {
 			return out
 		}
-		tok = res.Msg.NextPageToken
+		cur = res.Msg.NextCursor
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
@@ -170,6 +171,10 @@ func TestCreateJoinTokenIdempotency(t *testing.T) {
 		if first.Token == "" {
 			t.Fatal("first create carries no token")
 		}
+		// Allowed only on pool2 (made before the snapshot: it writes an
+		// event and an audit row).
+		pool2Only := e.Client(t, mkKey(t, e.Admin, w.root, "pool2-minter",
+			&bcv1.Grant{Action: "compute:join-tokens:create", Resource: "compute-pool/" + w.pool2.Id}))
 		snap := settle(t, w, w.root, e.Admin, w.pool.Id)
 
 		same := func(mod func(r *bcv1.CreateJoinTokenRequest)) *bcv1.CreateJoinTokenRequest {
@@ -208,7 +213,6 @@ func TestCreateJoinTokenIdempotency(t *testing.T) {
 			name, field string
 			r           *bcv1.CreateJoinTokenRequest
 		}{
-			{"another pool", "poolId", same(func(r *bcv1.CreateJoinTokenRequest) { r.PoolId = w.pool2.Id })},
 			{"another expect", "expect", same(func(r *bcv1.CreateJoinTokenRequest) { r.Expect.Serial = "SN-7702" })},
 			{"expect dropped", "expect", same(func(r *bcv1.CreateJoinTokenRequest) { r.Expect = nil })},
 			{"expect widened", "expect", same(func(r *bcv1.CreateJoinTokenRequest) { r.Expect.GpuUuid = "GPU-5f1e0e7c-1111-2222-3333-444455556666" })},
@@ -224,6 +228,25 @@ func TestCreateJoinTokenIdempotency(t *testing.T) {
 				}
 			})
 		}
+		// Issue 8 point 4: keys are per tenant, so the same key in another
+		// pool is a CONFLICT, but one that names nothing of the other pool:
+		// a caller allowed only on pool2 must not learn the token id (or
+		// the pool) of a token it cannot see. Even the admin, who could
+		// see it, gets the same answer: it does not depend on who asks.
+		for name, c := range map[string]*client.Client{"pool2 minter": pool2Only, "admin": e.Admin} {
+			t.Run("conflict another pool, "+name, func(t *testing.T) {
+				_, err := c.JoinTokens.CreateJoinToken(ctx, rq(same(func(r *bcv1.CreateJoinTokenRequest) { r.PoolId = w.pool2.Id })))
+				ee := wantErr(t, err, errs.Conflict, "")
+				want := `idempotency key "adopt-rack-b7-u12" is already used in this tenant for another request; choose another key`
+				if ee.Message != want {
+					t.Fatalf("message %q, want %q", ee.Message, want)
+				}
+				if strings.Contains(ee.Message, first.Id) || strings.Contains(ee.Message, w.pool.Id) {
+					t.Fatalf("message %q reveals the other pool's token", ee.Message)
+				}
+			})
+		}
+
 		// Nothing half-written: replays and conflicts left no token, no
 		// event, no audit row.
 		snap.unchanged(t, w, w.root, e.Admin, w.pool.Id)

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/hwid"
 	"github.com/better-compute/better-compute/internal/jointoken"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // operator implements the operator API's services. Handlers only translate:
@@ -173,7 +174,18 @@ func (o *operator) UpdatePoolPolicy(ctx context.Context, req *connect.Request[bc
 	if err != nil {
 		return nil, err
 	}
-	pool, err := o.s.tenancy.UpdatePoolPolicy(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), policyFromPB(req.Msg.GetPolicy()))
+	m := req.Msg
+	var pool store.Pool
+	if paths := m.GetUpdateMask().GetPaths(); len(paths) > 0 {
+		if err := checkPolicyMask(paths); err != nil {
+			return nil, err
+		}
+		pool, err = o.s.tenancy.PatchPoolPolicy(ctx, p, m.GetTenantId(), m.GetPoolId(), func(old tenancy.Policy) (tenancy.Policy, error) {
+			return mergePolicy(old, m.GetPolicy(), paths), nil
+		})
+	} else {
+		pool, err = o.s.tenancy.UpdatePoolPolicy(ctx, p, m.GetTenantId(), m.GetPoolId(), policyFromPB(m.GetPolicy()))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -339,6 +351,8 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 	}
 }
 
+// ListAudit reads a tenant's audit rows oldest first with a cursor, in the
+// order events are read (issue 8 point 8).
 func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.ListAuditRequest]) (*connect.Response[bcv1.ListAuditResponse], error) {
 	p, err := principal(ctx)
 	if err != nil {
@@ -352,25 +366,38 @@ func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.List
 	if err != nil {
 		return nil, err
 	}
-	var before int64
-	if tok := m.GetPageToken(); tok != "" {
-		if before, err = strconv.ParseInt(tok, 10, 64); err != nil || before <= 0 {
-			return nil, errs.Invalid("pageToken", "not a page token from this API")
-		}
+	after, ok := parseAuditCursor(m.GetCursor())
+	if !ok {
+		return nil, errs.Invalid("cursor", "not a cursor from this API")
 	}
 	var items []store.AuditEntry
 	err = o.s.db.ReadTx(ctx, func(tx *store.Tx) error {
 		var err error
-		items, err = tx.ListAudit(ctx, m.GetTenantId(), before, limit)
+		items, err = tx.ListAuditAfter(ctx, m.GetTenantId(), after, limit)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := &bcv1.ListAuditResponse{NextPageToken: next(items, limit, func(a store.AuditEntry) string { return strconv.FormatInt(a.ID, 10) })}
+	out := &bcv1.ListAuditResponse{NextCursor: m.GetCursor()}
 	for _, a := range items {
-		out.Items = append(out.Items, &bcv1.AuditEntry{Id: strconv.FormatInt(a.ID, 10), TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
-			Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data)})
+		id := strconv.FormatInt(a.ID, 10)
+		out.Items = append(out.Items, &bcv1.AuditEntry{Id: id, TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
+			Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data), Cursor: id})
+		out.NextCursor = id
 	}
 	return connect.NewResponse(out), nil
+}
+
+// parseAuditCursor reads an audit cursor: the id of the last row read
+// ("" is the start).
+func parseAuditCursor(c string) (int64, bool) {
+	if c == "" {
+		return 0, true
+	}
+	if len(c) > 19 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(c, 10, 64)
+	return n, err == nil && n > 0 && strconv.FormatInt(n, 10) == c
 }

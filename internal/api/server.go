@@ -87,6 +87,8 @@ type Server struct {
 	sessions *session.Service
 	mux      *http.ServeMux
 	handler  http.Handler
+	// procedures is the bounded set of operator procedures (RouteLabel).
+	procedures map[string]bool
 }
 
 // New builds the API server.
@@ -114,6 +116,8 @@ func New(cfg Config) (*Server, error) {
 		authz:   authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
 		mux:     http.NewServeMux(),
+		// Read once: RouteLabel runs on every request.
+		procedures: operatorProcedures(),
 	}
 	// One identity core checks, issues and records refusals for joins,
 	// renewals and sessions, with one refusal limiter.

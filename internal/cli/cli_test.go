@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -782,10 +783,47 @@ func TestResourcesSmoke(t *testing.T) {
 		if r := w.cli(t, "pools", "list", "--tenant", w.root).ok(t); !regexp.MustCompile(`(?m)^` + p.Id + `\s+cpu\s+` + s.Id + `\s+bcd\s+join-token,tpm\s+false\s+true\s*$`).MatchString(r.stdout) {
 			t.Fatalf("pools table:\n%s", r.stdout)
 		}
-		var ps bcv1.Pool
-		w.cli(t, "pools", "set-policy", p.Id, "--tenant", w.root, "--json").ok(t).decode(t, &ps)
-		if len(ps.GetPolicy().GetJoinAttestors()) != 0 || ps.GetPolicy().GetAcceptance() != nil {
-			t.Fatalf("set-policy did not clear: %v", &ps)
+		// Issue 8 point 7: set-policy changes the flags given, and only
+		// those; --clear-FLAG removes one; each step starts from the last.
+		for _, step := range []struct {
+			name      string
+			args      []string
+			attestors string
+			acc       *bcv1.AcceptancePolicy // nil: no acceptance checks
+			platform  bool
+		}{
+			{"one flag keeps the rest", []string{"--min-gpus", "8"}, "join-token,tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinMemoryBytes: 64 << 30, MinGpus: 8}, false},
+			{"a set and a clear", []string{"--clear-min-memory", "--join-attestors", "tpm"}, "tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, false},
+			{"a bool", []string{"--platform-operated"}, "tpm", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, true},
+			{"clear attestors", []string{"--clear-join-attestors"}, "", &bcv1.AcceptancePolicy{MinCpus: 8, MinGpus: 8}, true},
+			{"clear the last minimums drops acceptance", []string{"--clear-min-cpus", "--clear-min-gpus", "--clear-platform-operated"}, "", nil, false},
+			{"set again", []string{"--min-cpus", "2", "--min-memory", "1GiB"}, "", &bcv1.AcceptancePolicy{MinCpus: 2, MinMemoryBytes: 1 << 30}, false},
+			{"clear acceptance", []string{"--clear-acceptance"}, "", nil, false},
+		} {
+			t.Run("set-policy "+step.name, func(t *testing.T) {
+				var ps bcv1.Pool
+				w.cli(t, slices.Concat([]string{"pools", "set-policy", p.Id, "--tenant", w.root, "--json"}, step.args)...).ok(t).decode(t, &ps)
+				var stored bcv1.Pool
+				w.cli(t, "pools", "get", p.Id, "--tenant", w.root, "--json").ok(t).decode(t, &stored)
+				for _, got := range []*bcv1.Pool{&ps, &stored} {
+					pol := got.GetPolicy()
+					if strings.Join(pol.GetJoinAttestors(), ",") != step.attestors || !proto.Equal(pol.GetAcceptance(), step.acc) ||
+						pol.GetKubernetes().GetPlatformOperated() != step.platform {
+						t.Fatalf("policy %v, want attestors %q acceptance %v platformOperated %v", pol, step.attestors, step.acc, step.platform)
+					}
+				}
+			})
+		}
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{nil, "nothing to change"},
+			{[]string{"--min-cpus", "4", "--clear-min-cpus"}, "contradict"},
+			{[]string{"--min-cpus", "4", "--clear-acceptance"}, "--clear-acceptance"},
+			{[]string{"--join-attestors", "nope"}, "unknown attestor"},
+		} {
+			w.cli(t, slices.Concat([]string{"pools", "set-policy", p.Id, "--tenant", w.root}, c.args)...).fails(t, "INVALID_ARGUMENT", c.want)
 		}
 		w.cli(t, "pools", "create", "x", "--tenant", w.root, "--site", s.Id, "--min-memory", "lots").fails(t, "INVALID_ARGUMENT", "--min-memory")
 	})
@@ -902,20 +940,76 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 			t.Fatalf("events after the cursor:\n%s", r.stdout)
 		}
 
-		var a bcv1.ListAuditResponse
-		w.cli(t, "audit", "list", "--tenant", w.root, "--json").ok(t).decode(t, &a)
+		// Issue 8 point 9: the table shows readable columns and a summary
+		// of the data, not raw JSON.
+		row := regexp.MustCompile(`(?m)^\S+Z\s+security\.join-token\.created\s+` + tok.Id + `\s+(.*)$`).FindStringSubmatch(r.stdout)
+		if !strings.HasPrefix(r.stdout, "TIME ") || !strings.Contains(r.stdout, "SUMMARY") || row == nil {
+			t.Fatalf("events table:\n%s", r.stdout)
+		}
+		// The subject is not repeated, false flags are left out, short
+		// values come first.
+		if sum := strings.TrimSpace(row[1]); !strings.HasPrefix(sum, "role=node ") || !strings.Contains(sum, " maxUses=1 pinned=true ") || strings.Contains(sum, "tokenId") ||
+			strings.Contains(sum, "allowReclaim") || strings.ContainsAny(sum, "{\"") || len([]rune(sum)) > 80 {
+			t.Fatalf("summary %q: want key=value pairs, at most 80 characters", sum)
+		}
+
+		// Issue 8 point 8: audit list reads oldest first with a cursor, one
+		// JSON object per line like events.
+		auditRows := func(args ...string) []*bcv1.AuditEntry {
+			t.Helper()
+			r := w.cli(t, slices.Concat([]string{"audit", "list", "--tenant", w.root, "--json"}, args)...).ok(t)
+			var out []*bcv1.AuditEntry
+			for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+				if l == "" {
+					continue
+				}
+				var it bcv1.AuditEntry
+				if err := protojson.Unmarshal([]byte(l), &it); err != nil {
+					t.Fatalf("audit line %q: %v", l, err)
+				}
+				out = append(out, &it)
+			}
+			return out
+		}
+		all := auditRows()
 		found = false
-		for _, it := range a.Items {
+		for i, it := range all {
 			if it.Action == "join-token.created" && it.Resource == "compute-pool/"+w.pool && it.Data.AsMap()["tokenId"] == tok.Id {
 				found = true
 			}
+			if i > 0 && !(all[i-1].Time.AsTime().Compare(it.Time.AsTime()) <= 0) {
+				t.Fatalf("audit rows not oldest first: %v then %v", all[i-1], it)
+			}
 		}
-		if !found {
-			t.Fatalf("no join-token.created audit row for %s: %v", tok.Id, a.Items)
+		if !found || len(all) < 3 {
+			t.Fatalf("no join-token.created audit row for %s: %v", tok.Id, all)
 		}
-		if r := w.cli(t, "audit", "list", "--tenant", w.root).ok(t); !strings.Contains(r.stdout, "join-token.created") || strings.Contains(r.stdout, secret) {
-			t.Fatalf("audit table:\n%s", r.stdout)
+		// Paging with --limit 1 reads the same rows; the printed cursor
+		// resumes after the last.
+		paged := auditRows("--limit", "1")
+		if len(paged) != len(all) {
+			t.Fatalf("paged %d rows, bulk %d", len(paged), len(all))
 		}
+		ar := w.cli(t, "audit", "list", "--tenant", w.root).ok(t)
+		if !strings.HasPrefix(ar.stdout, "TIME ") || !strings.Contains(ar.stdout, "join-token.created") || strings.Contains(ar.stdout, secret) ||
+			!strings.HasPrefix(ar.stderr, "cursor: ") {
+			t.Fatalf("audit table:\n%s\nstderr: %s", ar.stdout, ar.stderr)
+		}
+		end := strings.TrimSpace(strings.TrimPrefix(ar.stderr, "cursor: "))
+		if end != all[len(all)-1].Cursor {
+			t.Fatalf("printed cursor %q, last row's %q", end, all[len(all)-1].Cursor)
+		}
+		if rest := auditRows("--cursor", end); len(rest) != 0 {
+			t.Fatalf("rows after the end cursor: %v", rest)
+		}
+		if rest := auditRows("--cursor", all[0].Cursor); len(rest) != len(all)-1 || rest[0].Id != all[1].Id {
+			t.Fatalf("after the first row: %d rows", len(rest))
+		}
+		w.cli(t, "join-tokens", "revoke", tok.Id, "--tenant", w.root, "--pool", w.pool).ok(t)
+		if rest := auditRows("--cursor", end); len(rest) != 1 || rest[0].Action != "join-token.revoked" {
+			t.Fatalf("after the end cursor, once a token was revoked: %v", rest)
+		}
+		w.cli(t, "audit", "list", "--tenant", w.root, "--cursor", "nope").fails(t, "INVALID_ARGUMENT", "cursor")
 	})
 }
 
@@ -923,12 +1017,22 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 func TestPKI(t *testing.T) {
 	base := t.TempDir()
 	dir := filepath.Join(base, "pki")
-	env := map[string]string{"BETTER_COMPUTE_SECRET": "correct horse battery staple"}
+	// Issue 8 point 5: the secret comes from pki generate-secret; a weak
+	// one is refused before anything is written.
+	gen := run(t, nil, "pki", "generate-secret").ok(t).stdout
+	if !regexp.MustCompile(`^[A-Za-z0-9_-]{43}\n$`).MatchString(gen) || gen == run(t, nil, "pki", "generate-secret").ok(t).stdout {
+		t.Fatalf("generate-secret printed %q", gen)
+	}
+	env := map[string]string{"BETTER_COMPUTE_SECRET": strings.TrimSpace(gen)}
 	noSecret := map[string]string{}
 
 	run(t, noSecret, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET")
+	run(t, map[string]string{"BETTER_COMPUTE_SECRET": "a"}, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).
+		fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET is too weak", "pki generate-secret")
+	run(t, map[string]string{"BETTER_COMPUTE_SECRET": "correct horse battery staple"}, "pki", "init", "--trust-domain", "compute.example.com", "--dir", dir).
+		fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET is too weak")
 	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
-		t.Fatalf("init without a secret wrote %s: %v", dir, err)
+		t.Fatalf("init without a (strong) secret wrote %s: %v", dir, err)
 	}
 	run(t, env, "pki", "init", "--dir", dir).fails(t, "INVALID_ARGUMENT", "--trust-domain")
 
@@ -987,12 +1091,16 @@ func TestPKI(t *testing.T) {
 			t.Fatalf("pins:\n%s", tr.stdout)
 		}
 		// The dir also comes from BETTER_COMPUTE_PKI_DIR.
-		run(t, map[string]string{"BETTER_COMPUTE_SECRET": env["BETTER_COMPUTE_SECRET"], "BETTER_COMPUTE_PKI_DIR": dir}, "pki", "pins").ok(t)
-		run(t, noSecret, "pki", "pins", "--dir", dir).fails(t, "INVALID_CONFIG", "BETTER_COMPUTE_SECRET")
-		wrong := map[string]string{"BETTER_COMPUTE_SECRET": "wrong"}
-		if r := run(t, wrong, "pki", "pins", "--dir", dir); r.code != 1 || !strings.HasPrefix(r.stderr, "Error: ") {
-			t.Fatalf("wrong secret: exit %d %q", r.code, r.stderr)
+		run(t, map[string]string{"BETTER_COMPUTE_PKI_DIR": dir}, "pki", "pins").ok(t)
+		// Issue 8 point 10: pins are public; printing them needs no secret,
+		// and a wrong one is never read.
+		for name, e := range map[string]map[string]string{"no secret": noSecret, "wrong secret": {"BETTER_COMPUTE_SECRET": "wrong"}} {
+			var got map[string]string
+			if err := json.Unmarshal([]byte(run(t, e, "pki", "pins", "--dir", dir, "--json").ok(t).stdout), &got); err != nil || !maps.Equal(got, pins) {
+				t.Fatalf("%s: pins %v (%v), want %v", name, got, err, pins)
+			}
 		}
+		run(t, noSecret, "pki", "pins", "--dir", filepath.Join(base, "missing")).fails(t, "INVALID_CONFIG", "no PKI bundle")
 	})
 
 	t.Run("issue-gateway", func(t *testing.T) {

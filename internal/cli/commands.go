@@ -244,13 +244,9 @@ func orDash(s string) string {
 	return s
 }
 
+// oneLine shortens s to n characters for a table cell (which escapes it).
 func oneLine(s string, n int) string {
 	r := []rune(s)
-	for i, c := range r {
-		if c == '\n' || c == '\r' || c == '\t' {
-			r[i] = ' '
-		}
-	}
 	if len(r) > n {
 		return string(r[:n-1]) + "…"
 	}

@@ -23,8 +23,9 @@ func (a *app) daemonCmd() *cobra.Command {
 		Short: "Print a POSIX sh script that installs bcd and joins the machine",
 		Long: `Print the install script for brownfield servers (R3.5, R11.5). It embeds
 the gateway, the site, the three pins and the JoinService encryption key from
-the PKI bundle (read with $BETTER_COMPUTE_SECRET, like pki pins), and the
-SHA-256 of each bcd build. It holds no secret.
+the PKI bundle (its public files only, like pki pins: no
+$BETTER_COMPUTE_SECRET needed), and the SHA-256 of each bcd build. It holds
+no secret.
 
 On the machine, as root, the script reads the join token from BCD_JOIN_TOKEN
 or standard input (never an argument), downloads
@@ -64,22 +65,18 @@ its SHA-256; the script never falls back to plain http.`,
 					return err
 				}
 			}
-			// A typo is reported before the secret is asked for.
+			// A typo is reported before the bundle is read.
 			if err := p.ValidateFlags(); err != nil {
 				return err
 			}
-			sec, err := a.secret()
-			if err != nil {
-				return err
-			}
-			b, err := pki.Load(a.pkiDir(dir), sec)
+			b, err := pki.LoadPublic(a.pkiDir(dir))
 			if err != nil {
 				return err
 			}
 			if p.Pins, err = b.Pins(); err != nil {
 				return err
 			}
-			p.EncryptionKey = &b.JoinEncryptionKey.PublicKey
+			p.EncryptionKey = b.JoinEncryption
 			out, err := installscript.Generate(p)
 			if err != nil {
 				return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/secret"
 )
 
 // SecretEnv holds the secret that encrypts the PKI's private keys.
@@ -47,12 +48,15 @@ func (a *app) pkiCmd() *cobra.Command {
 		Short: "Write a new PKI bundle (never overwrites one)",
 		Long: `Write the machine PKI: the node CA, the gateway serving CA, the
 command-signing key, and the JoinService signing and encryption keys. Private
-keys are encrypted with a key derived from $BETTER_COMPUTE_SECRET; the command
-refuses without it and never overwrites an existing bundle.
+keys are encrypted with a key derived (scrypt) from $BETTER_COMPUTE_SECRET;
+the command refuses without it, refuses a secret estimated below 128 bits of
+entropy (make one with 'better-compute pki generate-secret'), and never
+overwrites an existing bundle.
 
 Point the server at the directory with [pki] dir = "…" in its config.`,
-		Example: "  BETTER_COMPUTE_SECRET=... better-compute pki init --trust-domain compute.example.com",
-		Args:    cobra.NoArgs,
+		Example: `  export BETTER_COMPUTE_SECRET="$(better-compute pki generate-secret)"
+  better-compute pki init --trust-domain compute.example.com`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := required("trust-domain", td); err != nil {
 				return err
@@ -132,18 +136,36 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 	issue.Flags().StringVar(&keyOut, "key-out", "gateway.key", "private key file to create (0600)")
 	issue.Flags().DurationVar(&ttl, "ttl", 365*24*time.Hour, "certificate lifetime")
 
+	gen := &cobra.Command{
+		Use:   "generate-secret",
+		Short: "Print a new BETTER_COMPUTE_SECRET (256 random bits)",
+		Long: `Print a new secret for BETTER_COMPUTE_SECRET: 256 random bits, base64url
+(43 characters), on one line. pki init refuses a secret estimated below 128
+bits of entropy; a generated one always passes. Keep it in your secret
+manager: it is the only way to decrypt the bundle's keys.`,
+		Example: `  export BETTER_COMPUTE_SECRET="$(better-compute pki generate-secret)"`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s := secret.GenerateStrong()
+			if a.wantJSON() {
+				return a.printJSON(map[string]string{"secret": s})
+			}
+			_, err := fmt.Fprintln(a.env.Stdout, s)
+			return err
+		},
+	}
+
 	var pDir string
 	pins := &cobra.Command{
 		Use:   "pins [--dir DIR]",
 		Short: "Print the three pins a bcd config needs",
-		Long:  "Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving CA and the JoinService signing and encryption keys.",
-		Args:  cobra.NoArgs,
+		Long: `Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving
+CA and the JoinService signing and encryption keys. Pins are public: they are
+read from the bundle's certificates and join-encryption.jwk, without
+$BETTER_COMPUTE_SECRET.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sec, err := a.secret()
-			if err != nil {
-				return err
-			}
-			b, err := pki.Load(a.pkiDir(pDir), sec)
+			b, err := pki.LoadPublic(a.pkiDir(pDir))
 			if err != nil {
 				return err
 			}
@@ -159,7 +181,7 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 		},
 	}
 	pins.Flags().StringVar(&pDir, "dir", "", "bundle directory")
-	cmd.AddCommand(initCmd, issue, pins)
+	cmd.AddCommand(initCmd, issue, pins, gen)
 	return cmd
 }
 

@@ -2,11 +2,13 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
@@ -307,9 +309,18 @@ func (a *app) poolsCmd() *cobra.Command {
 
 	var sTenant string
 	var spf policyFlags
+	clears := map[string]*bool{}
 	setPolicy := &cobra.Command{
-		Use: "set-policy POOL_ID --tenant T [policy flags]", Short: "Replace a pool's policy", Args: cobra.ExactArgs(1),
-		Long: "Replace a pool's policy with the one the flags describe (flags not given are cleared).",
+		Use:   "set-policy POOL_ID --tenant T [policy flags] [--clear-FLAG...]",
+		Short: "Change a pool's policy: only the flags given",
+		Long: `Change the policy fields the flags name and keep every other one as it is.
+--clear-FLAG removes one field (--clear-join-attestors allows every attestor
+again, --clear-min-cpus drops that acceptance check, --clear-acceptance drops
+all of them). The change is applied in one transaction on the server, so
+concurrent changes of other fields are kept.`,
+		Example: `  better-compute pools set-policy $POOL --tenant $TENANT --min-gpus 8
+  better-compute pools set-policy $POOL --tenant $TENANT --clear-min-memory --join-attestors join-token,tpm`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := required("tenant", sTenant); err != nil {
 				return err
@@ -318,11 +329,41 @@ func (a *app) poolsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// Every flag given, set or cleared, names a field of the mask.
+			var paths []string
+			for _, f := range policyFields {
+				set := f.flag != "" && cmd.Flags().Changed(f.flag)
+				clear := *clears[f.clear]
+				if set && clear {
+					return errs.Invalid("--"+f.clear, "--%s and --%s contradict each other", f.flag, f.clear)
+				}
+				if set || clear {
+					paths = append(paths, f.path)
+				}
+			}
+			if len(paths) == 0 {
+				return errs.Invalid("set-policy", "nothing to change: give a policy flag or a --clear-… flag")
+			}
+			if *clears["clear-acceptance"] {
+				for _, f := range policyFields {
+					if strings.HasPrefix(f.path, "acceptance.") && slices.Contains(paths, f.path) {
+						return errs.Invalid("--clear-acceptance", "drops every acceptance check; it cannot be combined with --%s or --%s", f.flag, f.clear)
+					}
+				}
+			}
+			// Cleared fields are sent at their zero value.
+			if pol.Acceptance == nil {
+				pol.Acceptance = &bcv1.AcceptancePolicy{}
+			}
+			if *clears["clear-acceptance"] {
+				pol.Acceptance = nil
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			res, err := c.Pools.UpdatePoolPolicy(cmd.Context(), connect.NewRequest(&bcv1.UpdatePoolPolicyRequest{TenantId: sTenant, PoolId: args[0], Policy: pol}))
+			res, err := c.Pools.UpdatePoolPolicy(cmd.Context(), connect.NewRequest(&bcv1.UpdatePoolPolicyRequest{
+				TenantId: sTenant, PoolId: args[0], Policy: pol, UpdateMask: &fieldmaskpb.FieldMask{Paths: paths}}))
 			if err != nil {
 				return err
 			}
@@ -331,8 +372,29 @@ func (a *app) poolsCmd() *cobra.Command {
 	}
 	setPolicy.Flags().StringVar(&sTenant, "tenant", "", "tenant id (tn_…)")
 	spf.add(setPolicy)
+	for _, f := range policyFields {
+		if _, ok := clears[f.clear]; ok {
+			continue
+		}
+		clears[f.clear] = new(bool)
+		setPolicy.Flags().BoolVar(clears[f.clear], f.clear, false, f.clearHelp)
+	}
 	cmd.AddCommand(create, get, list, setPolicy)
 	return cmd
+}
+
+// policyFields maps set-policy's flags to the update mask's paths (issue 8
+// point 7): a flag given changes its field; --clear-FLAG clears it; any
+// other field is kept.
+var policyFields = []struct {
+	flag, clear, path, clearHelp string
+}{
+	{"join-attestors", "clear-join-attestors", "join_attestors", "allow every attestor again"},
+	{"platform-operated", "clear-platform-operated", "kubernetes.platform_operated", "hosted nodes of this pool become tenant nodes again"},
+	{"min-cpus", "clear-min-cpus", "acceptance.min_cpus", "drop the minimum-CPUs acceptance check"},
+	{"min-gpus", "clear-min-gpus", "acceptance.min_gpus", "drop the minimum-GPUs acceptance check"},
+	{"min-memory", "clear-min-memory", "acceptance.min_memory_bytes", "drop the minimum-memory acceptance check"},
+	{"", "clear-acceptance", "acceptance", "drop every acceptance check"},
 }
 
 func (a *app) showPools(ps ...*bcv1.Pool) error {

@@ -33,6 +33,10 @@ type Env struct {
 	Getenv func(string) string
 }
 
+// CAFileEnv names the PEM file of CAs that verify the control plane, the
+// default of --ca-file (better-compute dev writes it into dev.env).
+const CAFileEnv = "BETTER_COMPUTE_CA_FILE"
+
 type app struct {
 	env    Env
 	url    string
@@ -47,6 +51,11 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if env.Getenv == nil {
 		env.Getenv = os.Getenv
 	}
+	// Nothing reaches the terminal raw (termsafe.go).
+	stdout, stderr := newSafeWriter(env.Stdout), newSafeWriter(env.Stderr)
+	defer stdout.Flush()
+	defer stderr.Flush()
+	env.Stdout, env.Stderr = stdout, stderr
 	a := &app{env: env}
 	root := a.rootCmd()
 	root.SetArgs(args)
@@ -72,8 +81,8 @@ func (a *app) rootCmd() *cobra.Command {
 		Long: `better-compute turns machines into nodes of a compute fleet.
 
 Start a local control plane with 'better-compute dev', then 'source' the
-dev.env it writes; the operator commands read BETTER_COMPUTE_URL and
-BETTER_COMPUTE_API_KEY (flags override them).`,
+dev.env it writes; the operator commands read BETTER_COMPUTE_URL,
+BETTER_COMPUTE_API_KEY and BETTER_COMPUTE_CA_FILE (flags override them).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version.Version,
@@ -81,7 +90,7 @@ BETTER_COMPUTE_API_KEY (flags override them).`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.url, "url", "", "control plane URL (default $BETTER_COMPUTE_URL)")
 	pf.StringVar(&a.apiKey, "api-key", "", "API key bck_… (default $BETTER_COMPUTE_API_KEY)")
-	pf.StringVar(&a.caFile, "ca-file", "", "PEM CAs that verify the control plane (default: system roots)")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM CAs that verify the control plane (default $"+CAFileEnv+", else the system roots)")
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(
@@ -124,7 +133,11 @@ func (a *app) client() (*client.Client, error) {
 	if a.output != "table" && a.output != "json" {
 		return nil, errs.Invalid("--output", "want table or json")
 	}
-	return client.New(client.Config{URL: url, APIKey: key, CAFile: a.caFile})
+	ca := a.caFile
+	if ca == "" {
+		ca = a.env.Getenv(CAFileEnv)
+	}
+	return client.New(client.Config{URL: url, APIKey: key, CAFile: ca})
 }
 
 // printJSON prints a protobuf message (or a list of them) as JSON.
@@ -179,12 +192,28 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 	}
 }
 
-// table prints rows under a header, aligned.
+// table prints rows under a header, aligned. Every cell is escaped
+// (termsafe.go): node-controlled text cannot break the columns, forge rows
+// or reach the terminal as control characters.
 func (a *app) table(header []string, rows [][]string) {
+	a.tableRows(header, rows, true)
+}
+
+// tableRows prints rows aligned, under the header when withHeader is set.
+func (a *app) tableRows(header []string, rows [][]string, withHeader bool) {
 	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	line := func(cells []string) {
+		esc := make([]string, len(cells))
+		for i, c := range cells {
+			esc[i] = escape(c, false)
+		}
+		fmt.Fprintln(tw, strings.Join(esc, "\t"))
+	}
+	if withHeader {
+		line(header)
+	}
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		line(r)
 	}
 	tw.Flush()
 }

@@ -79,12 +79,16 @@ func (c *Controller) accept(ctx context.Context, tx *store.Tx, w store.WorkItem)
 		return c.adopt(ctx, tx, n.ID)
 	}
 	now := c.cfg.Clock.Now()
-	if err := tx.ExpireCommands(ctx, n.ID, now); err != nil {
-		return err
-	}
 	cmd, err := tx.LatestCommand(ctx, n.ID, session.KindAcceptanceCheck)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
+	}
+	if err == nil && (cmd.State == store.CommandQueued || cmd.State == store.CommandSent) && !now.Before(cmd.ExpiresAt) {
+		// Expired by this controller's clock: recorded here, with its
+		// event and audit row, in the transaction that sends the next.
+		if cmd, err = c.expireCommand(ctx, tx, n, cmd); err != nil {
+			return err
+		}
 	}
 	if err == nil && cmd.IdentityGeneration == n.IdentityGeneration {
 		switch cmd.State {
@@ -106,8 +110,15 @@ func (c *Controller) accept(ctx context.Context, tx *store.Tx, w store.WorkItem)
 		return fmt.Errorf("marshal acceptance policy: %w", err)
 	}
 	id := ids.New(ids.Command, now)
-	if err := tx.InsertCommand(ctx, store.Command{ID: id, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: session.KindAcceptanceCheck,
-		Args: args, CreatedAt: now, ExpiresAt: now.Add(acceptanceTTL)}); err != nil {
+	sent := store.Command{ID: id, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: session.KindAcceptanceCheck,
+		Args: args, CreatedAt: now, ExpiresAt: now.Add(acceptanceTTL)}
+	if err := tx.InsertCommand(ctx, sent); err != nil {
+		return err
+	}
+	// R14.2: the controller's command is audited as an operator's is.
+	if err := events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "command.enqueued", Resource: nodeResource(n.ID),
+		Data: map[string]any{"commandId": id, "nodeId": n.ID, "kind": sent.Kind, "identityGeneration": n.IdentityGeneration,
+			"expiresAt": sent.ExpiresAt.UTC().Format(time.RFC3339Nano), "reason": "acceptance"}}); err != nil {
 		return err
 	}
 	if c.cfg.Notify != nil {
@@ -131,7 +142,40 @@ func (c *Controller) acceptanceOutcome(ctx context.Context, tx *store.Tx, n stor
 	if !res.Pass {
 		return c.acceptanceFailed(ctx, tx, n, cmd.ID, "acceptance.check did not pass")
 	}
+	// R14.2: the result is recorded with the adoption it causes.
+	data := map[string]any{"nodeId": n.ID, "poolId": n.PoolID, "identityGeneration": n.IdentityGeneration, "commandId": cmd.ID, "checks": res.Checks}
+	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.acceptance-passed", Subject: n.ID, Data: data}); err != nil {
+		return err
+	}
+	if err := events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.acceptance-passed", Resource: nodeResource(n.ID), Data: data}); err != nil {
+		return err
+	}
 	return c.adopt(ctx, tx, n.ID)
+}
+
+// expireCommand marks cmd expired, with the command.expired event and audit
+// row (R14.2), and returns it as stored.
+func (c *Controller) expireCommand(ctx context.Context, tx *store.Tx, n store.Node, cmd store.Command) (store.Command, error) {
+	why := "expired before delivery"
+	if cmd.State == store.CommandSent {
+		why = "expired without an answer"
+	}
+	done, err := tx.FinishCommand(ctx, cmd.ID, store.CommandExpired, nil, why)
+	if err != nil {
+		return cmd, err
+	}
+	if done {
+		data := map[string]any{"commandId": cmd.ID, "nodeId": n.ID, "kind": cmd.Kind, "previousState": cmd.State, "reason": why}
+		if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "command.expired", Subject: n.ID, Data: data}); err != nil {
+			return cmd, err
+		}
+		if err := events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "command.expired", Resource: nodeResource(n.ID), Data: data}); err != nil {
+			return cmd, err
+		}
+	}
+	// Finished meanwhile (an answer, another replica's sweep): read what
+	// it is now.
+	return tx.GetCommand(ctx, cmd.ID)
 }
 
 // acceptanceFailed moves the node to failed with reason.
@@ -146,5 +190,5 @@ func (c *Controller) acceptanceFailed(ctx context.Context, tx *store.Tx, n store
 	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.acceptance-failed", Subject: n.ID, Data: data}); err != nil {
 		return err
 	}
-	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "controller", Action: "node.acceptance-failed", Resource: "compute-node/" + n.ID, Data: data})
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.acceptance-failed", Resource: nodeResource(n.ID), Data: data})
 }

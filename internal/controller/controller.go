@@ -169,5 +169,10 @@ func (c *Controller) adopt(ctx context.Context, tx *store.Tx, nodeID string) err
 	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: data}); err != nil {
 		return err
 	}
-	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "controller", Action: "node.adopted", Resource: "compute-node/" + n.ID, Data: data})
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.adopted", Resource: nodeResource(n.ID), Data: data})
 }
+
+// actor is who the controller's audit rows name.
+const actor = "controller"
+
+func nodeResource(id string) string { return "compute-node/" + id }

@@ -69,11 +69,15 @@ const (
 type Options struct {
 	Log   *slog.Logger
 	Clock clock.Clock
+	// Ready, when set, receives the address Run listens on (listen on port
+	// 0 and learn the port here).
+	Ready func(addr string)
 }
 
 // Gateway relays agent calls to the API. Build it with New.
 type Gateway struct {
 	cfg      Config
+	ready    func(addr string)
 	log      *slog.Logger
 	clock    clock.Clock
 	upstream agentv1connect.JoinServiceClient
@@ -99,7 +103,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, sem: make(chan struct{}, cfg.MaxConcurrent)}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -247,6 +251,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()
 	g.log.Info("gateway listening", "addr", ln.Addr().String())
+	if g.ready != nil {
+		g.ready(ln.Addr().String())
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

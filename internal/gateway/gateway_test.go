@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -203,13 +202,9 @@ func TestGatewayRefusals(t *testing.T) {
 	e := newEnv(t)
 	f := newFakeAPI(t, e)
 
-	// An address nothing listens on.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	downURL := "https://" + ln.Addr().String()
-	ln.Close()
+	// An API that is down: it drops every connection. (The listener stays
+	// open, so no other process can take the port meanwhile.)
+	downURL := "https://" + droppingListener(t)
 
 	// An API whose certificate the serving CA does not verify: the
 	// gateway must not talk to it.
@@ -328,21 +323,23 @@ func TestUpstreamConnectionsReused(t *testing.T) {
 func TestRunServesAndStops(t *testing.T) {
 	e := newEnv(t)
 	f := newFakeAPI(t, e)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cfg := e.config(f.URL())
-	cfg.Listen = addr
-	g, err := New(cfg, Options{Log: quietLog()})
+	// Run listens on port 0 and reports the port it took.
+	ready := make(chan string, 1)
+	g, err := New(e.config(f.URL()), Options{Log: quietLog(), Ready: func(a string) { ready <- a }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not listen")
+	}
 	d := newDaemon(t, e, addr)
 	deadline := time.Now().Add(5 * time.Second)
 	for {

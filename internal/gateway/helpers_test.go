@@ -243,6 +243,29 @@ func (e *env) config(apiURL string) Config {
 	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, APIURL: apiURL, APICAFile: e.caFile}
 }
 
+// droppingListener listens on 127.0.0.1 and closes every connection it
+// accepts, as a process that is down would refuse it, and returns its
+// address. It stays open until the test ends, so the port cannot go to
+// another process meanwhile (closing it and dialing the port would).
+func droppingListener(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
 // startGateway serves a gateway on 127.0.0.1 and returns its address.
 func startGateway(t testing.TB, cfg Config) (*Gateway, string) {
 	t.Helper()

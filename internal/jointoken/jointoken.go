@@ -224,15 +224,23 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 }
 
 // sameRequest checks that a replayed idempotency key asks for the same token.
+//
+// SECURITY: keys are unique per tenant (R2.3: the same key for another pool
+// is a CONFLICT), but the caller is authorized only for the pool it names.
+// A key first used in another pool therefore answers CONFLICT without
+// naming that token, its pool or what differs: a caller with rights on one
+// pool must not learn token ids of a pool it cannot see by guessing keys
+// (issue 8 point 4). Only a key used in the same pool names the token.
 func sameRequest(prev store.JoinToken, r CreateRequest, expectJSON []byte) error {
+	if prev.PoolID != r.PoolID {
+		return errs.New(errs.Conflict, "idempotency key %q is already used in this tenant for another request; choose another key", r.IdempotencyKey)
+	}
 	prevExpect, err := Expect(prev)
 	if err != nil {
 		return err
 	}
 	var field string
 	switch {
-	case prev.PoolID != r.PoolID:
-		field = "poolId"
 	case prevExpect != r.Expect:
 		field = "expect"
 	case prev.AllowReclaim != r.AllowReclaim:

@@ -42,7 +42,16 @@ type Detail struct {
 	Certs []store.NodeCert
 }
 
-// Get reads a node of the tenant; another tenant's node is NOT_FOUND.
+// canSee reports whether p may read node n (compute:nodes:read on the node
+// or its pool). A caller who cannot see a node gets NOT_FOUND for it,
+// exactly as for a node that does not exist (R1.2); one who can see it but
+// lacks the right for an action gets ACCESS_DENIED.
+func canSee(p authz.Principal, n store.Node) bool {
+	return p.Allowed(authz.NodesRead, Resource(n.ID)) || p.Allowed(authz.NodesRead, authz.PoolResource(n.PoolID))
+}
+
+// Get reads a node of the tenant. Another tenant's node, and a node the
+// caller may not read, are NOT_FOUND like a missing one (R1.2).
 func (s *Service) Get(ctx context.Context, p authz.Principal, tenantID, nodeID string) (Detail, error) {
 	if err := p.ActFor(tenantID); err != nil {
 		return Detail{}, err
@@ -56,8 +65,10 @@ func (s *Service) Get(ctx context.Context, p authz.Principal, tenantID, nodeID s
 		if err != nil {
 			return err
 		}
-		if !p.Allowed(authz.NodesRead, Resource(n.ID)) && !p.Allowed(authz.NodesRead, authz.PoolResource(n.PoolID)) {
-			return errs.New(errs.AccessDenied, "%s is not allowed on %s", authz.NodesRead, Resource(n.ID))
+		if !canSee(p, n) {
+			// R1.2: the answer a missing node gets, so a caller without
+			// rights cannot tell which node ids exist (issue 8 point 3).
+			return errs.New(errs.NotFound, "node %s not found", nodeID)
 		}
 		d.Node = n
 		d.Certs, err = tx.ListNodeCerts(ctx, n.ID, 20)
@@ -80,6 +91,11 @@ func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID,
 				return err
 			}
 			res = authz.PoolResource(pool.ID)
+			if !p.Allowed(authz.NodesRead, res) && !p.Allowed(authz.PoolsRead, res) {
+				// R1.2: a pool the caller cannot see answers as a
+				// missing one does.
+				return errs.New(errs.NotFound, "pool %s not found", poolID)
+			}
 		}
 		if !p.Allowed(authz.NodesRead, res) {
 			return errs.New(errs.AccessDenied, "%s is not allowed on %s", authz.NodesRead, res)

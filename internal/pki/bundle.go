@@ -203,7 +203,8 @@ func randomSerial() (*big.Int, error) {
 // writes a temporary directory beside dir and renames it into place, so a
 // failure leaves no half-written bundle.
 //
-// Errors: errs.InvalidConfig when secret is empty, errs.InvalidArgument for
+// Errors: errs.InvalidConfig when secret is empty or too weak (CheckSecret),
+// errs.InvalidArgument for
 // an invalid trust domain, errs.AlreadyExists when dir exists and is not an
 // empty directory.
 func Init(dir, trustDomain string, secret []byte, now time.Time) (*Bundle, error) {
@@ -211,8 +212,9 @@ func Init(dir, trustDomain string, secret []byte, now time.Time) (*Bundle, error
 }
 
 func initBundle(dir, trustDomain string, secret []byte, now time.Time, logN int) (*Bundle, error) {
-	if len(secret) == 0 {
-		return nil, errSecretMissing()
+	// Before anything is made: a weak secret writes nothing.
+	if err := CheckSecret(secret); err != nil {
+		return nil, err
 	}
 	if err := ValidateTrustDomain(trustDomain); err != nil {
 		return nil, err
@@ -347,22 +349,9 @@ func Load(dir string, secret []byte) (*Bundle, error) {
 	if len(secret) == 0 {
 		return nil, errSecretMissing()
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, FileManifest))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, errs.New(errs.InvalidConfig, "no PKI bundle in %s: run better-compute pki init", dir)
-	}
+	m, err := readManifest(dir)
 	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
-	}
-	var m Manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, errs.New(errs.InvalidConfig, "%s is not valid JSON", filepath.Join(dir, FileManifest))
-	}
-	if m.Version != BundleVersion {
-		return nil, errs.New(errs.InvalidConfig, "%s: unsupported bundle version %d", filepath.Join(dir, FileManifest), m.Version)
-	}
-	if err := ValidateTrustDomain(m.TrustDomain); err != nil {
-		return nil, errs.New(errs.InvalidConfig, "%s: invalid trust domain %q", filepath.Join(dir, FileManifest), m.TrustDomain)
+		return nil, err
 	}
 	b := &Bundle{TrustDomain: m.TrustDomain, CreatedAt: m.CreatedAt}
 	pairs := []struct {
@@ -464,15 +453,19 @@ func CertPEM(cert *x509.Certificate) []byte {
 // Pins returns the pins a bcd config carries: the serving CA's key, the
 // join-signing key and the join-encryption key.
 func (b *Bundle) Pins() (Pins, error) {
+	return pinsOf(b.ServingCA.PublicKey, b.JoinSigningCert.PublicKey, &b.JoinEncryptionKey.PublicKey)
+}
+
+func pinsOf(servingCA, joinSigning, joinEncryption crypto.PublicKey) (Pins, error) {
 	var p Pins
 	var err error
-	if p.ServingCA, err = Pin(b.ServingCA.PublicKey); err != nil {
+	if p.ServingCA, err = Pin(servingCA); err != nil {
 		return Pins{}, fmt.Errorf("pin serving CA: %w", err)
 	}
-	if p.JoinSigning, err = Pin(b.JoinSigningCert.PublicKey); err != nil {
+	if p.JoinSigning, err = Pin(joinSigning); err != nil {
 		return Pins{}, fmt.Errorf("pin join-signing key: %w", err)
 	}
-	if p.JoinEncryption, err = Pin(&b.JoinEncryptionKey.PublicKey); err != nil {
+	if p.JoinEncryption, err = Pin(joinEncryption); err != nil {
 		return Pins{}, fmt.Errorf("pin join-encryption key: %w", err)
 	}
 	return p, nil

@@ -19,7 +19,7 @@ import (
 // them back with the same secret.
 func TestInitLoadRoundTrip(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	secret := []byte("correct horse battery staple")
+	secret := testSecret
 	b, err := Init(dir, testTD, secret, t0)
 	if err != nil {
 		t.Fatalf("Init: %v", err)
@@ -133,7 +133,7 @@ func TestGenerateShapes(t *testing.T) {
 func TestInitRefusals(t *testing.T) {
 	base := t.TempDir()
 	existing := filepath.Join(base, "existing")
-	if _, err := initBundle(existing, testTD, []byte("x"), t0, 10); err != nil {
+	if _, err := initBundle(existing, testTD, testSecret, t0, 10); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := os.ReadFile(filepath.Join(existing, FileNodeCACert))
@@ -148,6 +148,7 @@ func TestInitRefusals(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(nonEmpty, "other"), []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	strong := string(testSecret)
 	tests := []struct {
 		name   string
 		dir    string
@@ -157,16 +158,19 @@ func TestInitRefusals(t *testing.T) {
 		msg    string
 	}{
 		{"no secret", filepath.Join(base, "a"), testTD, "", errs.InvalidConfig, "BETTER_COMPUTE_SECRET"},
-		{"existing bundle", existing, testTD, "x", errs.AlreadyExists, "never overwrites"},
-		{"existing file", file, testTD, "x", errs.AlreadyExists, "never overwrites"},
-		{"non-empty dir", nonEmpty, testTD, "x", errs.AlreadyExists, "never overwrites"},
-		{"spiffe URI", filepath.Join(base, "b"), "spiffe://" + testTD, "x", errs.InvalidArgument, "trustDomain"},
-		{"upper case", filepath.Join(base, "c"), "Compute.Example.com", "x", errs.InvalidArgument, "trustDomain"},
-		{"empty", filepath.Join(base, "d"), "", "x", errs.InvalidArgument, "trustDomain"},
-		{"slash", filepath.Join(base, "e"), "a/b", "x", errs.InvalidArgument, "trustDomain"},
-		{"space", filepath.Join(base, "f"), "a b", "x", errs.InvalidArgument, "trustDomain"},
-		{"port", filepath.Join(base, "g"), "a.com:443", "x", errs.InvalidArgument, "trustDomain"},
-		{"empty label", filepath.Join(base, "h"), "a..com", "x", errs.InvalidArgument, "trustDomain"},
+		// Issue 8 point 5: a weak secret makes nothing.
+		{"weak secret", filepath.Join(base, "i"), testTD, "a", errs.InvalidConfig, "BETTER_COMPUTE_SECRET is too weak (an estimated 0 bits; at least 128 are required)"},
+		{"weak phrase", filepath.Join(base, "j"), testTD, "correct horse battery staple", errs.InvalidConfig, "generate one with better-compute pki generate-secret"},
+		{"existing bundle", existing, testTD, strong, errs.AlreadyExists, "never overwrites"},
+		{"existing file", file, testTD, strong, errs.AlreadyExists, "never overwrites"},
+		{"non-empty dir", nonEmpty, testTD, strong, errs.AlreadyExists, "never overwrites"},
+		{"spiffe URI", filepath.Join(base, "b"), "spiffe://" + testTD, strong, errs.InvalidArgument, "trustDomain"},
+		{"upper case", filepath.Join(base, "c"), "Compute.Example.com", strong, errs.InvalidArgument, "trustDomain"},
+		{"empty", filepath.Join(base, "d"), "", strong, errs.InvalidArgument, "trustDomain"},
+		{"slash", filepath.Join(base, "e"), "a/b", strong, errs.InvalidArgument, "trustDomain"},
+		{"space", filepath.Join(base, "f"), "a b", strong, errs.InvalidArgument, "trustDomain"},
+		{"port", filepath.Join(base, "g"), "a.com:443", strong, errs.InvalidArgument, "trustDomain"},
+		{"empty label", filepath.Join(base, "h"), "a..com", strong, errs.InvalidArgument, "trustDomain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,7 +186,7 @@ func TestInitRefusals(t *testing.T) {
 	if string(before) != string(after) || string(kept) != "keep me" || string(other) != "keep me" {
 		t.Error("a refused Init changed existing files")
 	}
-	for _, name := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+	for _, name := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"} {
 		if _, err := os.Stat(filepath.Join(base, name)); !os.IsNotExist(err) {
 			t.Errorf("a refused Init left %s behind", name)
 		}
@@ -196,10 +200,10 @@ func TestInitRefusals(t *testing.T) {
 // R3.1: an empty directory made beforehand is taken over.
 func TestInitIntoEmptyDir(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := initBundle(dir, testTD, []byte("x"), t0, 10); err != nil {
+	if _, err := initBundle(dir, testTD, testSecret, t0, 10); err != nil {
 		t.Fatalf("Init into an empty dir: %v", err)
 	}
-	if _, err := Load(dir, []byte("x")); err != nil {
+	if _, err := Load(dir, testSecret); err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 }
@@ -207,7 +211,7 @@ func TestInitIntoEmptyDir(t *testing.T) {
 // R3.1: Load refuses a wrong or missing secret and a missing bundle.
 func TestLoadRefusals(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	if _, err := initBundle(dir, testTD, []byte("right"), t0, 10); err != nil {
+	if _, err := initBundle(dir, testTD, testSecret, t0, 10); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -215,7 +219,7 @@ func TestLoadRefusals(t *testing.T) {
 	}{
 		{"wrong secret", dir, "wrong", "wrong BETTER_COMPUTE_SECRET?"},
 		{"no secret", dir, "", "BETTER_COMPUTE_SECRET is not set"},
-		{"no bundle", filepath.Join(dir, "missing"), "right", "run better-compute pki init"},
+		{"no bundle", filepath.Join(dir, "missing"), string(testSecret), "run better-compute pki init"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -228,7 +232,7 @@ func TestLoadRefusals(t *testing.T) {
 
 	// A key swapped for another bundle's key is caught.
 	other := filepath.Join(t.TempDir(), "other")
-	if _, err := initBundle(other, testTD, []byte("right"), t0, 10); err != nil {
+	if _, err := initBundle(other, testTD, testSecret, t0, 10); err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(filepath.Join(other, FileJoinSigningKey))
@@ -238,7 +242,7 @@ func TestLoadRefusals(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, FileJoinSigningKey), raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Load(dir, []byte("right")); errs.CodeOf(err) != errs.InvalidConfig || !strings.Contains(err.Error(), "does not hold the key") {
+	if _, err := Load(dir, testSecret); errs.CodeOf(err) != errs.InvalidConfig || !strings.Contains(err.Error(), "does not hold the key") {
 		t.Errorf("swapped key: err = %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/scrypt"
 
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/secret"
 )
 
 // EncryptedKeyPEMType is the PEM block type of a private key encrypted with
@@ -49,18 +50,41 @@ const (
 	hdrNonce  = "Nonce"
 )
 
+// CheckSecret refuses a BETTER_COMPUTE_SECRET too weak to encrypt keys with:
+// empty, or estimated below secret.MinStrongBits (128) bits by
+// secret.EstimateBits (issue 8 point 5). Every key is encrypted through
+// it, so no new key file is made under a weak secret; decrypting does not
+// check, so key files made before the rule still open (the server warns).
+func CheckSecret(sec []byte) error {
+	if len(sec) == 0 {
+		return errSecretMissing()
+	}
+	if bits := secret.EstimateBits(string(sec)); bits < secret.MinStrongBits {
+		return errs.New(errs.InvalidConfig, "BETTER_COMPUTE_SECRET is too weak (an estimated %d bits; at least %d are required): generate one with better-compute pki generate-secret",
+			int(bits), secret.MinStrongBits)
+	}
+	return nil
+}
+
 // EncryptKey encrypts key (a concrete private key that x509.MarshalPKCS8PrivateKey
 // accepts) as PKCS#8 under a key derived from secret with scrypt and a random
 // salt, using AES-256-GCM, and returns a PEM block of type
 // EncryptedKeyPEMType whose headers carry the KDF parameters, salt and nonce.
-// secret is the value of BETTER_COMPUTE_SECRET; it must not be empty.
+// secret is the value of BETTER_COMPUTE_SECRET; it must pass CheckSecret.
 func EncryptKey(key crypto.Signer, secret []byte) ([]byte, error) {
 	return encryptKey(key, secret, scryptLogN)
 }
 
 func encryptKey(key crypto.Signer, secret []byte, logN int) ([]byte, error) {
-	if len(secret) == 0 {
-		return nil, errSecretMissing()
+	return encryptKeyKDF(key, secret, logN, scryptR, scryptP)
+}
+
+// encryptKeyKDF encrypts with the given scrypt parameters, which the file
+// records: raising them later changes new files only, and DecryptKey reads
+// each file's own.
+func encryptKeyKDF(key crypto.Signer, secret []byte, logN, r, p int) ([]byte, error) {
+	if err := CheckSecret(secret); err != nil {
+		return nil, err
 	}
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
@@ -73,12 +97,12 @@ func encryptKey(key crypto.Signer, secret []byte, logN int) ([]byte, error) {
 	h := map[string]string{
 		hdrKDF:    "scrypt",
 		hdrN:      strconv.Itoa(1 << logN),
-		hdrR:      strconv.Itoa(scryptR),
-		hdrP:      strconv.Itoa(scryptP),
+		hdrR:      strconv.Itoa(r),
+		hdrP:      strconv.Itoa(p),
 		hdrSalt:   base64.StdEncoding.EncodeToString(salt),
 		hdrCipher: "AES-256-GCM",
 	}
-	aead, err := keyAEAD(secret, salt, 1<<logN, scryptR, scryptP)
+	aead, err := keyAEAD(secret, salt, 1<<logN, r, p)
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 // R3.1: private keys at rest are encrypted with BETTER_COMPUTE_SECRET.
 func TestEncryptKeyRoundTrip(t *testing.T) {
 	key := newP256(t)
-	data, err := EncryptKey(key, []byte("s3cret"))
+	data, err := EncryptKey(key, testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func TestEncryptKeyRoundTrip(t *testing.T) {
 	if block.Headers["KDF"] != "scrypt" || block.Headers["Scrypt-N"] != "32768" || block.Headers["Cipher"] != "AES-256-GCM" {
 		t.Errorf("headers = %v", block.Headers)
 	}
-	got, err := DecryptKey(data, []byte("s3cret"))
+	got, err := DecryptKey(data, testSecret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestEncryptKeyRoundTrip(t *testing.T) {
 
 // R3.1: a wrong or missing secret, or an edited file, is INVALID_CONFIG.
 func TestDecryptKeyRefusals(t *testing.T) {
-	data, err := encryptKey(newP256(t), []byte("right"), 10)
+	data, err := encryptKey(newP256(t), testSecret, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +47,9 @@ func TestDecryptKeyRefusals(t *testing.T) {
 	}{
 		{"wrong secret", data, "wrong", "cannot decrypt the private key: wrong BETTER_COMPUTE_SECRET?"},
 		{"no secret", data, "", "BETTER_COMPUTE_SECRET is not set: set it to the secret that encrypts the PKI private keys"},
-		{"edited header", edited, "right", "cannot decrypt the private key: wrong BETTER_COMPUTE_SECRET?"},
-		{"unbounded cost", huge, "right", "the private key file has invalid encryption parameters"},
-		{"not PEM", []byte("junk"), "right", "the private key file is not a BETTER-COMPUTE ENCRYPTED PRIVATE KEY PEM block"},
+		{"edited header", edited, string(testSecret), "cannot decrypt the private key: wrong BETTER_COMPUTE_SECRET?"},
+		{"unbounded cost", huge, string(testSecret), "the private key file has invalid encryption parameters"},
+		{"not PEM", []byte("junk"), string(testSecret), "the private key file is not a BETTER-COMPUTE ENCRYPTED PRIVATE KEY PEM block"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,7 +2,8 @@
 // (join tokens bcjt_jt_….…, API keys bck_key_….…): minting 256 random bits,
 // parsing, and hashing. The control plane stores only SHA-256 of the secret,
 // so a database dump cannot be replayed as credentials, and it compares in
-// constant time.
+// constant time. It also estimates the strength of operator passphrases
+// (BETTER_COMPUTE_SECRET) and generates strong ones (strength.go).
 package secret
 
 import (
@@ -54,7 +55,11 @@ func Parse(scheme, bearer string) (id, plain string, ok bool) {
 	if !found || id == "" || len(plain) != secretLen || len(id) > 64 {
 		return "", "", false
 	}
-	if _, err := base64.RawURLEncoding.DecodeString(plain); err != nil {
+	// Strict: the last character carries 4 bits and 2 zero padding bits,
+	// so 4 spellings would decode to the same 32 bytes. Only the canonical
+	// one (the one Mint writes) is a secret; the others are refused here
+	// rather than compared (they would hash differently anyway).
+	if _, err := base64.RawURLEncoding.Strict().DecodeString(plain); err != nil {
 		return "", "", false
 	}
 	return id, plain, true

@@ -405,23 +405,45 @@ func (s *Service) ListPools(ctx context.Context, p authz.Principal, tenantID, si
 
 // UpdatePoolPolicy replaces a pool's policy.
 func (s *Service) UpdatePoolPolicy(ctx context.Context, p authz.Principal, tenantID, poolID string, policy Policy) (store.Pool, error) {
-	if err := p.ActFor(tenantID); err != nil {
-		return store.Pool{}, err
-	}
 	if err := policy.Validate(); err != nil {
 		return store.Pool{}, err
 	}
-	pj, err := json.Marshal(policy)
-	if err != nil {
+	return s.PatchPoolPolicy(ctx, p, tenantID, poolID, func(Policy) (Policy, error) { return policy, nil })
+}
+
+// PatchPoolPolicy changes a pool's policy to what patch makes of the stored
+// one, read and written in one transaction, so two operators changing
+// different fields at once both keep their change (a read-modify-write
+// across two calls would lose one).
+func (s *Service) PatchPoolPolicy(ctx context.Context, p authz.Principal, tenantID, poolID string, patch func(old Policy) (Policy, error)) (store.Pool, error) {
+	if err := p.ActFor(tenantID); err != nil {
 		return store.Pool{}, err
 	}
 	var pool store.Pool
-	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
+	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
 		old, err := OwnedPool(ctx, tx, tenantID, poolID)
 		if err != nil {
 			return err
 		}
 		if err := p.Require(tenantID, authz.PoolsUpdate, authz.PoolResource(poolID)); err != nil {
+			return err
+		}
+		if old, err = tx.LockPool(ctx, old.ID); err != nil {
+			return err
+		}
+		prev, err := ParsePolicy(old.Policy)
+		if err != nil {
+			return err
+		}
+		policy, err := patch(prev)
+		if err != nil {
+			return err
+		}
+		if err := policy.Validate(); err != nil {
+			return err
+		}
+		pj, err := json.Marshal(policy)
+		if err != nil {
 			return err
 		}
 		if pool, err = tx.UpdatePoolPolicy(ctx, poolID, pj); err != nil {

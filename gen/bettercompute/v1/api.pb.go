@@ -15,6 +15,7 @@ package bcv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -1169,10 +1170,18 @@ func (x *ListPoolsResponse) GetNextPageToken() string {
 }
 
 type UpdatePoolPolicyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	PoolId        string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	Policy        *PoolPolicy            `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	Policy   *PoolPolicy            `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The policy fields to change, e.g. "join_attestors,acceptance.min_cpus"
+	// (in JSON: "joinAttestors,acceptance.minCpus"): each named field takes
+	// its value from policy (an unset value clears it), and every other
+	// field keeps its stored value, in one transaction. Paths:
+	// join_attestors, kubernetes, kubernetes.platform_operated, acceptance,
+	// acceptance.min_cpus, acceptance.min_memory_bytes,
+	// acceptance.min_gpus. Empty: policy replaces the whole policy.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,4,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1224,6 +1233,13 @@ func (x *UpdatePoolPolicyRequest) GetPoolId() string {
 func (x *UpdatePoolPolicyRequest) GetPolicy() *PoolPolicy {
 	if x != nil {
 		return x.Policy
+	}
+	return nil
+}
+
+func (x *UpdatePoolPolicyRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
 	}
 	return nil
 }
@@ -2432,14 +2448,16 @@ func (x *ListEventsResponse) GetNextCursor() string {
 }
 
 type AuditEntry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	TenantId      string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	Actor         string                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
-	Action        string                 `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
-	Resource      string                 `protobuf:"bytes,5,opt,name=resource,proto3" json:"resource,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
-	Data          *structpb.Struct       `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	Actor    string                 `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	Action   string                 `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	Resource string                 `protobuf:"bytes,5,opt,name=resource,proto3" json:"resource,omitempty"`
+	Time     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=time,proto3" json:"time,omitempty"`
+	Data     *structpb.Struct       `protobuf:"bytes,7,opt,name=data,proto3" json:"data,omitempty"`
+	// Pass as cursor to read what follows this row.
+	Cursor        string `protobuf:"bytes,8,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2523,11 +2541,21 @@ func (x *AuditEntry) GetData() *structpb.Struct {
 	return nil
 }
 
+func (x *AuditEntry) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+// Audit rows are read oldest first with a cursor, like events.
 type ListAuditRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// At most 200; 0 means 100.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// "" reads from the oldest row; a next_cursor reads what follows it.
+	Cursor        string `protobuf:"bytes,4,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2576,17 +2604,19 @@ func (x *ListAuditRequest) GetPageSize() int32 {
 	return 0
 }
 
-func (x *ListAuditRequest) GetPageToken() string {
+func (x *ListAuditRequest) GetCursor() string {
 	if x != nil {
-		return x.PageToken
+		return x.Cursor
 	}
 	return ""
 }
 
 type ListAuditResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Items         []*AuditEntry          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
-	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Items []*AuditEntry          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	// The position after the last item, or the request's cursor when there
+	// is none: pass it as cursor to read on, now or later.
+	NextCursor    string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2628,9 +2658,9 @@ func (x *ListAuditResponse) GetItems() []*AuditEntry {
 	return nil
 }
 
-func (x *ListAuditResponse) GetNextPageToken() string {
+func (x *ListAuditResponse) GetNextCursor() string {
 	if x != nil {
-		return x.NextPageToken
+		return x.NextCursor
 	}
 	return ""
 }
@@ -3543,7 +3573,7 @@ var File_bettercompute_v1_api_proto protoreflect.FileDescriptor
 
 const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\n" +
-	"\x1abettercompute/v1/api.proto\x12\x10bettercompute.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
+	"\x1abettercompute/v1/api.proto\x12\x10bettercompute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\"{\n" +
@@ -3630,11 +3660,13 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"i\n" +
 	"\x11ListPoolsResponse\x12,\n" +
 	"\x05items\x18\x01 \x03(\v2\x16.bettercompute.v1.PoolR\x05items\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x85\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc2\x01\n" +
 	"\x17UpdatePoolPolicyRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x124\n" +
-	"\x06policy\x18\x03 \x01(\v2\x1c.bettercompute.v1.PoolPolicyR\x06policy\";\n" +
+	"\x06policy\x18\x03 \x01(\v2\x1c.bettercompute.v1.PoolPolicyR\x06policy\x12;\n" +
+	"\vupdate_mask\x18\x04 \x01(\v2\x1a.google.protobuf.FieldMaskR\n" +
+	"updateMask\";\n" +
 	"\x05Grant\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\"\xab\x02\n" +
@@ -3737,7 +3769,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x12ListEventsResponse\x12/\n" +
 	"\x06events\x18\x01 \x03(\v2\x17.bettercompute.v1.EventR\x06events\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
-	"nextCursor\"\xe0\x01\n" +
+	"nextCursor\"\xf8\x01\n" +
 	"\n" +
 	"AuditEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -3746,15 +3778,17 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x06action\x18\x04 \x01(\tR\x06action\x12\x1a\n" +
 	"\bresource\x18\x05 \x01(\tR\bresource\x12.\n" +
 	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12+\n" +
-	"\x04data\x18\a \x01(\v2\x17.google.protobuf.StructR\x04data\"k\n" +
+	"\x04data\x18\a \x01(\v2\x17.google.protobuf.StructR\x04data\x12\x16\n" +
+	"\x06cursor\x18\b \x01(\tR\x06cursor\"v\n" +
 	"\x10ListAuditRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1b\n" +
-	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
-	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"o\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x16\n" +
+	"\x06cursor\x18\x04 \x01(\tR\x06cursorJ\x04\b\x03\x10\x04R\n" +
+	"page_token\"\x7f\n" +
 	"\x11ListAuditResponse\x122\n" +
-	"\x05items\x18\x01 \x03(\v2\x1c.bettercompute.v1.AuditEntryR\x05items\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe0\x02\n" +
+	"\x05items\x18\x01 \x03(\v2\x1c.bettercompute.v1.AuditEntryR\x05items\x12\x1f\n" +
+	"\vnext_cursor\x18\x03 \x01(\tR\n" +
+	"nextCursorJ\x04\b\x02\x10\x03R\x0fnext_page_token\"\xe0\x02\n" +
 	"\bNodeCert\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12/\n" +
 	"\x13identity_generation\x18\x02 \x01(\x05R\x12identityGeneration\x12\x12\n" +
@@ -3945,7 +3979,8 @@ var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ListCommandsResponse)(nil),    // 49: bettercompute.v1.ListCommandsResponse
 	(*GetCommandRequest)(nil),       // 50: bettercompute.v1.GetCommandRequest
 	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),         // 52: google.protobuf.Struct
+	(*fieldmaskpb.FieldMask)(nil),   // 52: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),         // 53: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
 	51, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
@@ -3960,95 +3995,96 @@ var file_bettercompute_v1_api_proto_depIdxs = []int32{
 	13, // 9: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	14, // 10: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 11: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	20, // 12: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	51, // 13: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	51, // 14: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 15: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
-	20, // 16: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
-	21, // 17: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
-	21, // 18: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
-	28, // 19: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	51, // 20: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 21: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	51, // 22: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
-	28, // 23: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
-	29, // 24: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	51, // 25: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	52, // 26: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	34, // 27: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	51, // 28: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	52, // 29: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	37, // 30: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	51, // 31: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	51, // 32: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	51, // 33: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	51, // 34: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	52, // 35: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	51, // 36: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	51, // 37: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	40, // 38: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	41, // 39: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	52, // 40: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	52, // 41: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	51, // 42: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	51, // 43: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	51, // 44: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	51, // 45: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	52, // 46: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	46, // 47: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 48: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 49: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 50: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 51: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 52: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 53: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	15, // 54: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	16, // 55: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	17, // 56: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	19, // 57: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	22, // 58: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	24, // 59: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	26, // 60: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	30, // 61: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	31, // 62: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	33, // 63: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	35, // 64: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	38, // 65: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	42, // 66: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	44, // 67: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	45, // 68: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	47, // 69: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	48, // 70: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	50, // 71: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 72: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 73: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 74: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 75: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 76: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 77: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	14, // 78: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	14, // 79: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	18, // 80: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	14, // 81: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	23, // 82: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	25, // 83: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	27, // 84: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	29, // 85: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	32, // 86: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	29, // 87: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	36, // 88: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	39, // 89: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	43, // 90: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	41, // 91: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	41, // 92: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	46, // 93: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	49, // 94: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	46, // 95: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
-	72, // [72:96] is the sub-list for method output_type
-	48, // [48:72] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	52, // 12: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	20, // 13: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
+	51, // 14: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	51, // 15: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 16: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	20, // 17: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
+	21, // 18: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
+	21, // 19: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
+	28, // 20: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
+	51, // 21: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 22: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	51, // 23: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	28, // 24: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
+	29, // 25: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
+	51, // 26: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	53, // 27: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	34, // 28: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	51, // 29: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	53, // 30: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	37, // 31: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	51, // 32: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	51, // 33: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	51, // 34: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	51, // 35: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	53, // 36: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	51, // 37: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	51, // 38: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	40, // 39: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	41, // 40: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	53, // 41: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	53, // 42: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	51, // 43: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	51, // 44: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	51, // 45: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	51, // 46: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 47: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	46, // 48: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 49: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 50: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 51: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 52: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 53: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 54: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	15, // 55: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	16, // 56: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	17, // 57: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	19, // 58: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	22, // 59: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	24, // 60: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	26, // 61: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	30, // 62: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	31, // 63: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	33, // 64: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	35, // 65: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	38, // 66: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	42, // 67: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	44, // 68: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	45, // 69: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	47, // 70: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	48, // 71: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	50, // 72: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 73: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 74: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 75: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 76: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 77: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 78: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	14, // 79: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	14, // 80: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	18, // 81: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	14, // 82: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	23, // 83: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	25, // 84: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	27, // 85: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	29, // 86: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	32, // 87: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	29, // 88: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	36, // 89: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	39, // 90: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	43, // 91: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	41, // 92: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	41, // 93: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	46, // 94: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	49, // 95: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	46, // 96: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	73, // [73:97] is the sub-list for method output_type
+	49, // [49:73] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }

@@ -2,6 +2,7 @@ package claims
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,19 +184,51 @@ func containsSub(list []string, sub string) bool {
 }
 
 // R4.3: unreadable DMI files (product_uuid is root-only on most distros)
-// are warnings, not failures.
+// are warnings, not failures. Issue 8 point 6: CI runs as root, which
+// reads a mode-0000 file, so the case that runs everywhere is a file no one
+// can read as a file: a directory (EISDIR) and a socket (ENXIO) where the
+// DMI file should be. The mode-0000 case runs as well when not root.
 func TestCollectUnreadable(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("root reads mode-0000 files")
+	type unreadable struct {
+		name, want string
+		make       func(t *testing.T, path string)
 	}
-	sys := t.TempDir()
-	tree(t, sys, map[string]string{"class/dmi/id/product_serial": "SN-1", "class/dmi/id/product_uuid": "x"})
-	if err := os.Chmod(filepath.Join(sys, "class/dmi/id/product_uuid"), 0); err != nil {
-		t.Fatal(err)
+	cases := []unreadable{
+		{"a directory", "is a directory", func(t *testing.T, path string) {
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a socket", "no such device or address", func(t *testing.T, path string) {
+			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+		}},
 	}
-	got, warnings, err := New(Config{SysfsRoot: sys, ProcfsRoot: t.TempDir(), Hostname: hostname("h")}).Collect()
-	if err != nil || got.ProductUUID != "" || got.ProductSerial != "SN-1" || !containsSub(warnings, "product_uuid not claimed") {
-		t.Fatalf("got %+v %q %v", got, warnings, err)
+	if os.Geteuid() != 0 {
+		cases = append(cases, unreadable{"mode 0000", "permission denied", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("x"), 0); err != nil {
+				t.Fatal(err)
+			}
+		}})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// A short root: a socket path must fit in 108 bytes.
+			sys, err := os.MkdirTemp("", "sys")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(sys) })
+			tree(t, sys, map[string]string{"class/dmi/id/product_serial": "SN-1"})
+			c.make(t, filepath.Join(sys, "class/dmi/id/product_uuid"))
+			got, warnings, err := New(Config{SysfsRoot: sys, ProcfsRoot: t.TempDir(), Hostname: hostname("h")}).Collect()
+			if err != nil || got.ProductUUID != "" || got.ProductSerial != "SN-1" || !containsSub(warnings, "product_uuid not claimed") || !containsSub(warnings, c.want) {
+				t.Fatalf("got %+v %q %v; want product_uuid not claimed: %s", got, warnings, err, c.want)
+			}
+		})
 	}
 }
 

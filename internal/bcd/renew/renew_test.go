@@ -374,13 +374,24 @@ func TestLoopRenewsWhenDueR13_1(t *testing.T) {
 func TestLoopBacksOffR13_1(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		s := newStack(t, e)
-		// A gateway that is not there.
+		// A gateway that is down: it drops every connection. The listener
+		// stays open until the test ends, so no other process can take the
+		// port (issue 8 point 6: never close a listener and dial its port).
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
 		dead := "https://" + ln.Addr().String()
-		ln.Close()
 		cfg := *s.cfg
 		cfg.GatewayURL = dead
 		ctx, cancel := context.WithCancel(context.Background())
