@@ -312,7 +312,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			}
 			fmt.Fprint(a.env.Stdout, devBanner(devBannerData{
 				URL: url, Dir: dir, GatewayURL: gwURL, EnvPath: envPath, BCDConf: bcdConf, CAFile: caFile, CertTTL: ttl,
-				Download: dl, SecretFile: devSecretFile(dir, a.env.Getenv(SecretEnv)),
+				Download: dl,
 			}))
 		},
 	})
@@ -332,9 +332,6 @@ type devBannerData struct {
 	URL, Dir, GatewayURL, EnvPath, BCDConf, CAFile string
 	CertTTL                                        time.Duration
 	Download                                       *devDownload
-	// SecretFile is dev-secret's path, "" when $BETTER_COMPUTE_SECRET is
-	// set.
-	SecretFile string
 }
 
 // devBanner is what dev prints once it serves: every flow of the page, as
@@ -358,32 +355,20 @@ Join a fake machine (bcd reads its serials and MACs from ./fake-sys):
   better-compute nodes list --tenant $TENANT
 `, d.URL, wire.DefaultBasePath, d.Dir, d.GatewayURL, d.CertTTL, d.EnvPath, d.BCDConf, d.BCDConf)
 	if d.Download != nil {
-		secret := ""
-		if d.SecretFile != "" {
-			secret = "BETTER_COMPUTE_SECRET=$(cat " + d.SecretFile + ") "
-		}
+		// install-script reads only the bundle's public files: no secret.
 		fmt.Fprintf(&b, `
 Install with the install script (bcd %s for linux-%s is served; BCD_ROOT keeps it out of /):
-  %sbetter-compute daemon install-script --pki-dir %s \
+  better-compute daemon install-script --pki-dir %s \
     --pool $POOL --site $SITE --gateway-url %s --base-url %s \
     --bcd-version %s --sha256 %s=%s --download-ca-file %s > install-bcd.sh
   better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h --out ./token-2
   bcd fake-machine --out ./fake-sys-2 --serial SN-7702
   BCD_ROOT=$PWD/host-2 BCD_SYSFS_ROOT=$PWD/fake-sys-2 sh install-bcd.sh < ./token-2
-`, d.Download.Version, d.Download.Arch, secret, filepath.Join(d.Dir, "pki"), d.GatewayURL, d.URL,
+`, d.Download.Version, d.Download.Arch, filepath.Join(d.Dir, "pki"), d.GatewayURL, d.URL,
 			d.Download.Version, d.Download.Arch, d.Download.SHA256, d.CAFile)
 	}
 	b.WriteString("\nStop with Ctrl-C; starting again on the same --data-dir keeps everything.\n")
 	return b.String()
-}
-
-// devSecretFile is where dev keeps its PKI secret, or "" when it comes from
-// the environment.
-func devSecretFile(dir, env string) string {
-	if env != "" {
-		return ""
-	}
-	return filepath.Join(dir, "dev-secret")
 }
 
 // writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
