@@ -78,8 +78,8 @@ type DB struct {
 	// the caller's context (see commit).
 	commitTimeout time.Duration
 	// seq makes PostgreSQL events readable once committed (sequencer.go).
-	seq *sequencer
-	stmt      sync.Map // query text -> rewritten text
+	seq  *sequencer
+	stmt sync.Map // query text -> rewritten text
 
 	// SQLite only: the prepared statements of each pool, by rewritten text.
 	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
