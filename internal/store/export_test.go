@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 )
 
 // ExecRaw runs one statement in the transaction (tests only: scratch tables,
@@ -20,3 +21,12 @@ func (t *Tx) QueryInt(ctx context.Context, q string, args ...any) (int64, error)
 
 // QueuedWrites is how many write transactions wait for SQLite's writer.
 func (db *DB) QueuedWrites() int { return len(db.writes) }
+
+// WithBusyTimeout sets how long SQLite waits for another process's lock.
+func WithBusyTimeout(c Config, d time.Duration) Config {
+	c.busyTimeout = d
+	return c
+}
+
+// SetCommitTimeout sets the bound of a PostgreSQL COMMIT.
+func (db *DB) SetCommitTimeout(d time.Duration) { db.commitTimeout = d }

@@ -60,6 +60,10 @@ type Config struct {
 	DSN string `toml:"dsn"`
 	// MaxConns bounds PostgreSQL connections (default 16).
 	MaxConns int `toml:"max_conns"`
+
+	// busyTimeout is how long SQLite waits for a lock another process
+	// holds (default 10 s); tests shorten it.
+	busyTimeout time.Duration
 }
 
 // DB is an open, migrated database.
@@ -159,8 +163,12 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 			return nil, fmt.Errorf("create database directory: %w", err)
 		}
 	}
+	busy := cfg.busyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
 	base := "file:" + filepath.ToSlash(cfg.Path) + "?" + url.Values{
-		"_pragma": {"journal_mode(WAL)", "busy_timeout(10000)", "foreign_keys(ON)", "synchronous(NORMAL)"},
+		"_pragma": {"journal_mode(WAL)", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(ON)", "synchronous(NORMAL)"},
 	}.Encode()
 	// One writer connection: a pool of SQLite writers only contends for the
 	// file lock (seen stalling for seconds under load).
