@@ -9,6 +9,18 @@
 // rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
 // for compute_now() on SQLite. storetest holds the conformance suite that
 // runs against both.
+//
+// A write transaction's outcome is reported truthfully (WithTx): a caller's
+// context interrupts its statements but never its COMMIT, so a commit that
+// landed is never reported as failed; a PostgreSQL COMMIT that got no answer
+// is ErrCommitUnknown, never a rollback. SQLite's writes share commits
+// (groupcommit.go) without one participant's failure or cancelled context
+// touching another's work. PostgreSQL events are numbered after they commit
+// by a sequencer (sequencer.go), so no foreign transaction can stall a
+// stream.
+//
+// Importers: domain packages and the API (through DB, Tx and their typed
+// methods), mains and tests. The gateway and bcd never import it.
 package store
 
 import (
