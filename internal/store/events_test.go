@@ -156,158 +156,184 @@ type committedTx struct {
 // committed before the later one began).
 func TestEventsExactlyOnceInOrder(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
-		seed := time.Now().UnixNano()
-		t.Logf("seed %d", seed)
-		ctx := context.Background()
-		tenants := []string{"tn_a", "tn_b", "tn_c"}
-		const publishers, txsEach, readersPerTenant = 6, 25, 2
+		exactlyOnceInOrder(t, []*store.DB{db})
+	})
+}
 
-		var mu sync.Mutex
-		var committed []committedTx
-		var pubs sync.WaitGroup
-		done := make(chan struct{})
-		for p := range publishers {
-			pubs.Add(1)
-			go func() {
-				defer pubs.Done()
-				rng := rand.New(rand.NewPCG(uint64(seed), uint64(p)))
-				for s := range txsEach {
-					c := committedTx{publisher: p, seq: s, subjects: map[string][]string{}}
-					n := 1 + rng.IntN(4)
-					fail := rng.IntN(5) == 0
-					err := db.WithTx(ctx, func(tx *store.Tx) error {
-						c.subjects = map[string][]string{}
-						for i := range n {
-							tn := tenants[rng.IntN(len(tenants))]
-							sub := fmt.Sprintf("p%d.s%d.e%d", p, s, i)
-							if err := tx.InsertEvent(ctx, tn, "test.event", sub, []byte(`{}`)); err != nil {
-								return err
-							}
-							c.subjects[tn] = append(c.subjects[tn], sub)
+// The same with two API replicas publishing to one PostgreSQL (each runs
+// its own sequencer; their passes take turns), on a database whose
+// defaults are not PostgreSQL's: repeatable read and asynchronous commit.
+func TestEventsExactlyOnceInOrderTwoReplicas(t *testing.T) {
+	dsn := storetest.PostgresDSN(t) + "&default_transaction_isolation=repeatable%20read&synchronous_commit=off"
+	var dbs []*store.DB
+	for range 2 {
+		db, err := store.Open(context.Background(), store.Config{Driver: "postgres", DSN: dsn, MaxConns: 8}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		dbs = append(dbs, db)
+	}
+	exactlyOnceInOrder(t, dbs)
+}
+
+// exactlyOnceInOrder publishes through each of dbs in turn and reads
+// through the first.
+func exactlyOnceInOrder(t *testing.T, dbs []*store.DB) {
+	db := dbs[0]
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	ctx := context.Background()
+	tenants := []string{"tn_a", "tn_b", "tn_c"}
+	const publishers, txsEach, readersPerTenant = 6, 25, 2
+
+	var mu sync.Mutex
+	var committed []committedTx
+	var pubs sync.WaitGroup
+	done := make(chan struct{})
+	for p := range publishers {
+		pubs.Add(1)
+		go func() {
+			defer pubs.Done()
+			rng := rand.New(rand.NewPCG(uint64(seed), uint64(p)))
+			for s := range txsEach {
+				c := committedTx{publisher: p, seq: s, subjects: map[string][]string{}}
+				n := 1 + rng.IntN(4)
+				fail := rng.IntN(5) == 0
+				err := dbs[(p+s)%len(dbs)].WithTx(ctx, func(tx *store.Tx) error {
+					c.subjects = map[string][]string{}
+					for i := range n {
+						tn := tenants[rng.IntN(len(tenants))]
+						sub := fmt.Sprintf("p%d.s%d.e%d", p, s, i)
+						if err := tx.InsertEvent(ctx, tn, "test.event", sub, []byte(`{}`)); err != nil {
+							return err
 						}
-						if fail {
-							return fmt.Errorf("rolled back on purpose")
-						}
-						return nil
-					})
-					if err != nil && !fail {
-						t.Errorf("publisher %d tx %d: %v", p, s, err)
+						c.subjects[tn] = append(c.subjects[tn], sub)
 					}
-					if err == nil {
-						mu.Lock()
-						committed = append(committed, c)
-						mu.Unlock()
+					if fail {
+						return fmt.Errorf("rolled back on purpose")
+					}
+					return nil
+				})
+				if err != nil && !fail {
+					t.Errorf("publisher %d tx %d: %v", p, s, err)
+				}
+				if err == nil {
+					mu.Lock()
+					committed = append(committed, c)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	go func() { pubs.Wait(); close(done) }()
+
+	type read struct {
+		tenant string
+		events []store.Event
+	}
+	reads := make(chan read, len(tenants)*readersPerTenant)
+	var readers sync.WaitGroup
+	for _, tn := range tenants {
+		for r := range readersPerTenant {
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				rng := rand.New(rand.NewPCG(uint64(seed), uint64(1000+r)))
+				var got []store.Event
+				var atx, aid int64
+				page := func() int {
+					var evs []store.Event
+					if err := db.ReadTx(ctx, func(tx *store.Tx) error {
+						var err error
+						evs, err = tx.ListEvents(ctx, tn, atx, aid, "", 1+rng.IntN(7))
+						return err
+					}); err != nil {
+						t.Errorf("read %s: %v", tn, err)
+						return 0
+					}
+					for _, e := range evs {
+						ntx, nid, _ := store.ParseEventCursor(e.Cursor())
+						if ntx < atx || (ntx == atx && nid <= aid) {
+							t.Errorf("%s: cursor went back from %d.%d to %d.%d", tn, atx, aid, ntx, nid)
+						}
+						atx, aid = ntx, nid
+					}
+					got = append(got, evs...)
+					return len(evs)
+				}
+				for {
+					select {
+					case <-done:
+						// Everything is committed: drain what is left.
+						for _, d := range dbs {
+							if err := d.WaitEventsVisible(ctx, tn, 10*time.Second); err != nil {
+								t.Error(err)
+							}
+						}
+						for page() > 0 {
+						}
+						reads <- read{tn, got}
+						return
+					default:
+						if page() == 0 {
+							time.Sleep(time.Millisecond)
+						}
 					}
 				}
 			}()
 		}
-		go func() { pubs.Wait(); close(done) }()
+	}
+	readers.Wait()
+	close(reads)
 
-		type read struct {
-			tenant string
-			events []store.Event
+	for rd := range reads {
+		pos := map[string]int{} // subject -> index in this reader's stream
+		for i, e := range rd.events {
+			if _, dup := pos[e.Subject]; dup {
+				t.Fatalf("%s: %s read twice", rd.tenant, e.Subject)
+			}
+			pos[e.Subject] = i
 		}
-		reads := make(chan read, len(tenants)*readersPerTenant)
-		var readers sync.WaitGroup
-		for _, tn := range tenants {
-			for r := range readersPerTenant {
-				readers.Add(1)
-				go func() {
-					defer readers.Done()
-					rng := rand.New(rand.NewPCG(uint64(seed), uint64(1000+r)))
-					var got []store.Event
-					var atx, aid int64
-					page := func() int {
-						var evs []store.Event
-						if err := db.ReadTx(ctx, func(tx *store.Tx) error {
-							var err error
-							evs, err = tx.ListEvents(ctx, tn, atx, aid, "", 1+rng.IntN(7))
-							return err
-						}); err != nil {
-							t.Errorf("read %s: %v", tn, err)
-							return 0
-						}
-						for _, e := range evs {
-							ntx, nid, _ := store.ParseEventCursor(e.Cursor())
-							if ntx < atx || (ntx == atx && nid <= aid) {
-								t.Errorf("%s: cursor went back from %d.%d to %d.%d", tn, atx, aid, ntx, nid)
-							}
-							atx, aid = ntx, nid
-						}
-						got = append(got, evs...)
-						return len(evs)
-					}
-					for {
-						select {
-						case <-done:
-							// Everything is committed: drain what is left.
-							if err := db.WaitEventsVisible(ctx, tn, 10*time.Second); err != nil {
-								t.Error(err)
-							}
-							for page() > 0 {
-							}
-							reads <- read{tn, got}
-							return
-						default:
-							if page() == 0 {
-								time.Sleep(time.Millisecond)
-							}
-						}
-					}
-				}()
+		want := 0
+		lastOf := map[int]int{} // publisher -> stream index of its latest transaction's last event
+		bySeq := map[[2]int][]string{}
+		for _, c := range committed {
+			if subs := c.subjects[rd.tenant]; len(subs) > 0 {
+				bySeq[[2]int{c.publisher, c.seq}] = subs
 			}
 		}
-		readers.Wait()
-		close(reads)
-
-		for rd := range reads {
-			pos := map[string]int{} // subject -> index in this reader's stream
-			for i, e := range rd.events {
-				if _, dup := pos[e.Subject]; dup {
-					t.Fatalf("%s: %s read twice", rd.tenant, e.Subject)
+		for p := range publishers {
+			lastOf[p] = -1
+			for s := range txsEach {
+				subs, ok := bySeq[[2]int{p, s}]
+				if !ok {
+					continue
 				}
-				pos[e.Subject] = i
-			}
-			want := 0
-			lastOf := map[int]int{} // publisher -> stream index of its latest transaction's last event
-			bySeq := map[[2]int][]string{}
-			for _, c := range committed {
-				if subs := c.subjects[rd.tenant]; len(subs) > 0 {
-					bySeq[[2]int{c.publisher, c.seq}] = subs
+				want += len(subs)
+				first, ok := pos[subs[0]]
+				if !ok {
+					t.Fatalf("%s: committed %s never read", rd.tenant, subs[0])
 				}
-			}
-			for p := range publishers {
-				lastOf[p] = -1
-				for s := range txsEach {
-					subs, ok := bySeq[[2]int{p, s}]
-					if !ok {
-						continue
-					}
-					want += len(subs)
-					first, ok := pos[subs[0]]
-					if !ok {
-						t.Fatalf("%s: committed %s never read", rd.tenant, subs[0])
-					}
-					if first <= lastOf[p] {
-						t.Errorf("%s: publisher %d's transaction %d read before its earlier one", rd.tenant, p, s)
-					}
-					for i, sub := range subs {
-						if pos[sub] != first+i {
-							t.Errorf("%s: %s at %d, want %d (a transaction's events together, in order)", rd.tenant, sub, pos[sub], first+i)
-						}
-					}
-					lastOf[p] = first + len(subs) - 1
+				if first <= lastOf[p] {
+					t.Errorf("%s: publisher %d's transaction %d read before its earlier one", rd.tenant, p, s)
 				}
-			}
-			if len(rd.events) != want {
-				t.Errorf("%s: read %d events, committed %d", rd.tenant, len(rd.events), want)
-			}
-			for _, e := range rd.events {
-				var p, s, i int
-				if _, err := fmt.Sscanf(e.Subject, "p%d.s%d.e%d", &p, &s, &i); err != nil || !slices.Contains(bySeq[[2]int{p, s}], e.Subject) {
-					t.Errorf("%s: read %s, which no committed transaction wrote", rd.tenant, e.Subject)
+				for i, sub := range subs {
+					if pos[sub] != first+i {
+						t.Errorf("%s: %s at %d, want %d (a transaction's events together, in order)", rd.tenant, sub, pos[sub], first+i)
+					}
 				}
+				lastOf[p] = first + len(subs) - 1
 			}
 		}
-	})
+		if len(rd.events) != want {
+			t.Errorf("%s: read %d events, committed %d", rd.tenant, len(rd.events), want)
+		}
+		for _, e := range rd.events {
+			var p, s, i int
+			if _, err := fmt.Sscanf(e.Subject, "p%d.s%d.e%d", &p, &s, &i); err != nil || !slices.Contains(bySeq[[2]int{p, s}], e.Subject) {
+				t.Errorf("%s: read %s, which no committed transaction wrote", rd.tenant, e.Subject)
+			}
+		}
+	}
 }

@@ -64,7 +64,14 @@ const passTimeout = 10 * time.Second
 // PostgreSQL runs as one transaction with a new snapshot per statement. It
 // numbers at most 1000 transactions, so that a backlog is taken in several
 // short passes.
-const passSQL = `SELECT last FROM event_sequencer WHERE id = 1 FOR UPDATE;
+//
+// It sets its own isolation and durability, whatever the database's
+// defaults: READ COMMITTED, so that the numbering statement's snapshot is
+// taken after the lock is held; synchronous commit, because a pass that
+// readers saw and a crash then lost would be done again with other numbers.
+const passSQL = `SET LOCAL transaction_isolation = 'read committed';
+SET LOCAL synchronous_commit = on;
+SELECT last FROM event_sequencer WHERE id = 1 FOR UPDATE;
 WITH w AS (
 	SELECT writer_xid, row_number() OVER (ORDER BY writer_xid) AS n
 	FROM (SELECT DISTINCT writer_xid FROM events WHERE tx_order IS NULL ORDER BY writer_xid LIMIT 1000) p
