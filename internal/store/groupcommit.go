@@ -156,10 +156,13 @@ func (db *DB) alone(r *writeReq) {
 	}
 	t := &Tx{db: db, tx: stx, stmts: db.wStmts, shared: true}
 	err, serr := t.savepoint(r.ctx, r.fn)
-	switch {
-	case err != nil || serr != nil:
+	if err != nil || serr != nil {
 		_ = stx.Rollback()
-		discard(conn)
+		if serr != nil {
+			discard(conn)
+		} else {
+			conn.Close()
+		}
 		if err == nil {
 			err = fmt.Errorf("%w: %w", errBrokenBatch, serr)
 		}
