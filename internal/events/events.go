@@ -1,8 +1,19 @@
 // Package events owns the durable, per-tenant event stream and the audit log.
 // Both are written inside the transaction of the change they describe (so a
 // rolled-back change leaves neither), and read back with a cursor. A Hub wakes
-// in-process long-poll readers when a transaction that published commits;
+// in-process long-poll readers once a transaction's events can be read;
 // readers on other replicas fall back to polling.
+//
+// A cursor never skips or repeats an event, and no other transaction can
+// hold a tenant's stream back: on SQLite the single writer commits events
+// in id order; on PostgreSQL an event is written without a position and the
+// store's sequencer numbers it after it committed (internal/store,
+// sequencer.go, says why this design and not a cluster-wide snapshot
+// horizon or a per-tenant counter row). The Hub is woken after that
+// numbering, so a woken reader finds the event.
+//
+// Importers: domain packages that publish (tenancy, jointoken, join, nodes,
+// session, commands, controller) and the API that reads.
 package events
 
 import (
@@ -56,7 +67,10 @@ func Publish(ctx context.Context, tx *store.Tx, hub *Hub, e Event) error {
 		return err
 	}
 	if hub != nil {
-		tx.AfterCommit(hub.wake)
+		// Not AfterCommit: on PostgreSQL a committed event is readable
+		// only once the sequencer numbered it, and a reader woken before
+		// that would find nothing and sleep until its next poll.
+		tx.AfterEventsVisible(hub.wake)
 	}
 	return nil
 }

@@ -42,26 +42,28 @@ func ParseEventCursor(c string) (txOrder, id int64, ok bool) {
 }
 
 // InsertEvent appends an event in the current transaction, so it commits or
-// rolls back with the change it describes.
+// rolls back with the change it describes. On SQLite, whose one writer
+// commits in id order, it is readable at commit (tx_order stays 0); on
+// PostgreSQL once the sequencer has given it its position (sequencer.go).
 func (t *Tx) InsertEvent(ctx context.Context, tenantID, typ, subject string, data []byte) error {
 	_, err := t.exec(ctx, "INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES (?, ?, ?, ?, compute_now())",
 		tenantID, typ, subject, string(data))
 	if err != nil {
 		return fmt.Errorf("insert event: %w", err)
 	}
+	t.events = true
 	return nil
 }
 
-// ListEvents reads a tenant's events after the cursor position, in commit
-// order. On PostgreSQL only events of transactions older than every running
-// one are returned, so an event that commits late is never skipped.
+// ListEvents reads a tenant's events after the cursor position (tx_order,
+// id), in commit order. It never returns an event at a position before one
+// it returned earlier: SQLite's single writer commits in id order, and on
+// PostgreSQL events get their position only after they committed (the
+// sequencer) and are hidden until then (tx_order NULL matches nothing).
 func (t *Tx) ListEvents(ctx context.Context, tenantID string, afterTx, afterID int64, typePrefix string, limit int) ([]Event, error) {
 	q := `SELECT id, tx_order, tenant_id, type, subject, data, created_ms FROM events
-		WHERE tenant_id = ? AND (tx_order > ? OR (tx_order = ? AND id > ?)) AND (? = '' OR type LIKE ?)`
-	if t.db.dialect == Postgres {
-		q += " AND tx_order < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT"
-	}
-	q += " ORDER BY tx_order, id LIMIT ?"
+		WHERE tenant_id = ? AND (tx_order > ? OR (tx_order = ? AND id > ?)) AND (? = '' OR type LIKE ?)
+		ORDER BY tx_order, id LIMIT ?`
 	rows, err := t.query(ctx, q, tenantID, afterTx, afterTx, afterID, typePrefix, escapeLike(typePrefix)+"%", limit)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
@@ -130,34 +132,19 @@ func (t *Tx) ListAudit(ctx context.Context, tenantID string, before int64, limit
 	return out, rows.Err()
 }
 
-// WaitEventsVisible waits until every committed event of the tenant is
-// visible to ListEvents. On PostgreSQL, ListEvents hides events while any
-// older transaction in the database still runs (so cursors never skip); a
-// reader that must see everything already committed, such as a test that
-// counts events right after an action, waits here first. SQLite needs no
-// wait.
+// WaitEventsVisible waits until every event of the tenant committed so far
+// is readable by ListEvents: on PostgreSQL until the sequencer has numbered
+// it; SQLite needs no wait. A reader that must see everything already
+// committed, such as a test that counts events right after an action,
+// waits here first.
 func (db *DB) WaitEventsVisible(ctx context.Context, tenantID string, timeout time.Duration) error {
 	if db.dialect != Postgres {
 		return nil
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		var all, visible int64
-		err := db.ReadTx(ctx, func(t *Tx) error {
-			if err := t.queryRow(ctx, "SELECT COALESCE(MAX(id), 0) FROM events WHERE tenant_id = ?", tenantID).Scan(&all); err != nil {
-				return err
-			}
-			return t.queryRow(ctx, "SELECT COALESCE(MAX(id), 0) FROM events WHERE tenant_id = ? AND tx_order < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT", tenantID).Scan(&visible)
-		})
-		if err != nil {
-			return fmt.Errorf("wait for events: %w", err)
-		}
-		if visible >= all {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("events of %s still invisible after %v", tenantID, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := db.SequenceEvents(ctx); err != nil {
+		return fmt.Errorf("events of %s still invisible after %v: %w", tenantID, timeout, err)
 	}
+	return nil
 }

@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"runtime/debug"
 )
@@ -13,96 +16,213 @@ const maxBatch = 64
 type writeReq struct {
 	ctx  context.Context
 	fn   func(*Tx) error
-	done chan error
+	done chan error // buffered: the writer never waits for the caller
 }
+
+// member is a participant of a batch whose function succeeded: it commits
+// with the batch.
+type member struct {
+	r *writeReq
+	t *Tx
+}
+
+// errBrokenBatch means the shared transaction can no longer be trusted (a
+// savepoint statement failed), so nothing of it is committed.
+var errBrokenBatch = errors.New("shared transaction broken")
 
 // writer owns SQLite's single writer connection and groups concurrent write
 // transactions into one commit ("group commit"). Each transaction runs inside
 // its own SAVEPOINT: when its function fails, only its statements are rolled
 // back and its caller gets the error at once; the others commit together.
 // Under load this turns N commits (each writing every touched page to the
-// WAL) into one, which is most of what a join costs SQLite. A transaction
-// that commits reports success only after the shared COMMIT succeeded.
+// WAL) into one, which is most of what a join costs SQLite.
+//
+// Every participant learns its exact outcome:
+//   - a participant's context never interrupts a statement (Tx.stmtCtx):
+//     SQLite answers an interrupted write by rolling back the whole
+//     transaction, everyone's work included, and the statements after it
+//     would then run outside any transaction;
+//   - one whose function fails, panics or leaves its goroutine is rolled
+//     back to its own savepoint and told so before the others commit;
+//   - the others are told nil only after the shared COMMIT succeeded;
+//   - when the COMMIT fails, or a savepoint statement fails so that the
+//     shared transaction is in doubt, nothing of the batch is committed
+//     (the connection is discarded, which rolls back whatever is open) and
+//     each participant that had succeeded runs again alone, in its own
+//     transaction, so that one participant's fault (a deferred constraint,
+//     say) is reported to it and not to everyone;
+//   - a failed BEGIN is reported to the one transaction that waited for it.
 //
 // Transactions are taken one at a time; a batch forms only from those
 // already waiting, so a lone write is never delayed.
 func (db *DB) writer() {
+	defer close(db.writerDone)
 	for req := range db.writes {
-		batch := []*writeReq{req}
-		stx, err := db.w.BeginTx(context.Background(), nil)
-		if err != nil {
-			req.done <- fmt.Errorf("begin transaction: %w", err)
-			continue
+		db.batch(req)
+	}
+}
+
+// batch runs first and whatever waits behind it as one transaction.
+func (db *DB) batch(first *writeReq) {
+	ctx := context.Background()
+	conn, stx, err := db.begin(ctx)
+	if err != nil {
+		first.done <- err
+		return
+	}
+	var ok []member
+	var txs []*Tx
+	broken := false
+	run := func(r *writeReq) {
+		t := &Tx{db: db, tx: stx, stmts: db.wStmts, shared: true}
+		txs = append(txs, t)
+		err, serr := t.savepoint(r.ctx, r.fn)
+		if serr != nil {
+			db.log.Error("group commit: savepoint failed; the batch runs again one by one", "err", serr)
+			broken = true
 		}
-		var committed []*Tx
-		var waiting []*writeReq
-		var txs []*Tx
-		run := func(r *writeReq) {
-			t := &Tx{db: db, tx: stx, stmts: db.wStmts}
-			txs = append(txs, t)
-			if err := t.savepoint(r.ctx, r.fn); err != nil {
-				r.done <- err
-				return
-			}
-			committed = append(committed, t)
-			waiting = append(waiting, r)
+		switch {
+		case err != nil:
+			// Rolled back to its savepoint, or with the whole batch when
+			// that failed: either way none of it commits.
+			r.done <- err
+		case serr != nil:
+			// fn succeeded but its savepoint could not be released: run it
+			// again alone.
+			ok = append(ok, member{r: r})
+		default:
+			ok = append(ok, member{r: r, t: t})
 		}
-		run(req)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case r, ok := <-db.writes:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-				run(r)
-			default:
-				break drain
-			}
+	}
+	run(first)
+	for n := 1; n < maxBatch && !broken; n++ {
+		r, more := db.waiting()
+		if !more {
+			break
 		}
-		var cerr error
-		if len(waiting) == 0 {
-			cerr = stx.Rollback()
-		} else if err := stx.Commit(); err != nil {
-			cerr = fmt.Errorf("commit: %w", err)
+		run(r)
+	}
+	var cerr error
+	switch {
+	case broken:
+		cerr = errBrokenBatch
+		_ = stx.Rollback()
+	case len(ok) == 0:
+		cerr = stx.Rollback()
+		if cerr == nil {
+			conn.Close()
+			db.prepare(txs)
+			return
 		}
-		for i, r := range waiting {
-			if cerr == nil {
-				for _, f := range committed[i].after {
-					f()
-				}
-			}
-			r.done <- cerr
+	default:
+		cerr = stx.Commit()
+	}
+	if cerr != nil {
+		// Nothing of the batch committed: a failed COMMIT is rolled back
+		// by SQLite or leaves the transaction open, and closing the
+		// connection rolls back whatever is open.
+		db.log.Warn("group commit failed; its transactions run again one by one", "err", cerr, "transactions", len(ok))
+		discard(conn)
+		for _, m := range ok {
+			db.alone(m.r)
 		}
-		// The connection is free again: prepare what ran as text.
-		for _, t := range txs {
-			t.prepareUnprepared(context.Background())
+		return
+	}
+	conn.Close()
+	for _, m := range ok {
+		m.r.done <- nil
+		m.t.committed()
+	}
+	db.prepare(txs)
+}
+
+// waiting returns a write transaction already waiting, if any.
+func (db *DB) waiting() (*writeReq, bool) {
+	select {
+	case r, open := <-db.writes:
+		return r, open
+	default:
+		return nil, false
+	}
+}
+
+// alone runs r in a transaction of its own and reports its outcome.
+func (db *DB) alone(r *writeReq) {
+	ctx := context.Background()
+	conn, stx, err := db.begin(ctx)
+	if err != nil {
+		r.done <- err
+		return
+	}
+	t := &Tx{db: db, tx: stx, stmts: db.wStmts, shared: true}
+	err, serr := t.savepoint(r.ctx, r.fn)
+	if err != nil || serr != nil {
+		_ = stx.Rollback()
+		if serr != nil {
+			discard(conn)
+		} else {
+			conn.Close()
 		}
+		if err == nil {
+			err = fmt.Errorf("%w: %w", errBrokenBatch, serr)
+		}
+		r.done <- err
+		return
+	}
+	if err := stx.Commit(); err != nil {
+		discard(conn)
+		r.done <- fmt.Errorf("commit: %w", err)
+		return
+	}
+	conn.Close()
+	r.done <- nil
+	t.committed()
+	db.prepare([]*Tx{t})
+}
+
+// begin takes the writer connection and begins a transaction on it.
+func (db *DB) begin(ctx context.Context) (*sql.Conn, *sql.Tx, error) {
+	conn, err := db.w.Conn(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("begin transaction: %w", err)
+	}
+	stx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		// The connection may be inside a transaction nobody ended: drop it.
+		discard(conn)
+		return nil, nil, fmt.Errorf("begin transaction: %w", err)
+	}
+	return conn, stx, nil
+}
+
+// discard closes the writer connection for good (database/sql opens a new
+// one); SQLite rolls back any transaction still open on it.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+}
+
+// prepare prepares, now that the writer connection is free, what the
+// transactions ran as text.
+func (db *DB) prepare(txs []*Tx) {
+	for _, t := range txs {
+		t.prepareUnprepared(context.Background())
 	}
 }
 
 // savepoint runs fn inside a savepoint of the shared transaction, rolling
 // back to it when fn fails, panics or exits its goroutine (a test's
 // t.Fatal). fn runs on a goroutine of its own so that nothing it does can
-// stop the writer.
-func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err error) {
+// stop the writer. err is fn's outcome; serr says the savepoint statements
+// themselves failed, after which the shared transaction is in doubt.
+func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return err, nil
 	}
-	if _, err := t.tx.ExecContext(context.Background(), "SAVEPOINT w"); err != nil {
-		return fmt.Errorf("savepoint: %w", err)
+	bg := context.Background()
+	if _, err := t.tx.ExecContext(bg, "SAVEPOINT w"); err != nil {
+		return fmt.Errorf("savepoint: %w", err), err
 	}
-	defer func() {
-		if err != nil {
-			if _, rerr := t.tx.ExecContext(context.Background(), "ROLLBACK TO w"); rerr != nil {
-				t.db.log.Error("rollback to savepoint", "err", rerr)
-			}
-		}
-		if _, rerr := t.tx.ExecContext(context.Background(), "RELEASE w"); rerr != nil && err == nil {
-			err = fmt.Errorf("release savepoint: %w", rerr)
-		}
-	}()
 	res := make(chan error, 1)
 	go func() {
 		returned := false
@@ -117,7 +237,16 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err error) {
 		returned = true
 		res <- e
 	}()
-	return <-res
+	err = <-res
+	if err != nil {
+		if _, rerr := t.tx.ExecContext(bg, "ROLLBACK TO w"); rerr != nil {
+			serr = fmt.Errorf("rollback to savepoint: %w", rerr)
+		}
+	}
+	if _, rerr := t.tx.ExecContext(bg, "RELEASE w"); rerr != nil && serr == nil {
+		serr = fmt.Errorf("release savepoint: %w", rerr)
+	}
+	return err, serr
 }
 
 // submit hands a write transaction to the writer and waits for its outcome.

@@ -9,6 +9,18 @@
 // rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
 // for compute_now() on SQLite. storetest holds the conformance suite that
 // runs against both.
+//
+// A write transaction's outcome is reported truthfully (WithTx): a caller's
+// context interrupts its statements but never its COMMIT, so a commit that
+// landed is never reported as failed; a PostgreSQL COMMIT that got no answer
+// is ErrCommitUnknown, never a rollback. SQLite's writes share commits
+// (groupcommit.go) without one participant's failure or cancelled context
+// touching another's work. PostgreSQL events are numbered after they commit
+// by a sequencer (sequencer.go), so no foreign transaction can stall a
+// stream.
+//
+// Importers: domain packages and the API (through DB, Tx and their typed
+// methods), mains and tests. The gateway and bcd never import it.
 package store
 
 import (
@@ -22,11 +34,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	"github.com/pressly/goose/v3"
@@ -58,6 +72,10 @@ type Config struct {
 	DSN string `toml:"dsn"`
 	// MaxConns bounds PostgreSQL connections (default 16).
 	MaxConns int `toml:"max_conns"`
+
+	// busyTimeout is how long SQLite waits for a lock another process
+	// holds (default 10 s); tests shorten it.
+	busyTimeout time.Duration
 }
 
 // DB is an open, migrated database.
@@ -67,10 +85,17 @@ type DB struct {
 	r       *sql.DB // readers
 	log     *slog.Logger
 
-	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go).
-	writes    chan *writeReq
-	closeOnce sync.Once
-	stmt      sync.Map // query text -> rewritten text
+	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
+	// writerDone is closed when that goroutine has returned its connection.
+	writes     chan *writeReq
+	writerDone chan struct{}
+	closeOnce  sync.Once
+	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
+	// the caller's context (see commit).
+	commitTimeout time.Duration
+	// seq makes PostgreSQL events readable once committed (sequencer.go).
+	seq  *sequencer
+	stmt sync.Map // query text -> rewritten text
 
 	// SQLite only: the prepared statements of each pool, by rewritten text.
 	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
@@ -150,8 +175,12 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 			return nil, fmt.Errorf("create database directory: %w", err)
 		}
 	}
+	busy := cfg.busyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
 	base := "file:" + filepath.ToSlash(cfg.Path) + "?" + url.Values{
-		"_pragma": {"journal_mode(WAL)", "busy_timeout(10000)", "foreign_keys(ON)", "synchronous(NORMAL)"},
+		"_pragma": {"journal_mode(WAL)", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(ON)", "synchronous(NORMAL)"},
 	}.Encode()
 	// One writer connection: a pool of SQLite writers only contends for the
 	// file lock (seen stalling for seconds under load).
@@ -170,8 +199,10 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	// Keep every reader open: a closed connection takes its prepared
 	// statements with it.
 	r.SetMaxIdleConns(8)
-	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r}, writes: make(chan *writeReq, maxBatch)}
+	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r},
+		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout}
 	if err := db.migrate(ctx); err != nil {
+		close(db.writerDone)
 		db.Close()
 		return nil, err
 	}
@@ -200,11 +231,13 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 		p.Close()
 		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
 	}
-	db := &DB{dialect: Postgres, w: p, r: p, log: log}
+	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout}
 	if err := db.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
+	db.seq = newSequencer(db)
+	go db.seq.run()
 	return db, nil
 }
 
@@ -236,9 +269,15 @@ func (db *DB) Dialect() Dialect { return db.dialect }
 
 // Close closes the database. No transaction may be running or start.
 func (db *DB) Close() error {
-	if db.writes != nil {
-		db.closeOnce.Do(func() { close(db.writes) })
-	}
+	db.closeOnce.Do(func() {
+		if db.writes != nil {
+			close(db.writes)
+			<-db.writerDone
+		}
+		if db.seq != nil {
+			db.seq.stop()
+		}
+	})
 	err := errors.Join(db.wStmts.close(), db.rStmts.close())
 	err = errors.Join(err, db.w.Close())
 	if db.r != db.w {
@@ -289,13 +328,36 @@ func (db *DB) rewrite(q string) string {
 type Tx struct {
 	db *DB
 	tx *sql.Tx
-	// after runs once the transaction committed (e.g. wake event followers).
-	after []func()
+	// after runs once the transaction committed (e.g. wake a controller);
+	// visible runs once the events it inserted are readable (wake event
+	// followers): at once on SQLite, after the sequencer on PostgreSQL.
+	after, visible []func()
+	// events is set when the transaction inserted events.
+	events bool
+	// shared marks a participant of SQLite's shared (group-committed)
+	// transaction: its statements must never be interrupted by its own
+	// context, because SQLite answers an interrupted write by rolling back
+	// the whole transaction, every other participant's work included.
+	shared bool
 	// stmts is the pool's statement cache (SQLite), unprepared the queries
 	// this transaction ran that it lacked: they are prepared once the
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
 	unprepared []string
+}
+
+// stmtCtx is the context a statement runs with. In SQLite's shared
+// transaction a statement that has started runs to its end: a context
+// already done fails the statement before it reaches the driver
+// (database/sql checks it first), and one that ends while the statement
+// runs is noticed by the next statement. Elsewhere the caller's context
+// interrupts the statement (PostgreSQL then rolls back only this
+// transaction).
+func (t *Tx) stmtCtx(ctx context.Context) context.Context {
+	if t.shared && ctx.Err() == nil {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // stmt returns the prepared form of the rewritten query q in this
@@ -312,6 +374,7 @@ func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
 }
 
 func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
@@ -320,6 +383,7 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 }
 
 func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)
@@ -328,6 +392,7 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 }
 
 func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryRowContext(ctx, args...)
@@ -341,6 +406,36 @@ func (t *Tx) Dialect() Dialect { return t.db.dialect }
 // AfterCommit registers fn to run after a successful commit.
 func (t *Tx) AfterCommit(fn func()) { t.after = append(t.after, fn) }
 
+// AfterEventsVisible registers fn to run once the transaction committed and
+// the events it inserted can be read (ListEvents). On SQLite that is the
+// commit; on PostgreSQL it is the sequencer's next pass (sequencer.go).
+func (t *Tx) AfterEventsVisible(fn func()) { t.visible = append(t.visible, fn) }
+
+// committed runs the transaction's hooks after its commit. A panicking hook
+// is logged: the transaction committed whatever its hooks do, and on SQLite
+// the hooks run on the writer, which must go on.
+func (t *Tx) committed() {
+	for _, f := range t.after {
+		t.db.safely("after-commit hook", f)
+	}
+	if t.db.seq != nil && t.events {
+		t.db.seq.committed(t.visible)
+		return
+	}
+	for _, f := range t.visible {
+		t.db.safely("events-visible hook", f)
+	}
+}
+
+func (db *DB) safely(what string, f func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			db.log.Error("panic in "+what, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	f()
+}
+
 // Now reads compute_now(), the database's clock.
 func (t *Tx) Now(ctx context.Context) (time.Time, error) {
 	var ms int64
@@ -352,10 +447,30 @@ func (t *Tx) Now(ctx context.Context) (time.Time, error) {
 
 const maxAttempts = 5
 
+// defaultCommitTimeout bounds a PostgreSQL COMMIT. It is long: a COMMIT
+// that is given up on has an unknown outcome (ErrCommitUnknown), which is
+// worse for the caller than a slow answer.
+const defaultCommitTimeout = 15 * time.Second
+
+// ErrCommitUnknown wraps the error of a commit whose outcome cannot be
+// known: COMMIT was sent and no answer came (the connection broke, or the
+// database did not answer within the commit bound). The transaction may
+// have landed or not; the caller must not treat it as a rollback. Domain
+// code retries such a change only where retrying is idempotent (a join
+// request arriving again gets its stored answer, R4.9). It carries
+// UNAVAILABLE so that the wire tells the caller to retry.
+var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is unknown; retry it")
+
 // WithTx runs fn in a write transaction and commits it when fn returns nil.
 // Any error rolls everything back, so nothing is half-written. Serialization
 // failures and deadlocks (PostgreSQL) are retried with fn run anew, so fn must
 // not have effects outside the transaction.
+//
+// The outcome WithTx reports is the truth: nil means the transaction
+// committed, even when ctx ended meanwhile; an error means it did not,
+// except an error wrapping ErrCommitUnknown. ctx interrupts fn's statements
+// (fn then fails and everything rolls back); once fn has returned nil the
+// commit no longer depends on ctx.
 func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
@@ -379,7 +494,24 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	if write && db.writes != nil {
 		return db.submit(ctx, fn)
 	}
-	stx, err := pool.BeginTx(ctx, opts)
+	// A write transaction lives on a context of its own, not the caller's:
+	// database/sql rolls a transaction back when the context given to
+	// BeginTx ends, and pgx runs COMMIT on that context, so a caller's
+	// deadline falling during COMMIT made a commit that landed look like a
+	// failure. The caller's context still bounds the wait for a connection
+	// and BEGIN, and every statement fn runs.
+	txCtx, cancelTx := ctx, context.CancelFunc(func() {})
+	if write {
+		txCtx, cancelTx = context.WithCancel(context.WithoutCancel(ctx))
+	}
+	defer cancelTx()
+	stopBegin := context.AfterFunc(ctx, cancelTx)
+	stx, err := pool.BeginTx(txCtx, opts)
+	if !stopBegin() && err == nil {
+		// The caller left during BEGIN: database/sql is rolling back.
+		_ = stx.Rollback()
+		return fmt.Errorf("begin transaction: %w", ctx.Err())
+	}
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
@@ -389,8 +521,7 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	}
 	defer t.prepareUnprepared(ctx)
 	// Roll back whatever way fn leaves (an error, a panic, a test's
-	// t.Fatal): a transaction left open would hold locks and, on
-	// PostgreSQL, hold back what every event reader may see.
+	// t.Fatal): a transaction left open would hold locks.
 	finished := false
 	defer func() {
 		if !finished {
@@ -404,13 +535,36 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		return nil
 	}
 	finished = true
-	if err := stx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	if err := db.commit(stx, cancelTx); err != nil {
+		return err
 	}
-	for _, f := range t.after {
-		f()
-	}
+	t.committed()
 	return nil
+}
+
+// commit commits a PostgreSQL transaction begun on a context that cancel
+// ends, bounded by db.commitTimeout, and tells a rollback from an unknown
+// outcome.
+func (db *DB) commit(stx *sql.Tx, cancel context.CancelFunc) error {
+	bound := time.AfterFunc(db.commitTimeout, cancel)
+	err := stx.Commit()
+	bound.Stop()
+	if err == nil {
+		return nil
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe), errors.Is(err, pgx.ErrTxCommitRollback):
+		// The server answered: it rolled back (a deferred constraint, a
+		// serialization failure at commit, a transaction already failed).
+		return fmt.Errorf("commit: %w", err)
+	case pgconn.SafeToRetry(err), errors.Is(err, sql.ErrTxDone):
+		// COMMIT never left: the connection was already gone, and the
+		// server rolls back a transaction whose connection closed.
+		return fmt.Errorf("commit: %w", err)
+	default:
+		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
+	}
 }
 
 // prepareUnprepared prepares, for the next transactions, the queries this
@@ -427,6 +581,10 @@ func (t *Tx) prepareUnprepared(ctx context.Context) {
 }
 
 func retryable(err error) bool {
+	if errors.Is(err, ErrCommitUnknown) {
+		// It may have landed: running fn again could apply it twice.
+		return false
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code == "40001" || pe.Code == "40P01"

@@ -1,6 +1,7 @@
 // Package storetest opens real databases for tests (a temporary SQLite file;
-// a fresh schema in the PostgreSQL named by BC_TEST_POSTGRES_DSN) and holds
-// the conformance suite that every dialect of the store must pass.
+// a fresh schema in the PostgreSQL named by BC_TEST_POSTGRES_DSN; a scratch
+// database of the same cluster) and holds the conformance suite that every
+// dialect of the store must pass. Only tests import it.
 package storetest
 
 import (
@@ -76,6 +77,43 @@ func withSearchPath(t testing.TB, dsn, schema string) string {
 		return u.String()
 	}
 	return dsn + " search_path=" + schema
+}
+
+// ScratchDatabase returns a DSN for another database of the test cluster,
+// bc_test_scratch, created when missing: tests use it to act as a foreign
+// tenant of the cluster (e.g. hold a transaction open there). It skips the
+// test when PostgresEnv is unset.
+func ScratchDatabase(t testing.TB) string {
+	t.Helper()
+	base := os.Getenv(PostgresEnv)
+	if base == "" {
+		t.Skipf("%s not set: skipping PostgreSQL", PostgresEnv)
+	}
+	const name = "bc_test_scratch"
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatalf("open postgres: %v", err)
+	}
+	defer admin.Close()
+	var exists bool
+	if err := admin.QueryRow("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		t.Fatalf("look for database %s: %v", name, err)
+	}
+	if !exists {
+		// Another test process may create it at the same moment.
+		if _, err := admin.Exec("CREATE DATABASE " + name); err != nil && !strings.Contains(err.Error(), "already exists") && !strings.Contains(err.Error(), "duplicate key") {
+			t.Fatalf("create database %s: %v", name, err)
+		}
+	}
+	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
+		u, err := url.Parse(base)
+		if err != nil {
+			t.Fatalf("parse %s: %v", PostgresEnv, err)
+		}
+		u.Path = "/" + name
+		return u.String()
+	}
+	return base + " dbname=" + name
 }
 
 // OpenPostgres opens a migrated PostgreSQL database in a fresh schema.

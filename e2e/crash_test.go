@@ -1,0 +1,420 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/bcd/identity"
+	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storetest"
+	"github.com/better-compute/better-compute/internal/version"
+	"github.com/better-compute/better-compute/internal/wire"
+)
+
+// A join storm through a real gateway while the API is killed with SIGKILL
+// twice and restarted, on each store. Afterwards the database must be
+// whole: every use spent made exactly one node, no row belongs to a node
+// that does not exist (or the other way round), no machine became two
+// nodes, every join a machine was told succeeded is there, no machine that
+// was plainly refused got a node, and every node.joined event is readable.
+// R4.4, R4.9, R14.1
+func TestCrashDuringJoinStorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts the API during a join storm (about a minute per store)")
+	}
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "bc.db")
+		crashStorm(t, fmt.Sprintf("driver = \"sqlite\"\npath = %q\n", path), store.Config{Driver: "sqlite", Path: path})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		// Set BC_TEST_POSTGRES_DSN and a database that cannot be reached
+		// fails the test.
+		dsn := storetest.PostgresDSN(t)
+		crashStorm(t, fmt.Sprintf("driver = \"postgres\"\ndsn = %q\nmax_conns = 8\n", dsn), store.Config{Driver: "postgres", DSN: dsn, MaxConns: 2})
+	})
+}
+
+const (
+	stormMachines    = 1000
+	stormConcurrency = 16
+	stormDeadline    = 60 * time.Second
+)
+
+var (
+	agentAddrRE = regexp.MustCompile(`agent listener \(gateways, mTLS\)" addr=(\S+)`)
+	apiURLRE    = regexp.MustCompile(`"API listening" url=(\S+)`)
+	gatewayRE   = regexp.MustCompile(`"gateway listening" addr=(\S+)`)
+)
+
+// logged waits for re in p's output and returns its first group.
+func logged(t *testing.T, p *proc, re *regexp.Regexp, what string) string {
+	t.Helper()
+	var m []string
+	waitFor(t, what, 30*time.Second, func() bool {
+		m = re.FindStringSubmatch(p.output())
+		return m != nil
+	})
+	return m[1]
+}
+
+// stormMachine is one simulated machine and what it was told.
+type stormMachine struct {
+	key  *ecdsa.PrivateKey
+	csr  []byte
+	req  *agentv1.JoinRequest
+	host string
+
+	nodeID    string // the answer it verified, if any
+	refused   bool   // ACCESS_DENIED
+	ambiguous bool   // an answer that says neither (UNAVAILABLE, transport error, ...)
+	lastErr   string
+}
+
+func crashStorm(t *testing.T, storeTOML string, check store.Config) {
+	bc, _ := binaries(t)
+	dir := t.TempDir()
+	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + e2eSecret, "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
+	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, name := range []string{"gateway", "agent"} {
+		if _, errOut, code := run(t, secretEnv, "", bc, "pki", "issue-gateway", "--san", "127.0.0.1", "--cert-out", filepath.Join(dir, name+".crt"), "--key-out", filepath.Join(dir, name+".key")); code != 0 {
+			t.Fatal(errOut)
+		}
+	}
+	pinsOut, errOut, code := run(t, secretEnv, "", bc, "pki", "pins", "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	pins := jsonOf(t, pinsOut)
+
+	// The API takes its ports from the kernel on the first start and keeps
+	// them on every restart: the gateway knows it by that address.
+	serveConf := filepath.Join(dir, "serve.toml")
+	writeServe := func(api, agent string) {
+		must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
+[store]
+`+storeTOML+`
+[pki]
+dir = "`+filepath.Join(dir, "pki")+`"
+[agent]
+listen = "`+agent+`"
+cert_file = "`+filepath.Join(dir, "agent.crt")+`"
+key_file = "`+filepath.Join(dir, "agent.key")+`"
+`), 0o600))
+	}
+	writeServe("127.0.0.1:0", "127.0.0.1:0")
+	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	b := jsonOf(t, boot)
+	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
+	agent := logged(t, serve, agentAddrRE, "the agent listener")
+	apiURL := logged(t, serve, apiURLRE, "the API listener")
+	u, err := url.Parse(apiURL)
+	must(t, err)
+	writeServe(u.Host, agent)
+
+	gwConf := filepath.Join(dir, "gateway.toml")
+	must(t, os.WriteFile(gwConf, []byte(`listen = "127.0.0.1:0"
+cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
+key_file = "`+filepath.Join(dir, "gateway.key")+`"
+api_url = "https://`+agent+`"
+api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
+request_timeout = "5s"
+`), 0o600))
+	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
+	gw := logged(t, gateway, gatewayRE, "the gateway listener")
+
+	e := []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
+	tenant := b["tenantId"].(string)
+	cli := func(args ...string) map[string]any {
+		t.Helper()
+		out, errOut, code := run(t, e, "", bc, append(args, "--json")...)
+		if code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+		return jsonOf(t, out)
+	}
+	site := cli("sites", "create", "crash", "--tenant", tenant)["id"].(string)
+	pool := cli("pools", "create", "crash", "--tenant", tenant, "--site", site)["id"].(string)
+	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(stormMachines))
+	token, tokenID := tok["token"].(string), tok["id"].(string)
+
+	bcdDir := filepath.Join(dir, "bcd")
+	must(t, os.MkdirAll(bcdDir, 0o700))
+	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(bcdDir, bcdconfig.EncryptionKeyFile), jwk, 0o644))
+	must(t, os.WriteFile(filepath.Join(bcdDir, "config.toml"), []byte(fmt.Sprintf(
+		"gateway_url = %q\nsite = %q\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n",
+		"https://"+gw, site, pins["servingCaPin"], pins["joinSigningKeyPin"], pins["joinEncryptionKeyPin"])), 0o600))
+	bcfg, err := bcdconfig.Load(filepath.Join(bcdDir, "config.toml"))
+	must(t, err)
+	encKey, found, err := bcdconfig.LoadEncryptionKey(bcdDir, bcfg.JoinEncryptionKeyPin)
+	if err != nil || !found {
+		t.Fatalf("encryption key: %v (found %v)", err, found)
+	}
+	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
+	must(t, err)
+
+	ms := make([]*stormMachine, stormMachines)
+	for i := range ms {
+		ms[i] = prepareMachine(t, i, token, encKey)
+	}
+
+	// The storm: every machine tries until it is told yes or no, retrying
+	// the same request after anything else (the API is down, the gateway
+	// timed out, the outcome is unknown).
+	var confirmed atomic.Int64
+	var next atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), stormDeadline)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range stormConcurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr := &http.Transport{TLSClientConfig: tlsConf.Clone(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1}
+			defer tr.CloseIdleConnections()
+			client := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr, Timeout: 20 * time.Second}, bcfg.GatewayURL, connect.WithGRPC())
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(ms) {
+					return
+				}
+				m := ms[i]
+				for ctx.Err() == nil {
+					res, err := client.Join(ctx, connect.NewRequest(m.req))
+					if err == nil {
+						sum := sha256.Sum256(m.csr)
+						body, verr := bcdjoin.VerifyResponse(res.Msg, bcdjoin.Expectation{SigningPin: bcfg.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: site, Role: pki.RoleNode})
+						if verr != nil {
+							t.Errorf("machine %d: answer fails bcd's checks: %v", i, verr)
+							break
+						}
+						m.nodeID = body.GetNodeId()
+						confirmed.Add(1)
+						break
+					}
+					err = wire.FromWire(err)
+					if errs.Is(err, errs.AccessDenied) {
+						m.refused = true
+						break
+					}
+					m.ambiguous, m.lastErr = true, err.Error()
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}()
+	}
+
+	// Kill the API twice, mid-storm, and bring it back on the same ports.
+	for _, at := range []int64{stormMachines / 4, stormMachines / 2} {
+		waitFor(t, fmt.Sprintf("%d confirmed joins", at), stormDeadline, func() bool { return confirmed.Load() >= at })
+		must(t, serve.cmd.Process.Kill())
+		_ = serve.cmd.Wait()
+		t.Logf("killed the API (SIGKILL) after %d confirmed joins", confirmed.Load())
+		serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
+		logged(t, serve, apiURLRE, "the restarted API")
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the storm did not finish within %v", stormDeadline)
+	}
+	var refused, ambiguous int
+	for _, m := range ms {
+		if m.refused {
+			refused++
+		}
+		if m.ambiguous {
+			ambiguous++
+		}
+	}
+	t.Logf("%d machines: %d confirmed, %d refused, %d saw an answer that was neither", len(ms), confirmed.Load(), refused, ambiguous)
+
+	// Stop the API cleanly, then look at what it left.
+	must(t, serve.cmd.Process.Signal(os.Interrupt))
+	_ = serve.cmd.Wait()
+	checkStormInvariants(t, check, tenant, tokenID, ms)
+}
+
+// prepareMachine makes machine i's key, CSR, distinct claims and a token
+// sealed to its CSR.
+func prepareMachine(t *testing.T, i int, token string, encKey *ecdsa.PublicKey) *stormMachine {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	csr, err := identity.NewCSR(key, "crash")
+	must(t, err)
+	h := sha256.Sum256([]byte(fmt.Sprintf("crash/%d", i)))
+	host := fmt.Sprintf("crash-%04d", i)
+	req := &agentv1.JoinRequest{
+		Csr: csr, Protocol: version.ProtocolMax,
+		Claims: &agentv1.Claims{
+			ProductUuid:   fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16]),
+			ProductSerial: fmt.Sprintf("CR-%06d", i),
+			Macs:          []string{fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", h[16]&0xfc, h[17], h[18], h[19], h[20], h[21])},
+			Hostname:      host,
+		},
+	}
+	// Sealed as bcd seals: bound to the whole request (R4.2).
+	sealed, err := pki.Seal(encKey, token, csr, pki.JoinRequestDigest(req), time.Now())
+	must(t, err)
+	req.SealedToken = sealed
+	return &stormMachine{key: key, csr: csr, host: host, req: req}
+}
+
+func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string, ms []*stormMachine) {
+	ctx := context.Background()
+	db, err := store.Open(ctx, cfg, nil)
+	if err != nil {
+		t.Fatalf("open the store after the storm: %v", err)
+	}
+	defer db.Close()
+
+	// Uses spent = nodes made with the token.
+	var usesLeft int
+	if err := db.ReadTx(ctx, func(tx *store.Tx) error {
+		jt, err := tx.GetJoinToken(ctx, tokenID)
+		usesLeft = jt.UsesLeft
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	driver, dsn := "sqlite", "file:"+cfg.Path
+	if cfg.Driver == "postgres" {
+		driver, dsn = "pgx", cfg.DSN
+	}
+	raw, err := sql.Open(driver, dsn)
+	must(t, err)
+	defer raw.Close()
+	count := func(q string, args ...any) int {
+		t.Helper()
+		if driver == "pgx" {
+			for n := 1; strings.Contains(q, "?"); n++ {
+				q = strings.Replace(q, "?", fmt.Sprintf("$%d", n), 1)
+			}
+		}
+		var n int
+		if err := raw.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		return n
+	}
+	nodes := count("SELECT COUNT(*) FROM nodes WHERE join_token_id = ?", tokenID)
+	if all := count("SELECT COUNT(*) FROM nodes"); all != nodes {
+		t.Errorf("%d nodes, %d of them from the storm's token", all, nodes)
+	}
+	if spent := len(ms) - usesLeft; spent != nodes {
+		t.Errorf("uses spent %d, nodes made %d", spent, nodes)
+	}
+	for q, what := range map[string]string{
+		"SELECT COUNT(*) FROM node_certs c WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = c.node_id)": "certificates without a node",
+		"SELECT COUNT(*) FROM node_authz a WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = a.node_id)": "authorization rows without a node",
+		"SELECT COUNT(*) FROM work_queue w WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = w.node_id)": "work without a node",
+		"SELECT COUNT(*) FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM node_certs c WHERE c.node_id = n.id)": "nodes without a certificate",
+		"SELECT COUNT(*) FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM node_authz a WHERE a.node_id = n.id)": "nodes without an authorization row",
+	} {
+		if n := count(q); n != 0 {
+			t.Errorf("%d %s", n, what)
+		}
+	}
+	if n := count("SELECT COUNT(*) FROM node_certs"); n != nodes {
+		t.Errorf("%d certificates for %d nodes (one each)", n, nodes)
+	}
+	if n := count("SELECT COUNT(DISTINCT hostname) FROM nodes"); n != nodes {
+		t.Errorf("%d machines became %d nodes", n, nodes)
+	}
+	if n := count("SELECT COUNT(*) FROM audit WHERE tenant_id = ? AND action = 'node.joined'", tenant); n != nodes {
+		t.Errorf("%d node.joined audit rows for %d nodes", n, nodes)
+	}
+
+	// Every confirmed join is there, under the node id the machine was
+	// given; a machine plainly refused (never an unclear answer) has no
+	// node.
+	byHost := map[string]string{}
+	rows, err := raw.QueryContext(ctx, "SELECT hostname, id FROM nodes")
+	must(t, err)
+	for rows.Next() {
+		var h, id string
+		must(t, rows.Scan(&h, &id))
+		byHost[h] = id
+	}
+	must(t, rows.Err())
+	rows.Close()
+	unconfirmed := 0
+	for i, m := range ms {
+		id, has := byHost[m.host]
+		if has && m.nodeID == "" {
+			unconfirmed++
+		}
+		switch {
+		case m.nodeID != "" && id != m.nodeID:
+			t.Errorf("machine %d was told it joined as %s; the database has %q", i, m.nodeID, id)
+		case m.nodeID == "" && m.refused && !m.ambiguous && has:
+			t.Errorf("machine %d was refused, yet node %s was made for it", i, id)
+		case m.nodeID == "" && !m.refused:
+			t.Errorf("machine %d never got an answer (last: %s)", i, m.lastErr)
+		case m.refused:
+			// R4.9: a machine whose answer was lost with the API resends
+			// the very same request and gets the answer stored for it;
+			// with as many uses as machines, nobody is refused.
+			t.Errorf("machine %d was refused (R4.9: its retry must get the stored answer)", i)
+		}
+	}
+	if unconfirmed != 0 {
+		t.Errorf("%d nodes for machines never told so: a retry did not get its stored answer (R4.9)", unconfirmed)
+	}
+
+	// Every node.joined event is readable, including those committed right
+	// before a kill (on PostgreSQL the restarted API numbers them).
+	if err := db.WaitEventsVisible(ctx, tenant, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	joined := 0
+	var atx, aid int64
+	for {
+		var evs []store.Event
+		if err := db.ReadTx(ctx, func(tx *store.Tx) error {
+			var err error
+			evs, err = tx.ListEvents(ctx, tenant, atx, aid, "node.joined", 200)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		joined += len(evs)
+		atx, aid, _ = store.ParseEventCursor(evs[len(evs)-1].Cursor())
+	}
+	if joined != nodes {
+		t.Errorf("%d node.joined events readable for %d nodes", joined, nodes)
+	}
+}
