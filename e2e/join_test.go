@@ -19,8 +19,9 @@ func TestDevTokenJoin(t *testing.T) {
 	bc, bcd := binaries(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "bc-dev")
-	api, gw := freePort(t), freePort(t)
-	dev := start(t, nil, bc, "dev", "--data-dir", data, "--listen", api, "--gateway-listen", gw)
+	// dev takes its ports from its own listeners and writes them into
+	// dev.env and the bcd config.
+	dev := start(t, nil, bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 	waitFor(t, "dev to write dev.env", 30*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(data, "bcd", "config.toml"))
 		return err == nil && strings.Contains(dev.output(), "gateway listening")
