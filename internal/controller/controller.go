@@ -27,7 +27,8 @@ type Config struct {
 	Hub *events.Hub
 	// Poll is how often the queue is read when nothing wakes it (default 500 ms).
 	Poll time.Duration
-	// Clock is the time source (command expiry); nil means the wall clock.
+	// Clock is the time source (command expiry, the poll); nil means the
+	// wall clock.
 	Clock clock.Clock
 	// Notify, when set, is called after a command for a node committed, so
 	// the node's session on this process delivers it at once (else the
@@ -65,7 +66,7 @@ func (c *Controller) Wake() {
 
 // Run processes work until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
-	t := time.NewTicker(c.cfg.Poll)
+	t := c.cfg.Clock.NewTicker(c.cfg.Poll)
 	defer t.Stop()
 	for {
 		for {
@@ -80,7 +81,7 @@ func (c *Controller) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-c.wake:
 		}
 	}

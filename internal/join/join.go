@@ -439,7 +439,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		body = &agentv1.JoinResponseBody{
 			NodeId: n.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
-			CsrSha256: in.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: pool.SiteID, Role: role,
+			CsrSha256: in.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: pool.SiteID, Role: role, IdentityGeneration: int64(n.IdentityGeneration),
 		}
 		return nil
 	})

@@ -242,7 +242,7 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		}
 		body = &agentv1.JoinResponseBody{
 			NodeId: n.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
-			CsrSha256: csrHash, TrustDomain: b.TrustDomain, SiteId: id.SiteID, Role: role,
+			CsrSha256: csrHash, TrustDomain: b.TrustDomain, SiteId: id.SiteID, Role: role, IdentityGeneration: int64(n.IdentityGeneration),
 		}
 		return nil
 	})

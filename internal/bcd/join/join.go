@@ -544,6 +544,9 @@ func (j *Joiner) save(body *agentv1.JoinResponseBody, keyRecord []byte, attestor
 	if err != nil {
 		return nil, err
 	}
+	// R12.3: commands of another generation are refused; from the signed
+	// body, so the relay cannot change it.
+	id.IdentityGeneration = body.GetIdentityGeneration()
 	if err := j.cfg.Store.Save(id, keyRecord, chainPEM, bundlePEM); err != nil {
 		return nil, fmt.Errorf("save the identity in %s: %w", j.cfg.Store.Dir, err)
 	}

@@ -186,6 +186,8 @@ type Server struct {
 	// Token is the one join token the fake admits.
 	Token       string
 	JoinService *JoinService
+	// Sessions is the fake SessionService (bcd run).
+	Sessions *Sessions
 	// URL is the gateway's (and the control plane's) https URL.
 	URL string
 	// Roots trusts the gateway's serving CA.
@@ -228,6 +230,8 @@ func New(t testing.TB, o Options) *Server {
 
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewJoinServiceHandler(s.JoinService))
+	s.Sessions = &Sessions{}
+	mux.Handle(agentv1connect.NewSessionServiceHandler(s.Sessions))
 	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		doc := s.doc
