@@ -66,8 +66,14 @@ func (c *Controller) Wake() {
 
 // Run processes work until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
-	t := c.cfg.Clock.NewTicker(c.cfg.Poll)
-	defer t.Stop()
+	// The ticker starts after the first pass, so a test that waits for it
+	// to be armed knows the first pass is over.
+	var t clock.Ticker
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		for {
 			n, err := c.RunOnce(ctx)
@@ -77,6 +83,9 @@ func (c *Controller) Run(ctx context.Context) {
 			if n == 0 || err != nil {
 				break
 			}
+		}
+		if t == nil {
+			t = c.cfg.Clock.NewTicker(c.cfg.Poll)
 		}
 		select {
 		case <-ctx.Done():
