@@ -583,8 +583,8 @@ type evilGateway struct {
 	mu       sync.Mutex
 	captured []*agentv1.SignedCommand // commands relayed to bcd
 	results  []*agentv1.CommandResult // results from bcd, as bcd sent them
-	// tamper, when set, rewrites a result before it goes to the API; it
-	// sees each result once, with how many came before.
+	// tamper, when set, rewrites a result before it goes to the API (nil:
+	// drops it); it sees each result once, with how many came before.
 	tamper func(n int, r *agentv1.CommandResult) *agentv1.CommandResult
 	// drop, when set, keeps commands from bcd.
 	drop bool
@@ -668,7 +668,11 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 				tamper := g.tamper
 				g.mu.Unlock()
 				if tamper != nil {
-					m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: tamper(n, res)}}
+					r := tamper(n, res)
+					if r == nil {
+						continue // dropped
+					}
+					m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: r}}
 				}
 			}
 			if err := up.Send(m); err != nil {

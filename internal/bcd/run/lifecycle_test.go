@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/bcd/run"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
@@ -170,6 +171,24 @@ func TestR12_3CommandWaitsForTheNextSession(t *testing.T) {
 			h.startVia(t, m, evil.url)
 			if c := h.waitCommand(t, id); c.State != store.CommandDone || !strings.Contains(string(c.Result), `"cpus":3`) {
 				t.Errorf("command %s %q %s", c.State, c.Error, c.Result)
+			}
+		})
+		t.Run("answer lost: at most once", func(t *testing.T) {
+			m := h.join(t, h.token(t, h.pool(t, "answer-lost", nil), false), 122, 3)
+			evil := h.newEvilGateway(t)
+			evil.set(func(g *evilGateway) {
+				g.tamper = func(int, *agentv1.CommandResult) *agentv1.CommandResult { return nil } // the answer never arrives
+			})
+			p := h.startVia(t, m, evil.url)
+			p.welcome(t)
+			id := h.enqueue(t, m.nodeID)
+			waitResults(t, evil, 0, id, 1) // bcd ran it and answered
+			p.stop(t)
+			eventually(t, "the command back in the queue", func() bool { return h.command(t, id).State == store.CommandQueued })
+			evil.set(func(g *evilGateway) { g.tamper = nil })
+			h.startVia(t, m, evil.url) // bcd restarted
+			if c := h.waitCommand(t, id); c.State != store.CommandFailed || c.Error != run.RefusedReplayed {
+				t.Errorf("command %s %q, want failed %q: it ran once already", c.State, c.Error, run.RefusedReplayed)
 			}
 		})
 	})

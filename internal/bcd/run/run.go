@@ -128,6 +128,18 @@ type Daemon struct {
 type answer struct {
 	res        *agentv1.CommandResult
 	generation int64
+	// ran, when set, is the command id whose run this answers: it counts
+	// as running until the answer is sent, so a second delivery meanwhile
+	// (the API re-queues a command whose session ended) is not answered
+	// "replayed" ahead of the real answer.
+	ran string
+}
+
+// sent marks a's run over (its answer left, or was dropped).
+func (d *Daemon) sent(a *answer) {
+	if a.ran != "" {
+		d.ran.end(a.ran)
+	}
 }
 
 // New returns a Daemon. Errors are INVALID_CONFIG.
@@ -350,6 +362,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 				signed, err := d.sign(id, res)
 				if err != nil {
 					d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+					d.sent(res)
 					continue
 				}
 				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: signed}}
@@ -360,6 +373,9 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 				}
 				cancel(fmt.Errorf("send: %w", err))
 				return
+			}
+			if res != nil {
+				d.sent(res)
 			}
 		}
 	}()
@@ -400,6 +416,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 			select {
 			case d.results <- res:
 			case <-runCtx.Done():
+				d.sent(res)
 			}
 		}()
 	}
@@ -426,6 +443,7 @@ func (d *Daemon) requeueResult(a *answer) {
 	case d.results <- a:
 	default:
 		d.log.Warn("command answer dropped: too many waiting", "command", a.res.GetCommandId())
+		d.sent(a)
 	}
 }
 
@@ -521,7 +539,7 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 		res.Error = RefusedReplayed
 		return a
 	}
-	defer d.ran.end(body.GetCommandId())
+	a.ran = body.GetCommandId() // running until its answer is sent
 	out, err := Execute(ctx, d.cfg.BCD.ProcfsRoot, body.GetKind(), body.GetArgs())
 	if err != nil {
 		res.Error = err.Error()
