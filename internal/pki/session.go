@@ -14,6 +14,8 @@ const (
 	PurposeSession = "session"
 	// PurposeCommandResult signs a node's answer to a command.
 	PurposeCommandResult = "command-result"
+	// PurposeHeartbeat signs a node's heartbeats on a session.
+	PurposeHeartbeat = "session-heartbeat"
 )
 
 // SessionNonceSize is the size of the API's session challenge.
@@ -61,6 +63,42 @@ func VerifySessionProof(pub crypto.PublicKey, nonce []byte, nodeID string, certD
 		return errNonce
 	}
 	return VerifyPurpose(pub, PurposeSession, m, sig)
+}
+
+// HeartbeatMessage is the message a node signs, under purpose
+// session-heartbeat, for the seq-th heartbeat of the session opened with
+// nonce:
+//
+//	nonce (32 bytes) || seq (8 bytes big-endian)
+//
+// The nonce ties it to one session, the sequence number to one place in
+// it, so a heartbeat cannot be replayed on another session or again on the
+// same one. It returns nil for a nonce of another size.
+func HeartbeatMessage(nonce []byte, seq uint64) []byte {
+	if len(nonce) != SessionNonceSize {
+		return nil
+	}
+	m := make([]byte, 0, len(nonce)+8)
+	m = append(m, nonce...)
+	return binary.BigEndian.AppendUint64(m, seq)
+}
+
+// SignHeartbeat signs a heartbeat with the node key.
+func SignHeartbeat(key crypto.Signer, nonce []byte, seq uint64) ([]byte, error) {
+	m := HeartbeatMessage(nonce, seq)
+	if m == nil {
+		return nil, errNonce
+	}
+	return SignPurpose(key, PurposeHeartbeat, m)
+}
+
+// VerifyHeartbeat checks a SignHeartbeat signature under pub.
+func VerifyHeartbeat(pub crypto.PublicKey, nonce []byte, seq uint64, sig []byte) error {
+	m := HeartbeatMessage(nonce, seq)
+	if m == nil {
+		return errNonce
+	}
+	return VerifyPurpose(pub, PurposeHeartbeat, m, sig)
 }
 
 // CommandResult is what a node's signed answer to a command covers.

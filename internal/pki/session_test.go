@@ -58,6 +58,34 @@ func TestSessionProof(t *testing.T) {
 	}
 }
 
+// R12.1: a heartbeat's signature is for one session and one place in it.
+func TestHeartbeatSignature(t *testing.T) {
+	key := newP256(t)
+	nonce := make([]byte, SessionNonceSize)
+	_, _ = rand.Read(nonce)
+	sig, err := SignHeartbeat(key, nonce, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyHeartbeat(key.Public(), nonce, 7, sig); err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	other := append([]byte(nil), nonce...)
+	other[31] ^= 1
+	if err := VerifyHeartbeat(key.Public(), nonce, 8, sig); !errors.Is(err, ErrSignature) {
+		t.Errorf("another seq: %v", err)
+	}
+	if err := VerifyHeartbeat(key.Public(), other, 7, sig); !errors.Is(err, ErrSignature) {
+		t.Errorf("another session: %v", err)
+	}
+	if err := VerifySessionProof(key.Public(), nonce, "", nil, sig); !errors.Is(err, ErrSignature) {
+		t.Errorf("a heartbeat verified as a session proof: %v", err)
+	}
+	if _, err := SignHeartbeat(key, nonce[:8], 1); err == nil {
+		t.Error("signed over an 8-byte nonce")
+	}
+}
+
 // R12.3: a command result's signature covers every field.
 func TestCommandResultSignature(t *testing.T) {
 	key := newP256(t)

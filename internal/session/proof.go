@@ -24,6 +24,9 @@ const (
 	// reasonResultSignature: a command result does not verify under the
 	// session's certificate.
 	reasonResultSignature = "result-signature"
+	// reasonHeartbeatSignature: a heartbeat is not signed by the session's
+	// key over its nonce, or repeats an earlier sequence number.
+	reasonHeartbeatSignature = "heartbeat-signature"
 )
 
 // challenge sends the session's Challenge: a fresh nonce from crypto/rand
@@ -128,5 +131,18 @@ func checkResult(c *conn, cmd store.Command, r *agentv1.CommandResult) string {
 	if err != nil {
 		return reasonResultSignature
 	}
+	return ""
+}
+
+// checkHeartbeat checks a heartbeat's signature by the session's key over
+// its nonce and a sequence number above the last one (a relay can neither
+// make heartbeats nor replay the node's), and returns a refusal reason or
+// "". Only verified heartbeats keep a session from ending idle, so a
+// session ends when its daemon is gone, whatever the relay sends.
+func checkHeartbeat(c *conn, hb *agentv1.Heartbeat) string {
+	if hb.GetSeq() <= c.lastSeq || pki.VerifyHeartbeat(c.nodeKey, c.nonce, hb.GetSeq(), hb.GetSig()) != nil {
+		return reasonHeartbeatSignature
+	}
+	c.lastSeq = hb.GetSeq()
 	return ""
 }

@@ -17,6 +17,12 @@
 // one exception: a retired node that proves its key is told so (INVALID_STATE
 // "This node was retired"), so bcd stops instead of reconnecting forever.
 //
+// Heartbeats are signed by the node key over the nonce and a rising
+// sequence number, and only signed heartbeats and results count as the
+// node being there: a relay cannot keep a session open after its daemon
+// went away (a bad heartbeat ends the session: heartbeat-signature; none
+// ends it as idle after three heartbeat intervals).
+//
 // After Hello the node is marked connected (one transaction with the
 // node.connected event and audit row and, for an adopting node of a pool
 // with acceptance checks, the "accept" work item: R4.5/R12.2), and marked
@@ -233,7 +239,9 @@ type conn struct {
 	tenantID     string
 	generation   int
 	serial       string
-	nodeKey      crypto.PublicKey // the certificate's key: results verify under it
+	nodeKey      crypto.PublicKey // the certificate's key: results and heartbeats verify under it
+	nonce        []byte           // the session's challenge: heartbeats are signed over it
+	lastSeq      uint64           // the last heartbeat's sequence number (the handler goroutine's own)
 	notAfter     time.Time
 	allowedKinds []string
 	kick         chan struct{}
@@ -319,7 +327,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	var kinds []string
 	_ = json.Unmarshal(a.cert.AllowedKinds, &kinds)
 	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
-		nodeKey: key, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
+		nodeKey: key, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
 	c.lastTouch = now
@@ -370,7 +378,8 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 			c.end(endClosed, nil)
 			return nil
 		case m := <-msgs:
-			c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli())
+			// Only what the node key signed (handle) counts as the node
+			// being there: a relay cannot keep the session alive.
 			if err := s.handle(ctx, c, m); err != nil {
 				var r *refusal
 				if errors.As(err, &r) {
@@ -600,7 +609,11 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientMessage) error {
 	switch {
 	case m.GetHeartbeat() != nil:
+		if reason := checkHeartbeat(c, m.GetHeartbeat()); reason != "" {
+			return &refusal{reason: reason, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
+		}
 		now := s.cfg.Clock.Now()
+		c.lastRecv.Store(now.UnixMilli())
 		if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
 			return nil
 		}
@@ -684,6 +697,9 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 		return &refusal{reason: reasonResultSignature, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
 	}
 	delete(c.sent, cmd.ID)
+	if cmd.ID != "" {
+		c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli()) // a verified answer: the node is there
+	}
 	if done {
 		s.mu.Lock()
 		fn := s.onResult

@@ -101,3 +101,44 @@ func TestCheckResult(t *testing.T) {
 		})
 	}
 }
+
+// R12.1: only the node key's heartbeats, over this session's nonce, in
+// order, keep a session alive.
+func TestCheckHeartbeat(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := make([]byte, pki.SessionNonceSize)
+	_, _ = rand.Read(nonce)
+	other := make([]byte, pki.SessionNonceSize)
+	c := &conn{nodeKey: key.Public(), nonce: nonce}
+	hb := func(n []byte, seq uint64) *agentv1.Heartbeat {
+		sig, err := pki.SignHeartbeat(key, n, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &agentv1.Heartbeat{Seq: seq, Sig: sig}
+	}
+	steps := []struct {
+		name string
+		hb   *agentv1.Heartbeat
+		want string
+	}{
+		{"first", hb(nonce, 1), ""},
+		{"the same again", hb(nonce, 1), reasonHeartbeatSignature},
+		{"a gap is fine", hb(nonce, 3), ""},
+		{"an earlier one", hb(nonce, 2), reasonHeartbeatSignature},
+		{"another session's", hb(other, 4), reasonHeartbeatSignature},
+		{"unsigned", &agentv1.Heartbeat{Seq: 5}, reasonHeartbeatSignature},
+		{"next", hb(nonce, 4), ""},
+	}
+	for _, st := range steps {
+		if got := checkHeartbeat(c, st.hb); got != st.want {
+			t.Errorf("%s: %q, want %q", st.name, got, st.want)
+		}
+	}
+	if c.lastSeq != 4 {
+		t.Errorf("last seq %d, want 4", c.lastSeq)
+	}
+}

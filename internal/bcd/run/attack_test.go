@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -294,3 +295,92 @@ func ctxT(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// R12.1: a relay cannot keep a session alive after its daemon went away.
+// The relay (the gateway's credentials) carries a real session, the node
+// key answering the Challenge and signing one heartbeat, as bcd would;
+// then the daemon is gone and the relay goes on alone: a replayed
+// heartbeat or an unsigned one ends the session (heartbeat-signature), and
+// silence ends it as idle; each time the node is disconnected.
+func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		heartbeat := func(seq uint64, sig []byte) *agentv1.SessionClientMessage {
+			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+		}
+		tests := []struct {
+			name string
+			// alone is what the relay does once the daemon is gone, given
+			// the daemon's first signed heartbeat.
+			alone      func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage)
+			wantReason string
+		}{
+			{name: "replays the daemon's heartbeat", wantReason: "heartbeat-signature",
+				alone: func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage) { _ = s.Send(first) }},
+			{name: "sends unsigned heartbeats", wantReason: "heartbeat-signature",
+				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage) { _ = s.Send(heartbeat(2, nil)) }},
+			{name: "signs with another key", wantReason: "heartbeat-signature",
+				alone: func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage) {
+					k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+					sig, _ := pki.SignPurpose(k, pki.PurposeHeartbeat, []byte("x"))
+					_ = s.Send(heartbeat(2, sig))
+				}},
+			{name: "stays silent", wantReason: "idle",
+				alone: func(t *testing.T, _ sessionStream, _ *agentv1.SessionClientMessage) {
+					h.clock.Advance(3*15*time.Second + time.Second) // three heartbeats and a check
+				}},
+		}
+		for i, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				m := h.join(t, h.token(t, h.pool(t, "alive-"+string(rune('a'+i)), nil), false), 130+i, 2)
+				der := m.id.Leaf().Raw
+				s := h.attacker(t, der)
+				_ = s.Send(nil)
+				first, err := s.Receive()
+				if err != nil {
+					t.Fatal(err)
+				}
+				nonce := first.GetChallenge().GetNonce()
+				proof, err := pki.SignSessionProof(m.id.Signer, nonce, m.nodeID, der) // the daemon, relayed
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof}}}); err != nil {
+					t.Fatal(err)
+				}
+				if w, err := s.Receive(); err != nil || w.GetWelcome() == nil {
+					t.Fatalf("Welcome: %v %v", w, err)
+				}
+				sig, err := pki.SignHeartbeat(m.id.Signer, nonce, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				hb := heartbeat(1, sig)
+				if err := s.Send(hb); err != nil {
+					t.Fatal(err)
+				}
+				h.waitNode(t, m.nodeID, "connected", func(n store.Node) bool { return n.Connection == store.Connected })
+				if err := h.clock.WaitArmed(ctxT(t), 1); err != nil {
+					t.Fatal(err)
+				}
+				tc.alone(t, s, hb)
+				h.waitNode(t, m.nodeID, "disconnected", func(n store.Node) bool { return n.Connection == store.Disconnected })
+				if !h.disconnectedBecause(t, m.nodeID, tc.wantReason) {
+					t.Errorf("no node.disconnected event with reason %s", tc.wantReason)
+				}
+				for {
+					if _, err = s.Receive(); err != nil {
+						break
+					}
+				}
+				if tc.wantReason != "idle" {
+					if pe, ok := errs.As(wire.FromWire(err)); !ok || pe.Code != errs.AccessDenied || pe.Message != "Session refused" {
+						t.Errorf("the relay got %v, want ACCESS_DENIED Session refused", err)
+					}
+				}
+			})
+		}
+	})
+}
+
+// sessionStream is a client session stream.
+type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]

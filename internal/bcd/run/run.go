@@ -2,7 +2,8 @@
 // keeps one long-lived session to the gateway over TLS pinned to the
 // serving CA, presenting the node certificate as client certificate;
 // answers the API's Challenge with Hello signed by the node key (the
-// certificate alone proves nothing to the API); sends heartbeats;
+// certificate alone proves nothing to the API); sends heartbeats, signed
+// by the node key too;
 // reconnects with exponential backoff and jitter; and runs the commands the
 // control plane sends, after verifying each one against the
 // command-signing bundle from the join (R12.3), answering each with a
@@ -345,11 +346,13 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 		d.cfg.OnWelcome(id.NodeID)
 	}
 
-	// One goroutine sends: heartbeats and results, each result signed by
-	// this session's node key.
+	// One goroutine sends: heartbeats and results, each signed by this
+	// session's node key (heartbeats over the nonce and a sequence number,
+	// so no relay can keep the session alive without this daemon).
 	go func() {
 		t := d.clock.NewTicker(beat)
 		defer t.Stop()
+		var seq uint64
 		for {
 			var m *agentv1.SessionClientMessage
 			var res *answer
@@ -357,7 +360,13 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 			case <-ctx.Done():
 				return
 			case <-t.C():
-				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}
+				seq++
+				sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
+				if err != nil {
+					cancel(fmt.Errorf("sign a heartbeat: %w", err))
+					return
+				}
+				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
 			case res = <-d.results:
 				signed, err := d.sign(id, res)
 				if err != nil {

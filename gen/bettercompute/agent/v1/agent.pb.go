@@ -999,8 +999,15 @@ func (x *Hello) GetProof() []byte {
 	return nil
 }
 
+// Heartbeat keeps the session alive. It is signed by the node key, so a
+// relay cannot keep a session open after the daemon went away.
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 for the session's first heartbeat, one more for each next one.
+	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Signature by the node key, purpose session-heartbeat, over
+	// pki.HeartbeatMessage (the session's nonce || seq).
+	Sig           []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1033,6 +1040,20 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Heartbeat) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
 }
 
 type SessionClientMessage struct {
@@ -1375,8 +1396,10 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\bprotocol\x18\x01 \x01(\x05R\bprotocol\x12\x1f\n" +
 	"\vbcd_version\x18\x02 \x01(\tR\n" +
 	"bcdVersion\x12\x14\n" +
-	"\x05proof\x18\x03 \x01(\fR\x05proof\"\v\n" +
-	"\tHeartbeat\"\xd8\x01\n" +
+	"\x05proof\x18\x03 \x01(\fR\x05proof\"/\n" +
+	"\tHeartbeat\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xd8\x01\n" +
 	"\x14SessionClientMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
