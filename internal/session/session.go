@@ -117,7 +117,11 @@ const (
 	endCertExpired = "cert-expired"
 	endNodeGone    = "node-gone"
 	endError       = "error"
+	endShutdown    = "shutdown"
 )
+
+// errShutdown ends the sessions of a replica that is shutting down.
+var errShutdown = errs.New(errs.Unavailable, "the control plane is shutting down; reconnect")
 
 // errReplaced ends a session another one of the same node took over.
 var errReplaced = errs.New(errs.Conflict, "Session replaced by a newer one")
@@ -158,6 +162,11 @@ type Service struct {
 	sessions map[string]*conn // node id -> its session on this replica
 	polling  bool
 	onResult func()
+	// active counts the Connect handlers running; closing refuses new
+	// ones; drained is closed when active reaches 0 during Close.
+	active  int
+	closing bool
+	drained chan struct{}
 }
 
 // New returns the session service.
@@ -297,6 +306,10 @@ func (r *refusal) Error() string { return "session refused: " + r.reason }
 // Connect serves one session stream.
 func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	procedure := agentv1connect.SessionServiceConnectProcedure
+	if !s.enter() {
+		return wire.ToWire(s.log, procedure, errShutdown)
+	}
+	defer s.leave()
 	peer := stream.RequestHeader().Get(wire.PeerAddrHeader)
 	der := wire.PeerCertificate(stream.RequestHeader())
 	a, err := s.authenticate(ctx, der)
@@ -542,6 +555,11 @@ func truncate(s string, n int) string {
 // register makes c the node's session on this replica, ending an older one.
 func (s *Service) register(c *conn) {
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.end(endShutdown, errShutdown)
+		return
+	}
 	old := s.sessions[c.nodeID]
 	s.sessions[c.nodeID] = c
 	if !s.polling {

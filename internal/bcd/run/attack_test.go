@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/run"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/wire"
 )
@@ -326,7 +327,7 @@ func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
 				}},
 			{name: "stays silent", wantReason: "idle",
 				alone: func(t *testing.T, _ sessionStream, _ *agentv1.SessionClientMessage) {
-					h.clock.Advance(3*15*time.Second + time.Second) // three heartbeats and a check
+					h.clock.Advance(3*session.DefaultHeartbeat + session.DefaultCheck) // three heartbeats and a check
 				}},
 		}
 		for i, tc := range tests {
@@ -350,22 +351,34 @@ func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
 				if w, err := s.Receive(); err != nil || w.GetWelcome() == nil {
 					t.Fatalf("Welcome: %v %v", w, err)
 				}
+				connected := h.waitNode(t, m.nodeID, "connected", func(n store.Node) bool { return n.Connection == store.Connected })
+				if err := h.clock.WaitArmed(ctxT(t), 1); err != nil {
+					t.Fatal(err)
+				}
+				// The daemon's heartbeat, recorded (a heartbeat is written
+				// at most every TouchEvery): the API has taken it before
+				// the relay is alone.
+				h.clock.Advance(session.DefaultTouchEvery + time.Second)
 				sig, err := pki.SignHeartbeat(m.id.Signer, nonce, 1)
 				if err != nil {
 					t.Fatal(err)
 				}
 				hb := heartbeat(1, sig)
+				h.dbClockPast(t, *connected.LastSeen) // so the heartbeat's write shows
 				if err := s.Send(hb); err != nil {
 					t.Fatal(err)
 				}
-				h.waitNode(t, m.nodeID, "connected", func(n store.Node) bool { return n.Connection == store.Connected })
-				if err := h.clock.WaitArmed(ctxT(t), 1); err != nil {
-					t.Fatal(err)
-				}
+				h.waitNode(t, m.nodeID, "the heartbeat recorded", func(n store.Node) bool { return n.LastSeen.After(*connected.LastSeen) })
 				tc.alone(t, s, hb)
 				h.waitNode(t, m.nodeID, "disconnected", func(n store.Node) bool { return n.Connection == store.Disconnected })
 				if !h.disconnectedBecause(t, m.nodeID, tc.wantReason) {
-					t.Errorf("no node.disconnected event with reason %s", tc.wantReason)
+					var got []string
+					for _, ev := range h.events(t, "node.disconnected") {
+						if ev.Subject == m.nodeID {
+							got = append(got, string(ev.Data))
+						}
+					}
+					t.Errorf("no node.disconnected event with reason %s: %v", tc.wantReason, got)
 				}
 				for {
 					if _, err = s.Receive(); err != nil {

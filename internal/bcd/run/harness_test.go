@@ -87,7 +87,23 @@ func each(t *testing.T, fn func(t *testing.T, h *harness)) {
 func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	var background sync.WaitGroup
+	var agentClose func()
+	// Registered first, so it runs after every other cleanup of the test
+	// (bcd, relays, the gateway) and before the database closes: nothing
+	// may write into a closed store.
+	t.Cleanup(func() {
+		cancel()
+		background.Wait()
+		if agentClose != nil {
+			agentClose()
+		}
+		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
+		defer c()
+		if err := e.Server.Sessions().Close(sctx); err != nil {
+			t.Errorf("session handlers still running: %v", err)
+		}
+	})
 	h := &harness{e: e, clock: apiClock, dir: t.TempDir()}
 	b := e.Bundle
 	now := time.Now()
@@ -110,6 +126,7 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	agent.Config.ErrorLog = slog.NewLogLogger(quiet().Handler(), slog.LevelError)
 	agent.StartTLS()
 	t.Cleanup(agent.Close)
+	agentClose = agent.Close
 	h.agentURL = agent.URL
 
 	// The gateway.
@@ -142,8 +159,10 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	sess := e.Server.Sessions()
 	ctrl := controller.New(controller.Config{DB: e.DB, Hub: e.Server.Hub(), Log: quiet(), Poll: 100 * time.Millisecond, Notify: sess.Notify})
 	sess.OnResult(ctrl.Wake)
-	go ctrl.Run(ctx)
+	background.Add(2)
+	go func() { defer background.Done(); ctrl.Run(ctx) }()
 	go func() {
+		defer background.Done()
 		for {
 			select {
 			case <-ctx.Done():
@@ -401,6 +420,23 @@ func (h *harness) waitNode(t testing.TB, id, what string, cond func(store.Node) 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// dbClockPast waits until the database's clock (compute_now, ms) is past
+// t, so a write after this returns shows as later than t.
+func (h *harness) dbClockPast(t testing.TB, at time.Time) {
+	t.Helper()
+	eventually(t, "the database clock to move", func() bool {
+		var now time.Time
+		if err := h.e.DB.ReadTx(context.Background(), func(tx *store.Tx) error {
+			var err error
+			now, err = tx.Now(context.Background())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return now.After(at)
+	})
 }
 
 // waitCommand waits until the command is no longer queued or sent.

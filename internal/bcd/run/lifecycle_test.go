@@ -9,8 +9,10 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/bcd/run"
+	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // R12.1 (issue 8 point 5): a session ends within a second of a
@@ -108,6 +110,7 @@ func TestR12_1HeartbeatIdleAndBackoff(t *testing.T) {
 		if err := p.clock.WaitArmed(ctxT(t), 2); err != nil {
 			t.Fatal(err)
 		}
+		h.dbClockPast(t, *connected.LastSeen) // so the heartbeat's write shows
 		p.clock.Advance(session.DefaultHeartbeat)
 		h.waitNode(t, m.nodeID, "the heartbeat recorded", func(n store.Node) bool { return n.LastSeen != nil && n.LastSeen.After(*connected.LastSeen) })
 		if !h.e.Server.Sessions().Connected(m.nodeID) {
@@ -191,5 +194,30 @@ func TestR12_3CommandWaitsForTheNextSession(t *testing.T) {
 				t.Errorf("command %s %q, want failed %q: it ran once already", c.State, c.Error, run.RefusedReplayed)
 			}
 		})
+	})
+}
+
+// A replica shutting down ends its sessions (UNAVAILABLE: reconnect, to
+// another replica), refuses new ones, and returns once every session
+// handler wrote its disconnect, so the database can close behind it.
+func TestSessionServiceClose(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 140, 2)
+		p := h.start(t, m)
+		p.welcome(t)
+		if err := h.e.Server.Sessions().Close(ctxT(t)); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		// Close returned after the disconnect was written.
+		if n := h.node(t, m.nodeID); n.Connection != store.Disconnected {
+			t.Errorf("after Close the node is %s", n.Connection)
+		}
+		if !h.disconnectedBecause(t, m.nodeID, "shutdown") {
+			t.Error("no node.disconnected event with reason shutdown")
+		}
+		_, err := h.dial(t, m, m.id.Signer)
+		if pe, ok := errs.As(wire.FromWire(err)); !ok || pe.Code != errs.Unavailable {
+			t.Errorf("a session after Close: %v, want UNAVAILABLE", err)
+		}
 	})
 }
