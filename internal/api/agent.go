@@ -12,19 +12,11 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// PeerAddrHeader carries the daemon's address, set by the gateway (which
-// strips any the daemon sent).
-const PeerAddrHeader = wire.PeerAddrHeader
-
-// PeerCertificateHeader carries, on Renew, the DER leaf the daemon presented
-// to the gateway, in standard base64 (gateway.HeaderPeerCertificate).
-const PeerCertificateHeader = wire.PeerCertificateHeader
-
 // agent serves JoinService to gateways.
 type agent struct{ s *Server }
 
 func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
-	res, err := a.s.join.Join(ctx, req.Msg, join.Peer{Addr: req.Header().Get(PeerAddrHeader)})
+	res, err := a.s.join.Join(ctx, req.Msg, join.Peer{Addr: req.Header().Get(wire.PeerAddrHeader)})
 	if err != nil {
 		return nil, err
 	}
@@ -32,9 +24,9 @@ func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinReque
 }
 
 // Renew relays to JoinService.Renew with the daemon's TLS client
-// certificate as the gateway forwarded it (PeerCertificateHeader).
+// certificate as the gateway forwarded it (wire.PeerCertificateHeader).
 func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
-	res, err := a.s.join.Renew(ctx, req.Msg, join.Peer{Addr: req.Header().Get(PeerAddrHeader), Cert: wire.PeerCertificate(req.Header())})
+	res, err := a.s.join.Renew(ctx, req.Msg, join.Peer{Addr: req.Header().Get(wire.PeerAddrHeader), Cert: wire.PeerCertificate(req.Header())})
 	if err != nil {
 		return nil, err
 	}

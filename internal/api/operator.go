@@ -317,7 +317,8 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 	if wait < 0 || wait > maxWait {
 		return nil, errs.Invalid("waitSeconds", "0 to 30")
 	}
-	deadline := time.Now().Add(wait)
+	clk := o.s.cfg.Clock
+	deadline := clk.Now().Add(wait)
 	for {
 		wake := o.s.hub.Wait()
 		var items []store.Event
@@ -329,7 +330,7 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 		if err != nil {
 			return nil, err
 		}
-		if len(items) > 0 || wait == 0 || !time.Now().Before(deadline) {
+		if len(items) > 0 || wait == 0 || !clk.Now().Before(deadline) {
 			out := &bcv1.ListEventsResponse{NextCursor: m.GetCursor()}
 			for _, e := range items {
 				out.Events = append(out.Events, &bcv1.Event{Id: strconv.FormatInt(e.ID, 10), TenantId: e.TenantID, Type: e.Type, Subject: e.Subject,
@@ -339,13 +340,13 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 			return connect.NewResponse(out), nil
 		}
 		// Wake on a local commit, or poll: other replicas publish too.
-		t := time.NewTimer(min(time.Until(deadline), time.Second))
+		t := clk.NewTimer(min(deadline.Sub(clk.Now()), time.Second))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
 		case <-wake:
-		case <-t.C:
+		case <-t.C():
 		}
 		t.Stop()
 	}

@@ -131,11 +131,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle})
 	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub,
-		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID) }}); err != nil {
+		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err
 	}
-	s.nodes = nodes.New(nodes.Config{DB: cfg.DB, Hub: hub, EndSession: s.sessions.EndNode})
-	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Notify: s.sessions.Notify})
+	// A retired node's session on this replica ends at once (R12.1); other
+	// replicas' end at their next check of held sessions.
+	s.nodes = nodes.New(nodes.Config{DB: cfg.DB, Hub: hub, EndSession: func(id string) { s.sessions.EndNode(id, session.EndRetired) }})
+	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Clock: cfg.Clock, Notify: s.sessions.Notify})
 	op := &operator{s: s}
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),

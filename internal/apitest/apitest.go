@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/authz"
 	"github.com/better-compute/better-compute/internal/client"
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
@@ -40,6 +41,10 @@ type Options struct {
 	// CAs valid from then, instead of from now), so that a test can hold
 	// node certificates that expired in the past.
 	PKIFrom time.Time
+	// Clock is the API's clock (api.Config.Clock); nil is the wall clock.
+	// A clock.Fake lets session tests move the session service's checks,
+	// polls and timeouts instead of sleeping.
+	Clock clock.Clock
 }
 
 // Start runs the API on db.
@@ -58,7 +63,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors})
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock})
 	if err != nil {
 		t.Fatalf("api.New: %v", err)
 	}

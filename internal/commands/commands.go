@@ -2,7 +2,10 @@
 // enqueueing a command for a node, reading commands back with the node's
 // answer, and expiring those nobody answered in time. Delivery, signing
 // and results belong to the session service (internal/session); this
-// package only writes the queued row and tells the session service.
+// package only writes the queued row and tells the session service. A
+// command waits in the queue while its node has no session, and is
+// delivered by the node's next session until it expires. Only the API
+// server imports this package.
 //
 // SECURITY (R7.5): a kind is queued only when the node's current
 // certificate allows it (node_certs.allowed_kinds of the newest unrevoked
@@ -21,10 +24,10 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/authz"
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/ids"
-	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/wire"
 )
@@ -47,15 +50,16 @@ const (
 var kindRE = regexp.MustCompile(`^[a-z0-9-]+(\.[a-z0-9-]+)+$`)
 
 // BuiltIn reports whether bcd runs kind built in.
-func BuiltIn(kind string) bool {
-	return kind == session.KindNodeFacts || kind == session.KindAcceptanceCheck
-}
+func BuiltIn(kind string) bool { return wire.BuiltInKind(kind) }
 
 // Config lists the Service's dependencies.
 type Config struct {
 	DB  *store.DB
 	Hub *events.Hub
 	Log *slog.Logger
+	// Clock paces RunExpiry (expiry itself is the database's clock); nil
+	// means the wall clock.
+	Clock clock.Clock
 	// Notify, when set, is called after a command committed so the node's
 	// session on this replica delivers it at once (else the session
 	// service's poll finds it).
@@ -69,6 +73,9 @@ type Service struct{ cfg Config }
 func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	return &Service{cfg: cfg}
 }
@@ -271,8 +278,12 @@ func (s *Service) Expire(ctx context.Context) (int, error) {
 				if err := tx.WakeNodeWork(ctx, d.NodeID); err != nil {
 					return err
 				}
-				if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: d.TenantID, Type: "command.expired", Subject: d.NodeID, Data: map[string]any{
-					"commandId": d.ID, "nodeId": d.NodeID, "kind": d.Kind, "previousState": d.State, "reason": why}}); err != nil {
+				data := map[string]any{"commandId": d.ID, "nodeId": d.NodeID, "kind": d.Kind, "previousState": d.State, "reason": why}
+				if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: d.TenantID, Type: "command.expired", Subject: d.NodeID, Data: data}); err != nil {
+					return err
+				}
+				// R14.2: the command finished without an answer.
+				if err := events.Audit(ctx, tx, events.Entry{TenantID: d.TenantID, Actor: "system", Action: "command.expired", Resource: "compute-node/" + d.NodeID, Data: data}); err != nil {
 					return err
 				}
 			}
@@ -294,13 +305,13 @@ const ExpireEvery = 5 * time.Second
 // RunExpiry runs Expire every ExpireEvery until ctx ends (server.Run starts
 // it beside the controller).
 func (s *Service) RunExpiry(ctx context.Context) {
-	t := time.NewTicker(ExpireEvery)
+	t := s.cfg.Clock.NewTicker(ExpireEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 			if n, err := s.Expire(ctx); err != nil && ctx.Err() == nil {
 				s.cfg.Log.Error("expire commands", "err", err)
 			} else if n > 0 {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/ids"
-	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Acceptance timing.
@@ -79,7 +79,7 @@ func (c *Controller) accept(ctx context.Context, tx *store.Tx, w store.WorkItem)
 		return c.adopt(ctx, tx, n.ID)
 	}
 	now := c.cfg.Clock.Now()
-	cmd, err := tx.LatestCommand(ctx, n.ID, session.KindAcceptanceCheck)
+	cmd, err := tx.LatestCommand(ctx, n.ID, wire.KindAcceptanceCheck)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
@@ -110,7 +110,7 @@ func (c *Controller) accept(ctx context.Context, tx *store.Tx, w store.WorkItem)
 		return fmt.Errorf("marshal acceptance policy: %w", err)
 	}
 	id := ids.New(ids.Command, now)
-	sent := store.Command{ID: id, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: session.KindAcceptanceCheck,
+	sent := store.Command{ID: id, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: wire.KindAcceptanceCheck,
 		Args: args, CreatedAt: now, ExpiresAt: now.Add(acceptanceTTL)}
 	if err := tx.InsertCommand(ctx, sent); err != nil {
 		return err

@@ -27,7 +27,8 @@ type Config struct {
 	Hub *events.Hub
 	// Poll is how often the queue is read when nothing wakes it (default 500 ms).
 	Poll time.Duration
-	// Clock is the time source (command expiry); nil means the wall clock.
+	// Clock is the time source (command expiry, the poll); nil means the
+	// wall clock.
 	Clock clock.Clock
 	// Notify, when set, is called after a command for a node committed, so
 	// the node's session on this process delivers it at once (else the
@@ -65,8 +66,14 @@ func (c *Controller) Wake() {
 
 // Run processes work until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
-	t := time.NewTicker(c.cfg.Poll)
-	defer t.Stop()
+	// The ticker starts after the first pass, so a test that waits for it
+	// to be armed knows the first pass is over.
+	var t clock.Ticker
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		for {
 			n, err := c.RunOnce(ctx)
@@ -77,10 +84,13 @@ func (c *Controller) Run(ctx context.Context) {
 				break
 			}
 		}
+		if t == nil {
+			t = c.cfg.Clock.NewTicker(c.cfg.Poll)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-c.wake:
 		}
 	}

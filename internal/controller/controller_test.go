@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // fleet is one tenant with a pool running acceptance checks and one
@@ -77,7 +78,7 @@ func (f *fleet) latest(t *testing.T) store.Command {
 	var c store.Command
 	must(t, f.db.ReadTx(context.Background(), func(tx *store.Tx) error {
 		var err error
-		c, err = tx.LatestCommand(context.Background(), f.node, session.KindAcceptanceCheck)
+		c, err = tx.LatestCommand(context.Background(), f.node, wire.KindAcceptanceCheck)
 		return err
 	}))
 	return c
@@ -132,7 +133,7 @@ func TestAcceptanceAudit(t *testing.T) {
 			if first.State != store.CommandQueued {
 				t.Fatalf("first acceptance.check %s", first.State)
 			}
-			if rows := f.audit(t, "command.enqueued"); len(rows) != 1 || rows[0]["commandId"] != first.ID || rows[0]["kind"] != session.KindAcceptanceCheck {
+			if rows := f.audit(t, "command.enqueued"); len(rows) != 1 || rows[0]["commandId"] != first.ID || rows[0]["kind"] != wire.KindAcceptanceCheck {
 				t.Fatalf("command.enqueued rows %v, want one for %s", rows, first.ID)
 			}
 

@@ -42,21 +42,6 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
-// Headers the gateway sets on relayed calls. The API trusts them only
-// because they arrive over mTLS from a gateway identity.
-const (
-	// HeaderPeerAddr is the daemon's remote address (host:port) as the
-	// gateway saw it.
-	HeaderPeerAddr = wire.PeerAddrHeader
-	// HeaderPeerCertificate is the DER leaf the daemon presented on its TLS
-	// connection, in standard base64; set on Renew only. The gateway does
-	// not verify it: the API does.
-	HeaderPeerCertificate = wire.PeerCertificateHeader
-
-	// peerHeaderPrefix covers every header the gateway owns.
-	peerHeaderPrefix = "Bc-Peer-"
-)
-
 const (
 	// shutdownGrace bounds a graceful shutdown in Run.
 	shutdownGrace = 15 * time.Second
@@ -308,7 +293,7 @@ func peerContext(next http.Handler) http.Handler {
 		// would not be forwarded anyway; dropping them here keeps every
 		// later reader honest too.
 		for k := range r.Header {
-			if strings.HasPrefix(http.CanonicalHeaderKey(k), peerHeaderPrefix) {
+			if strings.HasPrefix(http.CanonicalHeaderKey(k), wire.PeerHeaderPrefix) {
 				delete(r.Header, k)
 			}
 		}
@@ -351,7 +336,7 @@ type relay struct {
 func (r *relay) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
 	p := peerOf(ctx)
 	up := connect.NewRequest(req.Msg)
-	up.Header().Set(HeaderPeerAddr, p.addr)
+	up.Header().Set(wire.PeerAddrHeader, p.addr)
 	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
 	defer cancel()
 	start := r.g.clock.Now()
@@ -365,7 +350,7 @@ func (r *relay) Join(ctx context.Context, req *connect.Request[agentv1.JoinReque
 func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
 	p := peerOf(ctx)
 	up := connect.NewRequest(req.Msg)
-	up.Header().Set(HeaderPeerAddr, p.addr)
+	up.Header().Set(wire.PeerAddrHeader, p.addr)
 	if len(p.certDER) > 0 {
 		wire.SetPeerCertificate(up.Header(), p.certDER)
 	}

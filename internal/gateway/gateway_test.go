@@ -14,6 +14,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 func joinRequest(token string) *agentv1.JoinRequest {
@@ -55,8 +56,8 @@ func TestJoinRelayed(t *testing.T) {
 			sent := joinRequest("eyJhbGciOiJFQ0RILUVTK0EyNTZLVyJ9.a.b.c.d")
 			req := connect.NewRequest(sent)
 			if tc.spoof {
-				req.Header().Set(HeaderPeerAddr, "10.6.6.6:1")
-				req.Header().Set(HeaderPeerCertificate, "AAAA")
+				req.Header().Set(wire.PeerAddrHeader, "10.6.6.6:1")
+				req.Header().Set(wire.PeerCertificateHeader, "AAAA")
 				req.Header().Set("Bc-Peer-Tenant", "root")
 			}
 			res, err := d.client.Join(context.Background(), req)
@@ -73,14 +74,14 @@ func TestJoinRelayed(t *testing.T) {
 			if !bytes.Equal(got.join.Csr, sent.Csr) || got.join.SealedToken != sent.SealedToken {
 				t.Errorf("seal or CSR changed on the way")
 			}
-			if a := got.header.Get(HeaderPeerAddr); a != d.addr() || a == "" {
-				t.Errorf("%s = %q, want the daemon's address %q", HeaderPeerAddr, a, d.addr())
+			if a := got.header.Get(wire.PeerAddrHeader); a != d.addr() || a == "" {
+				t.Errorf("%s = %q, want the daemon's address %q", wire.PeerAddrHeader, a, d.addr())
 			}
-			if v := got.header.Values(HeaderPeerAddr); len(v) != 1 {
-				t.Errorf("%s has %d values, want 1", HeaderPeerAddr, len(v))
+			if v := got.header.Values(wire.PeerAddrHeader); len(v) != 1 {
+				t.Errorf("%s has %d values, want 1", wire.PeerAddrHeader, len(v))
 			}
 			for k := range got.header {
-				if strings.HasPrefix(k, "Bc-Peer-") && k != HeaderPeerAddr {
+				if strings.HasPrefix(k, "Bc-Peer-") && k != wire.PeerAddrHeader {
 					t.Errorf("the API got header %s = %q from the daemon", k, got.header.Get(k))
 				}
 			}
@@ -122,8 +123,8 @@ func TestRenewForwardsPeerCertificate(t *testing.T) {
 			req := connect.NewRequest(sent)
 			if tc.spoof {
 				forged := e.nodeCert(t, "node_evil")
-				req.Header().Set(HeaderPeerCertificate, base64.StdEncoding.EncodeToString(forged.Certificate[0]))
-				req.Header().Set(HeaderPeerAddr, "10.6.6.6:1")
+				req.Header().Set(wire.PeerCertificateHeader, base64.StdEncoding.EncodeToString(forged.Certificate[0]))
+				req.Header().Set(wire.PeerAddrHeader, "10.6.6.6:1")
 			}
 			res, err := d.client.Renew(context.Background(), req)
 			if tc.wantCode != "" {
@@ -143,25 +144,25 @@ func TestRenewForwardsPeerCertificate(t *testing.T) {
 			if !proto.Equal(got.renew, sent) {
 				t.Errorf("the API got %v, want %v", got.renew, sent)
 			}
-			if a := got.header.Get(HeaderPeerAddr); a != d.addr() {
-				t.Errorf("%s = %q, want %q", HeaderPeerAddr, a, d.addr())
+			if a := got.header.Get(wire.PeerAddrHeader); a != d.addr() {
+				t.Errorf("%s = %q, want %q", wire.PeerAddrHeader, a, d.addr())
 			}
-			h := got.header.Values(HeaderPeerCertificate)
+			h := got.header.Values(wire.PeerCertificateHeader)
 			if !tc.wantCert {
 				if len(h) != 0 {
-					t.Fatalf("%s = %q, want none", HeaderPeerCertificate, h)
+					t.Fatalf("%s = %q, want none", wire.PeerCertificateHeader, h)
 				}
 				return
 			}
 			if len(h) != 1 {
-				t.Fatalf("%s has %d values, want 1", HeaderPeerCertificate, len(h))
+				t.Fatalf("%s has %d values, want 1", wire.PeerCertificateHeader, len(h))
 			}
 			der, err := base64.StdEncoding.DecodeString(h[0])
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(der, nodeCert.Certificate[0]) {
-				t.Fatalf("%s is not the presented leaf", HeaderPeerCertificate)
+				t.Fatalf("%s is not the presented leaf", wire.PeerCertificateHeader)
 			}
 			if id, err := pki.ParseNodeCert(der); err != nil || id.NodeID != "node_01" {
 				t.Fatalf("ParseNodeCert: %v %v", id, err)

@@ -18,23 +18,28 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// ErrKindRefused is the error of the CommandResult the gateway sends the API
-// for a command whose kind the session's certificate does not allow.
-const ErrKindRefused = "kind not allowed at the gateway"
-
 // sessionHandler serves SessionService.Connect: each daemon stream is
 // relayed to the API's agent listener as one upstream stream, with the
 // daemon's certificate forwarded in Bc-Peer-Certificate (R12.1). Messages
 // are bounded by max_body_bytes both ways; when either side ends, the
 // other is ended.
 //
+// The API speaks first: its Challenge (a nonce) goes down to the daemon,
+// whose Hello (signed over the nonce by the node key) comes back up, then
+// Welcome. The relay opens the upstream stream at once (Send(nil)) so the
+// Challenge can flow before the daemon has sent anything.
+//
 // SECURITY: the gateway refuses a session without a client certificate
 // but does not verify the one presented (it has no node CA and no
-// node_certs): the API matches it byte for byte against its records.
-// Commands are signed by the control plane and verified by bcd, so the
-// gateway can drop or delay them but not forge or alter them. It does drop
-// a command whose kind the certificate does not allow (R7.5, the check at
-// dispatch): the API names the allowed kinds in Welcome.
+// node_certs): the API matches it byte for byte against its records and
+// requires the node key's signature over its nonce, so a relay holding
+// only the certificate cannot open the node's session. Commands are signed
+// by the control plane and verified by bcd, and results are signed by the
+// node key and verified by the API, so the gateway can drop or delay them
+// but not forge or alter them. It does refuse a command whose kind the
+// certificate does not allow (R7.5, the check at dispatch): the API names
+// the allowed kinds in Welcome, and accepts the gateway's unsigned
+// refusal (wire.GatewayKindRefused) only for such a kind.
 func (g *Gateway) sessionHandler() (string, http.Handler) {
 	path, h := agentv1connect.NewSessionServiceHandler(&sessionRelay{g: g},
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
@@ -79,8 +84,13 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	start := g.clock.Now()
 	client := g.sessions[int(g.next.Add(1)%uint64(len(g.sessions)))]
 	up := client.Connect(ctx)
-	up.RequestHeader().Set(HeaderPeerAddr, p.addr)
+	up.RequestHeader().Set(wire.PeerAddrHeader, p.addr)
 	wire.SetPeerCertificate(up.RequestHeader(), p.certDER)
+	// Open the upstream stream now: the API's Challenge comes first, before
+	// the daemon sends anything.
+	if err := up.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		return g.upstreamError(proc, p, start, err)
+	}
 	// up.Send is used by both goroutines (relayed messages; results of
 	// refused commands).
 	var sendMu sync.Mutex
@@ -160,7 +170,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 					"node", nodeID, "peer", p.addr, "command", id, "kind", kind, "allowed_kinds", strings.Join(allowed, ","))
 				if id != "" {
 					if err := send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
-						CommandId: id, Ok: false, Error: ErrKindRefused}}}); err != nil {
+						CommandId: id, Ok: false, Error: wire.GatewayKindRefused}}}); err != nil {
 						return nil
 					}
 				}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -33,13 +34,16 @@ import (
 )
 
 // fakeSessions is the API's SessionService reduced to holding streams: it
-// answers Hello with Welcome (naming allowedKinds), sends commands, records
-// results, and reads until the stream ends. It refuses a stream without
-// Bc-Peer-Certificate, as the API does.
+// speaks first with a Challenge, answers Hello with Welcome (naming
+// allowedKinds), sends commands, records results, and reads until the
+// stream ends. It refuses a stream without Bc-Peer-Certificate, as the API
+// does. It checks no proof (the API's session tests do): it records what
+// arrived, so the relay is seen to pass the nonce and the proof unchanged.
 type fakeSessions struct {
 	agentv1connect.UnimplementedSessionServiceHandler
 	mu       sync.Mutex
 	certs    []string
+	proofs   [][]byte // Hello.proof as received
 	allowed  []string
 	commands []*agentv1.SignedCommand
 	results  chan *agentv1.CommandResult
@@ -49,7 +53,7 @@ type fakeSessions struct {
 func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	f.open.Add(1)
 	defer f.open.Add(-1)
-	cert := s.RequestHeader().Get(HeaderPeerCertificate)
+	cert := s.RequestHeader().Get(wire.PeerCertificateHeader)
 	f.mu.Lock()
 	f.certs = append(f.certs, cert)
 	allowed, commands, results := f.allowed, f.commands, f.results
@@ -57,10 +61,16 @@ func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv
 	if cert == "" {
 		return wire.ToWire(quietLog(), "Connect", errs.New(errs.AccessDenied, "Session refused"))
 	}
+	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Challenge{Challenge: &agentv1.Challenge{Nonce: fakeNonce}}}); err != nil {
+		return nil
+	}
 	m, err := s.Receive()
 	if err != nil || m.GetHello() == nil {
 		return wire.ToWire(quietLog(), "Connect", errs.New(errs.AccessDenied, "Session refused"))
 	}
+	f.mu.Lock()
+	f.proofs = append(f.proofs, m.GetHello().GetProof())
+	f.mu.Unlock()
 	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
 		NodeId: "node_01", HeartbeatSeconds: 15, AllowedKinds: allowed}}}); err != nil {
 		return nil
@@ -108,16 +118,34 @@ func startSessionAPI(t testing.TB, e *env) (*fakeSessions, string) {
 	return f, srv.URL
 }
 
+// fakeNonce is fakeSessions' challenge; fakeProof is what openSession
+// answers with (the fake checks nothing, the relay must change nothing).
+var (
+	fakeNonce = bytes.Repeat([]byte{0x5a}, 32)
+	fakeProof = append([]byte{0x30, 0x00, 0xff}, fakeNonce...)
+)
+
 // openSession dials gw as its own daemon (own TLS connection) and
-// completes Hello/Welcome.
+// completes Challenge, Hello, Welcome the way bcd does: it opens the stream
+// without a message, reads the Challenge, then sends Hello.
 func openSession(ctx context.Context, e *env, addr string, certs ...tls.Certificate) (*connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], *http.Transport, error) {
 	tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: e.roots, Certificates: certs}}
 	c := agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr}, "https://"+addr, connect.WithGRPC())
 	s := c.Connect(ctx)
-	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1}}}); err != nil && !errors.Is(err, io.EOF) {
+	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
 		return s, tr, err
 	}
 	m, err := s.Receive()
+	if err != nil {
+		return s, tr, err
+	}
+	if !bytes.Equal(m.GetChallenge().GetNonce(), fakeNonce) {
+		return s, tr, fmt.Errorf("first answer is %v, want the API's Challenge", m)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: fakeProof}}}); err != nil && !errors.Is(err, io.EOF) {
+		return s, tr, err
+	}
+	m, err = s.Receive()
 	if err == nil && m.GetWelcome() == nil {
 		err = errors.New("first answer is not Welcome")
 	}
@@ -161,6 +189,12 @@ func TestSessionRelay(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("open: %v", err)
+			}
+			f.mu.Lock()
+			proof := f.proofs[len(f.proofs)-1]
+			f.mu.Unlock()
+			if !bytes.Equal(proof, fakeProof) {
+				t.Errorf("the API got proof %x, want %x", proof, fakeProof)
 			}
 			// Heartbeats flow; ending the daemon side ends the API side.
 			if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}); err != nil {

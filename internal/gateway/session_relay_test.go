@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 func signedCommand(t *testing.T, id, kind string) *agentv1.SignedCommand {
@@ -74,8 +75,8 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 			for _, want := range tc.refused {
 				select {
 				case r := <-f.results:
-					if r.GetCommandId() != want || r.GetOk() || r.GetError() != ErrKindRefused {
-						t.Errorf("API got result %v, want %s failed with %q", r, want, ErrKindRefused)
+					if r.GetCommandId() != want || r.GetOk() || r.GetError() != wire.GatewayKindRefused {
+						t.Errorf("API got result %v, want %s failed with %q", r, want, wire.GatewayKindRefused)
 					}
 				case <-ctx.Done():
 					t.Fatalf("no result for refused command %s", want)

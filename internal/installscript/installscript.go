@@ -292,7 +292,8 @@ func Quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// Unit is bcd.service. `bcd run` is the long-running daemon.
+// Unit is bcd.service. `bcd run` is the long-running daemon; it exits 3
+// when the node was retired, which must not restart it (RestartPreventExitStatus).
 const Unit = `[Unit]
 Description=better-compute node daemon (bcd)
 Wants=network-online.target
@@ -303,6 +304,7 @@ Type=notify
 ExecStart=/usr/local/bin/bcd run --config /etc/bcd/config.toml
 Restart=always
 RestartSec=5
+RestartPreventExitStatus=3
 
 [Install]
 WantedBy=multi-user.target

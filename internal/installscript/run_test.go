@@ -336,7 +336,7 @@ func TestInstallScriptJoinThenUpgrade(t *testing.T) {
 				t.Fatalf("join-encryption.jwk: %v %v", found, err)
 			}
 			unit := readFile(t, filepath.Join(r.root, "etc/systemd/system/bcd.service"))
-			for _, want := range []string{"Type=notify\n", "ExecStart=/usr/local/bin/bcd run --config /etc/bcd/config.toml\n", "Restart=always\n", "WantedBy=multi-user.target\n"} {
+			for _, want := range []string{"Type=notify\n", "ExecStart=/usr/local/bin/bcd run --config /etc/bcd/config.toml\n", "Restart=always\n", "RestartPreventExitStatus=3\n", "WantedBy=multi-user.target\n"} {
 				if !strings.Contains(unit, want) {
 					t.Fatalf("bcd.service lacks %q:\n%s", want, unit)
 				}

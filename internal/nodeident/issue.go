@@ -103,6 +103,9 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 	body := &agentv1.JoinResponseBody{
 		NodeId: p.Node.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
 		CsrSha256: p.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: p.Node.SiteID, Role: p.Role,
+		// R12.3: bcd refuses commands of another generation; it learns its
+		// own from this signed body, never from the relay.
+		IdentityGeneration: int64(p.Node.IdentityGeneration),
 	}
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
 	if err != nil {

@@ -259,6 +259,10 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		_ = ms.Shutdown(sctx)
 	}
 	if as != nil {
+		// Sessions outlive any graceful wait: end them (their daemons
+		// reconnect through another replica) and let each write its
+		// disconnect before the database closes.
+		_ = srv.Sessions().Close(sctx)
 		_ = as.Shutdown(sctx)
 	}
 	return hs.Shutdown(sctx)

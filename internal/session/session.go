@@ -1,36 +1,68 @@
 // Package session is the API side of node sessions (R12.1) and command
 // delivery (R12.3): SessionService.Connect, served on the agent listener
-// next to JoinService and reached through a gateway.
+// next to JoinService and reached through a gateway. The API server and the
+// controllers (WorkAccept) import it; nothing on the node or the gateway
+// does.
 //
 // A session is authenticated by the node certificate the daemon presented
 // to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
 // byte a node_certs row, unrevoked, unexpired (injected clock), of the
-// node's current identity generation, and the node not retired. Anything
-// else is refused with ACCESS_DENIED "Session refused" and a rate-limited
-// security.session.refused event carrying the reason.
+// node's current identity generation, and the node not retired. Then the
+// service sends Challenge, a fresh nonce, and the daemon's Hello must carry
+// the node key's signature over it (proof.go): the certificate is public,
+// and the gateway that forwards it is not trusted, so without the proof a
+// relay holding only the certificate could open the node's session.
+// Anything else is refused with ACCESS_DENIED "Session refused" and a
+// rate-limited security.session.refused event carrying the reason. The
+// one exception: a retired node that proves its key is told so (INVALID_STATE
+// "This node was retired"), so bcd stops instead of reconnecting forever.
 //
-// The first message must be Hello. The node is then marked connected (one
-// transaction with the node.connected event and, for an adopting node of a
-// pool with acceptance checks, the "accept" work item: R4.5/R12.2), and
-// marked disconnected with node.disconnected when the stream ends.
+// Heartbeats are signed by the node key over the nonce and a rising
+// sequence number, and only signed heartbeats and results count as the
+// node being there: a relay cannot keep a session open after its daemon
+// went away (a bad heartbeat ends the session: heartbeat-signature; none
+// ends it as idle after three heartbeat intervals).
 //
-// Commands are rows of the commands table, written by controllers. The
-// session that holds a node's stream on this replica delivers its queued
-// commands, signed with the command-signing key: at once when a controller
-// of this process calls Notify, else within Poll. Results finish the row
-// and wake the node's work items. Sessions are held in memory per replica;
-// a command written on another replica is found by the poll.
+// After Hello the node is marked connected (one transaction with the
+// node.connected event and audit row and, for an adopting node of a pool
+// with acceptance checks, the "accept" work item: R4.5/R12.2), and marked
+// disconnected, with node.disconnected and its audit row naming why, when
+// the stream ends.
+//
+// Sessions end within a second of a reclaim, revocation or retirement
+// (held.go): the process that made the change calls EndNode, and every
+// replica checks all the sessions it holds against the database in one
+// query every Check (default 500 ms), so a change made on another replica
+// ends them too.
+//
+// Commands are rows of the commands table, written by controllers and the
+// operator API. The session that holds a node's stream on this replica
+// delivers its queued commands, signed with the command-signing key and
+// naming the node, its identity generation and the command's unique id: at
+// once when a process-local writer calls Notify, else within Poll. A
+// command that was sent but not answered when its session ended goes back
+// to the queue for the next session (bcd runs an id at most once). Results
+// must be signed by the node key of the session's certificate
+// (pki.CommandResultMessage): a result that does not verify is not stored
+// and ends the session (reason result-signature). Results finish the row,
+// with an audit row, and wake the node's work items. Sessions are held in
+// memory per replica; a command written on another replica is found by the
+// poll.
+
 package session
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,30 +86,45 @@ import (
 // WorkAccept is the work item that runs a node's acceptance checks (R12.2).
 const WorkAccept = "accept"
 
-// Command kinds bcd runs built in.
-const (
-	KindNodeFacts       = "node.facts"
-	KindAcceptanceCheck = "acceptance.check"
-)
-
-// PeerCertificateHeader carries the daemon's TLS client certificate (DER,
-// standard base64), set by the gateway.
-const PeerCertificateHeader = wire.PeerCertificateHeader
-
 // Defaults.
 const (
 	DefaultHeartbeat  = 15 * time.Second
 	DefaultPoll       = 3 * time.Second
+	DefaultCheck      = 500 * time.Millisecond
 	DefaultTouchEvery = 30 * time.Second
 	// helloTimeout bounds the wait for the first message.
 	helloTimeout = 30 * time.Second
 	// idleBeats: a session silent this many heartbeats is ended.
 	idleBeats = 3
-	// maxPeerCertificateB64 bounds the header; a node certificate is under
-	// 1 KiB.
 	// maxResultBytes bounds a stored command output.
 	maxResultBytes = 32 << 10
+	// maxUnanswered bounds the sent commands a session remembers to put
+	// back in the queue when it ends; others expire unanswered.
+	maxUnanswered = 1024
 )
+
+// Why a session ended, as node.disconnected and its audit row say.
+// EndRetired, EndReclaimed and EndRevoked are EndNode's reasons.
+const (
+	EndRetired   = "retired"
+	EndReclaimed = "reclaimed"
+	EndRevoked   = "revoked"
+
+	endClosed      = "closed" // the daemon (or its connection) ended it
+	endReplaced    = "replaced"
+	endSuperseded  = "superseded"
+	endIdle        = "idle"
+	endCertExpired = "cert-expired"
+	endNodeGone    = "node-gone"
+	endError       = "error"
+	endShutdown    = "shutdown"
+)
+
+// errShutdown ends the sessions of a replica that is shutting down.
+var errShutdown = errs.New(errs.Unavailable, "the control plane is shutting down; reconnect")
+
+// errReplaced ends a session another one of the same node took over.
+var errReplaced = errs.New(errs.Conflict, "Session replaced by a newer one")
 
 // errRefused is the only refusal a daemon ever sees.
 var errRefused = errs.New(errs.AccessDenied, "Session refused")
@@ -94,9 +141,14 @@ type Config struct {
 	Core *nodeident.Core
 	// Heartbeat is the interval announced in Welcome (default 15 s).
 	Heartbeat time.Duration
-	// Poll is how often queued commands, idle sessions and expired
-	// certificates are looked for (default 3 s).
+	// Poll is how often queued commands written by other replicas are
+	// looked for (default 3 s).
 	Poll time.Duration
+	// Check is how often the held sessions are checked against the
+	// database (retired, reclaimed, revoked, taken over by a session on
+	// another replica), and for idleness and expired certificates
+	// (default 500 ms: a session ends within a second of such a change).
+	Check time.Duration
 	// TouchEvery throttles last_seen writes (default 30 s).
 	TouchEvery time.Duration
 }
@@ -111,6 +163,11 @@ type Service struct {
 	sessions map[string]*conn // node id -> its session on this replica
 	polling  bool
 	onResult func()
+	// active counts the Connect handlers running; closing refuses new
+	// ones; drained is closed when active reaches 0 during Close.
+	active  int
+	closing bool
+	drained chan struct{}
 }
 
 // New returns the session service.
@@ -133,6 +190,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = DefaultPoll
+	}
+	if cfg.Check <= 0 {
+		cfg.Check = DefaultCheck
 	}
 	if cfg.TouchEvery <= 0 {
 		cfg.TouchEvery = DefaultTouchEvery
@@ -192,12 +252,40 @@ type conn struct {
 	nodeID       string
 	tenantID     string
 	generation   int
+	serial       string
+	nodeKey      crypto.PublicKey // the certificate's key: results and heartbeats verify under it
+	nonce        []byte           // the session's challenge: heartbeats are signed over it
+	lastSeq      uint64           // the last heartbeat's sequence number (the handler goroutine's own)
 	notAfter     time.Time
 	allowedKinds []string
 	kick         chan struct{}
 	cancel       context.CancelCauseFunc
 	lastRecv     atomic.Int64 // unix ms, injected clock
 	lastTouch    time.Time    // the handler goroutine's own
+	// sent holds the commands this session sent that are not answered
+	// yet (the handler goroutine's own): they go back to the queue when
+	// the session ends.
+	sent map[string]struct{}
+
+	endMu     sync.Mutex
+	endReason string // why the session ended, first one wins
+}
+
+// end ends the session with cause (what the daemon is told) and records
+// reason for node.disconnected, unless it is ending already.
+func (c *conn) end(reason string, cause error) {
+	c.endMu.Lock()
+	if c.endReason == "" {
+		c.endReason = reason
+	}
+	c.endMu.Unlock()
+	c.cancel(cause)
+}
+
+func (c *conn) reason() string {
+	c.endMu.Lock()
+	defer c.endMu.Unlock()
+	return c.endReason
 }
 
 func (c *conn) kickNow() {
@@ -223,10 +311,24 @@ func (r *refusal) Error() string { return "session refused: " + r.reason }
 // Connect serves one session stream.
 func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	procedure := agentv1connect.SessionServiceConnectProcedure
+	if !s.enter() {
+		return wire.ToWire(s.log, procedure, errShutdown)
+	}
+	defer s.leave()
 	peer := stream.RequestHeader().Get(wire.PeerAddrHeader)
-	a, err := s.authenticate(ctx, wire.PeerCertificate(stream.RequestHeader()))
+	der := wire.PeerCertificate(stream.RequestHeader())
+	a, err := s.authenticate(ctx, der)
 	if err != nil {
+		if s.retiredWithProof(ctx, stream, der) {
+			// Recorded like any refusal; only the answer differs.
+			_ = s.fail(ctx, procedure, peer, err)
+			return wire.ToWire(s.log, procedure, wire.ErrNodeRetired())
+		}
 		return s.fail(ctx, procedure, peer, err)
+	}
+	nonce, err := s.challenge(stream)
+	if err != nil {
+		return nil // the daemon left
 	}
 	hello, err := s.receiveHello(ctx, stream)
 	if err != nil {
@@ -236,10 +338,14 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		}
 		return s.fail(ctx, procedure, peer, err)
 	}
+	key, reason := checkProof(der, a.node.ID, nonce, hello)
+	if reason != "" {
+		return s.fail(ctx, procedure, peer, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
+	}
 	var kinds []string
 	_ = json.Unmarshal(a.cert.AllowedKinds, &kinds)
-	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, generation: a.node.IdentityGeneration,
-		notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1)}
+	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
+		nodeKey: key, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
 	c.lastTouch = now
@@ -258,6 +364,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		// against the kinds of the certificate this session authenticated
 		// with (empty: no restriction).
 		AllowedKinds: c.allowedKinds}}}); err != nil {
+		c.end(endClosed, nil)
 		return nil
 	}
 	msgs := make(chan *agentv1.SessionClientMessage, 8)
@@ -283,18 +390,27 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 				return wire.ToWire(s.log, procedure, cause)
 			}
+			c.end(endClosed, nil)
 			return nil
 		case <-recvErr:
+			c.end(endClosed, nil)
 			return nil
 		case m := <-msgs:
-			c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli())
+			// Only what the node key signed (handle) counts as the node
+			// being there: a relay cannot keep the session alive.
 			if err := s.handle(ctx, c, m); err != nil {
+				var r *refusal
+				if errors.As(err, &r) {
+					c.end(r.reason, errRefused)
+					return s.fail(ctx, procedure, peer, err)
+				}
+				c.end(endError, err)
 				return wire.ToWire(s.log, procedure, err)
 			}
 		case <-c.kick:
 			if err := s.deliver(ctx, c, stream); err != nil {
 				if ctx.Err() != nil {
-					return nil
+					continue // the ctx.Done case says how the session ended
 				}
 				s.log.Warn("deliver commands", "node", c.nodeID, "err", err)
 			}
@@ -340,7 +456,7 @@ func (s *Service) receiveHello(ctx context.Context, stream *connect.BidiStream[a
 		m, err := stream.Receive()
 		ch <- got{m, err}
 	}()
-	t := time.NewTimer(helloTimeout)
+	t := s.cfg.Clock.NewTimer(helloTimeout)
 	defer t.Stop()
 	select {
 	case g := <-ch:
@@ -351,7 +467,7 @@ func (s *Service) receiveHello(ctx context.Context, stream *connect.BidiStream[a
 			return h, nil
 		}
 		return nil, &refusal{reason: "hello-missing"}
-	case <-t.C:
+	case <-t.C():
 		return nil, &refusal{reason: "hello-timeout"}
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -390,12 +506,20 @@ func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv
 				}
 			}
 		}
-		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.connected", Subject: n.ID, Data: map[string]any{
-			"nodeId": n.ID, "certSerial": a.cert.Serial, "identityGeneration": n.IdentityGeneration, "protocol": hello.GetProtocol(),
+		data := map[string]any{
+			"nodeId": n.ID, "sessionId": c.id, "certSerial": a.cert.Serial, "identityGeneration": n.IdentityGeneration, "protocol": hello.GetProtocol(),
 			"bcdVersion": truncate(hello.GetBcdVersion(), 64), "peer": peer, "acceptanceQueued": accept,
-		}})
+		}
+		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.connected", Subject: n.ID, Data: data}); err != nil {
+			return err
+		}
+		// R14.2: the node (proven by its key) connected.
+		return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "node:" + n.ID, Action: "node.connected", Resource: nodeResource(n.ID), Data: data})
 	})
 }
+
+// nodeResource names a node in audit rows.
+func nodeResource(id string) string { return "compute-node/" + id }
 
 func truncate(s string, n int) string {
 	if len(s) > n {
@@ -407,6 +531,11 @@ func truncate(s string, n int) string {
 // register makes c the node's session on this replica, ending an older one.
 func (s *Service) register(c *conn) {
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.end(endShutdown, errShutdown)
+		return
+	}
 	old := s.sessions[c.nodeID]
 	s.sessions[c.nodeID] = c
 	if !s.polling {
@@ -415,12 +544,14 @@ func (s *Service) register(c *conn) {
 	}
 	s.mu.Unlock()
 	if old != nil {
-		old.cancel(errs.New(errs.Conflict, "Session replaced by a newer one"))
+		old.end(endReplaced, errReplaced)
 	}
 }
 
-// finish unregisters c and marks the node disconnected unless a newer
-// session took over.
+// finish unregisters c, puts the commands it sent without an answer back
+// in the queue, and marks the node disconnected unless a newer session
+// took over, with node.disconnected and its audit row naming why the
+// session ended, all in one transaction.
 func (s *Service) finish(ctx context.Context, c *conn) {
 	s.mu.Lock()
 	if s.sessions[c.nodeID] == c {
@@ -428,13 +559,40 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 	}
 	s.mu.Unlock()
 	ctx = context.WithoutCancel(ctx)
+	reason := c.reason()
+	if reason == "" {
+		reason = endClosed
+	}
+	unanswered := make([]string, 0, len(c.sent))
+	for id := range c.sent {
+		unanswered = append(unanswered, id)
+	}
+	sort.Strings(unanswered)
 	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		if len(unanswered) > 0 {
+			n, err := tx.RequeueCommands(ctx, c.nodeID, unanswered)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				tx.AfterCommit(func() { s.Notify(c.nodeID) })
+			}
+		}
 		ok, err := tx.DisconnectNode(ctx, c.nodeID, c.id)
 		if err != nil || !ok {
 			return err
 		}
-		return events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: c.tenantID, Type: "node.disconnected", Subject: c.nodeID,
-			Data: map[string]any{"nodeId": c.nodeID}})
+		data := map[string]any{"nodeId": c.nodeID, "sessionId": c.id, "certSerial": c.serial, "reason": reason}
+		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: c.tenantID, Type: "node.disconnected", Subject: c.nodeID, Data: data}); err != nil {
+			return err
+		}
+		// R14.2: the node left (closed), or the control plane ended its
+		// session (retired, reclaimed, revoked, idle, ...).
+		actor := "system"
+		if reason == endClosed {
+			actor = "node:" + c.nodeID
+		}
+		return events.Audit(ctx, tx, events.Entry{TenantID: c.tenantID, Actor: actor, Action: "node.disconnected", Resource: nodeResource(c.nodeID), Data: data})
 	})
 	if err != nil {
 		s.log.Error("mark node disconnected", "node", c.nodeID, "err", err)
@@ -445,7 +603,11 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientMessage) error {
 	switch {
 	case m.GetHeartbeat() != nil:
+		if reason := checkHeartbeat(c, m.GetHeartbeat()); reason != "" {
+			return &refusal{reason: reason, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
+		}
 		now := s.cfg.Clock.Now()
+		c.lastRecv.Store(now.UnixMilli())
 		if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
 			return nil
 		}
@@ -465,7 +627,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 			return errRefused
 		}
 	case m.GetResult() != nil:
-		s.result(ctx, c, m.GetResult())
+		return s.result(ctx, c, m.GetResult())
 	case m.GetHello() != nil:
 		return errs.New(errs.InvalidArgument, "Hello comes once, first")
 	}
@@ -473,34 +635,64 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 }
 
 // result finishes a command with the node's answer and wakes the node's
-// work.
-func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult) {
-	out := r.GetOutput()
-	errText := truncate(r.GetError(), 1024)
-	if len(out) > maxResultBytes || len(out) > 0 && !json.Valid(out) {
-		out, errText = nil, strings.TrimSpace(errText+" (output dropped: not JSON or too large)")
-	}
-	state := store.CommandDone
-	if !r.GetOk() {
-		state = store.CommandFailed
-	}
-	var done bool
+// work. An answer whose signature does not verify under the session's
+// certificate is not stored, and ends the session (a refusal with reason
+// result-signature); answers for unknown commands, or another node's, are
+// dropped.
+func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult) error {
+	var done, forged bool
+	var cmd store.Command
 	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-		cmd, err := tx.GetCommand(ctx, r.GetCommandId())
+		done, forged = false, false
+		var err error
+		cmd, err = tx.GetCommand(ctx, r.GetCommandId())
 		if errors.Is(err, store.ErrNotFound) || err == nil && cmd.NodeID != c.nodeID {
 			// SECURITY: a node finishes only its own commands.
 			return nil
 		} else if err != nil {
 			return err
 		}
+		if reason := checkResult(c, cmd, r); reason != "" {
+			forged = true
+			return nil
+		}
+		out := r.GetOutput()
+		errText := truncate(r.GetError(), 1024)
+		if len(out) > maxResultBytes || len(out) > 0 && !json.Valid(out) {
+			out, errText = nil, strings.TrimSpace(errText+" (output dropped: not JSON or too large)")
+		}
+		state := store.CommandDone
+		if !r.GetOk() {
+			state = store.CommandFailed
+		}
 		if done, err = tx.FinishCommand(ctx, cmd.ID, state, out, errText); err != nil || !done {
+			return err
+		}
+		sum := sha256.Sum256(r.GetOutput())
+		actor := "node:" + c.nodeID
+		if len(r.GetSig()) == 0 {
+			actor = "gateway" // its refusal of a kind (checkResult)
+		}
+		// R14.2: who answered, what, on which node.
+		if err := events.Audit(ctx, tx, events.Entry{TenantID: c.tenantID, Actor: actor, Action: "command." + state, Resource: nodeResource(c.nodeID),
+			Data: map[string]any{"commandId": cmd.ID, "nodeId": c.nodeID, "kind": cmd.Kind, "identityGeneration": cmd.IdentityGeneration,
+				"sessionId": c.id, "ok": r.GetOk(), "error": errText, "outputSha256": hex.EncodeToString(sum[:])}}); err != nil {
 			return err
 		}
 		return tx.WakeNodeWork(ctx, c.nodeID)
 	})
 	if err != nil {
 		s.log.Error("record command result", "node", c.nodeID, "command", r.GetCommandId(), "err", err)
-		return
+		return nil
+	}
+	if forged {
+		s.log.Warn("command result refused: its signature does not verify under the session's certificate",
+			"node", c.nodeID, "command", cmd.ID, "session", c.id)
+		return &refusal{reason: reasonResultSignature, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
+	}
+	delete(c.sent, cmd.ID)
+	if cmd.ID != "" {
+		c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli()) // a verified answer: the node is there
 	}
 	if done {
 		s.mu.Lock()
@@ -510,6 +702,7 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 			fn()
 		}
 	}
+	return nil
 }
 
 // deliver signs and sends the node's queued commands.
@@ -529,7 +722,12 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 	for _, cmd := range cmds {
 		finish := func(state, why string) error {
 			return s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-				if _, err := tx.FinishCommand(ctx, cmd.ID, state, nil, why); err != nil {
+				done, err := tx.FinishCommand(ctx, cmd.ID, state, nil, why)
+				if err != nil || !done {
+					return err
+				}
+				if err := events.Audit(ctx, tx, events.Entry{TenantID: c.tenantID, Actor: "system", Action: "command." + state, Resource: nodeResource(c.nodeID),
+					Data: map[string]any{"commandId": cmd.ID, "nodeId": c.nodeID, "kind": cmd.Kind, "identityGeneration": cmd.IdentityGeneration, "error": why}}); err != nil {
 					return err
 				}
 				return tx.WakeNodeWork(ctx, c.nodeID)
@@ -553,8 +751,11 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 			}
 			continue
 		}
+		// R12.3: the body names the node, its identity generation and the
+		// command's unique id; bcd refuses another generation's and an id
+		// it already ran.
 		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.CommandBody{
-			CommandId: cmd.ID, NodeId: cmd.NodeID, Kind: cmd.Kind, Args: cmd.Args,
+			CommandId: cmd.ID, NodeId: cmd.NodeID, IdentityGeneration: int64(cmd.IdentityGeneration), Kind: cmd.Kind, Args: cmd.Args,
 			IssuedAtUnixMs: now.UnixMilli(), ExpiresAtUnixMs: cmd.ExpiresAt.UnixMilli(),
 		})
 		if err != nil {
@@ -576,19 +777,27 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 			continue
 		}
 		if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: &agentv1.SignedCommand{Body: body, Sig: sig}}}); err != nil {
+			// Not delivered (as far as this side knows): back to the
+			// queue for the next session.
+			c.sent[cmd.ID] = struct{}{}
 			return fmt.Errorf("send command: %w", err)
+		}
+		if len(c.sent) < maxUnanswered {
+			c.sent[cmd.ID] = struct{}{}
 		}
 	}
 	return nil
 }
 
-// poll runs while this replica holds sessions: it ends idle sessions and
-// those whose certificate expired, and kicks the sessions of nodes with
+// poll runs while this replica holds sessions: every Check it ends idle
+// sessions, those whose certificate expired, and those the database says
+// are over (checkHeld); every Poll it kicks the sessions of nodes with
 // queued commands (written by a controller on another replica, or missed).
 func (s *Service) poll() {
-	t := time.NewTicker(s.cfg.Poll)
+	t := s.cfg.Clock.NewTicker(s.cfg.Check)
 	defer t.Stop()
-	for range t.C {
+	lastScan := s.cfg.Clock.Now()
+	for range t.C() {
 		s.mu.Lock()
 		if len(s.sessions) == 0 {
 			s.polling = false
@@ -602,14 +811,22 @@ func (s *Service) poll() {
 		s.mu.Unlock()
 		now := s.cfg.Clock.Now()
 		idle := time.Duration(idleBeats) * s.cfg.Heartbeat
+		live := conns[:0:0]
 		for _, c := range conns {
 			switch {
 			case now.Sub(time.UnixMilli(c.lastRecv.Load())) > idle:
-				c.cancel(errs.New(errs.Unavailable, "Session idle: no heartbeat"))
+				c.end(endIdle, errs.New(errs.Unavailable, "Session idle: no heartbeat"))
 			case !now.Before(c.notAfter):
-				c.cancel(errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
+				c.end(endCertExpired, errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
+			default:
+				live = append(live, c)
 			}
 		}
+		s.checkHeld(context.Background(), live)
+		if now.Sub(lastScan) < s.cfg.Poll {
+			continue
+		}
+		lastScan = now
 		var nodes []string
 		err := s.cfg.DB.ReadTx(context.Background(), func(tx *store.Tx) error {
 			var err error

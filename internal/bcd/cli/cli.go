@@ -3,7 +3,7 @@
 // made-up machine's sysfs tree, for trying joins) and `bcd version`. It parses flags, reads the token from where
 // R11.2 allows, and prints; the work is in internal/bcd/join and the
 // packages under it. Errors print as "Error: CODE: message" with exit
-// code 1.
+// code 1 (bcd run exits 3 when the node was retired: ExitRetired).
 package cli
 
 import (

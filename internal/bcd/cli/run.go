@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/spf13/cobra"
@@ -10,6 +12,12 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/renew"
 	"github.com/better-compute/better-compute/internal/bcd/run"
 )
+
+// ExitRetired is bcd run's exit code when the control plane says the node
+// was retired (R12.1): the node can never reconnect, so bcd stops, and
+// bcd.service lists the code in RestartPreventExitStatus so systemd does
+// not start it again. Every other failure exits 1.
+const ExitRetired = 3
 
 // runCmd is `bcd run`: the service loop bcd.service starts (R12.1). It
 // keeps the node's session to the gateway, runs signed commands, and
@@ -28,7 +36,11 @@ join is refused), and renew the certificate at about 60% of its lifetime.
 Under systemd (Type=notify) it reports READY=1 after the first Welcome.
 SIGINT or SIGTERM end the session cleanly. An expired identity is refused
 with the way back (bcd join --reset --yes, or bcd join --attestor x509pop
-within 7 days).`,
+within 7 days).
+
+Exit codes: 0 after SIGINT or SIGTERM; 3 when the control plane says this
+node was retired ("this node was retired; ..."): bcd stops instead of
+reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a.started = true
@@ -61,7 +73,12 @@ within 7 days).`,
 			if err != nil {
 				return err
 			}
-			return d.Run(ctx)
+			err = d.Run(ctx)
+			if errors.Is(err, run.ErrRetired) {
+				fmt.Fprintf(a.env.Stderr, "Error: %s\n", errorLine(err))
+				return &exitError{code: ExitRetired}
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")

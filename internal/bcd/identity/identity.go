@@ -93,6 +93,14 @@ type Identity struct {
 	JoinedAt    time.Time `json:"joined_at"`
 	// Attestor admitted the node: join-token, tpm, x509pop, …
 	Attestor string `json:"attestor"`
+	// IdentityGeneration is the node's identity generation from the
+	// signed join or renewal answer (R4.4, R12.3): bcd refuses commands of
+	// another generation. 0 means unknown: an identity saved before bcd
+	// kept it, or from a server that does not send it. bcd then accepts
+	// only commands issued after JoinedAt (every command of an older
+	// generation was issued before this identity existed) until a renewal
+	// tells it the generation (internal/bcd/run, Verify).
+	IdentityGeneration int64 `json:"identity_generation,omitempty"`
 
 	// Chain is node.crt parsed, leaf first.
 	Chain []*x509.Certificate `json:"-"`
@@ -255,6 +263,9 @@ func (s *Store) check(id *Identity, record, chainPEM, bundlePEM []byte) error {
 	}
 	if id.Attestor == "" || id.JoinedAt.IsZero() {
 		return s.inconsistent("%s lacks attestor or joined_at", IdentityFile)
+	}
+	if id.IdentityGeneration < 0 {
+		return s.inconsistent("%s has a negative identity_generation", IdentityFile)
 	}
 	bundle, err := parseCerts(bundlePEM, BundleFile)
 	if err != nil {

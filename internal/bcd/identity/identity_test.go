@@ -149,11 +149,24 @@ func TestSaveLoad(t *testing.T) {
 		t.Error("Expired")
 	}
 
-	// A renewal replaces the identity in place.
+	if got.IdentityGeneration != 0 {
+		t.Errorf("an identity saved without a generation loads generation %d, want 0 (unknown)", got.IdentityGeneration)
+	}
+	if raw, _ := os.ReadFile(filepath.Join(dir, IdentityFile)); strings.Contains(string(raw), "identity_generation") {
+		t.Errorf("identity.json names a generation it does not know: %s", raw)
+	}
+
+	// A renewal replaces the identity in place; R12.3: the generation is
+	// kept with it.
 	next := f.issue(t, SoftwareKeys{}, "node_01k5x", t0.Add(14*time.Hour), 24*time.Hour)
+	next.id.IdentityGeneration = 3
 	next.save(t, s)
-	if got, err := s.Load(); err != nil || got.Serial != next.id.Serial {
+	got, err = s.Load()
+	if err != nil {
 		t.Fatalf("after replace: %v", err)
+	}
+	if got.Serial != next.id.Serial || got.IdentityGeneration != 3 {
+		t.Errorf("after replace: serial %s generation %d", got.Serial, got.IdentityGeneration)
 	}
 }
 
@@ -249,6 +262,15 @@ func TestLoadRefuses(t *testing.T) {
 				write(t, filepath.Join(dir, BundleFile), []byte("hello"), 0o644)
 			},
 			code: errs.InvalidState, want: []string{"bundle.pem"},
+		},
+		{
+			name: "negative generation", req: "R12.3",
+			damage: func(t *testing.T, dir string, _ issued) {
+				p := filepath.Join(dir, IdentityFile)
+				data, _ := os.ReadFile(p)
+				write(t, p, []byte(strings.Replace(string(data), "{", `{"identity_generation": -1,`, 1)), 0o644)
+			},
+			code: errs.InvalidState, want: []string{"negative identity_generation"},
 		},
 		{
 			name: "broken json", req: "R4.6",

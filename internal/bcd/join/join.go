@@ -772,6 +772,9 @@ func (j *Joiner) install(body *agentv1.JoinResponseBody, keyRecord []byte, attes
 	if err != nil {
 		return nil, "", err
 	}
+	// R12.3: commands of another generation are refused; from the signed
+	// body, so the relay cannot change it.
+	id.IdentityGeneration = body.GetIdentityGeneration()
 	if replace {
 		aside, err = j.cfg.Store.Replace(j.clock.Now(), id, keyRecord, chainPEM, bundlePEM)
 	} else {

@@ -81,7 +81,7 @@ type Config struct {
 	// math/rand/v2.
 	Rand func() float64
 	// Sleep waits d or until ctx ends (returning its error); nil uses a
-	// timer. Tests make it return at once.
+	// timer of Clock.
 	Sleep func(ctx context.Context, d time.Duration) error
 }
 
@@ -127,23 +127,15 @@ func New(cfg Config) (*Renewer, error) {
 		r.rand = rand.Float64
 	}
 	if r.sleep == nil {
-		r.sleep = sleep
+		r.sleep = r.clockSleep
 	}
 	return r, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+// clockSleep waits d on the Renewer's clock, so tests move time.
+func (r *Renewer) clockSleep(ctx context.Context, d time.Duration) error {
+	clock.Sleep(r.clock, ctx.Done(), d)
+	return ctx.Err()
 }
 
 // NextRenewal returns when id's certificate should be renewed: NotBefore
@@ -277,6 +269,13 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	next, err := identity.NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
 	if err != nil {
 		return nil, err
+	}
+	// R12.3: the generation from the signed answer (a renewal keeps it, and
+	// tells an identity saved before bcd kept it); a server that does not
+	// send it leaves what bcd knew.
+	next.IdentityGeneration = id.IdentityGeneration
+	if g := body.GetIdentityGeneration(); g > 0 {
+		next.IdentityGeneration = g
 	}
 	if err := r.cfg.Store.Save(next, keyRecord, chainPEM, bundlePEM); err != nil {
 		return nil, fmt.Errorf("save the renewed identity in %s: %w", r.cfg.Store.Dir, err)

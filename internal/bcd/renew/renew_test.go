@@ -232,6 +232,10 @@ func TestRenewThroughGatewayR13_1(t *testing.T) {
 			loaded.Attestor != old.Attestor || !loaded.JoinedAt.Equal(old.JoinedAt) {
 			t.Errorf("renewed identity %+v, want the node of %+v", loaded, old)
 		}
+		// R12.3: the generation from the signed answers, kept with the identity.
+		if old.IdentityGeneration != 1 || loaded.IdentityGeneration != 1 {
+			t.Errorf("generation joined %d, renewed %d; want 1", old.IdentityGeneration, loaded.IdentityGeneration)
+		}
 		certs := s.certs(t, old.NodeID)
 		if len(certs) != 2 {
 			t.Fatalf("%d node_certs rows, want 2", len(certs))
@@ -240,6 +244,28 @@ func TestRenewThroughGatewayR13_1(t *testing.T) {
 			if c.IdentityGeneration != 1 || c.Role != old.Role {
 				t.Errorf("cert %s generation %d role %s", c.Serial, c.IdentityGeneration, c.Role)
 			}
+		}
+
+		// An identity saved by a bcd that did not keep the generation
+		// learns it at its next renewal (R12.3).
+		metaPath := filepath.Join(s.store.Dir, identity.IdentityFile)
+		raw, err := os.ReadFile(metaPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta map[string]any
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			t.Fatal(err)
+		}
+		delete(meta, "identity_generation")
+		if raw, err = json.Marshal(meta); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(metaPath, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if legacy, err := s.store.Load(); err != nil || legacy.IdentityGeneration != 0 {
+			t.Fatalf("legacy identity: %v", err)
 		}
 
 		// bcd renew --json, with the renewed identity as mTLS identity.
@@ -259,6 +285,9 @@ func TestRenewThroughGatewayR13_1(t *testing.T) {
 		}
 		if st.Serial != again.Serial || st.Serial == loaded.Serial || st.NodeID != old.NodeID || !st.Joined {
 			t.Errorf("bcd renew printed %+v; saved serial %s, previous %s", st, again.Serial, loaded.Serial)
+		}
+		if again.IdentityGeneration != 1 {
+			t.Errorf("the legacy identity renewed with generation %d, want 1", again.IdentityGeneration)
 		}
 		if n := len(s.certs(t, old.NodeID)); n != 3 {
 			t.Errorf("%d node_certs rows, want 3", n)

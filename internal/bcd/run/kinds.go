@@ -11,12 +11,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-)
 
-// Built-in command kinds.
-const (
-	KindNodeFacts       = "node.facts"
-	KindAcceptanceCheck = "acceptance.check"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Facts is the output of node.facts.
@@ -53,13 +49,13 @@ type Check struct {
 // Execute runs a built-in kind and returns its JSON output.
 func Execute(_ context.Context, procfs, kind string, args []byte) ([]byte, error) {
 	switch kind {
-	case KindNodeFacts:
+	case wire.KindNodeFacts:
 		f, err := ReadFacts(procfs)
 		if err != nil {
 			return nil, err
 		}
 		return json.Marshal(f)
-	case KindAcceptanceCheck:
+	case wire.KindAcceptanceCheck:
 		var a AcceptanceArgs
 		dec := json.NewDecoder(bytes.NewReader(args))
 		dec.DisallowUnknownFields()

@@ -15,7 +15,6 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/apitest"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/join/jointest"
@@ -34,7 +33,7 @@ func (h *harness) relay(t *testing.T) agentv1connect.JoinServiceClient {
 	t.Helper()
 	roots := x509.NewCertPool()
 	roots.AddCert(h.e.Bundle.ServingCA)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{h.gwCreds}},
+	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{h.gwCert}},
 		ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	return agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, h.agentURL, connect.WithGRPC())
@@ -92,8 +91,7 @@ func (h *harness) refusalReasons(t *testing.T, typ string) []string {
 // uniform answer and recorded as seal-request-mismatch; nothing is spent,
 // and the machine's own request still joins.
 func TestRelayRewrittenJoinRefusedR4_2(t *testing.T) {
-	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
-		h := newHarness(t, e)
+	each(t, func(t *testing.T, h *harness) {
 		pool := h.pool(t, "p", nil)
 		tok := h.token(t, pool, true)
 		victim := h.join(t, h.token(t, pool, false), 41, 2)
@@ -140,8 +138,7 @@ func TestRelayRewrittenJoinRefusedR4_2(t *testing.T) {
 // revoke its certificate). Each replay gets the stored answer — a
 // certificate for a key the relay does not hold — and changes nothing.
 func TestRelayReplayedJoinGainsNothingR4_9(t *testing.T) {
-	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
-		h := newHarness(t, e)
+	each(t, func(t *testing.T, h *harness) {
 		pool := h.pool(t, "p", nil)
 		tok := h.token(t, pool, true)
 		relay := h.relay(t)
@@ -173,8 +170,7 @@ func TestRelayReplayedJoinGainsNothingR4_9(t *testing.T) {
 // re-use the machine's own key in a new request to move the node to a new
 // generation either.
 func TestRelayReclaimWithIssuedKeyRefusedR6_3(t *testing.T) {
-	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
-		h := newHarness(t, e)
+	each(t, func(t *testing.T, h *harness) {
 		pool := h.pool(t, "p", nil)
 		tok := h.token(t, pool, true)
 		relay := h.relay(t)
@@ -203,8 +199,8 @@ func TestRelayReclaimWithIssuedKeyRefusedR6_3(t *testing.T) {
 // nothing through the real gateway, even presenting that certificate for
 // mTLS.
 func TestRenewFromSupersededRefusedR13_2(t *testing.T) {
-	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
-		h := newHarness(t, e)
+	each(t, func(t *testing.T, h *harness) {
+		e := h.e
 		pool := h.pool(t, "p", nil)
 		m := h.join(t, h.token(t, pool, false), 70, 2)
 		chain := make([][]byte, len(m.id.Chain))

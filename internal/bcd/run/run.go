@@ -1,14 +1,28 @@
 // Package run is `bcd run`, the node daemon's service loop (R12.1): it
 // keeps one long-lived session to the gateway over TLS pinned to the
-// serving CA, presenting the node certificate as client certificate; sends
-// Hello and heartbeats; reconnects with exponential backoff and jitter; and
-// runs the commands the control plane sends, after verifying each one
-// against the command-signing bundle from the join (R12.3).
+// serving CA, presenting the node certificate as client certificate;
+// answers the API's Challenge with Hello signed by the node key (the
+// certificate alone proves nothing to the API); sends heartbeats, signed
+// by the node key too;
+// reconnects with exponential backoff and jitter; and runs the commands the
+// control plane sends, after verifying each one against the
+// command-signing bundle from the join (R12.3), answering each with a
+// result signed by the node key. Only bcd's CLI imports it.
 //
 // SECURITY: a command runs only when its signature verifies under a key of
-// bundle.pem for purpose "command", it names this node, and it has not
-// expired; anything else is answered with an error result and not run.
-// The gateway relays commands but cannot forge them.
+// bundle.pem for purpose "command", it names this node and this identity
+// generation, it has not expired, and its id is not among the commands
+// this node ran (RanFile in the data directory, written before the command
+// runs, so at most once even across a crash or restart); anything else is
+// answered with an error result and not run. The gateway relays commands
+// but cannot forge, alter or replay them.
+//
+// Every wait (heartbeats, the reconnect backoff, the identity check) is on
+// the injected clock, so tests move time instead of sleeping.
+//
+// A retired node is told so by the API once it proved its key; Run then
+// returns ErrRetired at once instead of reconnecting forever (bcd run exits
+// with its own code, and bcd.service does not restart it).
 //
 // The certificate renewer (internal/bcd/renew), when given, runs in the
 // same process; the session notices a new identity on disk and reconnects
@@ -54,7 +68,14 @@ const (
 	defaultHeartbeat = 15 * time.Second
 	// stableAfter: a session that lasted this long resets the backoff.
 	stableAfter = 30 * time.Second
+	// maxPendingResults bounds the answers waiting for a session.
+	maxPendingResults = 64
 )
+
+// ErrRetired is returned (wrapped) by Run when the control plane says this
+// node was retired: no session will ever be admitted again, so bcd stops.
+var ErrRetired = errs.New(errs.InvalidState,
+	"this node was retired; it can no longer connect or renew, and bcd stops. To use this machine again, join it anew as root: bcd join --reset --yes, then bcd join with a new token")
 
 // Renewer is the certificate renewer run alongside (renew.Renewer).
 type Renewer interface {
@@ -96,6 +117,30 @@ type Daemon struct {
 	log   *slog.Logger
 	rand  func() float64
 	ready bool
+	ran   *ranLog
+	// results are the answers waiting to be signed and sent, by whichever
+	// session is up: a command that outlives its session is answered on
+	// the next one.
+	results chan *answer
+}
+
+// answer is a command's result waiting for a session to sign and send it,
+// with the identity generation the command named.
+type answer struct {
+	res        *agentv1.CommandResult
+	generation int64
+	// ran, when set, is the command id whose run this answers: it counts
+	// as running until the answer is sent, so a second delivery meanwhile
+	// (the API re-queues a command whose session ended) is not answered
+	// "replayed" ahead of the real answer.
+	ran string
+}
+
+// sent marks a's run over (its answer left, or was dropped).
+func (d *Daemon) sent(a *answer) {
+	if a.ran != "" {
+		d.ran.end(a.ran)
+	}
 }
 
 // New returns a Daemon. Errors are INVALID_CONFIG.
@@ -106,10 +151,11 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Store == nil || cfg.Store.Dir == "" {
 		return nil, errs.New(errs.InvalidConfig, "run: no data directory")
 	}
-	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Log, rand: cfg.Rand}
+	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Log, rand: cfg.Rand, results: make(chan *answer, maxPendingResults)}
 	if d.clock == nil {
 		d.clock = clock.Real{}
 	}
+	d.ran = newRanLog(cfg.Store.Dir, d.clock)
 	if d.log == nil {
 		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -146,7 +192,8 @@ func Backoff(n int) time.Duration {
 
 // Run keeps the session up until ctx ends (SIGTERM), then returns nil. It
 // returns an error at once when the identity cannot be used (not joined,
-// damaged, expired).
+// damaged, expired), and ErrRetired when the control plane says the node
+// was retired.
 func (d *Daemon) Run(ctx context.Context) error {
 	if _, err := d.load(); err != nil {
 		return err
@@ -171,24 +218,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if wire.IsNodeRetired(err) {
+			d.log.Error("this node was retired: stopping", "node", id.NodeID)
+			return fmt.Errorf("%w", ErrRetired)
+		}
 		if errors.Is(err, errIdentityChanged) {
 			d.log.Info("identity renewed: reconnecting")
 			failures = 0
 			continue
 		}
-		if d.clock.Now().Sub(start) >= stableAfter {
+		if d.clock.Since(start) >= stableAfter {
 			failures = 0
 		}
 		failures++
 		wait := Backoff(failures)
 		wait = time.Duration(float64(wait) * (0.8 + 0.4*d.rand()))
 		d.log.Warn("session ended", "err", err, "reconnect_in", wait.Round(time.Millisecond).String(), "attempt", failures)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
+		clock.Sleep(d.clock, ctx.Done(), wait)
 	}
 	d.log.Info("shutting down")
 	return nil
@@ -236,8 +282,9 @@ func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 }
 
 // session runs one session until it fails, ctx ends, or the identity on
-// disk changes.
-func (d *Daemon) session(ctx context.Context, id *identity.Identity) error {
+// disk changes. Commands it receives run under runCtx (Run's), so one that
+// outlives the session is answered on the next.
+func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	tc, host, err := d.tlsConfig(id)
 	if err != nil {
 		return err
@@ -246,19 +293,43 @@ func (d *Daemon) session(ctx context.Context, id *identity.Identity) error {
 	defer closeIdle()
 	client := agentv1connect.NewSessionServiceClient(hc, d.cfg.BCD.GatewayURL, connect.WithGRPC(),
 		connect.WithReadMaxBytes(maxMessageBytes), connect.WithSendMaxBytes(maxMessageBytes))
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
 	stream := client.Connect(ctx)
 	defer func() { _ = stream.CloseResponse() }()
-	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
-		Protocol: version.ProtocolMax, BcdVersion: version.Version}}}); err != nil {
+	// Canceling the stream's context does not end it while its request
+	// body is open (net/http watches the context only once the body is
+	// written): the end of the session closes the request body too, so a
+	// Receive in progress returns. Safe alongside a Send.
+	defer context.AfterFunc(ctx, func() { _ = stream.CloseRequest() })()
+	// The API speaks first: open the stream without a message and read
+	// its Challenge.
+	if err := stream.Send(nil); err != nil {
 		return d.streamError(host, stream, err)
 	}
 	first, err := stream.Receive()
 	if err != nil {
 		return d.streamError(host, stream, err)
 	}
-	w := first.GetWelcome()
+	nonce := first.GetChallenge().GetNonce()
+	if len(nonce) != pki.SessionNonceSize {
+		return fmt.Errorf("the gateway %s opened the session without the control plane's challenge", host)
+	}
+	// R12.1: prove the node key is here, for this certificate and this
+	// session's nonce.
+	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw)
+	if err != nil {
+		return fmt.Errorf("sign the session proof: %w", err)
+	}
+	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
+		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof}}}); err != nil {
+		return d.streamError(host, stream, err)
+	}
+	welcome, err := stream.Receive()
+	if err != nil {
+		return d.streamError(host, stream, err)
+	}
+	w := welcome.GetWelcome()
 	if w == nil || w.GetNodeId() != id.NodeID {
 		return fmt.Errorf("the gateway answered Hello without this node's Welcome")
 	}
@@ -275,36 +346,57 @@ func (d *Daemon) session(ctx context.Context, id *identity.Identity) error {
 		d.cfg.OnWelcome(id.NodeID)
 	}
 
-	// One goroutine sends: heartbeats and results.
-	out := make(chan *agentv1.SessionClientMessage, 16)
+	// One goroutine sends: heartbeats and results, each signed by this
+	// session's node key (heartbeats over the nonce and a sequence number,
+	// so no relay can keep the session alive without this daemon).
 	go func() {
-		t := time.NewTicker(beat)
+		t := d.clock.NewTicker(beat)
 		defer t.Stop()
+		var seq uint64
 		for {
 			var m *agentv1.SessionClientMessage
+			var res *answer
 			select {
 			case <-ctx.Done():
-				_ = stream.CloseRequest()
 				return
-			case <-t.C:
-				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}
-			case m = <-out:
+			case <-t.C():
+				seq++
+				sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
+				if err != nil {
+					cancel(fmt.Errorf("sign a heartbeat: %w", err))
+					return
+				}
+				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+			case res = <-d.results:
+				signed, err := d.sign(id, res)
+				if err != nil {
+					d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+					d.sent(res)
+					continue
+				}
+				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: signed}}
 			}
 			if err := stream.Send(m); err != nil {
+				if res != nil {
+					d.requeueResult(res) // for the next session
+				}
 				cancel(fmt.Errorf("send: %w", err))
 				return
+			}
+			if res != nil {
+				d.sent(res)
 			}
 		}
 	}()
 	// Notice a renewal: the identity on disk has another serial.
 	go func() {
-		t := time.NewTicker(d.cfg.IdentityCheck)
+		t := d.clock.NewTicker(d.cfg.IdentityCheck)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-t.C():
 				cur, err := d.cfg.Store.Load()
 				if err == nil && cur.Serial != id.Serial {
 					cancel(errIdentityChanged)
@@ -326,12 +418,41 @@ func (d *Daemon) session(ctx context.Context, id *identity.Identity) error {
 			continue
 		}
 		go func() {
-			res := d.command(ctx, id, sc)
+			res := d.command(runCtx, id, sc)
+			if res == nil {
+				return
+			}
 			select {
-			case out <- &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: res}}:
-			case <-ctx.Done():
+			case d.results <- res:
+			case <-runCtx.Done():
+				d.sent(res)
 			}
 		}()
+	}
+}
+
+// sign signs a's result with the session identity's node key: the
+// command's id, this node, the generation the command named, ok, the
+// output's hash and the error (pki.CommandResultMessage).
+func (d *Daemon) sign(id *identity.Identity, a *answer) (*agentv1.CommandResult, error) {
+	res := a.res
+	sig, err := pki.SignCommandResult(id.Signer, pki.CommandResult{CommandID: res.GetCommandId(), NodeID: id.NodeID, IdentityGeneration: a.generation,
+		OK: res.GetOk(), Output: res.GetOutput(), Error: res.GetError()})
+	if err != nil {
+		return nil, err
+	}
+	out := &agentv1.CommandResult{CommandId: res.GetCommandId(), Ok: res.GetOk(), Output: res.GetOutput(), Error: res.GetError(), Sig: sig}
+	return out, nil
+}
+
+// requeueResult puts an answer a session could not send back for the next
+// one, unless the queue is full (the command then expires unanswered).
+func (d *Daemon) requeueResult(a *answer) {
+	select {
+	case d.results <- a:
+	default:
+		d.log.Warn("command answer dropped: too many waiting", "command", a.res.GetCommandId())
+		d.sent(a)
 	}
 }
 
@@ -353,16 +474,27 @@ func (d *Daemon) streamError(host string, stream *connect.BidiStreamForClient[ag
 
 // Refusal reasons answered in CommandResult.error.
 const (
-	RefusedSignature = "signature"
-	RefusedNode      = "node"
-	RefusedExpired   = "expired"
-	RefusedMalformed = "malformed"
+	RefusedSignature  = "signature"
+	RefusedNode       = "node"
+	RefusedGeneration = "generation"
+	RefusedExpired    = "expired"
+	RefusedMalformed  = "malformed"
+	// RefusedReplayed answers a command id this node ran already (its
+	// first answer may have been lost): it is not run again.
+	RefusedReplayed = "replayed"
 )
 
 // Verify checks a signed command as bcd does before running it: the
 // signature under a key of the command-signing bundle (purpose command),
-// this node's id, and the expiry at now. It returns the body (as far as it
-// parsed) and, when refused, the reason.
+// this node's id, this identity generation, and the expiry at now. It
+// returns the body (as far as it parsed) and, when refused, the reason.
+//
+// The generation: an identity that knows its generation (from the signed
+// join or renewal answer) takes only commands naming it. One saved before
+// bcd kept the generation (0) takes only commands issued at or after it
+// joined: a command of an older generation (a relay replaying one captured
+// before a reclaim) was issued before this identity existed. The next
+// renewal tells it the generation.
 func Verify(id *identity.Identity, sc *agentv1.SignedCommand, now time.Time) (*agentv1.CommandBody, string) {
 	body := &agentv1.CommandBody{}
 	if err := proto.Unmarshal(sc.GetBody(), body); err != nil {
@@ -380,27 +512,49 @@ func Verify(id *identity.Identity, sc *agentv1.SignedCommand, now time.Time) (*a
 		return body, RefusedSignature
 	case body.GetNodeId() != id.NodeID:
 		return body, RefusedNode
+	case id.IdentityGeneration > 0 && body.GetIdentityGeneration() != id.IdentityGeneration:
+		return body, RefusedGeneration
+	case id.IdentityGeneration == 0 && body.GetIssuedAtUnixMs() < id.JoinedAt.UnixMilli():
+		return body, RefusedGeneration
 	case now.UnixMilli() >= body.GetExpiresAtUnixMs():
 		return body, RefusedExpired
 	}
 	return body, ""
 }
 
-// command verifies and runs one command.
-func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1.SignedCommand) *agentv1.CommandResult {
+// command verifies and runs one command, and returns its answer (unsigned:
+// the session that sends it signs it), or nil when the same command is
+// running already (that run answers).
+func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1.SignedCommand) *answer {
 	body, refused := Verify(id, sc, d.clock.Now())
 	res := &agentv1.CommandResult{CommandId: body.GetCommandId()}
+	a := &answer{res: res, generation: body.GetIdentityGeneration()}
 	if refused != "" {
 		d.log.Warn("command refused", "command", body.GetCommandId(), "kind", body.GetKind(), "reason", refused)
 		res.Error = refused
-		return res
+		return a
 	}
+	// At most once: recorded on disk before it runs.
+	state, err := d.ran.begin(body.GetCommandId(), time.UnixMilli(body.GetExpiresAtUnixMs()))
+	switch {
+	case err != nil:
+		d.log.Error("command not run: it could not be recorded first", "command", body.GetCommandId(), "err", err)
+		res.Error = "not run: cannot record it before running it: " + err.Error()
+		return a
+	case state == ranRunning:
+		return nil
+	case state == ranBefore:
+		d.log.Warn("command refused: this node ran it already", "command", body.GetCommandId(), "kind", body.GetKind())
+		res.Error = RefusedReplayed
+		return a
+	}
+	a.ran = body.GetCommandId() // running until its answer is sent
 	out, err := Execute(ctx, d.cfg.BCD.ProcfsRoot, body.GetKind(), body.GetArgs())
 	if err != nil {
 		res.Error = err.Error()
-		return res
+		return a
 	}
 	res.Ok, res.Output = true, out
 	d.log.Info("command done", "command", body.GetCommandId(), "kind", body.GetKind())
-	return res
+	return a
 }

@@ -416,12 +416,16 @@ type JoinResponseBody struct {
 	// DER certificates whose keys sign commands for this node.
 	CommandBundle [][]byte `protobuf:"bytes,3,rep,name=command_bundle,json=commandBundle,proto3" json:"command_bundle,omitempty"`
 	// SHA-256 of the CSR this answer is for.
-	CsrSha256     []byte `protobuf:"bytes,4,opt,name=csr_sha256,json=csrSha256,proto3" json:"csr_sha256,omitempty"`
-	TrustDomain   string `protobuf:"bytes,5,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
-	SiteId        string `protobuf:"bytes,6,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
-	Role          string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CsrSha256   []byte `protobuf:"bytes,4,opt,name=csr_sha256,json=csrSha256,proto3" json:"csr_sha256,omitempty"`
+	TrustDomain string `protobuf:"bytes,5,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	SiteId      string `protobuf:"bytes,6,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Role        string `protobuf:"bytes,7,opt,name=role,proto3" json:"role,omitempty"`
+	// The node's identity generation (R4.4: 1 at the join, one more at each
+	// reclaim). bcd keeps it with its identity and refuses commands of
+	// another generation (R12.3). 0: not told (a server before this field).
+	IdentityGeneration int64 `protobuf:"varint,8,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *JoinResponseBody) Reset() {
@@ -501,6 +505,13 @@ func (x *JoinResponseBody) GetRole() string {
 		return x.Role
 	}
 	return ""
+}
+
+func (x *JoinResponseBody) GetIdentityGeneration() int64 {
+	if x != nil {
+		return x.IdentityGeneration
+	}
+	return 0
 }
 
 type RenewRequest struct {
@@ -656,7 +667,9 @@ func (x *RenewResponse) GetSigningCertificate() []byte {
 
 // A command signed by the control plane's command-signing key. bcd verifies
 // sig over body (purpose "command") against the trust bundle it received at
-// join, and refuses anything else.
+// join, and refuses anything else: another node's, another identity
+// generation's, an expired one, and one it has already run (it remembers
+// command ids on disk until they expire).
 type SignedCommand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A serialized CommandBody.
@@ -711,17 +724,20 @@ func (x *SignedCommand) GetSig() []byte {
 }
 
 type CommandBody struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	CommandId string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
-	NodeId    string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique: bcd runs a command id at most once.
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	NodeId    string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// e.g. node.facts, acceptance.check
 	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
 	// JSON arguments of the kind.
 	Args            []byte `protobuf:"bytes,4,opt,name=args,proto3" json:"args,omitempty"`
 	IssuedAtUnixMs  int64  `protobuf:"varint,5,opt,name=issued_at_unix_ms,json=issuedAtUnixMs,proto3" json:"issued_at_unix_ms,omitempty"`
 	ExpiresAtUnixMs int64  `protobuf:"varint,6,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node's identity generation the command was issued for.
+	IdentityGeneration int64 `protobuf:"varint,7,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CommandBody) Reset() {
@@ -796,13 +812,27 @@ func (x *CommandBody) GetExpiresAtUnixMs() int64 {
 	return 0
 }
 
+func (x *CommandBody) GetIdentityGeneration() int64 {
+	if x != nil {
+		return x.IdentityGeneration
+	}
+	return 0
+}
+
 type CommandResult struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	CommandId string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
 	Ok        bool                   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
 	// JSON output of the kind.
-	Output        []byte `protobuf:"bytes,3,opt,name=output,proto3" json:"output,omitempty"`
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Output []byte `protobuf:"bytes,3,opt,name=output,proto3" json:"output,omitempty"`
+	Error  string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// Signature by the node key, purpose command-result, over
+	// pki.CommandResultMessage (command id, node id, the command's identity
+	// generation, ok, sha256(output), error). The API stores only results
+	// whose signature verifies under the session's certificate; the one
+	// unsigned result it accepts is the gateway's refusal of a kind
+	// (error "kind not allowed at the gateway", ok false, no output).
+	Sig           []byte `protobuf:"bytes,5,opt,name=sig,proto3" json:"sig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -865,17 +895,75 @@ func (x *CommandResult) GetError() string {
 	return ""
 }
 
+func (x *CommandResult) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
+}
+
+// Challenge is the API's first message on a session: a fresh nonce the
+// node signs in Hello, so that the certificate the gateway forwards proves
+// nothing without the node's key (R12.1).
+type Challenge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 32 random bytes.
+	Nonce         []byte `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Challenge) Reset() {
+	*x = Challenge{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Challenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Challenge) ProtoMessage() {}
+
+func (x *Challenge) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Challenge.ProtoReflect.Descriptor instead.
+func (*Challenge) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Challenge) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Protocol      int32                  `protobuf:"varint,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
-	BcdVersion    string                 `protobuf:"bytes,2,opt,name=bcd_version,json=bcdVersion,proto3" json:"bcd_version,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Protocol   int32                  `protobuf:"varint,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	BcdVersion string                 `protobuf:"bytes,2,opt,name=bcd_version,json=bcdVersion,proto3" json:"bcd_version,omitempty"`
+	// Signature by the node key, purpose session, over
+	// pki.SessionProofMessage (nonce || node id || sha256(certificate DER)).
+	Proof         []byte `protobuf:"bytes,3,opt,name=proof,proto3" json:"proof,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +975,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +988,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Hello) GetProtocol() int32 {
@@ -917,15 +1005,29 @@ func (x *Hello) GetBcdVersion() string {
 	return ""
 }
 
+func (x *Hello) GetProof() []byte {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+// Heartbeat keeps the session alive. It is signed by the node key, so a
+// relay cannot keep a session open after the daemon went away.
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 for the session's first heartbeat, one more for each next one.
+	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Signature by the node key, purpose session-heartbeat, over
+	// pki.HeartbeatMessage (the session's nonce || seq).
+	Sig           []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1039,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1052,21 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Heartbeat) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
 }
 
 type SessionClientMessage struct {
@@ -967,7 +1083,7 @@ type SessionClientMessage struct {
 
 func (x *SessionClientMessage) Reset() {
 	*x = SessionClientMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1095,7 @@ func (x *SessionClientMessage) String() string {
 func (*SessionClientMessage) ProtoMessage() {}
 
 func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1108,7 @@ func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClientMessage.ProtoReflect.Descriptor instead.
 func (*SessionClientMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionClientMessage) GetMsg() isSessionClientMessage_Msg {
@@ -1065,7 +1181,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1193,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1206,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1120,6 +1236,7 @@ type SessionServerMessage struct {
 	//
 	//	*SessionServerMessage_Welcome
 	//	*SessionServerMessage_Command
+	//	*SessionServerMessage_Challenge
 	Msg           isSessionServerMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1127,7 +1244,7 @@ type SessionServerMessage struct {
 
 func (x *SessionServerMessage) Reset() {
 	*x = SessionServerMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1256,7 @@ func (x *SessionServerMessage) String() string {
 func (*SessionServerMessage) ProtoMessage() {}
 
 func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1269,7 @@ func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionServerMessage.ProtoReflect.Descriptor instead.
 func (*SessionServerMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionServerMessage) GetMsg() isSessionServerMessage_Msg {
@@ -1180,6 +1297,15 @@ func (x *SessionServerMessage) GetCommand() *SignedCommand {
 	return nil
 }
 
+func (x *SessionServerMessage) GetChallenge() *Challenge {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionServerMessage_Challenge); ok {
+			return x.Challenge
+		}
+	}
+	return nil
+}
+
 type isSessionServerMessage_Msg interface {
 	isSessionServerMessage_Msg()
 }
@@ -1192,9 +1318,15 @@ type SessionServerMessage_Command struct {
 	Command *SignedCommand `protobuf:"bytes,2,opt,name=command,proto3,oneof"`
 }
 
+type SessionServerMessage_Challenge struct {
+	Challenge *Challenge `protobuf:"bytes,3,opt,name=challenge,proto3,oneof"`
+}
+
 func (*SessionServerMessage_Welcome) isSessionServerMessage_Msg() {}
 
 func (*SessionServerMessage_Command) isSessionServerMessage_Msg() {}
+
+func (*SessionServerMessage_Challenge) isSessionServerMessage_Msg() {}
 
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
@@ -1230,7 +1362,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
-	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xe0\x01\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\x91\x02\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1240,7 +1372,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"csr_sha256\x18\x04 \x01(\fR\tcsrSha256\x12!\n" +
 	"\ftrust_domain\x18\x05 \x01(\tR\vtrustDomain\x12\x17\n" +
 	"\asite_id\x18\x06 \x01(\tR\x06siteId\x12\x12\n" +
-	"\x04role\x18\a \x01(\tR\x04role\"\xc0\x01\n" +
+	"\x04role\x18\a \x01(\tR\x04role\x12/\n" +
+	"\x13identity_generation\x18\b \x01(\x03R\x12identityGeneration\"\xc0\x01\n" +
 	"\fRenewRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x14\n" +
 	"\x05chain\x18\x02 \x03(\fR\x05chain\x12-\n" +
@@ -1254,7 +1387,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"5\n" +
 	"\rSignedCommand\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
-	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xc5\x01\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xf6\x01\n" +
 	"\vCommandBody\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x17\n" +
@@ -1262,18 +1395,25 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04args\x18\x04 \x01(\fR\x04args\x12)\n" +
 	"\x11issued_at_unix_ms\x18\x05 \x01(\x03R\x0eissuedAtUnixMs\x12+\n" +
-	"\x12expires_at_unix_ms\x18\x06 \x01(\x03R\x0fexpiresAtUnixMs\"l\n" +
+	"\x12expires_at_unix_ms\x18\x06 \x01(\x03R\x0fexpiresAtUnixMs\x12/\n" +
+	"\x13identity_generation\x18\a \x01(\x03R\x12identityGeneration\"~\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x0e\n" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x16\n" +
 	"\x06output\x18\x03 \x01(\fR\x06output\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"D\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x10\n" +
+	"\x03sig\x18\x05 \x01(\fR\x03sig\"!\n" +
+	"\tChallenge\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"Z\n" +
 	"\x05Hello\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\x05R\bprotocol\x12\x1f\n" +
 	"\vbcd_version\x18\x02 \x01(\tR\n" +
-	"bcdVersion\"\v\n" +
-	"\tHeartbeat\"\xd8\x01\n" +
+	"bcdVersion\x12\x14\n" +
+	"\x05proof\x18\x03 \x01(\fR\x05proof\"/\n" +
+	"\tHeartbeat\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xd8\x01\n" +
 	"\x14SessionClientMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
@@ -1282,10 +1422,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
-	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\"\x9d\x01\n" +
+	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\"\xe0\x01\n" +
 	"\x14SessionServerMessage\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
-	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommandB\x05\n" +
+	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommand\x12A\n" +
+	"\tchallenge\x18\x03 \x01(\v2!.bettercompute.agent.v1.ChallengeH\x00R\tchallengeB\x05\n" +
 	"\x03msg2\xb6\x01\n" +
 	"\vJoinService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
@@ -1305,7 +1446,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
 	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
@@ -1317,31 +1458,33 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*SignedCommand)(nil),        // 7: bettercompute.agent.v1.SignedCommand
 	(*CommandBody)(nil),          // 8: bettercompute.agent.v1.CommandBody
 	(*CommandResult)(nil),        // 9: bettercompute.agent.v1.CommandResult
-	(*Hello)(nil),                // 10: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),            // 11: bettercompute.agent.v1.Heartbeat
-	(*SessionClientMessage)(nil), // 12: bettercompute.agent.v1.SessionClientMessage
-	(*Welcome)(nil),              // 13: bettercompute.agent.v1.Welcome
-	(*SessionServerMessage)(nil), // 14: bettercompute.agent.v1.SessionServerMessage
+	(*Challenge)(nil),            // 10: bettercompute.agent.v1.Challenge
+	(*Hello)(nil),                // 11: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),            // 12: bettercompute.agent.v1.Heartbeat
+	(*SessionClientMessage)(nil), // 13: bettercompute.agent.v1.SessionClientMessage
+	(*Welcome)(nil),              // 14: bettercompute.agent.v1.Welcome
+	(*SessionServerMessage)(nil), // 15: bettercompute.agent.v1.SessionServerMessage
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
 	2,  // 1: bettercompute.agent.v1.JoinRequest.x509pop:type_name -> bettercompute.agent.v1.X509Pop
-	10, // 2: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	11, // 3: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	11, // 2: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	12, // 3: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
 	9,  // 4: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
-	13, // 5: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
+	14, // 5: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
 	7,  // 6: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
-	1,  // 7: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	5,  // 8: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	12, // 9: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
-	3,  // 10: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	6,  // 11: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	14, // 12: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	10, // 7: bettercompute.agent.v1.SessionServerMessage.challenge:type_name -> bettercompute.agent.v1.Challenge
+	1,  // 8: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	5,  // 9: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	13, // 10: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
+	3,  // 11: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	6,  // 12: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	15, // 13: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1349,14 +1492,15 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*SessionClientMessage_Hello)(nil),
 		(*SessionClientMessage_Heartbeat)(nil),
 		(*SessionClientMessage_Result)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*SessionServerMessage_Welcome)(nil),
 		(*SessionServerMessage_Command)(nil),
+		(*SessionServerMessage_Challenge)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1364,7 +1508,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -292,6 +292,8 @@ type Server struct {
 	// Token is the one join token the fake admits.
 	Token       string
 	JoinService *JoinService
+	// Sessions is the fake SessionService (bcd run).
+	Sessions *Sessions
 	// URL is the gateway's (and the control plane's) https URL.
 	URL string
 	// Roots trusts the gateway's serving CA.
@@ -338,6 +340,8 @@ func New(t testing.TB, o Options) *Server {
 	var srv *httptest.Server
 	joinPath, joinHandler := agentv1connect.NewJoinServiceHandler(s.JoinService)
 	mux.Handle(joinPath, s.JoinService.lossy(joinHandler, func() { srv.CloseClientConnections() }))
+	s.Sessions = &Sessions{}
+	mux.Handle(agentv1connect.NewSessionServiceHandler(s.Sessions))
 	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		doc := s.doc

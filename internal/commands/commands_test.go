@@ -1,0 +1,92 @@
+package commands_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/commands"
+	"github.com/better-compute/better-compute/internal/ids"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storetest"
+)
+
+// R12.3, R14.2: the expiry sweep runs on the injected clock (the
+// database's clock decides what expired): one ExpireEvery expires a
+// command past its expiry, with a command.expired event and audit row.
+func TestExpirySweepRunsOnTheClock(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		now := time.Now()
+		var tenant, cmdID string
+		err := db.WithTx(ctx, func(tx *store.Tx) error {
+			tn, err := tx.InsertTenant(ctx, ids.New(ids.Tenant, now), "acme")
+			if err != nil {
+				return err
+			}
+			tenant = tn.ID
+			st, err := tx.InsertSite(ctx, store.Site{ID: ids.New(ids.Site, now), OwnerTenantID: tn.ID, Name: "eu-1", Region: "eu"})
+			if err != nil {
+				return err
+			}
+			pl, err := tx.InsertPool(ctx, store.Pool{ID: ids.New(ids.Pool, now), SiteID: st.ID, OwnerTenantID: tn.ID, Name: "gpu", Agent: "bcd", Policy: []byte(`{}`)})
+			if err != nil {
+				return err
+			}
+			n, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, now), TenantID: tn.ID, SiteID: st.ID, PoolID: pl.ID, Role: "node",
+				State: store.NodeAdopted, IdentityGeneration: 1, NodeKey: "unattested", Attestor: "join-token", Claims: []byte(`{}`)})
+			if err != nil {
+				return err
+			}
+			cmdID = ids.New(ids.Command, now)
+			return tx.InsertCommand(ctx, store.Command{ID: cmdID, NodeID: n.ID, IdentityGeneration: 1, Kind: "node.facts",
+				CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := clock.NewFake(now)
+		svc := commands.New(commands.Config{DB: db, Clock: c})
+		done := make(chan struct{})
+		go func() { svc.RunExpiry(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		if err := c.WaitArmed(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(commands.ExpireEvery)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var cmd store.Command
+			if err := db.ReadTx(ctx, func(tx *store.Tx) error {
+				var err error
+				cmd, err = tx.GetCommand(ctx, cmdID)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if cmd.State == store.CommandExpired {
+				if cmd.Error != "expired before delivery" {
+					t.Errorf("expired with %q", cmd.Error)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("command %s after one sweep interval", cmd.State)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		var audit []store.AuditEntry
+		if err := db.ReadTx(ctx, func(tx *store.Tx) error {
+			var err error
+			audit, err = tx.ListAudit(ctx, tenant, 0, 10)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(audit) != 1 || audit[0].Action != "command.expired" || audit[0].Actor != "system" {
+			t.Errorf("audit %+v, want one command.expired by system", audit)
+		}
+	})
+}

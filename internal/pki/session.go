@@ -1,0 +1,153 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+)
+
+// Signature purposes of node sessions (R12.1, R12.3).
+const (
+	// PurposeSession is a node's proof of possession at the start of a
+	// session: its signature over the API's nonce.
+	PurposeSession = "session"
+	// PurposeCommandResult signs a node's answer to a command.
+	PurposeCommandResult = "command-result"
+	// PurposeHeartbeat signs a node's heartbeats on a session.
+	PurposeHeartbeat = "session-heartbeat"
+)
+
+// SessionNonceSize is the size of the API's session challenge.
+const SessionNonceSize = 32
+
+// errNonce is returned for a nonce of another size.
+var errNonce = errors.New("session proof: the nonce must be 32 bytes")
+
+// SessionProofMessage is the message a node signs, under purpose session,
+// to open a session (R12.1):
+//
+//	nonce (32 bytes) || node id (UTF-8) || sha256(certificate DER) (32 bytes)
+//
+// The nonce and the hash have fixed lengths, so the node id between them is
+// unambiguous. The certificate is the one the node presented on its TLS
+// connection (the one the gateway forwards), so a proof made for one
+// certificate never opens a session with another. bcd (signing) and the
+// session service (verifying) both build it here. It returns nil for a
+// nonce of another size.
+func SessionProofMessage(nonce []byte, nodeID string, certDER []byte) []byte {
+	if len(nonce) != SessionNonceSize {
+		return nil
+	}
+	sum := sha256.Sum256(certDER)
+	m := make([]byte, 0, len(nonce)+len(nodeID)+len(sum))
+	m = append(m, nonce...)
+	m = append(m, nodeID...)
+	return append(m, sum[:]...)
+}
+
+// SignSessionProof signs a session proof with the node key.
+func SignSessionProof(key crypto.Signer, nonce []byte, nodeID string, certDER []byte) ([]byte, error) {
+	m := SessionProofMessage(nonce, nodeID, certDER)
+	if m == nil {
+		return nil, errNonce
+	}
+	return SignPurpose(key, PurposeSession, m)
+}
+
+// VerifySessionProof checks a SignSessionProof signature under pub, the
+// key of the certificate certDER.
+func VerifySessionProof(pub crypto.PublicKey, nonce []byte, nodeID string, certDER, sig []byte) error {
+	m := SessionProofMessage(nonce, nodeID, certDER)
+	if m == nil {
+		return errNonce
+	}
+	return VerifyPurpose(pub, PurposeSession, m, sig)
+}
+
+// HeartbeatMessage is the message a node signs, under purpose
+// session-heartbeat, for the seq-th heartbeat of the session opened with
+// nonce:
+//
+//	nonce (32 bytes) || seq (8 bytes big-endian)
+//
+// The nonce ties it to one session, the sequence number to one place in
+// it, so a heartbeat cannot be replayed on another session or again on the
+// same one. It returns nil for a nonce of another size.
+func HeartbeatMessage(nonce []byte, seq uint64) []byte {
+	if len(nonce) != SessionNonceSize {
+		return nil
+	}
+	m := make([]byte, 0, len(nonce)+8)
+	m = append(m, nonce...)
+	return binary.BigEndian.AppendUint64(m, seq)
+}
+
+// SignHeartbeat signs a heartbeat with the node key.
+func SignHeartbeat(key crypto.Signer, nonce []byte, seq uint64) ([]byte, error) {
+	m := HeartbeatMessage(nonce, seq)
+	if m == nil {
+		return nil, errNonce
+	}
+	return SignPurpose(key, PurposeHeartbeat, m)
+}
+
+// VerifyHeartbeat checks a SignHeartbeat signature under pub.
+func VerifyHeartbeat(pub crypto.PublicKey, nonce []byte, seq uint64, sig []byte) error {
+	m := HeartbeatMessage(nonce, seq)
+	if m == nil {
+		return errNonce
+	}
+	return VerifyPurpose(pub, PurposeHeartbeat, m, sig)
+}
+
+// CommandResult is what a node's signed answer to a command covers.
+type CommandResult struct {
+	CommandID string
+	NodeID    string
+	// IdentityGeneration is the generation the command was issued for, as
+	// the node read it from the signed command body.
+	IdentityGeneration int64
+	OK                 bool
+	Output             []byte
+	Error              string
+}
+
+// CommandResultMessage is the message a node signs, under purpose
+// command-result, over its answer to a command (R12.3):
+//
+//	len(command id) (4 bytes) || command id || len(node id) (4 bytes) || node id ||
+//	identity generation (8 bytes) || ok (1 byte: 0 or 1) || sha256(output) (32 bytes) ||
+//	len(error) (4 bytes) || error
+//
+// Lengths are big-endian. Every variable field is length-prefixed, so no
+// two results share a message. bcd (signing) and the session service
+// (verifying) both build it here.
+func CommandResultMessage(r CommandResult) []byte {
+	sum := sha256.Sum256(r.Output)
+	m := make([]byte, 0, 4+len(r.CommandID)+4+len(r.NodeID)+8+1+len(sum)+4+len(r.Error))
+	m = binary.BigEndian.AppendUint32(m, uint32(len(r.CommandID)))
+	m = append(m, r.CommandID...)
+	m = binary.BigEndian.AppendUint32(m, uint32(len(r.NodeID)))
+	m = append(m, r.NodeID...)
+	m = binary.BigEndian.AppendUint64(m, uint64(r.IdentityGeneration))
+	ok := byte(0)
+	if r.OK {
+		ok = 1
+	}
+	m = append(m, ok)
+	m = append(m, sum[:]...)
+	m = binary.BigEndian.AppendUint32(m, uint32(len(r.Error)))
+	return append(m, r.Error...)
+}
+
+// SignCommandResult signs a command result with the node key.
+func SignCommandResult(key crypto.Signer, r CommandResult) ([]byte, error) {
+	return SignPurpose(key, PurposeCommandResult, CommandResultMessage(r))
+}
+
+// VerifyCommandResult checks a SignCommandResult signature under pub, the
+// key of the session's certificate.
+func VerifyCommandResult(pub crypto.PublicKey, r CommandResult, sig []byte) error {
+	return VerifyPurpose(pub, PurposeCommandResult, CommandResultMessage(r), sig)
+}
