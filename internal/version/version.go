@@ -5,8 +5,11 @@ package version
 // Version of better-compute and bcd.
 var Version = "0.1.0"
 
-// Protocol versions of the agent protocol this build speaks.
+// Protocol versions of the agent protocol this build speaks. Version 2
+// binds the whole join request in the seal, opens each session with a
+// nonce the node key signs, and signs heartbeats and command results:
+// version 1 daemons cannot talk to a version 2 control plane.
 const (
-	ProtocolMin = 1
-	ProtocolMax = 1
+	ProtocolMin = 2
+	ProtocolMax = 2
 )
