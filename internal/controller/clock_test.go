@@ -87,3 +87,51 @@ func TestPollRunsOnTheClock(t *testing.T) {
 		}
 	})
 }
+
+// R4.9: join answers kept past their retention are deleted by the
+// controller's poll (outside any join's transaction); live ones stay.
+func TestPollPrunesExpiredJoinAnswers(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(db.WithTx(ctx, func(tx *store.Tx) error {
+			if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: []byte("expired-digest-000000000000000000"), NodeID: "node_x", Response: []byte("a"), TTL: time.Minute}); err != nil {
+				return err
+			}
+			return tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: []byte("live-digest-00000000000000000000"), NodeID: "node_y", Response: []byte("b"), TTL: 24 * time.Hour})
+		}))
+		must(db.SetClockOffset(ctx, 2*time.Minute))
+		defer func() { _ = db.SetClockOffset(context.Background(), 0) }()
+		c := clock.NewFake(time.Now())
+		ctrl := controller.New(controller.Config{DB: db, Clock: c, Poll: time.Minute})
+		done := make(chan struct{})
+		go func() { ctrl.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		must(c.WaitArmed(ctx, 1))
+		c.Advance(time.Minute)
+		// GetJoinAnswer hides the expired one already; the row count says
+		// whether it was deleted.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			left := 0
+			must(db.ReadTx(ctx, func(tx *store.Tx) error {
+				var err error
+				left, err = tx.CountJoinAnswers(ctx)
+				return err
+			}))
+			if left == 1 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d join answers left, want the live one only", left)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}

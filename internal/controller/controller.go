@@ -40,6 +40,8 @@ type Config struct {
 type Controller struct {
 	cfg  Config
 	wake chan struct{}
+	// pruned is when prune last ran (Run's goroutine only).
+	pruned time.Time
 }
 
 // New returns a Controller.
@@ -91,8 +93,29 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C():
+			c.prune(ctx)
 		case <-c.wake:
 		}
+	}
+}
+
+// pruneEvery is how often expired housekeeping rows are deleted.
+const pruneEvery = time.Minute
+
+// prune deletes join answers kept past their retention (join.AnswerRetention),
+// a bounded batch at most once a minute, outside any join's transaction.
+func (c *Controller) prune(ctx context.Context) {
+	now := c.cfg.Clock.Now()
+	if now.Sub(c.pruned) < pruneEvery {
+		return
+	}
+	c.pruned = now
+	err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		_, err := tx.DeleteExpiredJoinAnswers(ctx, 1000)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		c.cfg.Log.Warn("prune expired join answers", "err", err)
 	}
 }
 

@@ -87,3 +87,13 @@ func (t *Tx) DeleteExpiredJoinAnswers(ctx context.Context, limit int) (int, erro
 	}
 	return int(n), nil
 }
+
+// CountJoinAnswers counts the stored answers, expired ones included (they
+// stay until DeleteExpiredJoinAnswers removes them).
+func (t *Tx) CountJoinAnswers(ctx context.Context) (int, error) {
+	var n int
+	if err := t.queryRow(ctx, "SELECT COUNT(*) FROM join_answers").Scan(&n); err != nil {
+		return 0, fmt.Errorf("count join answers: %w", err)
+	}
+	return n, nil
+}
