@@ -237,10 +237,12 @@ func TestCommandsReadAndAuthz(t *testing.T) {
 				_, err := poolReader.Commands.ListCommands(ctx, rq(&bcv1.ListCommandsRequest{TenantId: w.root, NodeId: a.id}))
 				return err
 			}, ""},
+			// R1.2 (issue 8 point 3): a node the caller cannot see is
+			// answered like a missing one.
 			{"pool grant: another pool's node", func() error {
 				_, err := poolReader.Commands.GetCommand(ctx, rq(&bcv1.GetCommandRequest{TenantId: w.root, CommandId: cb.Msg.Id}))
 				return err
-			}, errs.AccessDenied},
+			}, errs.NotFound},
 			{"pool grant: whole tenant list", func() error {
 				_, err := poolReader.Commands.ListCommands(ctx, rq(&bcv1.ListCommandsRequest{TenantId: w.root}))
 				return err
@@ -256,7 +258,11 @@ func TestCommandsReadAndAuthz(t *testing.T) {
 			{"node grant: another node", func() error {
 				_, err := enqueue(nodeWriter, w.root, a.id, "node.facts", 0)
 				return err
-			}, errs.AccessDenied},
+			}, errs.NotFound},
+			{"node grant: a node that does not exist", func() error {
+				_, err := enqueue(nodeWriter, w.root, "node_01kaaaaaaaaaaaaaaaaaaaaaaa", "node.facts", 0)
+				return err
+			}, errs.NotFound},
 			{"R1.2 another tenant's command", func() error {
 				_, err := w.acmeAdmin.Commands.GetCommand(ctx, rq(&bcv1.GetCommandRequest{TenantId: w.acme, CommandId: ids[0]}))
 				return err

@@ -117,7 +117,15 @@ func allowed(p authz.Principal, tenantID string, n store.Node, action string) er
 	if p.Allowed(action, res) || p.Allowed(action, authz.PoolResource(n.PoolID)) {
 		return nil
 	}
-	if p.TenantID != tenantID {
+	// R1.2: a caller who may not even see the node (read it, or read its
+	// commands) gets the answer a missing node gets, so it cannot tell
+	// which node ids exist; one who may see it learns only that the action
+	// is not granted.
+	canRead := false
+	for _, a := range []string{authz.NodesRead, authz.CommandsRead} {
+		canRead = canRead || p.Allowed(a, res) || p.Allowed(a, authz.PoolResource(n.PoolID))
+	}
+	if p.TenantID != tenantID || !canRead {
 		return errs.New(errs.NotFound, "node %s not found", n.ID)
 	}
 	return errs.New(errs.AccessDenied, "%s is not allowed on %s", action, res)
