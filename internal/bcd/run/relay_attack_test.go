@@ -15,10 +15,13 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/join/jointest"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storetest"
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
@@ -228,6 +231,50 @@ func TestRenewFromSupersededRefusedR13_2(t *testing.T) {
 		}
 		if got := h.refusalReasons(t, "security.renew.refused"); len(got) != 1 || got[0] != "cert-superseded" {
 			t.Errorf("refusals %v, want cert-superseded", got)
+		}
+	})
+}
+
+// R10.5 (issue 7): x509pop accepts only the node's newest certificate. The
+// key of a certificate from before a renewal (a backup) re-joins nothing
+// through the real gateway, and the live node keeps its generation and
+// certificate.
+func TestX509PopWithOlderKeyRefusedR10_5(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		c := clock.NewFake(time.Now())
+		e := apitest.Start(t, db, apitest.Options{Clock: c, Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}})
+		h := newHarness(t, e, c)
+		pool := h.pool(t, "p", nil)
+		m := h.join(t, h.token(t, pool, false), 80, 2)
+		chain := make([][]byte, len(m.id.Chain))
+		for i, cert := range m.id.Chain {
+			chain[i] = cert.Raw
+		}
+		req, _ := jointest.RenewRequest(t, m.id.Signer, chain, m.nodeID, c.Now())
+		if _, err := e.Server.Join().Renew(context.Background(), req, join.Peer{Cert: chain[0]}); err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		// The backup's key, past its certificate's expiry, re-joining
+		// through the gateway as bcd join --attestor x509pop would.
+		c.Set(m.id.Leaf().NotAfter.Add(time.Hour))
+		backup := &jointest.Machine{Key: jointest.Key(t), Claims: jointest.Claims(80)}
+		backup.CSR = jointest.CSR(t, backup.Key)
+		pop := backup.X509PopRequest(t, m.id.Signer, chain, m.nodeID, c.Now())
+		roots := x509.NewCertPool()
+		roots.AddCert(h.e.Bundle.ServingCA)
+		tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}, ForceAttemptHTTP2: true}
+		defer tr.CloseIdleConnections()
+		client := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+h.gwAddr, connect.WithGRPC())
+		_, err := client.Join(context.Background(), connect.NewRequest(pop))
+		pe, ok := errs.As(wire.FromWire(err))
+		if !ok || pe.Code != errs.AccessDenied || pe.Message != "Join refused" {
+			t.Fatalf("got %v, want ACCESS_DENIED Join refused", err)
+		}
+		if got := h.refusalReasons(t, "security.join.refused"); len(got) != 1 || got[0] != "x509pop:cert-superseded" {
+			t.Errorf("refusals %v, want x509pop:cert-superseded", got)
+		}
+		if n := h.node(t, m.nodeID); n.IdentityGeneration != 1 {
+			t.Errorf("the node moved to generation %d", n.IdentityGeneration)
 		}
 	})
 }
