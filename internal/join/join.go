@@ -269,11 +269,12 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
 		res, changed = nil, ""
 		// R4.9: the same request again gets the answer stored for it and
-		// spends nothing.
-		if prior, err := storedAnswer(ctx, tx, in.RequestDigest); err != nil || prior != nil {
-			res = prior
-			return err
-		}
+		// spends nothing. It is not looked up here: an answer is stored in
+		// this very transaction, before anything is spent, under a unique
+		// request digest, so a request that was answered before cannot
+		// commit again; it fails (a refusal, a race, or the digest's
+		// unique violation) and the failure path below finds its answer.
+		// The usual join pays no extra read.
 		adm, err := att.Admit(ctx, tx, in)
 		if err != nil {
 			return err
@@ -422,7 +423,9 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: in.RequestDigest, NodeID: n.ID, Response: raw, TTL: AnswerRetention}); err != nil {
 			if store.IsUniqueViolation(err) {
-				// The same request is being answered concurrently.
+				// The same request was answered before, or is being
+				// answered concurrently: admit's failure path returns
+				// that answer.
 				return errRace
 			}
 			return err
@@ -436,14 +439,17 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		res = issued.Response
 		return nil
 	})
-	if errors.Is(err, errRace) {
-		// The loser of a race with the very same request gets the
-		// winner's answer (R4.9); another machine's race stays CONFLICT.
-		if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
-			return prior, nil
-		}
-	}
 	if err != nil {
+		// R4.9: a request answered before (a retry after a lost answer, a
+		// replay, the loser of a race with the very same request) gets
+		// the stored answer, whatever made this attempt fail; anything
+		// else keeps its failure. A challenge is never stored.
+		var ch *attest.ChallengeError
+		if !errors.As(err, &ch) {
+			if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
+				return prior, nil
+			}
+		}
 		return nil, err
 	}
 	if s.cfg.AfterCommit != nil {

@@ -2,21 +2,19 @@
 -- Hardware keys are matched within a tenant: a machine's join is never
 -- refused because of another tenant's node (claims are self-reported, so a
 -- tenant that knows a machine's serials could otherwise claim it first).
--- The cross-tenant index finds collisions to report to the root tenant.
+-- One live node per trusted key per tenant; the key leads the index, so a
+-- join finds its tenant's node and other tenants' collisions (reported to
+-- the root tenant) with one lookup.
 DROP INDEX nodes_hardware_key;
-CREATE UNIQUE INDEX nodes_tenant_hardware_key ON nodes (tenant_id, hardware_key) WHERE hardware_key_trusted AND state <> 'retired';
-CREATE INDEX nodes_hardware_key_any ON nodes (hardware_key) WHERE hardware_key_trusted AND state <> 'retired';
+CREATE UNIQUE INDEX nodes_hardware_key_tenant ON nodes (hardware_key, tenant_id) WHERE hardware_key_trusted AND state <> 'retired';
 
 -- A renewal supersedes its parent: renewal and x509pop accept only a
 -- node's newest certificate; a superseded one keeps authenticating a
--- session for a short overlap only.
+-- session for a short overlap only. (A reclaim's check that its key was
+-- never issued to the node reads the node's rows through node_certs_node.)
 ALTER TABLE node_certs ADD COLUMN superseded_ms BIGINT;
--- A reclaim needs a key never issued to the node.
-CREATE INDEX node_certs_node_spki ON node_certs (node_id, spki_sha256);
 
 -- +goose Down
-DROP INDEX node_certs_node_spki;
 ALTER TABLE node_certs DROP COLUMN superseded_ms;
-DROP INDEX nodes_hardware_key_any;
-DROP INDEX nodes_tenant_hardware_key;
+DROP INDEX nodes_hardware_key_tenant;
 CREATE UNIQUE INDEX nodes_hardware_key ON nodes (hardware_key) WHERE hardware_key_trusted AND state <> 'retired';
