@@ -154,8 +154,12 @@ func TestPropertyExpectFromClaimsMatches(t *testing.T) {
 		serials := []string{c.ProductSerial, c.BoardSerial, c.ChassisSerial}
 		if s := serials[rapid.IntRange(0, 2).Draw(t, "serialSlot")]; strings.TrimSpace(s) != "" && !IsPlaceholder(s) {
 			e.Serial = strings.ToUpper(s)
-			if _, err := NormalizeExpect(Expect{Serial: e.Serial}); err != nil {
-				e.Serial = s // upper-casing made it odd (e.g. longer)
+			// Upper-casing made it odd (e.g. longer), or another serial:
+			// matching is case-insensitive by Unicode simple folding
+			// (strings.EqualFold), under which ToUpper("ı") = "I" is not
+			// the same letter.
+			if _, err := NormalizeExpect(Expect{Serial: e.Serial}); err != nil || !strings.EqualFold(e.Serial, s) {
+				e.Serial = s
 			}
 		}
 		if macs := n.MACs(); len(macs) > 0 {
@@ -166,6 +170,9 @@ func TestPropertyExpectFromClaimsMatches(t *testing.T) {
 		}
 		if len(c.GPUUUIDs) > 0 && !gpuPlaceholder(fold(c.GPUUUIDs[0])) {
 			e.GPUUUID = strings.ToUpper(c.GPUUUIDs[0])
+			if !strings.EqualFold(e.GPUUUID, c.GPUUUIDs[0]) {
+				e.GPUUUID = c.GPUUUIDs[0] // see the serial above
+			}
 		}
 		if _, err := NormalizeExpect(e); err != nil {
 			t.Fatalf("binding from claims refused: %v", err)
