@@ -65,16 +65,7 @@ func (t *Tx) NodesByHardwareKey(ctx context.Context, key []byte, limit int) ([]N
 	if err != nil {
 		return nil, fmt.Errorf("find nodes by hardware key: %w", err)
 	}
-	defer rows.Close()
-	var out []Node
-	for rows.Next() {
-		n, err := scanNode(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, n)
-	}
-	return out, rows.Err()
+	return scanNodes(rows)
 }
 
 // NodeKeyIssued reports whether any certificate of the node, of any
@@ -157,6 +148,11 @@ func (t *Tx) ListNodes(ctx context.Context, tenantID, poolID, after string, limi
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
+	return scanNodes(rows)
+}
+
+// scanNodes reads every node row of rows and closes them.
+func scanNodes(rows *sql.Rows) ([]Node, error) {
 	defer rows.Close()
 	var out []Node
 	for rows.Next() {
