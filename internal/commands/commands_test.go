@@ -20,27 +20,9 @@ func TestExpirySweepRunsOnTheClock(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		now := time.Now()
-		var tenant, cmdID string
+		n := storetest.Node(t, db, store.NodeAdopted)
+		tenant, cmdID := n.TenantID, ids.New(ids.Command, now)
 		err := db.WithTx(ctx, func(tx *store.Tx) error {
-			tn, err := tx.InsertTenant(ctx, ids.New(ids.Tenant, now), "acme")
-			if err != nil {
-				return err
-			}
-			tenant = tn.ID
-			st, err := tx.InsertSite(ctx, store.Site{ID: ids.New(ids.Site, now), OwnerTenantID: tn.ID, Name: "eu-1", Region: "eu"})
-			if err != nil {
-				return err
-			}
-			pl, err := tx.InsertPool(ctx, store.Pool{ID: ids.New(ids.Pool, now), SiteID: st.ID, OwnerTenantID: tn.ID, Name: "gpu", Agent: "bcd", Policy: []byte(`{}`)})
-			if err != nil {
-				return err
-			}
-			n, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, now), TenantID: tn.ID, SiteID: st.ID, PoolID: pl.ID, Role: "node",
-				State: store.NodeAdopted, IdentityGeneration: 1, NodeKey: "unattested", Attestor: "join-token", Claims: []byte(`{}`)})
-			if err != nil {
-				return err
-			}
-			cmdID = ids.New(ids.Command, now)
 			return tx.InsertCommand(ctx, store.Command{ID: cmdID, NodeID: n.ID, IdentityGeneration: 1, Kind: "node.facts",
 				CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)})
 		})

@@ -7,44 +7,20 @@ import (
 
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/controller"
-	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// adoptingNode inserts a tenant, site, pool and an adopting node, and
-// queues its adoption without waking anyone.
+// adoptingNode stores an adopting node and queues its adoption without
+// waking anyone.
 func adoptingNode(t *testing.T, db *store.DB) string {
 	t.Helper()
-	ctx := context.Background()
-	now := time.Now()
-	var nodeID string
-	err := db.WithTx(ctx, func(tx *store.Tx) error {
-		tn, err := tx.InsertTenant(ctx, ids.New(ids.Tenant, now), "acme")
-		if err != nil {
-			return err
-		}
-		st, err := tx.InsertSite(ctx, store.Site{ID: ids.New(ids.Site, now), OwnerTenantID: tn.ID, Name: "eu-1", Region: "eu"})
-		if err != nil {
-			return err
-		}
-		pl, err := tx.InsertPool(ctx, store.Pool{ID: ids.New(ids.Pool, now), SiteID: st.ID, OwnerTenantID: tn.ID, Name: "gpu", Agent: "bcd", Policy: []byte(`{}`)})
-		if err != nil {
-			return err
-		}
-		n, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, now), TenantID: tn.ID, SiteID: st.ID, PoolID: pl.ID, Role: "node",
-			State: store.NodeAdopting, IdentityGeneration: 1, NodeKey: "unattested", Attestor: "join-token", Claims: []byte(`{}`)})
-		if err != nil {
-			return err
-		}
-		nodeID = n.ID
-		return tx.EnqueueWork(ctx, join.WorkAdopt, n.ID)
-	})
-	if err != nil {
+	n := storetest.Node(t, db, store.NodeAdopting)
+	if err := db.WithTx(context.Background(), func(tx *store.Tx) error { return tx.EnqueueWork(context.Background(), join.WorkAdopt, n.ID) }); err != nil {
 		t.Fatal(err)
 	}
-	return nodeID
+	return n.ID
 }
 
 // R4.5, R12.2: work nobody woke the controller for is found by its poll,

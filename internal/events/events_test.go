@@ -2,7 +2,6 @@ package events_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -53,18 +52,8 @@ func TestHubWakesWhenReadable(t *testing.T) {
 // read at that moment could not find the event. Whenever the wake is seen,
 // a read finds the event.
 func TestHubWaitsForSequencer(t *testing.T) {
-	dsn := storetest.PostgresDSN(t)
 	ctx := context.Background()
-	db, err := store.Open(ctx, store.Config{Driver: "postgres", DSN: dsn, MaxConns: 4}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	db, raw := storetest.PostgresWithRaw(t)
 	lock, err := raw.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

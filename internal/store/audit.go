@@ -15,22 +15,10 @@ import (
 // that row later; events guard against this (ListEvents), audit rows do not
 // yet.
 func (t *Tx) ListAuditAfter(ctx context.Context, tenantID string, after int64, limit int) ([]AuditEntry, error) {
-	rows, err := t.query(ctx, `SELECT id, tenant_id, actor, action, resource, data, created_ms FROM audit
+	rows, err := t.query(ctx, `SELECT `+auditCols+` FROM audit
 		WHERE tenant_id = ? AND id > ? ORDER BY id LIMIT ?`, tenantID, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list audit: %w", err)
 	}
-	defer rows.Close()
-	var out []AuditEntry
-	for rows.Next() {
-		var a AuditEntry
-		var data string
-		var created int64
-		if err := rows.Scan(&a.ID, &a.TenantID, &a.Actor, &a.Action, &a.Resource, &data, &created); err != nil {
-			return nil, err
-		}
-		a.Data, a.CreatedAt = []byte(data), fromMS(created)
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return scanAudit(rows)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -112,11 +113,19 @@ func (t *Tx) InsertAudit(ctx context.Context, a AuditEntry) error {
 // ListAudit reads a tenant's audit rows, newest first, with ids below
 // `before` (0: from the newest).
 func (t *Tx) ListAudit(ctx context.Context, tenantID string, before int64, limit int) ([]AuditEntry, error) {
-	rows, err := t.query(ctx, `SELECT id, tenant_id, actor, action, resource, data, created_ms FROM audit
+	rows, err := t.query(ctx, `SELECT `+auditCols+` FROM audit
 		WHERE tenant_id = ? AND (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?`, tenantID, before, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list audit: %w", err)
 	}
+	return scanAudit(rows)
+}
+
+// auditCols are the columns scanAudit reads, in its order.
+const auditCols = "id, tenant_id, actor, action, resource, data, created_ms"
+
+// scanAudit reads every audit row of rows and closes them.
+func scanAudit(rows *sql.Rows) ([]AuditEntry, error) {
 	defer rows.Close()
 	var out []AuditEntry
 	for rows.Next() {

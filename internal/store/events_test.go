@@ -111,18 +111,8 @@ func TestEventsNotStalledByForeignTransactions(t *testing.T) {
 // written behind the store's back, as an older replica would) is numbered by
 // the sweep of a surviving process.
 func TestSequencerSweepsEventsOfDeadWriters(t *testing.T) {
-	dsn := storetest.PostgresDSN(t)
 	ctx := context.Background()
-	db, err := store.Open(ctx, store.Config{Driver: "postgres", DSN: dsn, MaxConns: 4}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	raw, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	db, raw := storetest.PostgresWithRaw(t)
 	if _, err := raw.ExecContext(ctx, "INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES ('tn_dead', 'test.event', 'orphan', '{}', 0)"); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +121,7 @@ func TestSequencerSweepsEventsOfDeadWriters(t *testing.T) {
 	publish(t, db, "tn_dead", "later")
 	waitEvent(t, db, "tn_dead", "later", 5*time.Second)
 	var evs []store.Event
-	_ = db.ReadTx(ctx, func(tx *store.Tx) error {
+	_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) {
 		evs, err = tx.ListEvents(ctx, "tn_dead", 0, 0, "", 10)
 		return err
 	})

@@ -14,7 +14,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -133,4 +135,54 @@ func Each(t *testing.T, fn func(t *testing.T, db *store.DB)) {
 	t.Helper()
 	t.Run("sqlite", func(t *testing.T) { fn(t, OpenSQLite(t)) })
 	t.Run("postgres", func(t *testing.T) { fn(t, OpenPostgres(t)) })
+}
+
+// Node inserts a tenant, a site, a bcd pool and one node of that pool in
+// state, generation 1, and returns the node: the smallest fleet a
+// controller or command test needs.
+func Node(t testing.TB, db *store.DB, state string) store.Node {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	var n store.Node
+	err := db.WithTx(ctx, func(tx *store.Tx) error {
+		tn, err := tx.InsertTenant(ctx, ids.New(ids.Tenant, now), "acme-"+ids.New("x", now))
+		if err != nil {
+			return err
+		}
+		st, err := tx.InsertSite(ctx, store.Site{ID: ids.New(ids.Site, now), OwnerTenantID: tn.ID, Name: "eu-1", Region: "eu"})
+		if err != nil {
+			return err
+		}
+		pl, err := tx.InsertPool(ctx, store.Pool{ID: ids.New(ids.Pool, now), SiteID: st.ID, OwnerTenantID: tn.ID, Name: "gpu", Agent: "bcd", Policy: []byte(`{}`)})
+		if err != nil {
+			return err
+		}
+		n, err = tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, now), TenantID: tn.ID, SiteID: st.ID, PoolID: pl.ID, Role: "node",
+			State: state, IdentityGeneration: 1, NodeKey: "unattested", Attestor: "join-token", Claims: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("store a node: %v", err)
+	}
+	return n
+}
+
+// PostgresWithRaw opens a migrated PostgreSQL store in a fresh schema and a
+// plain connection pool to the same schema, for tests that act behind the
+// store's back (hold locks, write as an older replica would).
+func PostgresWithRaw(t testing.TB) (*store.DB, *sql.DB) {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	db, err := store.Open(context.Background(), store.Config{Driver: "postgres", DSN: dsn, MaxConns: 4}, nil)
+	if err != nil {
+		t.Fatalf("open postgres (%s): %v", PostgresEnv, err)
+	}
+	t.Cleanup(func() { db.Close() })
+	raw, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return db, raw
 }
