@@ -96,20 +96,7 @@ type stormMachine struct {
 func crashStorm(t *testing.T, storeTOML string, check store.Config) {
 	bc, _ := binaries(t)
 	dir := t.TempDir()
-	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + e2eSecret, "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
-	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code != 0 {
-		t.Fatal(errOut)
-	}
-	for _, name := range []string{"gateway", "agent"} {
-		if _, errOut, code := run(t, secretEnv, "", bc, "pki", "issue-gateway", "--san", "127.0.0.1", "--cert-out", filepath.Join(dir, name+".crt"), "--key-out", filepath.Join(dir, name+".key")); code != 0 {
-			t.Fatal(errOut)
-		}
-	}
-	pinsOut, errOut, code := run(t, secretEnv, "", bc, "pki", "pins", "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pins := jsonOf(t, pinsOut)
+	secretEnv, pins := initPKI(t, bc, dir)
 
 	// The API takes its ports from the kernel on the first start and keeps
 	// them on every restart: the gateway knows it by that address.

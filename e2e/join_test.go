@@ -112,23 +112,10 @@ func TestServeGatewayPostgres(t *testing.T) {
 	dsn := storetest.PostgresDSN(t)
 	bc, bcd := binaries(t)
 	dir := t.TempDir()
-	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + e2eSecret, "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
-	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code != 0 {
-		t.Fatal(errOut)
-	}
+	secretEnv, pins := initPKI(t, bc, dir)
 	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code == 0 || !strings.Contains(errOut, "ALREADY_EXISTS") {
 		t.Fatalf("second pki init: %d %s", code, errOut)
 	}
-	for _, name := range []string{"gateway", "agent"} {
-		if _, errOut, code := run(t, secretEnv, "", bc, "pki", "issue-gateway", "--san", "127.0.0.1", "--cert-out", filepath.Join(dir, name+".crt"), "--key-out", filepath.Join(dir, name+".key")); code != 0 {
-			t.Fatal(errOut)
-		}
-	}
-	pinsOut, errOut, code := run(t, secretEnv, "", bc, "pki", "pins", "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pins := jsonOf(t, pinsOut)
 
 	api, agent, gw := freePort(t), freePort(t), freePort(t)
 	serveConf := filepath.Join(dir, "serve.toml")

@@ -19,20 +19,7 @@ func TestBcdRunRenewsRepeatedly(t *testing.T) {
 	}
 	bc, bcd := binaries(t)
 	dir := t.TempDir()
-	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + e2eSecret, "BETTER_COMPUTE_PKI_DIR=" + filepath.Join(dir, "pki")}
-	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code != 0 {
-		t.Fatal(errOut)
-	}
-	for _, name := range []string{"gateway", "agent"} {
-		if _, errOut, code := run(t, secretEnv, "", bc, "pki", "issue-gateway", "--san", "127.0.0.1", "--cert-out", filepath.Join(dir, name+".crt"), "--key-out", filepath.Join(dir, name+".key")); code != 0 {
-			t.Fatal(errOut)
-		}
-	}
-	pinsOut, errOut, code := run(t, secretEnv, "", bc, "pki", "pins", "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pins := jsonOf(t, pinsOut)
+	secretEnv, pins := initPKI(t, bc, dir)
 
 	api, agent, gw := freePort(t), freePort(t), freePort(t)
 	serveConf := filepath.Join(dir, "serve.toml")
