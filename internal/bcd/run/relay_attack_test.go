@@ -34,12 +34,23 @@ import (
 // credentials, straight to the agent listener.
 func (h *harness) relay(t *testing.T) agentv1connect.JoinServiceClient {
 	t.Helper()
+	return h.joinClient(t, h.agentURL, &h.gwCert)
+}
+
+// joinClient is a JoinService client of url that trusts the serving CA and
+// presents cert (none when nil): the relay's to the agent listener, or a
+// machine's to the gateway.
+func (h *harness) joinClient(t *testing.T, url string, cert *tls.Certificate) agentv1connect.JoinServiceClient {
+	t.Helper()
 	roots := x509.NewCertPool()
 	roots.AddCert(h.e.Bundle.ServingCA)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{h.gwCert}},
-		ForceAttemptHTTP2: true}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
-	return agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, h.agentURL, connect.WithGRPC())
+	return agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, url, connect.WithGRPC())
 }
 
 // captured is a machine's genuine join request, sealed by the machine, as
@@ -217,12 +228,7 @@ func TestRenewFromSupersededRefusedR13_2(t *testing.T) {
 		}
 		// The backup's holder renews through the gateway with the old
 		// certificate and key.
-		roots := x509.NewCertPool()
-		roots.AddCert(h.e.Bundle.ServingCA)
-		tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{*m.tlsCert()}},
-			ForceAttemptHTTP2: true}
-		defer tr.CloseIdleConnections()
-		c := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+h.gwAddr, connect.WithGRPC())
+		c := h.joinClient(t, "https://"+h.gwAddr, m.tlsCert())
 		again, _ := jointest.RenewRequest(t, m.id.Signer, chain, m.nodeID, time.Now())
 		_, err := c.Renew(context.Background(), connect.NewRequest(again))
 		pe, ok := errs.As(wire.FromWire(err))
@@ -260,11 +266,7 @@ func TestX509PopWithOlderKeyRefusedR10_5(t *testing.T) {
 		backup := &jointest.Machine{Key: jointest.Key(t), Claims: jointest.Claims(80)}
 		backup.CSR = jointest.CSR(t, backup.Key)
 		pop := backup.X509PopRequest(t, m.id.Signer, chain, m.nodeID, c.Now())
-		roots := x509.NewCertPool()
-		roots.AddCert(h.e.Bundle.ServingCA)
-		tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}, ForceAttemptHTTP2: true}
-		defer tr.CloseIdleConnections()
-		client := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+h.gwAddr, connect.WithGRPC())
+		client := h.joinClient(t, "https://"+h.gwAddr, nil)
 		_, err := client.Join(context.Background(), connect.NewRequest(pop))
 		pe, ok := errs.As(wire.FromWire(err))
 		if !ok || pe.Code != errs.AccessDenied || pe.Message != "Join refused" {
