@@ -8,6 +8,7 @@ package attest
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -91,6 +92,26 @@ type Admission struct {
 	// whole join. It returns a *Refusal when nothing is left to spend (the
 	// transaction then rolls back, as for any refusal).
 	Spend func(ctx context.Context, tx *store.Tx) error
+	// Approval, when set, makes this join wait for a person (R10.1): the
+	// attestor admits the machine only through an approved join request.
+	// JoinService then admits the join that presents the approved CSR and
+	// consumes the request in the admission transaction; otherwise it
+	// records (or refreshes) the machine's request and answers a signed
+	// deferral: nothing issued, nothing spent.
+	Approval *Approval
+}
+
+// Approval is what a deferring attestor saw, for the join request (R10.2).
+type Approval struct {
+	// MachineKey keys the machine's one open request: "hw:<hex>" for a
+	// trusted hardware key, "ek:<hex>" for a TPM endorsement key hash,
+	// else "mac:<site>:<mac>". Use MachineKeyFor.
+	MachineKey     string
+	EKHash         []byte
+	MAC, IP        string
+	WorkflowID     string
+	VouchedBy      string
+	BootLeaseEpoch int64
 }
 
 // Refusal is a refused join. Reason is recorded server-side as
@@ -127,4 +148,17 @@ func NewRegistry(as ...Attestor) (Registry, error) {
 		r[a.Name()] = a
 	}
 	return r, nil
+}
+
+// MachineKeyFor is the key of a machine's join request (R10.2): its trusted
+// hardware key, else its TPM endorsement key hash, else its site and MAC.
+func MachineKeyFor(key hwid.HardwareKey, ekHash []byte, siteID, mac string) string {
+	switch {
+	case key.Trusted && !key.PlaceholderHardware():
+		return "hw:" + key.Hex()
+	case len(ekHash) > 0:
+		return "ek:" + hex.EncodeToString(ekHash)
+	default:
+		return "mac:" + siteID + ":" + mac
+	}
 }
