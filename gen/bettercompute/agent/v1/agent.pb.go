@@ -424,8 +424,12 @@ type JoinResponseBody struct {
 	// reclaim). bcd keeps it with its identity and refuses commands of
 	// another generation (R12.3). 0: not told (a server before this field).
 	IdentityGeneration int64 `protobuf:"varint,8,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set (and node_id, cert_chain and command_bundle empty) when the join
+	// waits for a person (R10.1): nothing was issued or spent. Signed like
+	// any answer, so the relay cannot forge or alter it.
+	Deferral      *JoinDeferral `protobuf:"bytes,9,opt,name=deferral,proto3" json:"deferral,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinResponseBody) Reset() {
@@ -514,6 +518,145 @@ func (x *JoinResponseBody) GetIdentityGeneration() int64 {
 	return 0
 }
 
+func (x *JoinResponseBody) GetDeferral() *JoinDeferral {
+	if x != nil {
+		return x.Deferral
+	}
+	return nil
+}
+
+// JoinDeferral says the join waits on a join request (R10.1–R10.3). The
+// daemon keeps its key and CSR and sends the same request again, after
+// retry_after_seconds or later, until it is approved (the answer is then a
+// certificate) or rejected (the join is refused).
+type JoinDeferral struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The join request, jreq_…, an operator approves or rejects.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The earliest the daemon should ask again.
+	RetryAfterSeconds int32 `protobuf:"varint,2,opt,name=retry_after_seconds,json=retryAfterSeconds,proto3" json:"retry_after_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *JoinDeferral) Reset() {
+	*x = JoinDeferral{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinDeferral) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinDeferral) ProtoMessage() {}
+
+func (x *JoinDeferral) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinDeferral.ProtoReflect.Descriptor instead.
+func (*JoinDeferral) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *JoinDeferral) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *JoinDeferral) GetRetryAfterSeconds() int32 {
+	if x != nil {
+		return x.RetryAfterSeconds
+	}
+	return 0
+}
+
+// DiscoveryEvidence is a ramdisk's evidence for the discovery attestor
+// (R10.4): the boot that a site agent vouched for.
+type DiscoveryEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The MAC the machine booted from (one of its claimed MACs).
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// The address its boot lease gave it.
+	Ip string `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	// The boot lease's epoch, from the site agent's boot configuration.
+	BootLeaseEpoch int64 `protobuf:"varint,3,opt,name=boot_lease_epoch,json=bootLeaseEpoch,proto3" json:"boot_lease_epoch,omitempty"`
+	// The site's provisioning workflow, when it names one.
+	WorkflowId    string `protobuf:"bytes,4,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveryEvidence) Reset() {
+	*x = DiscoveryEvidence{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveryEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveryEvidence) ProtoMessage() {}
+
+func (x *DiscoveryEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveryEvidence.ProtoReflect.Descriptor instead.
+func (*DiscoveryEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DiscoveryEvidence) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *DiscoveryEvidence) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *DiscoveryEvidence) GetBootLeaseEpoch() int64 {
+	if x != nil {
+		return x.BootLeaseEpoch
+	}
+	return 0
+}
+
+func (x *DiscoveryEvidence) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
 type RenewRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The new PKCS#10 request (DER).
@@ -535,7 +678,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +690,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +703,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewRequest) GetCsr() []byte {
@@ -616,7 +759,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +771,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +784,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewResponse) GetBody() []byte {
@@ -681,7 +824,7 @@ type SignedCommand struct {
 
 func (x *SignedCommand) Reset() {
 	*x = SignedCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +836,7 @@ func (x *SignedCommand) String() string {
 func (*SignedCommand) ProtoMessage() {}
 
 func (x *SignedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +849,7 @@ func (x *SignedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedCommand.ProtoReflect.Descriptor instead.
 func (*SignedCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SignedCommand) GetBody() []byte {
@@ -742,7 +885,7 @@ type CommandBody struct {
 
 func (x *CommandBody) Reset() {
 	*x = CommandBody{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +897,7 @@ func (x *CommandBody) String() string {
 func (*CommandBody) ProtoMessage() {}
 
 func (x *CommandBody) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +910,7 @@ func (x *CommandBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandBody.ProtoReflect.Descriptor instead.
 func (*CommandBody) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CommandBody) GetCommandId() string {
@@ -839,7 +982,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +994,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1007,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -915,7 +1058,7 @@ type Challenge struct {
 
 func (x *Challenge) Reset() {
 	*x = Challenge{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1070,7 @@ func (x *Challenge) String() string {
 func (*Challenge) ProtoMessage() {}
 
 func (x *Challenge) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1083,7 @@ func (x *Challenge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Challenge.ProtoReflect.Descriptor instead.
 func (*Challenge) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Challenge) GetNonce() []byte {
@@ -963,7 +1106,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1118,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1131,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Hello) GetProtocol() int32 {
@@ -1027,7 +1170,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1182,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1195,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -1076,6 +1219,7 @@ type SessionClientMessage struct {
 	//	*SessionClientMessage_Hello
 	//	*SessionClientMessage_Heartbeat
 	//	*SessionClientMessage_Result
+	//	*SessionClientMessage_SiteReport
 	Msg           isSessionClientMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1083,7 +1227,7 @@ type SessionClientMessage struct {
 
 func (x *SessionClientMessage) Reset() {
 	*x = SessionClientMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1239,7 @@ func (x *SessionClientMessage) String() string {
 func (*SessionClientMessage) ProtoMessage() {}
 
 func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1252,7 @@ func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClientMessage.ProtoReflect.Descriptor instead.
 func (*SessionClientMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionClientMessage) GetMsg() isSessionClientMessage_Msg {
@@ -1145,6 +1289,15 @@ func (x *SessionClientMessage) GetResult() *CommandResult {
 	return nil
 }
 
+func (x *SessionClientMessage) GetSiteReport() *SiteReport {
+	if x != nil {
+		if x, ok := x.Msg.(*SessionClientMessage_SiteReport); ok {
+			return x.SiteReport
+		}
+	}
+	return nil
+}
+
 type isSessionClientMessage_Msg interface {
 	isSessionClientMessage_Msg()
 }
@@ -1161,11 +1314,198 @@ type SessionClientMessage_Result struct {
 	Result *CommandResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"`
 }
 
+type SessionClientMessage_SiteReport struct {
+	SiteReport *SiteReport `protobuf:"bytes,4,opt,name=site_report,json=siteReport,proto3,oneof"`
+}
+
 func (*SessionClientMessage_Hello) isSessionClientMessage_Msg() {}
 
 func (*SessionClientMessage_Heartbeat) isSessionClientMessage_Msg() {}
 
 func (*SessionClientMessage_Result) isSessionClientMessage_Msg() {}
+
+func (*SessionClientMessage_SiteReport) isSessionClientMessage_Msg() {}
+
+// SiteReport is a site agent's word (role site) on machines it booted
+// (R10.4): the discovery attestor admits a ramdisk only with such a vouch
+// from a site agent of the ramdisk's own site, for its current boot lease.
+type SiteReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A serialized SiteReportBody.
+	Body []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	// Signature by the site agent's node key, purpose site-report, over
+	// pki.SiteReportMessage (the session's nonce || sha256(body)).
+	Sig           []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SiteReport) Reset() {
+	*x = SiteReport{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteReport) ProtoMessage() {}
+
+func (x *SiteReport) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteReport.ProtoReflect.Descriptor instead.
+func (*SiteReport) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SiteReport) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *SiteReport) GetSig() []byte {
+	if x != nil {
+		return x.Sig
+	}
+	return nil
+}
+
+type SiteReportBody struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One more than the session's previous report: a relay cannot replay an
+	// older one.
+	Seq           uint64           `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Machines      []*BootedMachine `protobuf:"bytes,2,rep,name=machines,proto3" json:"machines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SiteReportBody) Reset() {
+	*x = SiteReportBody{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteReportBody) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteReportBody) ProtoMessage() {}
+
+func (x *SiteReportBody) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteReportBody.ProtoReflect.Descriptor instead.
+func (*SiteReportBody) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SiteReportBody) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *SiteReportBody) GetMachines() []*BootedMachine {
+	if x != nil {
+		return x.Machines
+	}
+	return nil
+}
+
+type BootedMachine struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mac   string                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	Ip    string                 `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	// The boot lease's epoch; a vouch never moves back to an older one.
+	LeaseEpoch    int64  `protobuf:"varint,3,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	WorkflowId    string `protobuf:"bytes,4,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootedMachine) Reset() {
+	*x = BootedMachine{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootedMachine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootedMachine) ProtoMessage() {}
+
+func (x *BootedMachine) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootedMachine.ProtoReflect.Descriptor instead.
+func (*BootedMachine) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *BootedMachine) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *BootedMachine) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *BootedMachine) GetLeaseEpoch() int64 {
+	if x != nil {
+		return x.LeaseEpoch
+	}
+	return 0
+}
+
+func (x *BootedMachine) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
 
 type Welcome struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1181,7 +1521,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1533,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1546,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1244,7 +1584,7 @@ type SessionServerMessage struct {
 
 func (x *SessionServerMessage) Reset() {
 	*x = SessionServerMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1596,7 @@ func (x *SessionServerMessage) String() string {
 func (*SessionServerMessage) ProtoMessage() {}
 
 func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1609,7 @@ func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionServerMessage.ProtoReflect.Descriptor instead.
 func (*SessionServerMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SessionServerMessage) GetMsg() isSessionServerMessage_Msg {
@@ -1362,7 +1702,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
-	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\x91\x02\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xd3\x02\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1373,7 +1713,18 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\ftrust_domain\x18\x05 \x01(\tR\vtrustDomain\x12\x17\n" +
 	"\asite_id\x18\x06 \x01(\tR\x06siteId\x12\x12\n" +
 	"\x04role\x18\a \x01(\tR\x04role\x12/\n" +
-	"\x13identity_generation\x18\b \x01(\x03R\x12identityGeneration\"\xc0\x01\n" +
+	"\x13identity_generation\x18\b \x01(\x03R\x12identityGeneration\x12@\n" +
+	"\bdeferral\x18\t \x01(\v2$.bettercompute.agent.v1.JoinDeferralR\bdeferral\"]\n" +
+	"\fJoinDeferral\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12.\n" +
+	"\x13retry_after_seconds\x18\x02 \x01(\x05R\x11retryAfterSeconds\"\x80\x01\n" +
+	"\x11DiscoveryEvidence\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x0e\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\x12(\n" +
+	"\x10boot_lease_epoch\x18\x03 \x01(\x03R\x0ebootLeaseEpoch\x12\x1f\n" +
+	"\vworkflow_id\x18\x04 \x01(\tR\n" +
+	"workflowId\"\xc0\x01\n" +
 	"\fRenewRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x14\n" +
 	"\x05chain\x18\x02 \x03(\fR\x05chain\x12-\n" +
@@ -1413,12 +1764,28 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x05proof\x18\x03 \x01(\fR\x05proof\"/\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xd8\x01\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"\x9f\x02\n" +
 	"\x14SessionClientMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
-	"\x06result\x18\x03 \x01(\v2%.bettercompute.agent.v1.CommandResultH\x00R\x06resultB\x05\n" +
-	"\x03msg\"t\n" +
+	"\x06result\x18\x03 \x01(\v2%.bettercompute.agent.v1.CommandResultH\x00R\x06result\x12E\n" +
+	"\vsite_report\x18\x04 \x01(\v2\".bettercompute.agent.v1.SiteReportH\x00R\n" +
+	"siteReportB\x05\n" +
+	"\x03msg\"2\n" +
+	"\n" +
+	"SiteReport\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\"e\n" +
+	"\x0eSiteReportBody\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12A\n" +
+	"\bmachines\x18\x02 \x03(\v2%.bettercompute.agent.v1.BootedMachineR\bmachines\"s\n" +
+	"\rBootedMachine\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x0e\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x1f\n" +
+	"\vlease_epoch\x18\x03 \x01(\x03R\n" +
+	"leaseEpoch\x12\x1f\n" +
+	"\vworkflow_id\x18\x04 \x01(\tR\n" +
+	"workflowId\"t\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
@@ -1446,45 +1813,53 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
 	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
 	(*X509Pop)(nil),              // 2: bettercompute.agent.v1.X509Pop
 	(*JoinResponse)(nil),         // 3: bettercompute.agent.v1.JoinResponse
 	(*JoinResponseBody)(nil),     // 4: bettercompute.agent.v1.JoinResponseBody
-	(*RenewRequest)(nil),         // 5: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),        // 6: bettercompute.agent.v1.RenewResponse
-	(*SignedCommand)(nil),        // 7: bettercompute.agent.v1.SignedCommand
-	(*CommandBody)(nil),          // 8: bettercompute.agent.v1.CommandBody
-	(*CommandResult)(nil),        // 9: bettercompute.agent.v1.CommandResult
-	(*Challenge)(nil),            // 10: bettercompute.agent.v1.Challenge
-	(*Hello)(nil),                // 11: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),            // 12: bettercompute.agent.v1.Heartbeat
-	(*SessionClientMessage)(nil), // 13: bettercompute.agent.v1.SessionClientMessage
-	(*Welcome)(nil),              // 14: bettercompute.agent.v1.Welcome
-	(*SessionServerMessage)(nil), // 15: bettercompute.agent.v1.SessionServerMessage
+	(*JoinDeferral)(nil),         // 5: bettercompute.agent.v1.JoinDeferral
+	(*DiscoveryEvidence)(nil),    // 6: bettercompute.agent.v1.DiscoveryEvidence
+	(*RenewRequest)(nil),         // 7: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),        // 8: bettercompute.agent.v1.RenewResponse
+	(*SignedCommand)(nil),        // 9: bettercompute.agent.v1.SignedCommand
+	(*CommandBody)(nil),          // 10: bettercompute.agent.v1.CommandBody
+	(*CommandResult)(nil),        // 11: bettercompute.agent.v1.CommandResult
+	(*Challenge)(nil),            // 12: bettercompute.agent.v1.Challenge
+	(*Hello)(nil),                // 13: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),            // 14: bettercompute.agent.v1.Heartbeat
+	(*SessionClientMessage)(nil), // 15: bettercompute.agent.v1.SessionClientMessage
+	(*SiteReport)(nil),           // 16: bettercompute.agent.v1.SiteReport
+	(*SiteReportBody)(nil),       // 17: bettercompute.agent.v1.SiteReportBody
+	(*BootedMachine)(nil),        // 18: bettercompute.agent.v1.BootedMachine
+	(*Welcome)(nil),              // 19: bettercompute.agent.v1.Welcome
+	(*SessionServerMessage)(nil), // 20: bettercompute.agent.v1.SessionServerMessage
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
 	2,  // 1: bettercompute.agent.v1.JoinRequest.x509pop:type_name -> bettercompute.agent.v1.X509Pop
-	11, // 2: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	12, // 3: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	9,  // 4: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
-	14, // 5: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
-	7,  // 6: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
-	10, // 7: bettercompute.agent.v1.SessionServerMessage.challenge:type_name -> bettercompute.agent.v1.Challenge
-	1,  // 8: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	5,  // 9: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	13, // 10: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
-	3,  // 11: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	6,  // 12: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	15, // 13: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	5,  // 2: bettercompute.agent.v1.JoinResponseBody.deferral:type_name -> bettercompute.agent.v1.JoinDeferral
+	13, // 3: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	14, // 4: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	11, // 5: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
+	16, // 6: bettercompute.agent.v1.SessionClientMessage.site_report:type_name -> bettercompute.agent.v1.SiteReport
+	18, // 7: bettercompute.agent.v1.SiteReportBody.machines:type_name -> bettercompute.agent.v1.BootedMachine
+	19, // 8: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
+	9,  // 9: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
+	12, // 10: bettercompute.agent.v1.SessionServerMessage.challenge:type_name -> bettercompute.agent.v1.Challenge
+	1,  // 11: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	7,  // 12: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	15, // 13: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
+	3,  // 14: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	8,  // 15: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	20, // 16: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -1492,12 +1867,13 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*SessionClientMessage_Hello)(nil),
 		(*SessionClientMessage_Heartbeat)(nil),
 		(*SessionClientMessage_Result)(nil),
+		(*SessionClientMessage_SiteReport)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*SessionServerMessage_Welcome)(nil),
 		(*SessionServerMessage_Command)(nil),
 		(*SessionServerMessage_Challenge)(nil),
@@ -1508,7 +1884,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
