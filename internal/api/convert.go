@@ -53,7 +53,8 @@ func sitePB(s store.Site) *bcv1.Site {
 }
 
 func policyPB(p tenancy.Policy) *bcv1.PoolPolicy {
-	out := &bcv1.PoolPolicy{JoinAttestors: p.JoinAttestors, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: p.Kubernetes.PlatformOperated}}
+	out := &bcv1.PoolPolicy{JoinAttestors: p.JoinAttestors, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: p.Kubernetes.PlatformOperated},
+		Discovery: &bcv1.DiscoveryPolicy{Approval: p.ApprovalMode()}}
 	if a := p.Acceptance; a != nil {
 		out.Acceptance = &bcv1.AcceptancePolicy{MinCpus: int32(a.MinCPUs), MinMemoryBytes: a.MinMemoryBytes, MinGpus: int32(a.MinGPUs)}
 	}
@@ -67,6 +68,7 @@ func policyFromPB(p *bcv1.PoolPolicy) tenancy.Policy {
 	}
 	out.JoinAttestors = p.GetJoinAttestors()
 	out.Kubernetes.PlatformOperated = p.GetKubernetes().GetPlatformOperated()
+	out.Discovery.Approval = p.GetDiscovery().GetApproval()
 	if a := p.GetAcceptance(); a != nil {
 		out.Acceptance = &tenancy.Acceptance{MinCPUs: int(a.GetMinCpus()), MinMemoryBytes: a.GetMinMemoryBytes(), MinGPUs: int(a.GetMinGpus())}
 	}
@@ -152,9 +154,11 @@ const (
 	maskMinCPUs          = "acceptance.min_cpus"
 	maskMinMemory        = "acceptance.min_memory_bytes"
 	maskMinGPUs          = "acceptance.min_gpus"
+	maskDiscovery        = "discovery"
+	maskApproval         = "discovery.approval"
 )
 
-var policyMaskPaths = []string{maskJoinAttestors, maskKubernetes, maskPlatformOperated, maskAcceptance, maskMinCPUs, maskMinMemory, maskMinGPUs}
+var policyMaskPaths = []string{maskJoinAttestors, maskKubernetes, maskPlatformOperated, maskAcceptance, maskMinCPUs, maskMinMemory, maskMinGPUs, maskDiscovery, maskApproval}
 
 // checkPolicyMask refuses an unknown or repeated path.
 func checkPolicyMask(paths []string) error {
@@ -204,6 +208,8 @@ func mergePolicy(old tenancy.Policy, req *bcv1.PoolPolicy, paths []string) tenan
 			} else {
 				out.Acceptance = nil
 			}
+		case maskDiscovery, maskApproval:
+			out.Discovery.Approval = req.GetDiscovery().GetApproval()
 		case maskMinCPUs:
 			acc.MinCPUs, touchedAcceptance = int(req.GetAcceptance().GetMinCpus()), true
 		case maskMinMemory:

@@ -12,6 +12,7 @@ import (
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/apitest"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 func mask(paths ...string) *fieldmaskpb.FieldMask { return &fieldmaskpb.FieldMask{Paths: paths} }
@@ -53,6 +54,9 @@ func TestUpdatePoolPolicyMask(t *testing.T) {
 			t.Run(s.name, func(t *testing.T) {
 				got, err := update(s.pol, s.mask)
 				mustOK(t, err)
+				if s.want.Discovery == nil { // the default mode is shown
+					s.want.Discovery = &bcv1.DiscoveryPolicy{Approval: tenancy.ApprovalUnknownMachines}
+				}
 				if !proto.Equal(got, s.want) {
 					t.Fatalf("policy %v, want %v", got, s.want)
 				}
@@ -115,7 +119,8 @@ func TestUpdatePoolPolicyConcurrentFields(t *testing.T) {
 			mustOK(t, err)
 			pol := got.Msg.Policy
 			want := &bcv1.PoolPolicy{JoinAttestors: []string{"tpm"}, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: true},
-				Acceptance: &bcv1.AcceptancePolicy{MinCpus: n, MinGpus: n, MinMemoryBytes: int64(n)}}
+				Acceptance: &bcv1.AcceptancePolicy{MinCpus: n, MinGpus: n, MinMemoryBytes: int64(n)},
+				Discovery:  &bcv1.DiscoveryPolicy{Approval: tenancy.ApprovalUnknownMachines}}
 			if !proto.Equal(pol, want) || !slices.Equal(pol.JoinAttestors, want.JoinAttestors) {
 				t.Fatalf("round %d: policy %v, want %v (a concurrent change was lost)", round, pol, want)
 			}

@@ -181,6 +181,7 @@ type policyFlags struct {
 	platformOperated bool
 	minCPUs, minGPUs int32
 	minMemory        string
+	approval         string
 }
 
 func (p *policyFlags) add(cmd *cobra.Command) {
@@ -190,10 +191,12 @@ func (p *policyFlags) add(cmd *cobra.Command) {
 	f.Int32Var(&p.minCPUs, "min-cpus", 0, "acceptance check: minimum CPUs")
 	f.Int32Var(&p.minGPUs, "min-gpus", 0, "acceptance check: minimum GPUs")
 	f.StringVar(&p.minMemory, "min-memory", "", "acceptance check: minimum memory, e.g. 64GiB")
+	f.StringVar(&p.approval, "discovery-approval", "", "which machines a site agent vouched for wait for approval: unknown-machines (default), always or never")
 }
 
 func (p *policyFlags) policy() (*bcv1.PoolPolicy, error) {
-	out := &bcv1.PoolPolicy{JoinAttestors: p.attestors, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: p.platformOperated}}
+	out := &bcv1.PoolPolicy{JoinAttestors: p.attestors, Kubernetes: &bcv1.KubernetesPolicy{PlatformOperated: p.platformOperated},
+		Discovery: &bcv1.DiscoveryPolicy{Approval: p.approval}}
 	mem, err := parseBytes(p.minMemory)
 	if err != nil {
 		return nil, errs.Invalid("--min-memory", "%v", err)
@@ -395,6 +398,7 @@ var policyFields = []struct {
 	{"min-gpus", "clear-min-gpus", "acceptance.min_gpus", "drop the minimum-GPUs acceptance check"},
 	{"min-memory", "clear-min-memory", "acceptance.min_memory_bytes", "drop the minimum-memory acceptance check"},
 	{"", "clear-acceptance", "acceptance", "drop every acceptance check"},
+	{"discovery-approval", "clear-discovery-approval", "discovery.approval", "back to the default discovery approval (unknown-machines)"},
 }
 
 func (a *app) showPools(ps ...*bcv1.Pool) error {

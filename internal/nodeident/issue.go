@@ -107,6 +107,29 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 		// own from this signed body, never from the relay.
 		IdentityGeneration: int64(p.Node.IdentityGeneration),
 	}
+	res, err := signAnswer(b, body)
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{Cert: cert, Body: body, Response: res}, nil
+}
+
+// Defer answers a join that waits on join request requestID (R10.1): a
+// body with no certificate, signed with the join-signing key like any
+// answer, for the CSR it will admit.
+func (c *Core) Defer(csrSHA256 []byte, siteID, role, requestID string, retryAfter time.Duration) (*agentv1.JoinResponse, error) {
+	b := c.cfg.Bundle
+	if b == nil {
+		return nil, ErrNotConfigured
+	}
+	return signAnswer(b, &agentv1.JoinResponseBody{
+		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: siteID, Role: role,
+		Deferral: &agentv1.JoinDeferral{RequestId: requestID, RetryAfterSeconds: int32(retryAfter / time.Second)},
+	})
+}
+
+// signAnswer serializes body and signs it with the join-signing key.
+func signAnswer(b *pki.Bundle, body *agentv1.JoinResponseBody) (*agentv1.JoinResponse, error) {
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("marshal join response: %w", err)
@@ -115,7 +138,7 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 	if err != nil {
 		return nil, fmt.Errorf("sign join response: %w", err)
 	}
-	return &Issued{Cert: cert, Body: body, Response: &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}}, nil
+	return &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
 }
 
 func nonNil(s []string) []string {

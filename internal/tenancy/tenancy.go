@@ -33,6 +33,35 @@ type Policy struct {
 	Kubernetes    Kubernetes `json:"kubernetes,omitzero"`
 	// Acceptance checks run on a node after its first Hello; nil: none.
 	Acceptance *Acceptance `json:"acceptance,omitempty"`
+	// Discovery is how the discovery attestor admits vouched machines.
+	Discovery Discovery `json:"discovery,omitzero"`
+}
+
+// Discovery approval modes (R10.4): which machines a site agent vouched for
+// still wait for a person.
+const (
+	// ApprovalUnknownMachines defers machines without a trusted hardware
+	// key that matches a node of the tenant. The default.
+	ApprovalUnknownMachines = "unknown-machines"
+	// ApprovalAlways defers every machine.
+	ApprovalAlways = "always"
+	// ApprovalNever admits every vouched machine.
+	ApprovalNever = "never"
+)
+
+// Discovery is the discovery attestor's part of a pool policy.
+type Discovery struct {
+	// Approval is one of the approval modes; empty means
+	// ApprovalUnknownMachines.
+	Approval string `json:"approval,omitempty"`
+}
+
+// ApprovalMode is the pool's discovery approval mode, defaults applied.
+func (p Policy) ApprovalMode() string {
+	if p.Discovery.Approval == "" {
+		return ApprovalUnknownMachines
+	}
+	return p.Discovery.Approval
 }
 
 // Kubernetes is the hosted-cluster part of a pool policy.
@@ -63,6 +92,11 @@ func (p Policy) Validate() error {
 			return errs.Invalid(fmt.Sprintf("policy.joinAttestors[%d]", i), "%q listed twice", a)
 		}
 		seen[a] = true
+	}
+	switch p.Discovery.Approval {
+	case "", ApprovalUnknownMachines, ApprovalAlways, ApprovalNever:
+	default:
+		return errs.Invalid("policy.discovery.approval", "unknown approval mode %q (want %s, %s or %s)", p.Discovery.Approval, ApprovalUnknownMachines, ApprovalAlways, ApprovalNever)
 	}
 	if a := p.Acceptance; a != nil {
 		if a.MinCPUs < 0 || a.MinMemoryBytes < 0 || a.MinGPUs < 0 {

@@ -764,7 +764,9 @@ type PoolPolicy struct {
 	JoinAttestors []string          `protobuf:"bytes,1,rep,name=join_attestors,json=joinAttestors,proto3" json:"join_attestors,omitempty"`
 	Kubernetes    *KubernetesPolicy `protobuf:"bytes,2,opt,name=kubernetes,proto3" json:"kubernetes,omitempty"`
 	// Acceptance checks run on a node after its first Hello.
-	Acceptance    *AcceptancePolicy `protobuf:"bytes,3,opt,name=acceptance,proto3" json:"acceptance,omitempty"`
+	Acceptance *AcceptancePolicy `protobuf:"bytes,3,opt,name=acceptance,proto3" json:"acceptance,omitempty"`
+	// How the discovery attestor admits machines a site agent vouched for.
+	Discovery     *DiscoveryPolicy `protobuf:"bytes,4,opt,name=discovery,proto3" json:"discovery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -820,6 +822,60 @@ func (x *PoolPolicy) GetAcceptance() *AcceptancePolicy {
 	return nil
 }
 
+func (x *PoolPolicy) GetDiscovery() *DiscoveryPolicy {
+	if x != nil {
+		return x.Discovery
+	}
+	return nil
+}
+
+type DiscoveryPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "unknown-machines" (the default when empty): machines without a trusted
+	// hardware key matching a node wait for approval; "always": every
+	// machine waits; "never": every vouched machine is admitted.
+	Approval      string `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveryPolicy) Reset() {
+	*x = DiscoveryPolicy{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveryPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveryPolicy) ProtoMessage() {}
+
+func (x *DiscoveryPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveryPolicy.ProtoReflect.Descriptor instead.
+func (*DiscoveryPolicy) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DiscoveryPolicy) GetApproval() string {
+	if x != nil {
+		return x.Approval
+	}
+	return ""
+}
+
 type Pool struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -837,7 +893,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +905,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +918,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Pool) GetId() string {
@@ -934,7 +990,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1002,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1015,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreatePoolRequest) GetTenantId() string {
@@ -1007,7 +1063,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1075,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1088,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetPoolRequest) GetTenantId() string {
@@ -1061,7 +1117,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1129,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1142,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoolsRequest) GetTenantId() string {
@@ -1127,7 +1183,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1195,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1208,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoolsResponse) GetItems() []*Pool {
@@ -1188,7 +1244,7 @@ type UpdatePoolPolicyRequest struct {
 
 func (x *UpdatePoolPolicyRequest) Reset() {
 	*x = UpdatePoolPolicyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1256,7 @@ func (x *UpdatePoolPolicyRequest) String() string {
 func (*UpdatePoolPolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePoolPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1269,7 @@ func (x *UpdatePoolPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UpdatePoolPolicyRequest) GetTenantId() string {
@@ -1256,7 +1312,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1268,7 +1324,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1281,7 +1337,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Grant) GetAction() string {
@@ -1313,7 +1369,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1381,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1394,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ApiKey) GetId() string {
@@ -1403,7 +1459,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1471,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1484,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateApiKeyRequest) GetTenantId() string {
@@ -1470,7 +1526,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1538,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1551,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -1523,7 +1579,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1591,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1604,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListApiKeysRequest) GetTenantId() string {
@@ -1582,7 +1638,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1650,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1663,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListApiKeysResponse) GetItems() []*ApiKey {
@@ -1634,7 +1690,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1702,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1715,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeApiKeyRequest) GetTenantId() string {
@@ -1684,7 +1740,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1752,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1765,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 type Expect struct {
@@ -1724,7 +1780,7 @@ type Expect struct {
 
 func (x *Expect) Reset() {
 	*x = Expect{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1792,7 @@ func (x *Expect) String() string {
 func (*Expect) ProtoMessage() {}
 
 func (x *Expect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1805,7 @@ func (x *Expect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expect.ProtoReflect.Descriptor instead.
 func (*Expect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Expect) GetProductUuid() string {
@@ -1804,7 +1860,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1872,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1885,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JoinToken) GetId() string {
@@ -1949,7 +2005,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2017,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2030,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreateJoinTokenRequest) GetTenantId() string {
@@ -2046,7 +2102,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2058,7 +2114,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2071,7 +2127,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListJoinTokensRequest) GetTenantId() string {
@@ -2119,7 +2175,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2187,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2200,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListJoinTokensResponse) GetItems() []*JoinToken {
@@ -2172,7 +2228,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2240,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2253,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RevokeJoinTokenRequest) GetTenantId() string {
@@ -2237,7 +2293,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2305,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2318,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Event) GetId() string {
@@ -2332,7 +2388,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2400,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2413,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListEventsRequest) GetTenantId() string {
@@ -2405,7 +2461,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2473,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2486,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -2464,7 +2520,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2532,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2545,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -2562,7 +2618,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2630,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2643,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListAuditRequest) GetTenantId() string {
@@ -2623,7 +2679,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2691,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2704,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListAuditResponse) GetItems() []*AuditEntry {
@@ -2681,7 +2737,7 @@ type NodeCert struct {
 
 func (x *NodeCert) Reset() {
 	*x = NodeCert{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2749,7 @@ func (x *NodeCert) String() string {
 func (*NodeCert) ProtoMessage() {}
 
 func (x *NodeCert) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2762,7 @@ func (x *NodeCert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
 func (*NodeCert) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeCert) GetSerial() string {
@@ -2796,7 +2852,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +2864,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +2877,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Node) GetId() string {
@@ -2962,7 +3018,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3030,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3043,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListNodesRequest) GetTenantId() string {
@@ -3028,7 +3084,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3096,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3109,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListNodesResponse) GetItems() []*Node {
@@ -3080,7 +3136,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3148,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3161,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetNodeRequest) GetTenantId() string {
@@ -3137,7 +3193,7 @@ type RetireNodeRequest struct {
 
 func (x *RetireNodeRequest) Reset() {
 	*x = RetireNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3149,7 +3205,7 @@ func (x *RetireNodeRequest) String() string {
 func (*RetireNodeRequest) ProtoMessage() {}
 
 func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3162,7 +3218,7 @@ func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
 func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RetireNodeRequest) GetTenantId() string {
@@ -3210,7 +3266,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3222,7 +3278,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3235,7 +3291,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Command) GetId() string {
@@ -3332,7 +3388,7 @@ type EnqueueCommandRequest struct {
 
 func (x *EnqueueCommandRequest) Reset() {
 	*x = EnqueueCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3400,7 @@ func (x *EnqueueCommandRequest) String() string {
 func (*EnqueueCommandRequest) ProtoMessage() {}
 
 func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3413,7 @@ func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *EnqueueCommandRequest) GetTenantId() string {
@@ -3408,7 +3464,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3476,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3489,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListCommandsRequest) GetTenantId() string {
@@ -3475,7 +3531,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +3543,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +3556,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListCommandsResponse) GetItems() []*Command {
@@ -3527,7 +3583,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3595,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3608,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetCommandRequest) GetTenantId() string {
@@ -3622,7 +3678,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x10AcceptancePolicy\x12\x19\n" +
 	"\bmin_cpus\x18\x01 \x01(\x05R\aminCpus\x12(\n" +
 	"\x10min_memory_bytes\x18\x02 \x01(\x03R\x0eminMemoryBytes\x12\x19\n" +
-	"\bmin_gpus\x18\x03 \x01(\x05R\aminGpus\"\xbb\x01\n" +
+	"\bmin_gpus\x18\x03 \x01(\x05R\aminGpus\"\xfc\x01\n" +
 	"\n" +
 	"PoolPolicy\x12%\n" +
 	"\x0ejoin_attestors\x18\x01 \x03(\tR\rjoinAttestors\x12B\n" +
@@ -3631,7 +3687,10 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"kubernetes\x12B\n" +
 	"\n" +
 	"acceptance\x18\x03 \x01(\v2\".bettercompute.v1.AcceptancePolicyR\n" +
-	"acceptance\"\xad\x02\n" +
+	"acceptance\x12?\n" +
+	"\tdiscovery\x18\x04 \x01(\v2!.bettercompute.v1.DiscoveryPolicyR\tdiscovery\"-\n" +
+	"\x0fDiscoveryPolicy\x12\x1a\n" +
+	"\bapproval\x18\x01 \x01(\tR\bapproval\"\xad\x02\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\asite_id\x18\x02 \x01(\tR\x06siteId\x12&\n" +
@@ -3925,7 +3984,7 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ErrorDetail)(nil),             // 0: bettercompute.v1.ErrorDetail
 	(*Tenant)(nil),                  // 1: bettercompute.v1.Tenant
@@ -3941,150 +4000,152 @@ var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*KubernetesPolicy)(nil),        // 11: bettercompute.v1.KubernetesPolicy
 	(*AcceptancePolicy)(nil),        // 12: bettercompute.v1.AcceptancePolicy
 	(*PoolPolicy)(nil),              // 13: bettercompute.v1.PoolPolicy
-	(*Pool)(nil),                    // 14: bettercompute.v1.Pool
-	(*CreatePoolRequest)(nil),       // 15: bettercompute.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),          // 16: bettercompute.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),        // 17: bettercompute.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 18: bettercompute.v1.ListPoolsResponse
-	(*UpdatePoolPolicyRequest)(nil), // 19: bettercompute.v1.UpdatePoolPolicyRequest
-	(*Grant)(nil),                   // 20: bettercompute.v1.Grant
-	(*ApiKey)(nil),                  // 21: bettercompute.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),     // 22: bettercompute.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),    // 23: bettercompute.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),      // 24: bettercompute.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),     // 25: bettercompute.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),     // 26: bettercompute.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),    // 27: bettercompute.v1.RevokeApiKeyResponse
-	(*Expect)(nil),                  // 28: bettercompute.v1.Expect
-	(*JoinToken)(nil),               // 29: bettercompute.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 30: bettercompute.v1.CreateJoinTokenRequest
-	(*ListJoinTokensRequest)(nil),   // 31: bettercompute.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),  // 32: bettercompute.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),  // 33: bettercompute.v1.RevokeJoinTokenRequest
-	(*Event)(nil),                   // 34: bettercompute.v1.Event
-	(*ListEventsRequest)(nil),       // 35: bettercompute.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 36: bettercompute.v1.ListEventsResponse
-	(*AuditEntry)(nil),              // 37: bettercompute.v1.AuditEntry
-	(*ListAuditRequest)(nil),        // 38: bettercompute.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),       // 39: bettercompute.v1.ListAuditResponse
-	(*NodeCert)(nil),                // 40: bettercompute.v1.NodeCert
-	(*Node)(nil),                    // 41: bettercompute.v1.Node
-	(*ListNodesRequest)(nil),        // 42: bettercompute.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 43: bettercompute.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),          // 44: bettercompute.v1.GetNodeRequest
-	(*RetireNodeRequest)(nil),       // 45: bettercompute.v1.RetireNodeRequest
-	(*Command)(nil),                 // 46: bettercompute.v1.Command
-	(*EnqueueCommandRequest)(nil),   // 47: bettercompute.v1.EnqueueCommandRequest
-	(*ListCommandsRequest)(nil),     // 48: bettercompute.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),    // 49: bettercompute.v1.ListCommandsResponse
-	(*GetCommandRequest)(nil),       // 50: bettercompute.v1.GetCommandRequest
-	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),   // 52: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),         // 53: google.protobuf.Struct
+	(*DiscoveryPolicy)(nil),         // 14: bettercompute.v1.DiscoveryPolicy
+	(*Pool)(nil),                    // 15: bettercompute.v1.Pool
+	(*CreatePoolRequest)(nil),       // 16: bettercompute.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),          // 17: bettercompute.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),        // 18: bettercompute.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),       // 19: bettercompute.v1.ListPoolsResponse
+	(*UpdatePoolPolicyRequest)(nil), // 20: bettercompute.v1.UpdatePoolPolicyRequest
+	(*Grant)(nil),                   // 21: bettercompute.v1.Grant
+	(*ApiKey)(nil),                  // 22: bettercompute.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),     // 23: bettercompute.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),    // 24: bettercompute.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),      // 25: bettercompute.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),     // 26: bettercompute.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),     // 27: bettercompute.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),    // 28: bettercompute.v1.RevokeApiKeyResponse
+	(*Expect)(nil),                  // 29: bettercompute.v1.Expect
+	(*JoinToken)(nil),               // 30: bettercompute.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),  // 31: bettercompute.v1.CreateJoinTokenRequest
+	(*ListJoinTokensRequest)(nil),   // 32: bettercompute.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),  // 33: bettercompute.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),  // 34: bettercompute.v1.RevokeJoinTokenRequest
+	(*Event)(nil),                   // 35: bettercompute.v1.Event
+	(*ListEventsRequest)(nil),       // 36: bettercompute.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 37: bettercompute.v1.ListEventsResponse
+	(*AuditEntry)(nil),              // 38: bettercompute.v1.AuditEntry
+	(*ListAuditRequest)(nil),        // 39: bettercompute.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),       // 40: bettercompute.v1.ListAuditResponse
+	(*NodeCert)(nil),                // 41: bettercompute.v1.NodeCert
+	(*Node)(nil),                    // 42: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),        // 43: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),       // 44: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),          // 45: bettercompute.v1.GetNodeRequest
+	(*RetireNodeRequest)(nil),       // 46: bettercompute.v1.RetireNodeRequest
+	(*Command)(nil),                 // 47: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),   // 48: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),     // 49: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),    // 50: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),       // 51: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),   // 52: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),   // 53: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),         // 54: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	51, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	52, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	51, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	52, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
-	13, // 6: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	51, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	51, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
-	13, // 9: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	14, // 10: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
-	13, // 11: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	52, // 12: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
-	20, // 13: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	51, // 14: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	51, // 15: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 16: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
-	20, // 17: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
-	21, // 18: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
-	21, // 19: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
-	28, // 20: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	51, // 21: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 22: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	51, // 23: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
-	28, // 24: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
-	29, // 25: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	51, // 26: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	53, // 27: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	34, // 28: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	51, // 29: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	53, // 30: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	37, // 31: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	51, // 32: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	51, // 33: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	51, // 34: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	51, // 35: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	53, // 36: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	51, // 37: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	51, // 38: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	40, // 39: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	41, // 40: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	53, // 41: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	53, // 42: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	51, // 43: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	51, // 44: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	51, // 45: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	51, // 46: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 47: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	46, // 48: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 49: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 50: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 51: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 52: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 53: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 54: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	15, // 55: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	16, // 56: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	17, // 57: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	19, // 58: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	22, // 59: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	24, // 60: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	26, // 61: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	30, // 62: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	31, // 63: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	33, // 64: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	35, // 65: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	38, // 66: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	42, // 67: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	44, // 68: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	45, // 69: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	47, // 70: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	48, // 71: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	50, // 72: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 73: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 74: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 75: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 76: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 77: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 78: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	14, // 79: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	14, // 80: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	18, // 81: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	14, // 82: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	23, // 83: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	25, // 84: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	27, // 85: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	29, // 86: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	32, // 87: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	29, // 88: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	36, // 89: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	39, // 90: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	43, // 91: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	41, // 92: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	41, // 93: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	46, // 94: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	49, // 95: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	46, // 96: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
-	73, // [73:97] is the sub-list for method output_type
-	49, // [49:73] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	14, // 6: bettercompute.v1.PoolPolicy.discovery:type_name -> bettercompute.v1.DiscoveryPolicy
+	13, // 7: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
+	52, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	52, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	13, // 10: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
+	15, // 11: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
+	13, // 12: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
+	53, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	21, // 14: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
+	52, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	52, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	52, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	21, // 18: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
+	22, // 19: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
+	22, // 20: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
+	29, // 21: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
+	52, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	52, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	52, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	29, // 25: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
+	30, // 26: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
+	52, // 27: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	54, // 28: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	35, // 29: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	52, // 30: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	54, // 31: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	38, // 32: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	52, // 33: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	52, // 34: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	52, // 35: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	52, // 36: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	54, // 37: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	52, // 38: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	52, // 39: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	41, // 40: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	42, // 41: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	54, // 42: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	54, // 43: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	52, // 44: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	52, // 45: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	52, // 46: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	52, // 47: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 48: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	47, // 49: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 50: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 51: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 52: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 53: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 54: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 55: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	16, // 56: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	17, // 57: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	18, // 58: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	20, // 59: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	23, // 60: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	25, // 61: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	27, // 62: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	31, // 63: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	32, // 64: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	34, // 65: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	36, // 66: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	39, // 67: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	43, // 68: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	45, // 69: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	46, // 70: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	48, // 71: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	49, // 72: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	51, // 73: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 74: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 75: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 76: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 77: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 78: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 79: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	15, // 80: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	15, // 81: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	19, // 82: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	15, // 83: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	24, // 84: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	26, // 85: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	28, // 86: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	30, // 87: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	33, // 88: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	30, // 89: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	37, // 90: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	40, // 91: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	44, // 92: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	42, // 93: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	42, // 94: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	47, // 95: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	50, // 96: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	47, // 97: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	74, // [74:98] is the sub-list for method output_type
+	50, // [50:74] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -4098,7 +4159,7 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   8,
 		},
