@@ -107,14 +107,10 @@ func (t *Tx) GetNode(ctx context.Context, id string) (Node, error) {
 // InsertNode inserts a node. Two joins of one machine racing each other
 // meet at the unique hardware-key index: the loser gets a unique violation.
 func (t *Tx) InsertNode(ctx context.Context, n Node) (Node, error) {
-	var hk any
-	if len(n.HardwareKey) > 0 {
-		hk = n.HardwareKey
-	}
 	row := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
 			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, created_ms, updated_ms)
 		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING `+nodeCols,
-		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, hk, n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
+		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
 		n.Hostname, string(n.Claims), n.JoinTokenID)
 	out, err := scanNode(row)
 	if err != nil {
