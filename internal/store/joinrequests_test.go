@@ -71,13 +71,19 @@ func TestJoinRequestOpenPerMachine(t *testing.T) {
 			t.Fatalf("second open request: %v, want a unique violation", err)
 		}
 		// The same machine key in another tenant is another machine.
-		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, newRequest(other, "mk-1", "csr-a")) })
+		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.InsertJoinRequest(ctx, newRequest(other, "mk-1", "csr-a"))
+		})
 
-		open := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.OpenJoinRequest(ctx, pl.OwnerTenantID, "mk-1") })
+		open := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.OpenJoinRequest(ctx, pl.OwnerTenantID, "mk-1")
+		})
 		if open.ID != r1.ID {
 			t.Fatalf("open request %s, want %s", open.ID, r1.ID)
 		}
-		if _, err := withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.OpenJoinRequest(ctx, pl.OwnerTenantID, "mk-2") }); !errors.Is(err, store.ErrNotFound) {
+		if _, err := withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.OpenJoinRequest(ctx, pl.OwnerTenantID, "mk-2")
+		}); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("no open request: %v", err)
 		}
 
@@ -141,7 +147,9 @@ func TestJoinRequestDecideConsumeExpire(t *testing.T) {
 		_, _, pl := fixture(t, db)
 		at := time.Now().Truncate(time.Millisecond).UTC()
 		until := at.Add(10 * time.Minute)
-		r := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, newRequest(pl, "mk-1", "c1")) })
+		r := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.InsertJoinRequest(ctx, newRequest(pl, "mk-1", "c1"))
+		})
 		decide := func(id, state string, until *time.Time) (store.JoinRequest, error) {
 			return withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
 				return tx.DecideJoinRequest(ctx, id, state, "prn_bob", "reason "+state, at, until)
@@ -199,7 +207,9 @@ func TestJoinRequestDecideConsumeExpire(t *testing.T) {
 		if got := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.GetJoinRequest(ctx, r.ID) }); got.State != store.JoinRequestConsumed {
 			t.Fatalf("expire a consumed request: %s", got.State)
 		}
-		r2 := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, newRequest(pl, "mk-1", "c2")) })
+		r2 := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.InsertJoinRequest(ctx, newRequest(pl, "mk-1", "c2"))
+		})
 
 		// An approval that runs out unused: expired, not consumable.
 		if _, err := decide(r2.ID, store.JoinRequestApproved, &until); err != nil {
@@ -228,7 +238,9 @@ func TestJoinRequestConsumeRace(t *testing.T) {
 		_, _, pl := fixture(t, db)
 		at := time.Now().UTC()
 		until := at.Add(time.Hour)
-		r := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, newRequest(pl, "mk", "c")) })
+		r := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.InsertJoinRequest(ctx, newRequest(pl, "mk", "c"))
+		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
 			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn_bob", "ok", at, &until)
 		})
@@ -280,7 +292,9 @@ func TestListJoinRequests(t *testing.T) {
 			all = append(all, r.ID)
 		}
 		slices.Sort(all) // ids of one millisecond sort randomly
-		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, newRequest(other, "mk-0", "x")) })
+		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.InsertJoinRequest(ctx, newRequest(other, "mk-0", "x"))
+		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
 			return tx.DecideJoinRequest(ctx, all[1], store.JoinRequestRejected, "prn", "no", at, nil)
 		})
