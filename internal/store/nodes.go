@@ -43,7 +43,7 @@ type Node struct {
 	// none, and for nodes joins made).
 	IdempotencyKey string
 	CreatedAt      time.Time
-	UpdatedAt          time.Time
+	UpdatedAt      time.Time
 }
 
 const nodeCols = `id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation,

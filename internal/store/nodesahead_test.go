@@ -28,7 +28,9 @@ func TestBindPendingNode(t *testing.T) {
 		ctx := context.Background()
 		_, _, pl := fixture(t, db)
 		_, _, other := fixture(t, db)
-		n := mustTx(t, db, func(tx *store.Tx) (store.Node, error) { return tx.InsertNode(ctx, pendingNode(pl, "gpu-07", "deploy-7")) })
+		n := mustTx(t, db, func(tx *store.Tx) (store.Node, error) {
+			return tx.InsertNode(ctx, pendingNode(pl, "gpu-07", "deploy-7"))
+		})
 		if n.State != store.NodePending || n.IdentityGeneration != 0 || n.HardwareKey != nil || n.HardwareKeyTrusted || n.Attestor != "" ||
 			n.NodeKey != "" || n.Hostname != "gpu-07" || n.IdempotencyKey != "deploy-7" || string(n.Claims) != "{}" {
 			t.Fatalf("pending node %+v", n)
@@ -39,7 +41,9 @@ func TestBindPendingNode(t *testing.T) {
 			t.Fatalf("same key twice: %v, want a unique violation", err)
 		}
 		mustTx(t, db, func(tx *store.Tx) (store.Node, error) { return tx.InsertNode(ctx, pendingNode(other, "", "deploy-7")) })
-		byKey := mustTx(t, db, func(tx *store.Tx) (store.Node, error) { return tx.NodeByIdempotencyKey(ctx, pl.OwnerTenantID, "deploy-7") })
+		byKey := mustTx(t, db, func(tx *store.Tx) (store.Node, error) {
+			return tx.NodeByIdempotencyKey(ctx, pl.OwnerTenantID, "deploy-7")
+		})
 		if byKey.ID != n.ID {
 			t.Fatalf("by key %s, want %s", byKey.ID, n.ID)
 		}
