@@ -10,6 +10,10 @@ import (
 
 // Node states.
 const (
+	// NodePending is a node made ahead of its machine (nodes.create):
+	// identity generation 0, no hardware key, no attestor or node key,
+	// until a join binds a machine to it (BindPendingNode).
+	NodePending  = "pending"
 	NodeAdopting = "adopting"
 	NodeAdopted  = "adopted"
 	NodeFailed   = "failed"
@@ -35,12 +39,15 @@ type Node struct {
 	Hostname           string
 	Claims             []byte // JSON of hwid.Claims
 	JoinTokenID        string
-	CreatedAt          time.Time
-	UpdatedAt          time.Time
+	// IdempotencyKey is the key a node made ahead was created with ("" for
+	// none, and for nodes joins made).
+	IdempotencyKey string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
 }
 
 const nodeCols = `id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation,
-	hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, created_ms, updated_ms`
+	hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, COALESCE(idempotency_key, ''), created_ms, updated_ms`
 
 func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var n Node
@@ -48,7 +55,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var claims string
 	var created, updated int64
 	if err := sc.Scan(&n.ID, &n.TenantID, &n.SiteID, &n.PoolID, &n.Role, &n.State, &n.StateReason, &n.Connection, &seen, &n.IdentityGeneration,
-		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &created, &updated); err != nil {
+		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &n.IdempotencyKey, &created, &updated); err != nil {
 		return Node{}, err
 	}
 	n.LastSeen, n.Claims = fromNullMS(seen), []byte(claims)
@@ -105,20 +112,48 @@ func (t *Tx) GetNode(ctx context.Context, id string) (Node, error) {
 }
 
 // InsertNode inserts a node. Two joins of one machine racing each other
-// meet at the unique hardware-key index: the loser gets a unique violation.
+// meet at the unique hardware-key index, and two creations with one
+// idempotency key at the per-tenant key index: the loser gets a unique
+// violation.
 func (t *Tx) InsertNode(ctx context.Context, n Node) (Node, error) {
-	var hk any
-	if len(n.HardwareKey) > 0 {
-		hk = n.HardwareKey
+	var key any
+	if n.IdempotencyKey != "" {
+		key = n.IdempotencyKey
 	}
 	row := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
-			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, created_ms, updated_ms)
-		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING `+nodeCols,
-		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, hk, n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
-		n.Hostname, string(n.Claims), n.JoinTokenID)
+			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, idempotency_key, created_ms, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING `+nodeCols,
+		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
+		n.Hostname, claimsText(n.Claims), n.JoinTokenID, key)
 	out, err := scanNode(row)
 	if err != nil {
 		return Node{}, fmt.Errorf("insert node: %w", err)
+	}
+	return out, nil
+}
+
+// NodeByIdempotencyKey reads the tenant's node created with an idempotency
+// key; ErrNotFound when there is none.
+func (t *Tx) NodeByIdempotencyKey(ctx context.Context, tenantID, key string) (Node, error) {
+	n, err := scanNode(t.queryRow(ctx, "SELECT "+nodeCols+" FROM nodes WHERE tenant_id = ? AND idempotency_key = ?", tenantID, key))
+	return n, notFound(err)
+}
+
+// BindPendingNode binds a machine to a node made ahead of it: a node still
+// pending at identity generation 0 takes n's state (adopting), role,
+// hardware key and whether it is trusted, node key, attestor, claims and
+// join token id, and generation 1; its hostname becomes n's unless n has
+// none. It fails with ErrNotFound when the node is no longer pending (a
+// racing join bound it, or it was retired), and with a unique violation
+// when another live node of the tenant holds the trusted hardware key.
+func (t *Tx) BindPendingNode(ctx context.Context, n Node) (Node, error) {
+	row := t.queryRow(ctx, `UPDATE nodes SET identity_generation = 1, state = ?, state_reason = '', role = ?, hardware_key = ?, hardware_key_trusted = ?,
+			node_key = ?, attestor = ?, hostname = CASE WHEN ? = '' THEN hostname ELSE ? END, claims = ?, join_token_id = ?, updated_ms = compute_now()
+		WHERE id = ? AND state = 'pending' AND identity_generation = 0 RETURNING `+nodeCols,
+		n.State, n.Role, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor, n.Hostname, n.Hostname, claimsText(n.Claims), n.JoinTokenID, n.ID)
+	out, err := scanNode(row)
+	if err != nil {
+		return Node{}, fmt.Errorf("bind pending node: %w", notFound(err))
 	}
 	return out, nil
 }

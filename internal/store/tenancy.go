@@ -53,6 +53,14 @@ func fromNullMS(v sql.NullInt64) *time.Time {
 	return &t
 }
 
+// nullBytes stores an empty byte slice as NULL.
+func nullBytes(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
 func notFound(err error) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrNotFound
