@@ -6,6 +6,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/join/attest"
+	"github.com/better-compute/better-compute/internal/join/attest/discovery"
 	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/nodeident"
@@ -13,7 +14,7 @@ import (
 
 // KnownAttestors are the attestor names a server can configure (the
 // `[join] attestors` list).
-var KnownAttestors = []string{jtattest.Name, x509pop.Name}
+var KnownAttestors = []string{jtattest.Name, x509pop.Name, discovery.Name}
 
 // DefaultAttestors are configured when Config.Attestors is empty.
 var DefaultAttestors = []string{jtattest.Name}
@@ -52,6 +53,8 @@ func attestors(names []string, core *nodeident.Core) (attest.Registry, error) {
 			as = append(as, jtattest.New())
 		case x509pop.Name:
 			as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: nodeCA}))
+		case discovery.Name:
+			as = append(as, discovery.New())
 		}
 	}
 	return attest.NewRegistry(as...)

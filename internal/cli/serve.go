@@ -246,7 +246,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Agent:   server.AgentConfig{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "agent.crt"), KeyFile: filepath.Join(dir, "agent.key")},
 		Gateway: server.GatewayConfig{URL: gwURL},
 		// dev enables every attestor that is built, so all of the page can be tried.
-		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}, CertTTLSeconds: int(o.certTTL / time.Second)},
+		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 	}
 	envPath := filepath.Join(dir, "dev.env")

@@ -396,3 +396,15 @@ func formatMAC(m [6]byte) string {
 func permanentMAC(m [6]byte) bool {
 	return m[0]&0x03 == 0 && m != [6]byte{}
 }
+
+// NormalizeMAC returns a MAC in the claims' canonical form (lower case,
+// colon-separated), and false when s is not a MAC a physical NIC can burn
+// in (R10.4: a site agent's vouch and a ramdisk's evidence name the NIC it
+// booted from).
+func NormalizeMAC(s string) (string, bool) {
+	m, ok := parseMAC(s)
+	if !ok || !permanentMAC(m) {
+		return "", false
+	}
+	return formatMAC(m), true
+}

@@ -19,6 +19,8 @@ const (
 	joinReclaim
 	// joinRejoin re-joins the node an attestor named (x509pop, R10.5).
 	joinRejoin
+	// joinBind binds the machine to a node made ahead of it (R11.3).
+	joinBind
 )
 
 // situation is everything a join decision depends on, read before it: the
@@ -37,6 +39,9 @@ type situation struct {
 	// RequestedNodeID is the node a deploy created for this machine
 	// (R11.3), "" when none.
 	RequestedNodeID string
+	// Requested is that node when it is still pending (made ahead of its
+	// machine, no identity yet); nil otherwise.
+	Requested *store.Node
 	// Existing is the node this machine already is: the node the attestor
 	// named (Adm.NodeID), or the token tenant's live node holding the same
 	// trusted hardware key. nil: none.
@@ -83,8 +88,10 @@ func decide(s situation) (decision, string) {
 		if !adm.Expect.Empty() && !adm.Expect.Matches(s.Claims) {
 			return decision{}, "expect-mismatch"
 		}
-		// R6.2: placeholder hardware needs an expect binding.
-		if s.Key.PlaceholderHardware() && adm.Expect.Empty() {
+		// R6.2: placeholder hardware needs an expect binding on a token
+		// join; other attestors (a site's vouch, a person's approval)
+		// admit it with an untrusted key.
+		if s.Attestor == DefaultAttestor && s.Key.PlaceholderHardware() && adm.Expect.Empty() {
 			return decision{}, "placeholder-hardware"
 		}
 	}
@@ -101,7 +108,20 @@ func decide(s situation) (decision, string) {
 	if rejoin && ex == nil {
 		return decision{}, "rejoin"
 	}
-	// R11.3: a deploy's node id must be the node this machine is.
+	// R11.3: a node made ahead of its machine takes the machine, once,
+	// in its own tenant and pool; any other node id must be the node this
+	// machine is.
+	if r := s.Requested; !rejoin && r != nil && r.ID == s.RequestedNodeID {
+		switch {
+		case ex != nil:
+			// The machine already is another node.
+			return decision{}, "node-id-mismatch"
+		case r.TenantID != adm.TenantID || r.PoolID != pool.ID:
+			return decision{}, "node-id-pool"
+		}
+		d.Outcome, d.NodeID = joinBind, r.ID
+		return d, ""
+	}
 	if want := s.RequestedNodeID; want != "" && (ex == nil || ex.ID != want) {
 		return decision{}, "node-id-mismatch"
 	}

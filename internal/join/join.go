@@ -82,6 +82,9 @@ type Config struct {
 	// committed, before the answer is returned: a fault-injection seam for
 	// tests of answers lost after the commit.
 	AfterCommit func()
+	// RetryAfter is what a deferral tells the daemon to wait before it asks
+	// again; zero means DefaultRetryAfter.
+	RetryAfter time.Duration
 }
 
 // Service is JoinService.
@@ -106,6 +109,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
 	}
 	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock}, nil
 }
@@ -265,9 +271,11 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		return nil, err
 	}
 	var res *agentv1.JoinResponse
-	var changed string // a reclaimed or re-joined node
+	var changed string             // a reclaimed or re-joined node
+	var waiting *store.JoinRequest // the join request a deferred join waits on
+	var waitRole string
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
-		res, changed = nil, ""
+		res, changed, waiting = nil, "", nil
 		// R4.9: the same request again gets the answer stored for it and
 		// spends nothing. It is not looked up here: an answer is stored in
 		// this very transaction, before anything is spent, under a unique
@@ -293,6 +301,15 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		sit := situation{Attestor: att.Name(), Adm: adm, Pool: pool, Site: site, Policy: policy, Root: root,
 			Claims: in.Claims, Key: in.Key, RequestedNodeID: req.GetNodeId()}
+		if id := req.GetNodeId(); id != "" && adm.NodeID == "" {
+			// R11.3: a node made ahead of its machine (nodes.create).
+			switch n, err := tx.GetNode(ctx, id); {
+			case err == nil && n.State == store.NodePending:
+				sit.Requested = &n
+			case err != nil && !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+		}
 		var elsewhere []store.Node
 		switch {
 		case adm.NodeID != "":
@@ -325,6 +342,20 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if reason != "" {
 			return attest.Refuse(reason, adm.TenantID)
 		}
+		// R10.1: a deferred join needs its approval; without one it waits
+		// on a join request and nothing else is written.
+		var consume string
+		if a := adm.Approval; a != nil && !(a.OnlyUnknown && sit.Existing != nil) {
+			ap, err := s.approval(ctx, tx, adm, att.Name(), in, claimsJSON, pool.SiteID, d.Role)
+			if err != nil {
+				return err
+			}
+			if ap.waiting != nil {
+				waiting, waitRole = ap.waiting, d.Role
+				return nil
+			}
+			consume = ap.consume
+		}
 		tenant := adm.TenantID
 		n := store.Node{
 			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: store.NodeAdopting,
@@ -336,7 +367,8 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		if d.Outcome == joinRejoin {
 			revokeReason = "rejoined"
 		}
-		if d.Outcome == joinNew {
+		switch d.Outcome {
+		case joinNew:
 			n.ID, n.IdentityGeneration = ids.New(ids.Node, s.clock.Now()), 1
 			if n, err = tx.InsertNode(ctx, n); err != nil {
 				if store.IsUniqueViolation(err) {
@@ -344,7 +376,14 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 				}
 				return err
 			}
-		} else {
+		case joinBind:
+			n.ID = d.NodeID
+			if n, err = tx.BindPendingNode(ctx, n); errors.Is(err, store.ErrNotFound) || store.IsUniqueViolation(err) {
+				return errRace
+			} else if err != nil {
+				return err
+			}
+		default:
 			n.ID = d.NodeID
 			if n, err = tx.ReclaimNode(ctx, n, sit.Existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
 				return errRace
@@ -355,6 +394,14 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 				return err
 			}
 			changed = n.ID
+		}
+		if consume != "" {
+			// R10.3: the approval admits exactly this one join.
+			if err := tx.ConsumeJoinRequest(ctx, consume, n.ID, s.clock.Now()); errors.Is(err, store.ErrNotFound) {
+				return attest.Refuse("join-request-consumed", tenant)
+			} else if err != nil {
+				return err
+			}
 		}
 		issued, err := s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: pub, CSRSHA256: in.CSRSHA256, Node: n, Role: d.Role,
 			Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL})
@@ -395,6 +442,12 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": d.Role, "attestor": att.Name(), "reclaim": reclaim,
 			"hardwareKeyTrusted": d.Trusted, "certSerial": issued.Cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
 			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
+		}
+		if consume != "" {
+			joined["joinRequestId"] = consume
+		}
+		if d.Outcome == joinBind {
+			joined["madeAhead"] = true
 		}
 		if rejoin {
 			joined["rejoin"] = true
@@ -454,6 +507,11 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	}
 	if s.cfg.AfterCommit != nil {
 		s.cfg.AfterCommit()
+	}
+	if waiting != nil {
+		// R10.1: a signed deferral, never stored as the request's answer:
+		// the same request asks again until a person decided.
+		return s.core.Defer(in.CSRSHA256, waiting.SiteID, waitRole, waiting.ID, s.cfg.RetryAfter)
 	}
 	if changed != "" && s.cfg.OnIdentityChanged != nil {
 		s.cfg.OnIdentityChanged(changed)

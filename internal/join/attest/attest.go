@@ -112,6 +112,10 @@ type Approval struct {
 	WorkflowID     string
 	VouchedBy      string
 	BootLeaseEpoch int64
+	// OnlyUnknown defers only a machine that is not already a node: one
+	// without a trusted hardware key matching a node of the tenant
+	// (discovery's "unknown-machines" mode).
+	OnlyUnknown bool
 }
 
 // Refusal is a refused join. Reason is recorded server-side as

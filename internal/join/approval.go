@@ -1,0 +1,111 @@
+package join
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/ids"
+	"github.com/better-compute/better-compute/internal/join/attest"
+	"github.com/better-compute/better-compute/internal/joinreq"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// DefaultRetryAfter is how long a deferred daemon is told to wait before
+// it sends its request again.
+const DefaultRetryAfter = 5 * time.Second
+
+// approved is what the join-request check decided for a deferred join.
+type approved struct {
+	// consume is the approved request this join spends, once its node is
+	// written; "" when the join waits.
+	consume string
+	// waiting is the request the join waits on; nil when it is admitted.
+	waiting *store.JoinRequest
+}
+
+// approval is the join-request check of a join its attestor deferred
+// (R10.1–R10.3), inside the admission transaction:
+//   - the machine's open request approved for this very CSR, in time:
+//     the join is admitted and consumes it (once: ConsumeJoinRequest);
+//   - an approval that ran out is marked expired, and the join waits
+//     again on a new request;
+//   - a CSR whose request was rejected, or already admitted a join, is
+//     refused;
+//   - otherwise the machine's one open request is recorded, or refreshed
+//     with this CSR, and the join waits: nothing is issued or spent.
+func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID, role string) (approved, error) {
+	a, tenant, now := adm.Approval, adm.TenantID, s.clock.Now()
+	open, err := tx.OpenJoinRequest(ctx, tenant, a.MachineKey)
+	found := err == nil
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return approved{}, err
+	}
+	if found && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
+		switch {
+		case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
+			return approved{consume: open.ID}, nil
+		case open.State == store.JoinRequestApproved:
+			// R10.3: an approval admits one join until it runs out.
+			if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
+				return approved{}, err
+			}
+			found = false
+		default:
+			// Still pending: the daemon asks again later.
+			return approved{waiting: &open}, nil
+		}
+	}
+	// R10.3: a rejected CSR fails; a consumed one admitted its one join
+	// (the very same request again gets its stored answer instead).
+	prior, err := tx.JoinRequestByCSR(ctx, tenant, in.CSRSHA256)
+	switch {
+	case err == nil && prior.State == store.JoinRequestRejected:
+		return approved{}, attest.Refuse("join-request-rejected", tenant)
+	case err == nil && prior.State == store.JoinRequestConsumed:
+		return approved{}, attest.Refuse("join-request-consumed", tenant)
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return approved{}, err
+	}
+	r := store.JoinRequest{
+		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: role, MachineKey: a.MachineKey,
+		Claims: claimsJSON, EKHash: a.EKHash, MAC: a.MAC, IP: a.IP, WorkflowID: a.WorkflowID, VouchedBy: a.VouchedBy,
+		BootLeaseEpoch: a.BootLeaseEpoch, CSRSHA256: in.CSRSHA256,
+	}
+	if in.Key.Trusted {
+		r.HardwareKey = in.Key.Hash[:]
+	}
+	event := "security.join-request.created"
+	var data map[string]any
+	if found {
+		// R10.2: a newer attempt refreshes the machine's one request with
+		// its new CSR; an approval given for the older CSR is void.
+		r.ID = open.ID
+		if r, err = tx.RefreshJoinRequest(ctx, r); errors.Is(err, store.ErrNotFound) {
+			return approved{}, errRace
+		} else if err != nil {
+			return approved{}, err
+		}
+		event, data = "security.join-request.refreshed", joinreq.Published(r)
+		data["approvalVoided"] = open.State == store.JoinRequestApproved
+	} else {
+		r.ID = ids.New(ids.JoinRequest, now)
+		if r, err = tx.InsertJoinRequest(ctx, r); err != nil {
+			if store.IsUniqueViolation(err) {
+				return approved{}, errRace
+			}
+			return approved{}, fmt.Errorf("record join request: %w", err)
+		}
+		data = joinreq.Published(r)
+	}
+	if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: event, Subject: r.ID, Data: data}); err != nil {
+		return approved{}, err
+	}
+	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "system", Action: event[len("security."):], Resource: "compute-join-request/" + r.ID, Data: data}); err != nil {
+		return approved{}, err
+	}
+	return approved{waiting: &r}, nil
+}
