@@ -151,3 +151,40 @@ func SignCommandResult(key crypto.Signer, r CommandResult) ([]byte, error) {
 func VerifyCommandResult(pub crypto.PublicKey, r CommandResult, sig []byte) error {
 	return VerifyPurpose(pub, PurposeCommandResult, CommandResultMessage(r), sig)
 }
+
+// PurposeSiteReport signs a site agent's report of the machines it booted
+// (R10.4).
+const PurposeSiteReport = "site-report"
+
+// SiteReportMessage is the message a site agent signs, under purpose
+// site-report, for a report body on the session opened with nonce:
+//
+//	nonce (32 bytes) || sha256(body)
+//
+// The nonce ties the report to one session (the body's sequence number to
+// one place in it). It returns nil for a nonce of another size.
+func SiteReportMessage(nonce, body []byte) []byte {
+	if len(nonce) != SessionNonceSize {
+		return nil
+	}
+	sum := sha256.Sum256(body)
+	return append(append(make([]byte, 0, len(nonce)+len(sum)), nonce...), sum[:]...)
+}
+
+// SignSiteReport signs a site report body with the site agent's node key.
+func SignSiteReport(key crypto.Signer, nonce, body []byte) ([]byte, error) {
+	m := SiteReportMessage(nonce, body)
+	if m == nil {
+		return nil, errNonce
+	}
+	return SignPurpose(key, PurposeSiteReport, m)
+}
+
+// VerifySiteReport checks a SignSiteReport signature under pub.
+func VerifySiteReport(pub crypto.PublicKey, nonce, body, sig []byte) error {
+	m := SiteReportMessage(nonce, body)
+	if m == nil {
+		return errNonce
+	}
+	return VerifyPurpose(pub, PurposeSiteReport, m, sig)
+}

@@ -251,6 +251,9 @@ type conn struct {
 	id           string
 	nodeID       string
 	tenantID     string
+	siteID       string
+	role         string // the certificate's role: a site agent reports booted machines
+	lastReport   uint64 // the last site report's sequence number (the handler goroutine's own)
 	generation   int
 	serial       string
 	nodeKey      crypto.PublicKey // the certificate's key: results and heartbeats verify under it
@@ -344,7 +347,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	}
 	var kinds []string
 	_ = json.Unmarshal(a.cert.AllowedKinds, &kinds)
-	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
+	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
 		nodeKey: key, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
@@ -628,6 +631,8 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 		}
 	case m.GetResult() != nil:
 		return s.result(ctx, c, m.GetResult())
+	case m.GetSiteReport() != nil:
+		return s.siteReport(ctx, c, m.GetSiteReport())
 	case m.GetHello() != nil:
 		return errs.New(errs.InvalidArgument, "Hello comes once, first")
 	}
