@@ -33,6 +33,9 @@ type joinFlags struct {
 	reset      bool
 	yes        bool
 	json       bool
+	// The discovery attestor's boot (R10.4).
+	bootMAC, bootIP, workflowID string
+	bootLeaseEpoch              int64
 	// The host build (R11.3).
 	site, servingCAPin, joinSigningPin, joinEncryptionPin string
 }
@@ -73,11 +76,22 @@ machine was offline (a certificate that is still valid renews: bcd renew). It
 takes no token: it proves possession of the expired certificate's key, which
 the control plane accepts within 7 days of the expiry when it runs the x509pop
 attestor. The node keeps its id; the expired identity is moved aside once the
-answer checked out.`,
+answer checked out.
+
+--attestor discovery --role ramdisk joins a ramdisk the site booted over the
+network, with the site's ramdisk token (--token-file, as the boot image got
+it) and the boot the site agent vouched for (--boot-mac, --boot-ip,
+--boot-lease-epoch). When the pool wants a person to decide, the control plane
+answers with a join request: bcd prints its id, waits, and asks again with the
+same key and certificate request until the request is approved (the join
+then completes on its own), rejected (bcd exits non-zero), or bcd is stopped;
+bcd join again with the same token keeps waiting on the same request.`,
 		Example: `  bcd join --config /etc/bcd/config.toml < join-token
   bcd join --server https://compute.example.com --token-file /run/bcd/token --node-id node_…
   bcd join --config /etc/bcd/config.toml --reset --yes < join-token
-  bcd join --config /etc/bcd/config.toml --attestor x509pop`,
+  bcd join --config /etc/bcd/config.toml --attestor x509pop
+  bcd join --attestor discovery --role ramdisk --token-file /run/bcd/ramdisk-token \
+    --boot-mac 52:54:00:12:34:56 --boot-ip 10.0.0.7 --boot-lease-epoch 3`,
 		Args: refuseTokenArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.join(cmd.Context(), &f) },
 	}
@@ -89,7 +103,11 @@ answer checked out.`,
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
-	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), or x509pop to re-join with an expired certificate")
+	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), discovery for a ramdisk its site booted, or x509pop to re-join with an expired certificate")
+	fl.StringVar(&f.bootMAC, "boot-mac", "", "discovery: the MAC of the NIC the machine booted from")
+	fl.StringVar(&f.bootIP, "boot-ip", "", "discovery: the address the boot lease gave")
+	fl.Int64Var(&f.bootLeaseEpoch, "boot-lease-epoch", 0, "discovery: the boot lease's epoch, as the site's boot configuration gave it")
+	fl.StringVar(&f.workflowID, "workflow-id", "", "discovery: the site's provisioning workflow, when it names one")
 	fl.StringVar(&f.role, "role", "", "the requested role: node (default), site, ramdisk or node-tenant")
 	fl.BoolVar(&f.reset, "reset", false, "join anew although joined; the old identity is moved aside once the new one is saved (needs --yes)")
 	fl.BoolVar(&f.yes, "yes", false, "confirm --reset")
@@ -115,6 +133,14 @@ func refuseTokenArgs(_ *cobra.Command, args []string) error {
 		return errs.New(errs.InvalidArgument, "bcd join takes no arguments (%d given); for the token, %s", len(args), howToGiveToken)
 	}
 	return nil
+}
+
+// boot is the discovery attestor's boot, nil when no --boot-… flag is set.
+func (f *joinFlags) boot() *join.Boot {
+	if f.bootMAC == "" && f.bootIP == "" && f.bootLeaseEpoch == 0 && f.workflowID == "" {
+		return nil
+	}
+	return &join.Boot{MAC: f.bootMAC, IP: f.bootIP, LeaseEpoch: f.bootLeaseEpoch, WorkflowID: f.workflowID}
 }
 
 func (f *joinFlags) bootstrap(dataDir, sysfsRoot, procfsRoot string) *join.Bootstrap {
@@ -213,7 +239,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 
 	id, err := j.Join(ctx, join.Options{
 		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server,
-		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot), Reset: f.reset,
+		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot), Reset: f.reset, Boot: f.boot(),
 	})
 	if id == nil {
 		return err

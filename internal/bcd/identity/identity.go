@@ -51,6 +51,9 @@ const (
 // the join token.
 const AttestorJoinToken = wire.AttestorJoinToken
 
+// AttestorDiscovery joins a ramdisk its site booted (R10.4).
+const AttestorDiscovery = wire.AttestorDiscovery
+
 // AttestorX509Pop re-joins a node whose certificate expired while the
 // machine was offline (R10.5).
 const AttestorX509Pop = wire.AttestorX509Pop

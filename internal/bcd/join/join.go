@@ -190,11 +190,24 @@ type Options struct {
 	// Bootstrap is required when there is no config.toml (Config.BCD nil)
 	// and refused otherwise.
 	Bootstrap *Bootstrap
+	// Boot is the network boot a site agent vouched for: the discovery
+	// attestor's evidence (R10.4). Required with --attestor discovery.
+	Boot *Boot
 	// Reset joins although this machine has an identity (`bcd join --reset
 	// --yes`, R11.4). The identity stays in place, and usable by bcd run,
 	// until the new one is saved; then it is moved aside to
 	// <data_dir>/reset-<time>/. A refused join leaves it as it was.
 	Reset bool
+}
+
+// Boot is a ramdisk's network boot (R10.4), as its site's boot
+// configuration gave it: the NIC it booted from, the address and the boot
+// lease's epoch, and the provisioning workflow when one is named.
+type Boot struct {
+	MAC        string
+	IP         string
+	LeaseEpoch int64
+	WorkflowID string
 }
 
 // Bootstrap is what a host build (R11.3) takes from the command line: the
@@ -308,7 +321,14 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	// R4.9: the request of an earlier run that got no answer, when it was
 	// for this token, or a new one recorded before it is first sent.
 	want := pendingKey{tokenSHA256: TokenHash(opts.Token), attestor: wireAttestor, role: role, nodeID: opts.NodeID, site: cfg.Site}
-	p := j.takePending(want, old.identity(), nil)
+	evidence, err := bootEvidence(opts.Boot)
+	if err != nil {
+		return nil, err
+	}
+	p := j.takePending(want, old.identity(), func(r *agentv1.JoinRequest) bool {
+		// Another boot (a new lease) is another request.
+		return bytes.Equal(r.GetEvidence(), evidence)
+	})
 	if p != nil {
 		j.progress("sending the request of an earlier join that got no answer (%s) again…", j.pendingPath())
 	} else {
@@ -323,6 +343,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 			Role:     role,
 			NodeId:   opts.NodeID,
 			Protocol: version.ProtocolMax,
+			Evidence: evidence,
 		}}
 		if err := j.writePending(p, want.tokenSHA256, cfg.Site); err != nil {
 			return nil, err
@@ -342,29 +363,25 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		r.SealedToken = sealed
 		return nil
 	}
-	res, answered, err := j.send(ctx, cfg, req, reseal)
-	if err != nil {
-		err = j.sendFailed(err, answered, "bcd join again with the same token")
-		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
-			return nil, old.refused(err)
-		}
-		return nil, err
-	}
-
 	var docCert *x509.Certificate
 	if wk != nil {
 		docCert = wk.signingCert
 	}
-	body, err := verifyResponse(res, expectation{
-		signingPin: cfg.JoinSigningKeyPin,
-		docCert:    docCert,
-		csrHash:    pki.CSRHash(req.GetCsr()),
-		nodeKey:    p.signer.Public(),
-		siteID:     cfg.Site,
-		nodeID:     opts.NodeID,
-		role:       role,
-	})
+	want2 := expectation{
+		signingPin:    cfg.JoinSigningKeyPin,
+		docCert:       docCert,
+		csrHash:       pki.CSRHash(req.GetCsr()),
+		nodeKey:       p.signer.Public(),
+		siteID:        cfg.Site,
+		nodeID:        opts.NodeID,
+		role:          role,
+		allowDeferral: true,
+	}
+	body, err := j.sendUntilDecided(ctx, cfg, req, reseal, want2)
 	if err != nil {
+		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
+			return nil, old.refused(err)
+		}
 		return nil, err
 	}
 
@@ -457,6 +474,15 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 	switch opts.Attestor {
 	case "", identity.AttestorJoinToken:
 		// The wire's empty attestor is the join token.
+	case identity.AttestorDiscovery:
+		// R10.4: a ramdisk the site booted, with the site's ramdisk token.
+		if role != pki.RoleRamdisk {
+			return "", "", errs.Invalid("--role", "--attestor discovery joins a ramdisk: use --role ramdisk")
+		}
+		if b := opts.Boot; b == nil || b.MAC == "" || b.IP == "" || b.LeaseEpoch <= 0 {
+			return "", "", errs.New(errs.InvalidArgument, "--attestor discovery needs the boot the site agent vouched for: --boot-mac, --boot-ip and --boot-lease-epoch")
+		}
+		attestor = identity.AttestorDiscovery
 	case identity.AttestorX509Pop:
 		// R10.5: the expired identity is the evidence; rejoin checks the
 		// rest against it.
@@ -468,7 +494,11 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 		}
 		return role, identity.AttestorX509Pop, nil
 	default:
-		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), or re-joins after its certificate expired with %s", identity.AttestorJoinToken, identity.AttestorX509Pop)
+		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), as a ramdisk its site booted with %s, or re-joins after its certificate expired with %s",
+			identity.AttestorJoinToken, identity.AttestorDiscovery, identity.AttestorX509Pop)
+	}
+	if opts.Boot != nil && attestor != identity.AttestorDiscovery {
+		return "", "", errs.New(errs.InvalidArgument, "--boot-mac, --boot-ip, --boot-lease-epoch and --workflow-id are the discovery attestor's evidence: add --attestor discovery")
 	}
 	if opts.Token == "" {
 		return "", "", errs.New(errs.InvalidArgument, "no join token: pipe it on standard input (bcd join < join-token), or use BCD_JOIN_TOKEN or --token-file")
@@ -476,7 +506,7 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 	if opts.NodeID != "" && !ids.Valid(ids.Node, opts.NodeID) {
 		return "", "", errs.Invalid("--node-id", "want a node id like node_01k5w…")
 	}
-	return role, "", nil
+	return role, attestor, nil
 }
 
 // refuseJoined answers "already joined" when an identity loads (an expired

@@ -28,6 +28,8 @@ const (
 	CheckSPIFFEID  Check = "SPIFFE ID"
 	CheckRole      Check = "role"
 	CheckBundle    Check = "command bundle"
+	// CheckDeferral: a signed deferral (R10.1) for this join.
+	CheckDeferral Check = "deferral"
 )
 
 // ResponseError is a join response that failed a check. It unwraps to an
@@ -75,6 +77,10 @@ type expectation struct {
 	nodeID string
 	// role is the requested role.
 	role string
+	// allowDeferral accepts a signed deferral (a join waiting on a join
+	// request, R10.1) instead of a certificate: a join's first answer may
+	// be one, never a renewal's or a re-join's.
+	allowDeferral bool
 	// renewal: the answer to a Renew. The role must then be exactly role
 	// (a renewal keeps it), and trustDomain, when set, the current one.
 	renewal     bool
@@ -129,6 +135,23 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 	}
 	if !bytes.Equal(body.GetCsrSha256(), want.csrHash) {
 		return nil, want.bad(CheckCSR, "it answers another certificate request")
+	}
+	if d := body.GetDeferral(); d != nil {
+		// A signed deferral: for this CSR, site and role, naming a join
+		// request, and carrying nothing else.
+		switch {
+		case !want.allowDeferral:
+			return nil, want.bad(CheckDeferral, "it defers to a join request, which only a join's answer may do")
+		case !ids.Valid(ids.JoinRequest, d.GetRequestId()):
+			return nil, want.bad(CheckDeferral, "the join request id %q is not valid", d.GetRequestId())
+		case body.GetSiteId() != want.siteID:
+			return nil, want.bad(CheckDeferral, "it defers a join to site %s, not this machine's site %s", body.GetSiteId(), want.siteID)
+		case body.GetRole() != want.role:
+			return nil, want.bad(CheckDeferral, "it defers a join for role %q, not the requested %q", body.GetRole(), want.role)
+		case body.GetNodeId() != "" || len(body.GetCertChain()) > 0:
+			return nil, want.bad(CheckDeferral, "it defers the join and carries a certificate")
+		}
+		return &body, nil
 	}
 
 	// (3) The leaf certifies this join's key.

@@ -1,0 +1,90 @@
+package join
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/bcd/config"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/hwid"
+)
+
+// Waits of a join deferred to a join request (R10.1): the control plane
+// says how long; bcd keeps to these bounds whatever it says.
+const (
+	MinDeferralWait = time.Second
+	MaxDeferralWait = 5 * time.Minute
+	// deferralNote is how often a waiting join says it is still waiting.
+	deferralNote = 5 * time.Minute
+)
+
+// bootEvidence is the discovery attestor's evidence for b (nil without a
+// boot): its MAC and address checked and in their canonical form.
+func bootEvidence(b *Boot) ([]byte, error) {
+	if b == nil {
+		return nil, nil
+	}
+	mac, ok := hwid.NormalizeMAC(b.MAC)
+	if !ok {
+		return nil, errs.Invalid("--boot-mac", "want the permanent MAC of the NIC the machine booted from, like 52:54:00:12:34:56")
+	}
+	ip, err := netip.ParseAddr(b.IP)
+	if err != nil {
+		return nil, errs.Invalid("--boot-ip", "want the IP address the boot lease gave, like 10.0.0.7")
+	}
+	if b.LeaseEpoch <= 0 {
+		return nil, errs.Invalid("--boot-lease-epoch", "want the boot lease's epoch, a positive number")
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.DiscoveryEvidence{
+		Mac: mac, Ip: ip.String(), BootLeaseEpoch: b.LeaseEpoch, WorkflowId: b.WorkflowID,
+	})
+}
+
+// sendUntilDecided sends the join request and checks the answer (R4.6).
+// While the answer is a signed deferral (R10.1) it waits as told and sends
+// the very same request again (same key and CSR: the one an approval
+// admits), until the answer is a certificate, a refusal (a rejected
+// request, an approval that ran out or was used), or ctx ends. join.pending
+// keeps the request meanwhile, so a bcd join after a restart waits on the
+// same join request.
+func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error, want expectation) (*agentv1.JoinResponseBody, error) {
+	var waiting string // the join request waited on
+	var since, noted time.Time
+	for {
+		res, answered, err := j.send(ctx, cfg, req, reseal)
+		if err != nil {
+			err = j.sendFailed(err, answered, "bcd join again with the same token")
+			if waiting != "" && errs.CodeOf(err) == errs.AccessDenied {
+				return nil, errs.New(errs.AccessDenied,
+					"Join refused after waiting on join request %s: an operator rejected it, or its approval ran out or was already used. Ask the operator (better-compute join-requests list --state all); bcd join again makes a new request", waiting)
+			}
+			return nil, err
+		}
+		body, err := verifyResponse(res, want)
+		if err != nil {
+			return nil, err
+		}
+		d := body.GetDeferral()
+		if d == nil {
+			return body, nil
+		}
+		now := j.clock.Now()
+		switch {
+		case waiting != d.GetRequestId():
+			waiting, since, noted = d.GetRequestId(), now, now
+			j.progress("join request %s is waiting for approval (an operator runs: better-compute join-requests approve %s --tenant … --pool … --ttl 900 --reason …); asking again until it is decided, Ctrl-C to stop", waiting, waiting)
+		case now.Sub(noted) >= deferralNote:
+			noted = now
+			j.progress("join request %s still waiting for approval (%s)", waiting, now.Sub(since).Round(time.Second))
+		}
+		wait := min(max(time.Duration(d.GetRetryAfterSeconds())*time.Second, MinDeferralWait), MaxDeferralWait)
+		if err := j.sleep(ctx, wait); err != nil {
+			return nil, errs.New(errs.Unavailable, "stopped while join request %s waits for approval; the request is kept in %s: bcd join again with the same token keeps waiting on it",
+				waiting, j.pendingPath())
+		}
+	}
+}
