@@ -158,7 +158,7 @@ then check the identity with 'bcd status'.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return errs.New(errs.InvalidArgument, "%v", err)
 	})
-	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.fakeMachineCmd(), a.versionCmd())
+	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.fakeMachineCmd(), a.siteCmd(), a.versionCmd())
 	return root
 }
 

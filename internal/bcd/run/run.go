@@ -50,6 +50,7 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/doctor"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/bcd/site"
 	"github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
@@ -108,6 +109,11 @@ type Config struct {
 	Rand func() float64
 	// OnWelcome, when set, is called after each Welcome (tests).
 	OnWelcome func(nodeID string)
+	// BootedCheck is how often a site agent reads its booted file for
+	// machines to report (default 2 s); BootedFile is that file (default
+	// site.BootedPath of the data directory).
+	BootedCheck time.Duration
+	BootedFile  string
 }
 
 // Daemon is bcd's service loop. Build it with New.
@@ -164,6 +170,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if d.cfg.IdentityCheck <= 0 {
 		d.cfg.IdentityCheck = 30 * time.Second
+	}
+	if d.cfg.BootedCheck <= 0 {
+		d.cfg.BootedCheck = 2 * time.Second
+	}
+	if d.cfg.BootedFile == "" {
+		d.cfg.BootedFile = site.BootedPath(cfg.Store.Dir)
 	}
 	return d, nil
 }
@@ -352,6 +364,14 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	go func() {
 		t := d.clock.NewTicker(beat)
 		defer t.Stop()
+		// R10.4: a site agent reports the machines its site booted.
+		var booted <-chan time.Time
+		var reports *siteReports
+		if id.Role == pki.RoleSite {
+			bt := d.clock.NewTicker(d.cfg.BootedCheck)
+			defer bt.Stop()
+			booted, reports = bt.C(), &siteReports{file: d.cfg.BootedFile, sent: map[string]site.Machine{}}
+		}
 		var seq uint64
 		for {
 			var m *agentv1.SessionClientMessage
@@ -359,6 +379,16 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 			select {
 			case <-ctx.Done():
 				return
+			case <-booted:
+				r, err := reports.next(id, nonce, d.log)
+				if err != nil {
+					cancel(err)
+					return
+				}
+				if r == nil {
+					continue
+				}
+				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
 			case <-t.C():
 				seq++
 				sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
