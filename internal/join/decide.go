@@ -126,7 +126,7 @@ func decide(s situation) (decision, string) {
 		return decision{}, "node-id-mismatch"
 	}
 	same := func(n *store.Node) bool {
-		return n.TenantID == adm.TenantID && n.SiteID == pool.SiteID && n.PoolID == pool.ID && nodeident.Family(n.Role) == nodeident.Family(d.Role)
+		return n.TenantID == adm.TenantID && n.SiteID == pool.SiteID && n.PoolID == pool.ID && sameMachineRole(n.Role, d.Role, rejoin)
 	}
 	switch {
 	case rejoin:
@@ -152,7 +152,7 @@ func decide(s situation) (decision, string) {
 		}
 		// A reclaim only ever lowers trust: a node made tenant-controlled
 		// by a hosted token stays so (R8.2).
-		if ex.Role == pki.RoleNodeTenant {
+		if ex.Role == pki.RoleNodeTenant && d.Role == pki.RoleNode {
 			d.Role = pki.RoleNodeTenant
 		}
 		d.Outcome, d.NodeID = joinReclaim, ex.ID
@@ -160,6 +160,20 @@ func decide(s situation) (decision, string) {
 		d.Outcome = joinNew
 	}
 	return d, ""
+}
+
+// sameMachineRole says whether a node of role from may become role to when
+// its machine joins again. A re-join keeps the node's role family; a
+// reclaim may also move a node into a ramdisk (the machine network-booted
+// for provisioning, R10.4) and a ramdisk back into a node (its installed
+// OS joined): one machine stays one node. A site agent stays a site agent.
+func sameMachineRole(from, to string, rejoin bool) bool {
+	f, t := nodeident.Family(from), nodeident.Family(to)
+	if f == t {
+		return true
+	}
+	provisioning := func(r string) bool { return r == pki.RoleNode || r == pki.RoleRamdisk }
+	return !rejoin && provisioning(f) && provisioning(t)
 }
 
 // certRole decides the certificate's role (R8): a hosted token makes a

@@ -92,6 +92,42 @@ func TestDecide(t *testing.T) {
 			s.RequestedNodeID, s.Existing = "node_1", node(nil)
 			s.Adm.AllowReclaim = true
 		}), outcome: joinReclaim, role: pki.RoleNode, trusted: true},
+		{name: "R10.4 placeholder hardware a site vouched for joins untrusted", s: base(func(s *situation) {
+			s.Attestor, s.Adm.Role = "discovery", pki.RoleRamdisk
+			s.Claims, s.Key = placeholder, placeholder.Key()
+		}), outcome: joinNew, role: pki.RoleRamdisk, trusted: false},
+		{name: "R10.4 a ramdisk reclaims the node its machine is", s: base(func(s *situation) {
+			s.Attestor, s.Adm.Role, s.Adm.AllowReclaim = "discovery", pki.RoleRamdisk, true
+			s.Existing = node(nil)
+		}), outcome: joinReclaim, role: pki.RoleRamdisk, trusted: true},
+		{name: "R10.4 a ramdisk of a node-tenant machine stays a ramdisk", s: base(func(s *situation) {
+			s.Attestor, s.Adm.Role, s.Adm.AllowReclaim = "discovery", pki.RoleRamdisk, true
+			s.Existing = node(func(n *store.Node) { n.Role = pki.RoleNodeTenant })
+		}), outcome: joinReclaim, role: pki.RoleRamdisk, trusted: true},
+		{name: "R10.4 the installed OS reclaims its ramdisk node", s: base(func(s *situation) {
+			s.Adm.AllowReclaim = true
+			s.Existing = node(func(n *store.Node) { n.Role = pki.RoleRamdisk })
+		}), outcome: joinReclaim, role: pki.RoleNode, trusted: true},
+		{name: "R10.4 a ramdisk never takes a site agent", s: base(func(s *situation) {
+			s.Attestor, s.Adm.Role, s.Adm.AllowReclaim = "discovery", pki.RoleRamdisk, true
+			s.Existing = node(func(n *store.Node) { n.Role = pki.RoleSite })
+		}), reason: "reclaim"},
+		{name: "R11.3 a node made ahead takes the machine", s: base(func(s *situation) {
+			s.RequestedNodeID = "node_9"
+			s.Requested = node(func(n *store.Node) { n.ID, n.State, n.IdentityGeneration, n.HardwareKey = "node_9", store.NodePending, 0, nil })
+		}), outcome: joinBind, role: pki.RoleNode, trusted: true},
+		{name: "R11.3 a node made ahead in another pool", s: base(func(s *situation) {
+			s.RequestedNodeID = "node_9"
+			s.Requested = node(func(n *store.Node) { n.ID, n.State, n.PoolID = "node_9", store.NodePending, "pool_b" })
+		}), reason: "node-id-pool"},
+		{name: "R11.3 a node made ahead of another tenant", s: base(func(s *situation) {
+			s.RequestedNodeID = "node_9"
+			s.Requested = node(func(n *store.Node) { n.ID, n.State, n.TenantID = "node_9", store.NodePending, "tn_b" })
+		}), reason: "node-id-pool"},
+		{name: "R11.3 a node made ahead for a machine that already is a node", s: base(func(s *situation) {
+			s.RequestedNodeID, s.Existing = "node_9", node(nil)
+			s.Requested = node(func(n *store.Node) { n.ID, n.State = "node_9", store.NodePending })
+		}), reason: "node-id-mismatch"},
 		{name: "R10.5 re-join", s: base(func(s *situation) {
 			s.Attestor, s.Adm.NodeID, s.RequestedNodeID = "x509pop", "node_1", "node_1"
 			s.Existing = node(nil)
@@ -116,6 +152,9 @@ func TestDecide(t *testing.T) {
 			}
 			if d.Outcome != tc.outcome || d.Role != tc.role || d.Trusted != tc.trusted {
 				t.Errorf("decision %+v, want outcome %d role %s trusted %v", d, tc.outcome, tc.role, tc.trusted)
+			}
+			if tc.outcome == joinBind && d.NodeID != "node_9" {
+				t.Errorf("bound node %q, want node_9", d.NodeID)
 			}
 			if (d.Outcome == joinNew) != (d.NodeID == "") {
 				t.Errorf("node id %q for outcome %d", d.NodeID, d.Outcome)

@@ -85,6 +85,10 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 		return nil, err
 	}
 	tenant := adm.TenantID
+	// A machine that is already a node of the tenant (its trusted hardware
+	// key) and that the site network-booted is being provisioned again:
+	// the ramdisk reclaims its node (R6.3), on the site's vouch below.
+	adm.AllowReclaim = true
 	ev, reason := Evidence(in.Evidence, in.Claims)
 	if reason != "" {
 		return nil, attest.Refuse(reason, tenant)
