@@ -114,7 +114,9 @@ func TestDecide(t *testing.T) {
 		}), reason: "reclaim"},
 		{name: "R11.3 a node made ahead takes the machine", s: base(func(s *situation) {
 			s.RequestedNodeID = "node_9"
-			s.Requested = node(func(n *store.Node) { n.ID, n.State, n.IdentityGeneration, n.HardwareKey = "node_9", store.NodePending, 0, nil })
+			s.Requested = node(func(n *store.Node) {
+				n.ID, n.State, n.IdentityGeneration, n.HardwareKey = "node_9", store.NodePending, 0, nil
+			})
 		}), outcome: joinBind, role: pki.RoleNode, trusted: true},
 		{name: "R11.3 a node made ahead in another pool", s: base(func(s *situation) {
 			s.RequestedNodeID = "node_9"

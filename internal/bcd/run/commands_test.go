@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/bcd/run"
@@ -86,12 +87,20 @@ func TestR12_3OperatorCommandThenRetire(t *testing.T) {
 // node names reason.
 func (h *harness) disconnectedBecause(t testing.TB, nodeID, reason string) bool {
 	t.Helper()
-	for _, ev := range h.events(t, "node.disconnected") {
-		var d map[string]any
-		_ = json.Unmarshal(ev.Data, &d)
-		if ev.Subject == nodeID && d["reason"] == reason {
-			return true
+	// The session leaves the registry before its node.disconnected event
+	// commits (and, on PostgreSQL, becomes visible): poll for it.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		for _, ev := range h.events(t, "node.disconnected") {
+			var d map[string]any
+			_ = json.Unmarshal(ev.Data, &d)
+			if ev.Subject == nodeID && d["reason"] == reason {
+				return true
+			}
 		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return false
 }

@@ -269,3 +269,26 @@ func Reasons(t testing.TB, db *store.DB, tenant string) []string {
 	}
 	return out
 }
+
+// Deferral checks a signed deferral for m (R10.1): signed by the
+// join-signing key, for m's CSR, with no certificate, and returns it.
+func (m *Machine) Deferral(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse) *agentv1.JoinDeferral {
+	t.Helper()
+	if err := pki.VerifyResponse(b.JoinSigningCert.PublicKey, res.GetBody(), res.GetSig()); err != nil {
+		t.Fatalf("deferral signature: %v", err)
+	}
+	var body agentv1.JoinResponseBody
+	if err := proto.Unmarshal(res.GetBody(), &body); err != nil {
+		t.Fatalf("deferral body: %v", err)
+	}
+	sum := sha256.Sum256(m.CSR)
+	switch {
+	case !bytes.Equal(body.CsrSha256, sum[:]):
+		t.Fatalf("deferral for csr %x, want %x", body.CsrSha256, sum[:])
+	case body.GetDeferral() == nil:
+		t.Fatalf("answer %v is not a deferral", &body)
+	case len(body.CertChain) > 0 || body.NodeId != "":
+		t.Fatalf("deferral carries a certificate or node: %v", &body)
+	}
+	return body.GetDeferral()
+}
