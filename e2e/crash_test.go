@@ -224,7 +224,7 @@ request_timeout = "5s"
 	for _, at := range []int64{stormMachines / 4, stormMachines / 2} {
 		waitFor(t, fmt.Sprintf("%d confirmed joins", at), stormDeadline, func() bool { return confirmed.Load() >= at })
 		must(t, serve.cmd.Process.Kill())
-		_ = serve.cmd.Wait()
+		<-serve.done
 		t.Logf("killed the API (SIGKILL) after %d confirmed joins", confirmed.Load())
 		serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
 		logged(t, serve, apiURLRE, "the restarted API")
@@ -246,7 +246,7 @@ request_timeout = "5s"
 
 	// Stop the API cleanly, then look at what it left.
 	must(t, serve.cmd.Process.Signal(os.Interrupt))
-	_ = serve.cmd.Wait()
+	<-serve.done
 	checkStormInvariants(t, check, tenant, tokenID, ms)
 }
 

@@ -60,11 +60,14 @@ type proc struct {
 	cmd *exec.Cmd
 	out *bytes.Buffer
 	mu  sync.Mutex
+	// done is closed once the process exited; err is then Wait's error.
+	done chan struct{}
+	err  error
 }
 
 func start(t *testing.T, env []string, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{out: &bytes.Buffer{}}
+	p := &proc{out: &bytes.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	pr, pw, _ := os.Pipe()
@@ -73,6 +76,7 @@ func start(t *testing.T, env []string, name string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	pw.Close()
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
@@ -83,10 +87,8 @@ func start(t *testing.T, env []string, name string, args ...string) *proc {
 	}()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-p.done:
 		case <-time.After(10 * time.Second):
 			_ = p.cmd.Process.Kill()
 		}
@@ -95,6 +97,22 @@ func start(t *testing.T, env []string, name string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// exited waits up to d for the process to exit and returns its exit code.
+func (p *proc) exited(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("%s did not exit within %s", p.cmd.Path, d)
+	}
+	if ee, ok := p.err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	} else if p.err != nil {
+		t.Fatalf("%s: %v", p.cmd.Path, p.err)
+	}
+	return 0
 }
 
 func (p *proc) output() string {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/authz"
+	"github.com/better-compute/better-compute/internal/bcd/claims"
 	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/fsutil"
@@ -261,7 +262,10 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
 			var err error
-			st, err = devBootstrap(ctx, s, db, envPath)
+			if st, err = devBootstrap(ctx, s, db, envPath); err != nil {
+				return err
+			}
+			_, err = mintDevSiteTokens(ctx, s, db, dir, st)
 			return err
 		},
 		AgentReady: func(addr string) {
@@ -306,6 +310,11 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 				log.Error("write the bcd config", "err", err)
 				return
 			}
+			siteConf, ramdiskConf, err := writeDevSiteConfigs(dir, gwURL, st.site, bundle)
+			if err != nil {
+				log.Error("write the site agent's and the booted machine's bcd configs", "err", err)
+				return
+			}
 			ttl := o.certTTL
 			if ttl == 0 {
 				ttl = devMaxCertTTL
@@ -314,6 +323,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 				URL: url, Dir: dir, GatewayURL: gwURL, EnvPath: envPath, BCDConf: bcdConf, CAFile: caFile, CertTTL: ttl,
 				Download: dl,
 			}))
+			fmt.Fprint(a.env.Stdout, devDiscoveryBanner(dir, siteConf, ramdiskConf))
 		},
 	})
 	cancel()
@@ -374,17 +384,30 @@ Install with the install script (bcd %s for linux-%s is served; BCD_ROOT keeps i
 // writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
 // daemon on this machine joining the dev control plane.
 func writeDevBCD(dir, gwURL, site string, b *pki.Bundle) (string, error) {
+	return writeDevBCDAs(dir, "bcd", gwURL, site, b, nil)
+}
+
+// writeDevBCDAs writes DIR/<name>/config.toml (data in DIR/<name>/data)
+// and its join key; with a fake machine, its sysfs tree goes to
+// DIR/<name>/sys and the config reads its claims from there.
+func writeDevBCDAs(dir, name, gwURL, site string, b *pki.Bundle, fake *claims.FakeMachine) (string, error) {
 	pins, err := b.Pins()
 	if err != nil {
 		return "", err
 	}
-	bdir := filepath.Join(dir, "bcd")
+	bdir := filepath.Join(dir, name)
 	if err := os.MkdirAll(bdir, 0o755); err != nil {
 		return "", err
 	}
 	c := &bcdconfig.Config{
 		GatewayURL: gwURL, Site: site, ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
 		DataDir: filepath.Join(bdir, "data"),
+	}
+	if fake != nil {
+		c.SysfsRoot = filepath.Join(bdir, "sys")
+		if err := claims.WriteFake(c.SysfsRoot, "", *fake); err != nil {
+			return "", err
+		}
 	}
 	c.ApplyDefaults()
 	path := filepath.Join(bdir, "config.toml")
