@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode"
 
 	"github.com/better-compute/better-compute/internal/authz"
 	"github.com/better-compute/better-compute/internal/errs"
@@ -133,13 +132,8 @@ func (r *CreateRequest) validate() error {
 	if r.Hosted != "" && r.Hosted != HostedKubernetes {
 		return errs.Invalid("hosted", "must be empty or %q", HostedKubernetes)
 	}
-	if len(r.IdempotencyKey) > 128 {
-		return errs.Invalid("idempotencyKey", "at most 128 characters")
-	}
-	for _, c := range r.IdempotencyKey {
-		if !unicode.IsPrint(c) || c == ' ' {
-			return errs.Invalid("idempotencyKey", "printable characters without spaces only")
-		}
+	if err := authz.ValidIdempotencyKey("idempotencyKey", r.IdempotencyKey); err != nil {
+		return err
 	}
 	e, err := hwid.NormalizeExpect(r.Expect)
 	if err != nil {
@@ -171,8 +165,8 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 			if err := p.Require(r.TenantID, authz.JoinTokensCreate, authz.PoolResource(pool.ID)); err != nil {
 				return err
 			}
-			if pool.Agent != tenancy.AgentBCD {
-				return errs.New(errs.InvalidState, "pool %s runs no daemon (agent %q): join tokens are only for pools with agent %q", pool.ID, pool.Agent, tenancy.AgentBCD)
+			if err := tenancy.RunsDaemon(pool, "join tokens"); err != nil {
+				return err
 			}
 			if r.IdempotencyKey != "" {
 				prev, err := tx.GetJoinTokenByKey(ctx, r.TenantID, r.IdempotencyKey)

@@ -369,6 +369,16 @@ func OwnedPool(ctx context.Context, tx *store.Tx, tenantID, poolID string) (stor
 	return pool, err
 }
 
+// RunsDaemon refuses (INVALID_STATE) a pool whose machines run no daemon
+// (agent other than bcd) for what, which only such pools have ("join
+// tokens", "nodes made ahead").
+func RunsDaemon(pool store.Pool, what string) error {
+	if pool.Agent != AgentBCD {
+		return errs.New(errs.InvalidState, "pool %s runs no daemon (agent %q): %s are only for pools with agent %q", pool.ID, pool.Agent, what, AgentBCD)
+	}
+	return nil
+}
+
 // GetPool reads a pool of the tenant.
 func (s *Service) GetPool(ctx context.Context, p authz.Principal, tenantID, poolID string) (store.Pool, error) {
 	if err := p.ActFor(tenantID); err != nil {

@@ -1,5 +1,5 @@
 // The operator API of better-compute: tenants, sites, pools, API keys, join
-// tokens, events and audit. Served with Connect under the base path
+// tokens, join requests, nodes, commands, events and audit. Served with Connect under the base path
 // (/api/compute by default): JSON over HTTP POST for curl and scripts, gRPC
 // for Go clients. Every request names the tenant it acts for; a resource of
 // another tenant answers NOT_FOUND.
@@ -2221,6 +2221,496 @@ func (x *RevokeJoinTokenRequest) GetTokenId() string {
 	return ""
 }
 
+// A join an attestor deferred to a person (R10.1, R10.2): what the attestor
+// saw and the decision.
+type JoinRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	PoolId string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	SiteId string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// discovery or tpm.
+	Attestor string           `protobuf:"bytes,4,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	Claims   *structpb.Struct `protobuf:"bytes,5,opt,name=claims,proto3" json:"claims,omitempty"`
+	// Hex; empty when the attestor saw none.
+	HardwareKey string `protobuf:"bytes,6,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
+	Mac         string `protobuf:"bytes,7,opt,name=mac,proto3" json:"mac,omitempty"`
+	Ip          string `protobuf:"bytes,8,opt,name=ip,proto3" json:"ip,omitempty"`
+	WorkflowId  string `protobuf:"bytes,9,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	// The site agent (node id) that vouched for a discovered machine.
+	VouchedBy string `protobuf:"bytes,10,opt,name=vouched_by,json=vouchedBy,proto3" json:"vouched_by,omitempty"`
+	// The lease epoch of that vouch; 0 when none.
+	BootLeaseEpoch int64 `protobuf:"varint,11,opt,name=boot_lease_epoch,json=bootLeaseEpoch,proto3" json:"boot_lease_epoch,omitempty"`
+	// Hex SHA-256 of the CSR the approved retry must present.
+	CsrSha256 string `protobuf:"bytes,12,opt,name=csr_sha256,json=csrSha256,proto3" json:"csr_sha256,omitempty"`
+	// pending, approved, rejected, consumed or expired (an approval that
+	// ran out unused).
+	State         string                 `protobuf:"bytes,13,opt,name=state,proto3" json:"state,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	DecidedBy     string                 `protobuf:"bytes,17,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	Reason        string                 `protobuf:"bytes,18,opt,name=reason,proto3" json:"reason,omitempty"`
+	ApprovedUntil *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=approved_until,json=approvedUntil,proto3" json:"approved_until,omitempty"`
+	ConsumedAt    *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=consumed_at,json=consumedAt,proto3" json:"consumed_at,omitempty"`
+	// The node whose join consumed the approval.
+	NodeId        string `protobuf:"bytes,21,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *JoinRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetClaims() *structpb.Struct {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetHardwareKey() string {
+	if x != nil {
+		return x.HardwareKey
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetVouchedBy() string {
+	if x != nil {
+		return x.VouchedBy
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetBootLeaseEpoch() int64 {
+	if x != nil {
+		return x.BootLeaseEpoch
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetCsrSha256() string {
+	if x != nil {
+		return x.CsrSha256
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetApprovedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ApprovedUntil
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetConsumedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConsumedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ListJoinRequestsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// States to list: empty lists pending only; "all" lists every state.
+	State         []string `protobuf:"bytes,3,rep,name=state,proto3" json:"state,omitempty"`
+	PageSize      int32    `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string   `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJoinRequestsRequest) Reset() {
+	*x = ListJoinRequestsRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinRequestsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinRequestsRequest) ProtoMessage() {}
+
+func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinRequestsRequest.ProtoReflect.Descriptor instead.
+func (*ListJoinRequestsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListJoinRequestsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListJoinRequestsRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ListJoinRequestsRequest) GetState() []string {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ListJoinRequestsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListJoinRequestsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListJoinRequestsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*JoinRequest         `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJoinRequestsResponse) Reset() {
+	*x = ListJoinRequestsResponse{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinRequestsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinRequestsResponse) ProtoMessage() {}
+
+func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinRequestsResponse.ProtoReflect.Descriptor instead.
+func (*ListJoinRequestsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListJoinRequestsResponse) GetItems() []*JoinRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListJoinRequestsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ApproveJoinRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TenantId  string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId    string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// How long the approval admits the retry: 60 to 86400.
+	TtlSeconds int32 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// Required: why (a ticket, an intake).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveJoinRequestRequest) Reset() {
+	*x = ApproveJoinRequestRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveJoinRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveJoinRequestRequest) ProtoMessage() {}
+
+func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveJoinRequestRequest.ProtoReflect.Descriptor instead.
+func (*ApproveJoinRequestRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ApproveJoinRequestRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetTtlSeconds() int32 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *ApproveJoinRequestRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RejectJoinRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TenantId  string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId    string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Required.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RejectJoinRequestRequest) Reset() {
+	*x = RejectJoinRequestRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejectJoinRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejectJoinRequestRequest) ProtoMessage() {}
+
+func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejectJoinRequestRequest.ProtoReflect.Descriptor instead.
+func (*RejectJoinRequestRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RejectJoinRequestRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2237,7 +2727,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2739,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2752,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Event) GetId() string {
@@ -2332,7 +2822,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2834,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2847,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListEventsRequest) GetTenantId() string {
@@ -2405,7 +2895,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2907,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2920,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -2464,7 +2954,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2966,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2979,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -2562,7 +3052,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +3064,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +3077,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListAuditRequest) GetTenantId() string {
@@ -2623,7 +3113,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +3125,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +3138,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListAuditResponse) GetItems() []*AuditEntry {
@@ -2681,7 +3171,7 @@ type NodeCert struct {
 
 func (x *NodeCert) Reset() {
 	*x = NodeCert{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +3183,7 @@ func (x *NodeCert) String() string {
 func (*NodeCert) ProtoMessage() {}
 
 func (x *NodeCert) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +3196,7 @@ func (x *NodeCert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
 func (*NodeCert) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NodeCert) GetSerial() string {
@@ -2773,7 +3263,8 @@ type Node struct {
 	PoolId   string                 `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	// node, site, ramdisk or node-tenant.
 	Role string `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
-	// adopting, adopted, failed or retired.
+	// pending (made ahead of its machine, nodes.create), adopting, adopted,
+	// failed or retired.
 	State       string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	StateReason string `protobuf:"bytes,7,opt,name=state_reason,json=stateReason,proto3" json:"state_reason,omitempty"`
 	// connected or disconnected.
@@ -2796,7 +3287,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +3299,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +3312,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Node) GetId() string {
@@ -2962,7 +3453,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3465,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3478,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListNodesRequest) GetTenantId() string {
@@ -3028,7 +3519,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3531,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3544,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListNodesResponse) GetItems() []*Node {
@@ -3080,7 +3571,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3583,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3596,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetNodeRequest) GetTenantId() string {
@@ -3137,7 +3628,7 @@ type RetireNodeRequest struct {
 
 func (x *RetireNodeRequest) Reset() {
 	*x = RetireNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3149,7 +3640,7 @@ func (x *RetireNodeRequest) String() string {
 func (*RetireNodeRequest) ProtoMessage() {}
 
 func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3162,7 +3653,7 @@ func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
 func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RetireNodeRequest) GetTenantId() string {
@@ -3182,6 +3673,80 @@ func (x *RetireNodeRequest) GetNodeId() string {
 func (x *RetireNodeRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+// CreateNode makes a node ahead of its machine, decided on the pool
+// (compute:nodes:create): state pending, identity generation 0, no
+// hardware key, until bcd join --node-id binds a machine to it. The same
+// idempotency key again answers the node it made; with another pool or
+// hostname it is a CONFLICT.
+type CreateNodeRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// Optional; the machine's own hostname replaces it when it joins.
+	Hostname       string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CreateNodeRequest) Reset() {
+	*x = CreateNodeRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateNodeRequest) ProtoMessage() {}
+
+func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateNodeRequest.ProtoReflect.Descriptor instead.
+func (*CreateNodeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *CreateNodeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
 	}
 	return ""
 }
@@ -3210,7 +3775,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3222,7 +3787,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3235,7 +3800,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Command) GetId() string {
@@ -3332,7 +3897,7 @@ type EnqueueCommandRequest struct {
 
 func (x *EnqueueCommandRequest) Reset() {
 	*x = EnqueueCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3909,7 @@ func (x *EnqueueCommandRequest) String() string {
 func (*EnqueueCommandRequest) ProtoMessage() {}
 
 func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3922,7 @@ func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *EnqueueCommandRequest) GetTenantId() string {
@@ -3408,7 +3973,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3985,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3998,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListCommandsRequest) GetTenantId() string {
@@ -3475,7 +4040,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +4052,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +4065,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListCommandsResponse) GetItems() []*Command {
@@ -3527,7 +4092,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +4104,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +4117,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetCommandRequest) GetTenantId() string {
@@ -3750,7 +4315,62 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x16RevokeJoinTokenRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x19\n" +
-	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\xd7\x01\n" +
+	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\x81\x06\n" +
+	"\vJoinRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x17\n" +
+	"\asite_id\x18\x03 \x01(\tR\x06siteId\x12\x1a\n" +
+	"\battestor\x18\x04 \x01(\tR\battestor\x12/\n" +
+	"\x06claims\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06claims\x12!\n" +
+	"\fhardware_key\x18\x06 \x01(\tR\vhardwareKey\x12\x10\n" +
+	"\x03mac\x18\a \x01(\tR\x03mac\x12\x0e\n" +
+	"\x02ip\x18\b \x01(\tR\x02ip\x12\x1f\n" +
+	"\vworkflow_id\x18\t \x01(\tR\n" +
+	"workflowId\x12\x1d\n" +
+	"\n" +
+	"vouched_by\x18\n" +
+	" \x01(\tR\tvouchedBy\x12(\n" +
+	"\x10boot_lease_epoch\x18\v \x01(\x03R\x0ebootLeaseEpoch\x12\x1d\n" +
+	"\n" +
+	"csr_sha256\x18\f \x01(\tR\tcsrSha256\x12\x14\n" +
+	"\x05state\x18\r \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x129\n" +
+	"\n" +
+	"decided_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x11 \x01(\tR\tdecidedBy\x12\x16\n" +
+	"\x06reason\x18\x12 \x01(\tR\x06reason\x12A\n" +
+	"\x0eapproved_until\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\rapprovedUntil\x12;\n" +
+	"\vconsumed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"consumedAt\x12\x17\n" +
+	"\anode_id\x18\x15 \x01(\tR\x06nodeId\"\xa1\x01\n" +
+	"\x17ListJoinRequestsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x14\n" +
+	"\x05state\x18\x03 \x03(\tR\x05state\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"w\n" +
+	"\x18ListJoinRequestsResponse\x123\n" +
+	"\x05items\x18\x01 \x03(\v2\x1d.bettercompute.v1.JoinRequestR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa9\x01\n" +
+	"\x19ApproveJoinRequestRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vttl_seconds\x18\x04 \x01(\x05R\n" +
+	"ttlSeconds\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x87\x01\n" +
+	"\x18RejectJoinRequestRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xd7\x01\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -3839,7 +4459,12 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x11RetireNodeRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb0\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8e\x01\n" +
+	"\x11CreateNodeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12'\n" +
+	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\"\xb0\x03\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -3897,12 +4522,18 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x10JoinTokenService\x12X\n" +
 	"\x0fCreateJoinToken\x12(.bettercompute.v1.CreateJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken\x12c\n" +
 	"\x0eListJoinTokens\x12'.bettercompute.v1.ListJoinTokensRequest\x1a(.bettercompute.v1.ListJoinTokensResponse\x12X\n" +
-	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\xbd\x01\n" +
+	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\xc1\x02\n" +
+	"\x12JoinRequestService\x12i\n" +
+	"\x10ListJoinRequests\x12).bettercompute.v1.ListJoinRequestsRequest\x1a*.bettercompute.v1.ListJoinRequestsResponse\x12`\n" +
+	"\x12ApproveJoinRequest\x12+.bettercompute.v1.ApproveJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest\x12^\n" +
+	"\x11RejectJoinRequest\x12*.bettercompute.v1.RejectJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest2\xbd\x01\n" +
 	"\fEventService\x12W\n" +
 	"\n" +
 	"ListEvents\x12#.bettercompute.v1.ListEventsRequest\x1a$.bettercompute.v1.ListEventsResponse\x12T\n" +
-	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xf3\x01\n" +
-	"\vNodeService\x12T\n" +
+	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xbe\x02\n" +
+	"\vNodeService\x12I\n" +
+	"\n" +
+	"CreateNode\x12#.bettercompute.v1.CreateNodeRequest\x1a\x16.bettercompute.v1.Node\x12T\n" +
 	"\tListNodes\x12\".bettercompute.v1.ListNodesRequest\x1a#.bettercompute.v1.ListNodesResponse\x12C\n" +
 	"\aGetNode\x12 .bettercompute.v1.GetNodeRequest\x1a\x16.bettercompute.v1.Node\x12I\n" +
 	"\n" +
@@ -3925,166 +4556,187 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_bettercompute_v1_api_proto_goTypes = []any{
-	(*ErrorDetail)(nil),             // 0: bettercompute.v1.ErrorDetail
-	(*Tenant)(nil),                  // 1: bettercompute.v1.Tenant
-	(*CreateTenantRequest)(nil),     // 2: bettercompute.v1.CreateTenantRequest
-	(*GetTenantRequest)(nil),        // 3: bettercompute.v1.GetTenantRequest
-	(*ListTenantsRequest)(nil),      // 4: bettercompute.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),     // 5: bettercompute.v1.ListTenantsResponse
-	(*Site)(nil),                    // 6: bettercompute.v1.Site
-	(*CreateSiteRequest)(nil),       // 7: bettercompute.v1.CreateSiteRequest
-	(*GetSiteRequest)(nil),          // 8: bettercompute.v1.GetSiteRequest
-	(*ListSitesRequest)(nil),        // 9: bettercompute.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),       // 10: bettercompute.v1.ListSitesResponse
-	(*KubernetesPolicy)(nil),        // 11: bettercompute.v1.KubernetesPolicy
-	(*AcceptancePolicy)(nil),        // 12: bettercompute.v1.AcceptancePolicy
-	(*PoolPolicy)(nil),              // 13: bettercompute.v1.PoolPolicy
-	(*Pool)(nil),                    // 14: bettercompute.v1.Pool
-	(*CreatePoolRequest)(nil),       // 15: bettercompute.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),          // 16: bettercompute.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),        // 17: bettercompute.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 18: bettercompute.v1.ListPoolsResponse
-	(*UpdatePoolPolicyRequest)(nil), // 19: bettercompute.v1.UpdatePoolPolicyRequest
-	(*Grant)(nil),                   // 20: bettercompute.v1.Grant
-	(*ApiKey)(nil),                  // 21: bettercompute.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),     // 22: bettercompute.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),    // 23: bettercompute.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),      // 24: bettercompute.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),     // 25: bettercompute.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),     // 26: bettercompute.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),    // 27: bettercompute.v1.RevokeApiKeyResponse
-	(*Expect)(nil),                  // 28: bettercompute.v1.Expect
-	(*JoinToken)(nil),               // 29: bettercompute.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 30: bettercompute.v1.CreateJoinTokenRequest
-	(*ListJoinTokensRequest)(nil),   // 31: bettercompute.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),  // 32: bettercompute.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),  // 33: bettercompute.v1.RevokeJoinTokenRequest
-	(*Event)(nil),                   // 34: bettercompute.v1.Event
-	(*ListEventsRequest)(nil),       // 35: bettercompute.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 36: bettercompute.v1.ListEventsResponse
-	(*AuditEntry)(nil),              // 37: bettercompute.v1.AuditEntry
-	(*ListAuditRequest)(nil),        // 38: bettercompute.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),       // 39: bettercompute.v1.ListAuditResponse
-	(*NodeCert)(nil),                // 40: bettercompute.v1.NodeCert
-	(*Node)(nil),                    // 41: bettercompute.v1.Node
-	(*ListNodesRequest)(nil),        // 42: bettercompute.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 43: bettercompute.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),          // 44: bettercompute.v1.GetNodeRequest
-	(*RetireNodeRequest)(nil),       // 45: bettercompute.v1.RetireNodeRequest
-	(*Command)(nil),                 // 46: bettercompute.v1.Command
-	(*EnqueueCommandRequest)(nil),   // 47: bettercompute.v1.EnqueueCommandRequest
-	(*ListCommandsRequest)(nil),     // 48: bettercompute.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),    // 49: bettercompute.v1.ListCommandsResponse
-	(*GetCommandRequest)(nil),       // 50: bettercompute.v1.GetCommandRequest
-	(*timestamppb.Timestamp)(nil),   // 51: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),   // 52: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),         // 53: google.protobuf.Struct
+	(*ErrorDetail)(nil),               // 0: bettercompute.v1.ErrorDetail
+	(*Tenant)(nil),                    // 1: bettercompute.v1.Tenant
+	(*CreateTenantRequest)(nil),       // 2: bettercompute.v1.CreateTenantRequest
+	(*GetTenantRequest)(nil),          // 3: bettercompute.v1.GetTenantRequest
+	(*ListTenantsRequest)(nil),        // 4: bettercompute.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 5: bettercompute.v1.ListTenantsResponse
+	(*Site)(nil),                      // 6: bettercompute.v1.Site
+	(*CreateSiteRequest)(nil),         // 7: bettercompute.v1.CreateSiteRequest
+	(*GetSiteRequest)(nil),            // 8: bettercompute.v1.GetSiteRequest
+	(*ListSitesRequest)(nil),          // 9: bettercompute.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),         // 10: bettercompute.v1.ListSitesResponse
+	(*KubernetesPolicy)(nil),          // 11: bettercompute.v1.KubernetesPolicy
+	(*AcceptancePolicy)(nil),          // 12: bettercompute.v1.AcceptancePolicy
+	(*PoolPolicy)(nil),                // 13: bettercompute.v1.PoolPolicy
+	(*Pool)(nil),                      // 14: bettercompute.v1.Pool
+	(*CreatePoolRequest)(nil),         // 15: bettercompute.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),            // 16: bettercompute.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),          // 17: bettercompute.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),         // 18: bettercompute.v1.ListPoolsResponse
+	(*UpdatePoolPolicyRequest)(nil),   // 19: bettercompute.v1.UpdatePoolPolicyRequest
+	(*Grant)(nil),                     // 20: bettercompute.v1.Grant
+	(*ApiKey)(nil),                    // 21: bettercompute.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),       // 22: bettercompute.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),      // 23: bettercompute.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),        // 24: bettercompute.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),       // 25: bettercompute.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),       // 26: bettercompute.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),      // 27: bettercompute.v1.RevokeApiKeyResponse
+	(*Expect)(nil),                    // 28: bettercompute.v1.Expect
+	(*JoinToken)(nil),                 // 29: bettercompute.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),    // 30: bettercompute.v1.CreateJoinTokenRequest
+	(*ListJoinTokensRequest)(nil),     // 31: bettercompute.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),    // 32: bettercompute.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),    // 33: bettercompute.v1.RevokeJoinTokenRequest
+	(*JoinRequest)(nil),               // 34: bettercompute.v1.JoinRequest
+	(*ListJoinRequestsRequest)(nil),   // 35: bettercompute.v1.ListJoinRequestsRequest
+	(*ListJoinRequestsResponse)(nil),  // 36: bettercompute.v1.ListJoinRequestsResponse
+	(*ApproveJoinRequestRequest)(nil), // 37: bettercompute.v1.ApproveJoinRequestRequest
+	(*RejectJoinRequestRequest)(nil),  // 38: bettercompute.v1.RejectJoinRequestRequest
+	(*Event)(nil),                     // 39: bettercompute.v1.Event
+	(*ListEventsRequest)(nil),         // 40: bettercompute.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 41: bettercompute.v1.ListEventsResponse
+	(*AuditEntry)(nil),                // 42: bettercompute.v1.AuditEntry
+	(*ListAuditRequest)(nil),          // 43: bettercompute.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),         // 44: bettercompute.v1.ListAuditResponse
+	(*NodeCert)(nil),                  // 45: bettercompute.v1.NodeCert
+	(*Node)(nil),                      // 46: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),          // 47: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),         // 48: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),            // 49: bettercompute.v1.GetNodeRequest
+	(*RetireNodeRequest)(nil),         // 50: bettercompute.v1.RetireNodeRequest
+	(*CreateNodeRequest)(nil),         // 51: bettercompute.v1.CreateNodeRequest
+	(*Command)(nil),                   // 52: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),     // 53: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),       // 54: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 55: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),         // 56: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),     // 57: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),     // 58: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),           // 59: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	51, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	57, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	51, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	57, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
 	13, // 6: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	51, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	51, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 7: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	57, // 8: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	13, // 9: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	14, // 10: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 11: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	52, // 12: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	58, // 12: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
 	20, // 13: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	51, // 14: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	51, // 15: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 16: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	57, // 14: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	57, // 15: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	57, // 16: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
 	20, // 17: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
 	21, // 18: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
 	21, // 19: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
 	28, // 20: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	51, // 21: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 22: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	51, // 23: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	57, // 21: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	57, // 22: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	57, // 23: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
 	28, // 24: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
 	29, // 25: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	51, // 26: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	53, // 27: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	34, // 28: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	51, // 29: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	53, // 30: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	37, // 31: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	51, // 32: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	51, // 33: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	51, // 34: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	51, // 35: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	53, // 36: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	51, // 37: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	51, // 38: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	40, // 39: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	41, // 40: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	53, // 41: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	53, // 42: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	51, // 43: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	51, // 44: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	51, // 45: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	51, // 46: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 47: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	46, // 48: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 49: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 50: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 51: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 52: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 53: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 54: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	15, // 55: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	16, // 56: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	17, // 57: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	19, // 58: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	22, // 59: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	24, // 60: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	26, // 61: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	30, // 62: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	31, // 63: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	33, // 64: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	35, // 65: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	38, // 66: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	42, // 67: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	44, // 68: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	45, // 69: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	47, // 70: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	48, // 71: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	50, // 72: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 73: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 74: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 75: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 76: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 77: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 78: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	14, // 79: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	14, // 80: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	18, // 81: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	14, // 82: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	23, // 83: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	25, // 84: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	27, // 85: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	29, // 86: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	32, // 87: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	29, // 88: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	36, // 89: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	39, // 90: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	43, // 91: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	41, // 92: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	41, // 93: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	46, // 94: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	49, // 95: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	46, // 96: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
-	73, // [73:97] is the sub-list for method output_type
-	49, // [49:73] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	59, // 26: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
+	57, // 27: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
+	57, // 28: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 29: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
+	57, // 30: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
+	57, // 31: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
+	34, // 32: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
+	57, // 33: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	59, // 34: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	39, // 35: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	57, // 36: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	59, // 37: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	42, // 38: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	57, // 39: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	57, // 40: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	57, // 41: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	57, // 42: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	59, // 43: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	57, // 44: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	57, // 45: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	45, // 46: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	46, // 47: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	59, // 48: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	59, // 49: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	57, // 50: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	57, // 51: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	57, // 52: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	57, // 53: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 54: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	52, // 55: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 56: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 57: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 58: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 59: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 60: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 61: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	15, // 62: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	16, // 63: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	17, // 64: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	19, // 65: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	22, // 66: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	24, // 67: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	26, // 68: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	30, // 69: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	31, // 70: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	33, // 71: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	35, // 72: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
+	37, // 73: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
+	38, // 74: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
+	40, // 75: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	43, // 76: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	51, // 77: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
+	47, // 78: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	49, // 79: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	50, // 80: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	53, // 81: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	54, // 82: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	56, // 83: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 84: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 85: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 86: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 87: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 88: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 89: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	14, // 90: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	14, // 91: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	18, // 92: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	14, // 93: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	23, // 94: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	25, // 95: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	27, // 96: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	29, // 97: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	32, // 98: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	29, // 99: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	36, // 100: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
+	34, // 101: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	34, // 102: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	41, // 103: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	44, // 104: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	46, // 105: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
+	48, // 106: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	46, // 107: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	46, // 108: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	52, // 109: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	55, // 110: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	52, // 111: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	84, // [84:112] is the sub-list for method output_type
+	56, // [56:84] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -4098,9 +4750,9 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   57,
 			NumExtensions: 0,
-			NumServices:   8,
+			NumServices:   9,
 		},
 		GoTypes:           file_bettercompute_v1_api_proto_goTypes,
 		DependencyIndexes: file_bettercompute_v1_api_proto_depIdxs,
