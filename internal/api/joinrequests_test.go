@@ -175,7 +175,9 @@ func TestJoinRequestApproveRejectR10_3(t *testing.T) {
 		}
 		// A consumed approval shows when and by which node.
 		at := time.Now()
-		mustOK(t, e.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.ConsumeJoinRequest(ctx, reqs[1].ID, "node_01k5w0000000000000000000aa", at) }))
+		mustOK(t, e.DB.WithTx(ctx, func(tx *store.Tx) error {
+			return tx.ConsumeJoinRequest(ctx, reqs[1].ID, "node_01k5w0000000000000000000aa", at)
+		}))
 		res, err := e.Admin.JoinRequests.ListJoinRequests(ctx, rq(&bcv1.ListJoinRequestsRequest{TenantId: w.root, PoolId: w.pool.Id, State: []string{"consumed"}}))
 		mustOK(t, err)
 		if len(res.Msg.Items) != 1 || res.Msg.Items[0].NodeId != "node_01k5w0000000000000000000aa" || res.Msg.Items[0].ConsumedAt == nil {
