@@ -154,11 +154,8 @@ func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID 
 	}
 	var out []store.JoinRequest
 	err = s.db.ReadTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinRequestsRead)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, authz.JoinRequestsRead, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		now := s.clock.Now()
@@ -240,11 +237,8 @@ func (s *Service) decide(ctx context.Context, p authz.Principal, tenantID, poolI
 	}
 	var out store.JoinRequest
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, action)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, action, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		r, err := tx.GetJoinRequest(ctx, requestID)

@@ -158,11 +158,8 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 	var out Created
 	create := func() error {
 		return s.db.WithTx(ctx, func(tx *store.Tx) error {
-			pool, err := tenancy.OwnedPool(ctx, tx, r.TenantID, r.PoolID)
+			pool, err := tenancy.PoolFor(ctx, tx, p, r.TenantID, r.PoolID, authz.JoinTokensCreate)
 			if err != nil {
-				return err
-			}
-			if err := p.Require(r.TenantID, authz.JoinTokensCreate, authz.PoolResource(pool.ID)); err != nil {
 				return err
 			}
 			if err := tenancy.RunsDaemon(pool, "join tokens"); err != nil {
@@ -254,11 +251,8 @@ func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID 
 	}
 	var out []store.JoinToken
 	err := s.db.ReadTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinTokensRead)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, authz.JoinTokensRead, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		out, err = tx.ListJoinTokens(ctx, pool.ID, includeInactive, after, limit)
@@ -278,11 +272,8 @@ func (s *Service) Revoke(ctx context.Context, p authz.Principal, tenantID, poolI
 	}
 	var out store.JoinToken
 	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinTokensRevoke)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, authz.JoinTokensRevoke, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		tok, err := tx.GetJoinToken(ctx, tokenID)

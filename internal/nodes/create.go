@@ -47,11 +47,8 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 	var out store.Node
 	create := func() error {
 		return s.db.WithTx(ctx, func(tx *store.Tx) error {
-			pool, err := tenancy.OwnedPool(ctx, tx, r.TenantID, r.PoolID)
+			pool, err := tenancy.PoolFor(ctx, tx, p, r.TenantID, r.PoolID, authz.NodesCreate)
 			if err != nil {
-				return err
-			}
-			if err := p.Require(r.TenantID, authz.NodesCreate, authz.PoolResource(pool.ID)); err != nil {
 				return err
 			}
 			if err := tenancy.RunsDaemon(pool, "nodes made ahead"); err != nil {
