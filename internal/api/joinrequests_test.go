@@ -19,15 +19,17 @@ import (
 )
 
 // insertRequests stores n pending join requests of distinct machines in
-// the pool, as JoinService would, and returns them in id order.
+// the pool, as JoinService would, and returns them in id order (each made
+// a millisecond after the last, so ids sort as made).
 func insertRequests(t testing.TB, db *store.DB, pool *bcv1.Pool, n int) []store.JoinRequest {
 	t.Helper()
 	ctx := context.Background()
 	out := make([]store.JoinRequest, 0, n)
+	base := time.Now()
 	err := db.WithTx(ctx, func(tx *store.Tx) error {
 		for i := range n {
 			csr := sha256.Sum256([]byte(fmt.Sprintf("csr %s %d %d", pool.Id, i, time.Now().UnixNano())))
-			r, err := tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, time.Now()), TenantID: pool.OwnerTenantId,
+			r, err := tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, base.Add(time.Duration(i)*time.Millisecond)), TenantID: pool.OwnerTenantId,
 				PoolID: pool.Id, SiteID: pool.SiteId, Attestor: "discovery", Role: "ramdisk", MachineKey: fmt.Sprintf("mac:%s:%d", pool.Id, i),
 				Claims: []byte(`{"productSerial":"SN-` + fmt.Sprint(i) + `","hostname":"pxe-` + fmt.Sprint(i) + `"}`), HardwareKey: []byte{0xab, 0xcd, byte(i)},
 				MAC: fmt.Sprintf("52:54:00:00:%02x:%02x", i/256, i%256), IP: "10.0.0.9", WorkflowID: "wf-9", VouchedBy: "node_site", BootLeaseEpoch: 7,
@@ -40,7 +42,6 @@ func insertRequests(t testing.TB, db *store.DB, pool *bcv1.Pool, n int) []store.
 		return nil
 	})
 	mustOK(t, err)
-	slices.SortFunc(out, func(a, b store.JoinRequest) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
