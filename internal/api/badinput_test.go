@@ -17,7 +17,13 @@ const createPath = "/api/compute/bettercompute.v1.JoinTokenService/CreateJoinTok
 // would, and returns the status and the decoded answer.
 func post(t *testing.T, e *apitest.Env, contentType, auth string, body io.Reader) (int, map[string]any) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.URL+createPath, body)
+	return postTo(t, e, createPath, contentType, auth, body)
+}
+
+// postTo is post to the procedure at path.
+func postTo(t *testing.T, e *apitest.Env, path, contentType, auth string, body io.Reader) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.URL+path, body)
 	mustOK(t, err)
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)

@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -21,6 +22,20 @@ func nodeCertPB(c store.NodeCert) *bcv1.NodeCert {
 	_ = json.Unmarshal(c.AllowedKinds, &kinds)
 	return &bcv1.NodeCert{Serial: c.Serial, IdentityGeneration: int32(c.IdentityGeneration), Role: c.Role, NotBefore: ts(c.NotBefore), NotAfter: ts(c.NotAfter),
 		RevokedAt: tsp(c.RevokedAt), RevokeReason: c.RevokeReason, AllowedKinds: kinds}
+}
+
+func (o *operator) CreateNode(ctx context.Context, req *connect.Request[bcv1.CreateNodeRequest]) (*connect.Response[bcv1.Node], error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	n, err := o.s.nodes.Create(ctx, p, nodes.CreateRequest{TenantID: m.GetTenantId(), PoolID: m.GetPoolId(), Hostname: m.GetHostname(),
+		IdempotencyKey: m.GetIdempotencyKey()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(nodePB(n)), nil
 }
 
 func (o *operator) ListNodes(ctx context.Context, req *connect.Request[bcv1.ListNodesRequest]) (*connect.Response[bcv1.ListNodesResponse], error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/joinreq"
 	"github.com/better-compute/better-compute/internal/jointoken"
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/nodes"
@@ -79,7 +80,9 @@ type Server struct {
 	tenancy *tenancy.Service
 	authz   *authz.Service
 	tokens  *jointoken.Service
-	nodes   *nodes.Service
+	// joinReqs lists and decides join requests (R10).
+	joinReqs *joinreq.Service
+	nodes    *nodes.Service
 	// commands is the operator's command queue (commands.go).
 	commands *commands.Service
 	join     *join.Service
@@ -112,10 +115,11 @@ func New(cfg Config) (*Server, error) {
 	hub := events.NewHub()
 	s := &Server{
 		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub,
-		tenancy: tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
-		authz:   authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
-		tokens:  jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
-		mux:     http.NewServeMux(),
+		tenancy:  tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
+		authz:    authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
+		tokens:   jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
+		joinReqs: joinreq.New(joinreq.Config{DB: cfg.DB, Hub: hub, Clock: cfg.Clock}),
+		mux:      http.NewServeMux(),
 		// Read once: RouteLabel runs on every request.
 		procedures: operatorProcedures(),
 	}
@@ -150,6 +154,7 @@ func New(cfg Config) (*Server, error) {
 		func() (string, http.Handler) { return bcv1connect.NewPoolServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewApiKeyServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewJoinTokenServiceHandler(op, opts...) },
+		func() (string, http.Handler) { return bcv1connect.NewJoinRequestServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewEventServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewNodeServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewCommandServiceHandler(op, opts...) },

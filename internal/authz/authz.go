@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
@@ -25,27 +26,29 @@ const KeyScheme = "bck"
 
 // Actions decided by the API.
 const (
-	TenantsCreate      = "compute:tenants:create"
-	TenantsRead        = "compute:tenants:read"
-	SitesCreate        = "compute:sites:create"
-	SitesRead          = "compute:sites:read"
-	PoolsCreate        = "compute:pools:create"
-	PoolsRead          = "compute:pools:read"
-	PoolsUpdate        = "compute:pools:update"
-	APIKeysCreate      = "compute:api-keys:create"
-	APIKeysRead        = "compute:api-keys:read"
-	APIKeysRevoke      = "compute:api-keys:revoke"
-	JoinTokensCreate   = "compute:join-tokens:create"
-	JoinTokensRead     = "compute:join-tokens:read"
-	JoinTokensRevoke   = "compute:join-tokens:revoke"
-	NodesRead          = "compute:nodes:read"
-	NodesUpdate        = "compute:nodes:update"
-	CommandsCreate     = "compute:commands:create"
-	CommandsRead       = "compute:commands:read"
-	EventsRead         = "compute:events:read"
-	AuditRead          = "compute:audit:read"
-	JoinRequestsRead   = "compute:join-requests:read"
-	JoinRequestsDecide = "compute:join-requests:decide"
+	TenantsCreate       = "compute:tenants:create"
+	TenantsRead         = "compute:tenants:read"
+	SitesCreate         = "compute:sites:create"
+	SitesRead           = "compute:sites:read"
+	PoolsCreate         = "compute:pools:create"
+	PoolsRead           = "compute:pools:read"
+	PoolsUpdate         = "compute:pools:update"
+	APIKeysCreate       = "compute:api-keys:create"
+	APIKeysRead         = "compute:api-keys:read"
+	APIKeysRevoke       = "compute:api-keys:revoke"
+	JoinTokensCreate    = "compute:join-tokens:create"
+	JoinTokensRead      = "compute:join-tokens:read"
+	JoinTokensRevoke    = "compute:join-tokens:revoke"
+	NodesCreate         = "compute:nodes:create"
+	NodesRead           = "compute:nodes:read"
+	NodesUpdate         = "compute:nodes:update"
+	CommandsCreate      = "compute:commands:create"
+	CommandsRead        = "compute:commands:read"
+	EventsRead          = "compute:events:read"
+	AuditRead           = "compute:audit:read"
+	JoinRequestsRead    = "compute:join-requests:read"
+	JoinRequestsApprove = "compute:join-requests:approve"
+	JoinRequestsReject  = "compute:join-requests:reject"
 )
 
 // Resource names.
@@ -236,6 +239,23 @@ type Config struct {
 
 // New returns a Service.
 func New(cfg Config) *Service { return &Service{db: cfg.DB, hub: cfg.Hub} }
+
+// MaxIdempotencyKey bounds an idempotency key.
+const MaxIdempotencyKey = 128
+
+// ValidIdempotencyKey checks an idempotency key of a create call: empty
+// (none), or up to MaxIdempotencyKey printable characters without spaces.
+func ValidIdempotencyKey(field, key string) error {
+	if len(key) > MaxIdempotencyKey {
+		return errs.Invalid(field, "at most %d characters", MaxIdempotencyKey)
+	}
+	for _, c := range key {
+		if !unicode.IsPrint(c) || c == ' ' {
+			return errs.Invalid(field, "printable characters without spaces only")
+		}
+	}
+	return nil
+}
 
 // ValidName checks names of tenants, sites, pools and keys.
 func ValidName(field, s string) error {

@@ -11,7 +11,7 @@ import (
 )
 
 func (a *app) nodesCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect and retire nodes"}
+	cmd := &cobra.Command{Use: "nodes", Short: "Create ahead, list, inspect and retire nodes"}
 	var tenant, pool string
 	list := &cobra.Command{
 		Use: "list --tenant T [--pool P]", Short: "List the tenant's nodes", Args: cobra.NoArgs,
@@ -88,7 +88,7 @@ func (a *app) nodesCmd() *cobra.Command {
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
-	cmd.AddCommand(list, get, a.retireCmd())
+	cmd.AddCommand(a.nodeCreateCmd(), list, get, a.retireCmd())
 	return cmd
 }
 
@@ -97,4 +97,49 @@ func reasonSuffix(r string) string {
 		return ""
 	}
 	return " (" + r + ")"
+}
+
+func (a *app) nodeCreateCmd() *cobra.Command {
+	var tenant, pool, hostname, key string
+	create := &cobra.Command{
+		Use:   "create --tenant T --pool P [--hostname H] [--key K]",
+		Short: "Make a node ahead of its machine and print its id",
+		Long: `Make a node before its machine exists, for a deploy that installs the OS
+and then joins it: the node is pending (identity generation 0, no hardware
+key, no certificate) until bcd join --node-id NODE_ID binds a machine to it,
+with a join token of the node's pool.
+
+The id alone is printed, so a script can capture it; --json prints the node.
+--key makes the call idempotent: the same key again prints the same node.`,
+		Example: `  NODE=$(better-compute nodes create --tenant $TENANT --pool $POOL --hostname gpu-07 --key deploy-gpu-07)
+  bcd join --server https://compute.example.com --token-file ./join-token --node-id $NODE`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required("tenant", tenant); err != nil {
+				return err
+			}
+			if err := required("pool", pool); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Nodes.CreateNode(cmd.Context(), connect.NewRequest(&bcv1.CreateNodeRequest{TenantId: tenant, PoolId: pool, Hostname: hostname, IdempotencyKey: key}))
+			if err != nil {
+				return err
+			}
+			if a.wantJSON() {
+				return a.printJSON(res.Msg)
+			}
+			fmt.Fprintln(a.env.Stdout, res.Msg.Id)
+			return nil
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
+	f.StringVar(&pool, "pool", "", "pool id (pool_…) the machine will join")
+	f.StringVar(&hostname, "hostname", "", "the name it is known by until its machine reports its own")
+	f.StringVar(&key, "key", "", "idempotency key: the same key again prints the same node")
+	return create
 }

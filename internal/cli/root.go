@@ -77,7 +77,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "better-compute",
-		Short: "Operate a better-compute control plane: pools, join tokens, nodes, PKI",
+		Short: "Operate a better-compute control plane: pools, join tokens and requests, nodes, PKI",
 		Long: `better-compute turns machines into nodes of a compute fleet.
 
 Start a local control plane with 'better-compute dev', then 'source' the
@@ -94,7 +94,7 @@ BETTER_COMPUTE_API_KEY and BETTER_COMPUTE_CA_FILE (flags override them).`,
 	pf.BoolVar(&a.json, "json", false, "print JSON for scripts")
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	root.AddCommand(
-		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(),
+		a.tenantsCmd(), a.sitesCmd(), a.poolsCmd(), a.apiKeysCmd(), a.joinTokensCmd(), a.joinRequestsCmd(),
 		a.nodesCmd(), a.commandsCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
 		a.daemonCmd(),
 	)

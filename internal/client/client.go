@@ -37,9 +37,11 @@ type Client struct {
 	Pools      bcv1connect.PoolServiceClient
 	APIKeys    bcv1connect.ApiKeyServiceClient
 	JoinTokens bcv1connect.JoinTokenServiceClient
-	Events     bcv1connect.EventServiceClient
-	Nodes      bcv1connect.NodeServiceClient
-	Commands   bcv1connect.CommandServiceClient
+	// JoinRequests lists and decides join requests (R10).
+	JoinRequests bcv1connect.JoinRequestServiceClient
+	Events       bcv1connect.EventServiceClient
+	Nodes        bcv1connect.NodeServiceClient
+	Commands     bcv1connect.CommandServiceClient
 	// Base is the API's base URL, path included.
 	Base string
 }
@@ -81,15 +83,16 @@ func New(cfg Config) (*Client, error) {
 	base := BaseURL(cfg.URL)
 	opts := []connect.ClientOption{connect.WithInterceptors(authInterceptor(cfg.APIKey))}
 	return &Client{
-		Tenants:    bcv1connect.NewTenantServiceClient(hc, base, opts...),
-		Sites:      bcv1connect.NewSiteServiceClient(hc, base, opts...),
-		Pools:      bcv1connect.NewPoolServiceClient(hc, base, opts...),
-		APIKeys:    bcv1connect.NewApiKeyServiceClient(hc, base, opts...),
-		JoinTokens: bcv1connect.NewJoinTokenServiceClient(hc, base, opts...),
-		Events:     bcv1connect.NewEventServiceClient(hc, base, opts...),
-		Nodes:      bcv1connect.NewNodeServiceClient(hc, base, opts...),
-		Commands:   bcv1connect.NewCommandServiceClient(hc, base, opts...),
-		Base:       base,
+		Tenants:      bcv1connect.NewTenantServiceClient(hc, base, opts...),
+		Sites:        bcv1connect.NewSiteServiceClient(hc, base, opts...),
+		Pools:        bcv1connect.NewPoolServiceClient(hc, base, opts...),
+		APIKeys:      bcv1connect.NewApiKeyServiceClient(hc, base, opts...),
+		JoinTokens:   bcv1connect.NewJoinTokenServiceClient(hc, base, opts...),
+		JoinRequests: bcv1connect.NewJoinRequestServiceClient(hc, base, opts...),
+		Events:       bcv1connect.NewEventServiceClient(hc, base, opts...),
+		Nodes:        bcv1connect.NewNodeServiceClient(hc, base, opts...),
+		Commands:     bcv1connect.NewCommandServiceClient(hc, base, opts...),
+		Base:         base,
 	}, nil
 }
 

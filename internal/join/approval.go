@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/events"
@@ -78,8 +79,8 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	if in.Key.Trusted {
 		r.HardwareKey = in.Key.Hash[:]
 	}
-	event := "security.join-request.created"
-	var data map[string]any
+	event := joinreq.EventCreated
+	data := map[string]any{}
 	if found {
 		// R10.2: a newer attempt refreshes the machine's one request with
 		// its new CSR; an approval given for the older CSR is void.
@@ -89,7 +90,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		} else if err != nil {
 			return approved{}, err
 		}
-		event, data = "security.join-request.refreshed", joinreq.Published(r)
+		event = joinreq.EventRefreshed
 		data["approvalVoided"] = open.State == store.JoinRequestApproved
 	} else {
 		r.ID = ids.New(ids.JoinRequest, now)
@@ -99,12 +100,14 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 			}
 			return approved{}, fmt.Errorf("record join request: %w", err)
 		}
-		data = joinreq.Published(r)
+	}
+	for k, v := range joinreq.Published(r) {
+		data[k] = v
 	}
 	if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: event, Subject: r.ID, Data: data}); err != nil {
 		return approved{}, err
 	}
-	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "system", Action: event[len("security."):], Resource: "compute-join-request/" + r.ID, Data: data}); err != nil {
+	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "system", Action: strings.TrimPrefix(event, "security."), Resource: joinreq.Resource(r.ID), Data: data}); err != nil {
 		return approved{}, err
 	}
 	return approved{waiting: &r}, nil

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode"
 
 	"github.com/better-compute/better-compute/internal/authz"
 	"github.com/better-compute/better-compute/internal/errs"
@@ -133,13 +132,8 @@ func (r *CreateRequest) validate() error {
 	if r.Hosted != "" && r.Hosted != HostedKubernetes {
 		return errs.Invalid("hosted", "must be empty or %q", HostedKubernetes)
 	}
-	if len(r.IdempotencyKey) > 128 {
-		return errs.Invalid("idempotencyKey", "at most 128 characters")
-	}
-	for _, c := range r.IdempotencyKey {
-		if !unicode.IsPrint(c) || c == ' ' {
-			return errs.Invalid("idempotencyKey", "printable characters without spaces only")
-		}
+	if err := authz.ValidIdempotencyKey("idempotencyKey", r.IdempotencyKey); err != nil {
+		return err
 	}
 	e, err := hwid.NormalizeExpect(r.Expect)
 	if err != nil {
@@ -164,15 +158,12 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 	var out Created
 	create := func() error {
 		return s.db.WithTx(ctx, func(tx *store.Tx) error {
-			pool, err := tenancy.OwnedPool(ctx, tx, r.TenantID, r.PoolID)
+			pool, err := tenancy.PoolFor(ctx, tx, p, r.TenantID, r.PoolID, authz.JoinTokensCreate)
 			if err != nil {
 				return err
 			}
-			if err := p.Require(r.TenantID, authz.JoinTokensCreate, authz.PoolResource(pool.ID)); err != nil {
+			if err := tenancy.RunsDaemon(pool, "join tokens"); err != nil {
 				return err
-			}
-			if pool.Agent != tenancy.AgentBCD {
-				return errs.New(errs.InvalidState, "pool %s runs no daemon (agent %q): join tokens are only for pools with agent %q", pool.ID, pool.Agent, tenancy.AgentBCD)
 			}
 			if r.IdempotencyKey != "" {
 				prev, err := tx.GetJoinTokenByKey(ctx, r.TenantID, r.IdempotencyKey)
@@ -260,11 +251,8 @@ func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID 
 	}
 	var out []store.JoinToken
 	err := s.db.ReadTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinTokensRead)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, authz.JoinTokensRead, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		out, err = tx.ListJoinTokens(ctx, pool.ID, includeInactive, after, limit)
@@ -284,11 +272,8 @@ func (s *Service) Revoke(ctx context.Context, p authz.Principal, tenantID, poolI
 	}
 	var out store.JoinToken
 	err := s.db.WithTx(ctx, func(tx *store.Tx) error {
-		pool, err := tenancy.OwnedPool(ctx, tx, tenantID, poolID)
+		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinTokensRevoke)
 		if err != nil {
-			return err
-		}
-		if err := p.Require(tenantID, authz.JoinTokensRevoke, authz.PoolResource(pool.ID)); err != nil {
 			return err
 		}
 		tok, err := tx.GetJoinToken(ctx, tokenID)

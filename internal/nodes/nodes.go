@@ -1,7 +1,7 @@
 // Package nodes owns nodes through the operator API: reading a tenant's
 // nodes with their lifecycle and connection state and their certificates,
-// and retiring them (retire.go). Nodes are created only by JoinService
-// (internal/join).
+// and retiring them (retire.go). Nodes are created by JoinService
+// (internal/join) and, ahead of their machines, by Create (create.go).
 package nodes
 
 import (

@@ -403,6 +403,31 @@ func OwnedPool(ctx context.Context, tx *store.Tx, tenantID, poolID string) (stor
 	return pool, err
 }
 
+// PoolFor reads the tenant's pool inside tx and checks that p may do
+// action on it: the check of every call decided on a pool (join tokens,
+// join requests, nodes made ahead). Another tenant's or a missing pool is
+// NOT_FOUND.
+func PoolFor(ctx context.Context, tx *store.Tx, p authz.Principal, tenantID, poolID, action string) (store.Pool, error) {
+	pool, err := OwnedPool(ctx, tx, tenantID, poolID)
+	if err != nil {
+		return store.Pool{}, err
+	}
+	if err := p.Require(tenantID, action, authz.PoolResource(pool.ID)); err != nil {
+		return store.Pool{}, err
+	}
+	return pool, nil
+}
+
+// RunsDaemon refuses (INVALID_STATE) a pool whose machines run no daemon
+// (agent other than bcd) for what, which only such pools have ("join
+// tokens", "nodes made ahead").
+func RunsDaemon(pool store.Pool, what string) error {
+	if pool.Agent != AgentBCD {
+		return errs.New(errs.InvalidState, "pool %s runs no daemon (agent %q): %s are only for pools with agent %q", pool.ID, pool.Agent, what, AgentBCD)
+	}
+	return nil
+}
+
 // GetPool reads a pool of the tenant.
 func (s *Service) GetPool(ctx context.Context, p authz.Principal, tenantID, poolID string) (store.Pool, error) {
 	if err := p.ActFor(tenantID); err != nil {

@@ -1,5 +1,5 @@
 // The operator API of better-compute: tenants, sites, pools, API keys, join
-// tokens, events and audit. Served with Connect under the base path
+// tokens, join requests, nodes, commands, events and audit. Served with Connect under the base path
 // (/api/compute by default): JSON over HTTP POST for curl and scripts, gRPC
 // for Go clients. Every request names the tenant it acts for; a resource of
 // another tenant answers NOT_FOUND.
@@ -2277,6 +2277,496 @@ func (x *RevokeJoinTokenRequest) GetTokenId() string {
 	return ""
 }
 
+// A join an attestor deferred to a person (R10.1, R10.2): what the attestor
+// saw and the decision.
+type JoinRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	PoolId string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	SiteId string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// discovery or tpm.
+	Attestor string           `protobuf:"bytes,4,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	Claims   *structpb.Struct `protobuf:"bytes,5,opt,name=claims,proto3" json:"claims,omitempty"`
+	// Hex; empty when the attestor saw none.
+	HardwareKey string `protobuf:"bytes,6,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
+	Mac         string `protobuf:"bytes,7,opt,name=mac,proto3" json:"mac,omitempty"`
+	Ip          string `protobuf:"bytes,8,opt,name=ip,proto3" json:"ip,omitempty"`
+	WorkflowId  string `protobuf:"bytes,9,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	// The site agent (node id) that vouched for a discovered machine.
+	VouchedBy string `protobuf:"bytes,10,opt,name=vouched_by,json=vouchedBy,proto3" json:"vouched_by,omitempty"`
+	// The lease epoch of that vouch; 0 when none.
+	BootLeaseEpoch int64 `protobuf:"varint,11,opt,name=boot_lease_epoch,json=bootLeaseEpoch,proto3" json:"boot_lease_epoch,omitempty"`
+	// Hex SHA-256 of the CSR the approved retry must present.
+	CsrSha256 string `protobuf:"bytes,12,opt,name=csr_sha256,json=csrSha256,proto3" json:"csr_sha256,omitempty"`
+	// pending, approved, rejected, consumed or expired (an approval that
+	// ran out unused).
+	State         string                 `protobuf:"bytes,13,opt,name=state,proto3" json:"state,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	DecidedBy     string                 `protobuf:"bytes,17,opt,name=decided_by,json=decidedBy,proto3" json:"decided_by,omitempty"`
+	Reason        string                 `protobuf:"bytes,18,opt,name=reason,proto3" json:"reason,omitempty"`
+	ApprovedUntil *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=approved_until,json=approvedUntil,proto3" json:"approved_until,omitempty"`
+	ConsumedAt    *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=consumed_at,json=consumedAt,proto3" json:"consumed_at,omitempty"`
+	// The node whose join consumed the approval.
+	NodeId        string `protobuf:"bytes,21,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *JoinRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetClaims() *structpb.Struct {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetHardwareKey() string {
+	if x != nil {
+		return x.HardwareKey
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetVouchedBy() string {
+	if x != nil {
+		return x.VouchedBy
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetBootLeaseEpoch() int64 {
+	if x != nil {
+		return x.BootLeaseEpoch
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetCsrSha256() string {
+	if x != nil {
+		return x.CsrSha256
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetDecidedBy() string {
+	if x != nil {
+		return x.DecidedBy
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetApprovedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ApprovedUntil
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetConsumedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConsumedAt
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ListJoinRequestsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// States to list: empty lists pending only; "all" lists every state.
+	State         []string `protobuf:"bytes,3,rep,name=state,proto3" json:"state,omitempty"`
+	PageSize      int32    `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string   `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJoinRequestsRequest) Reset() {
+	*x = ListJoinRequestsRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinRequestsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinRequestsRequest) ProtoMessage() {}
+
+func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinRequestsRequest.ProtoReflect.Descriptor instead.
+func (*ListJoinRequestsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListJoinRequestsRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ListJoinRequestsRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ListJoinRequestsRequest) GetState() []string {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ListJoinRequestsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListJoinRequestsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListJoinRequestsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*JoinRequest         `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJoinRequestsResponse) Reset() {
+	*x = ListJoinRequestsResponse{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinRequestsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinRequestsResponse) ProtoMessage() {}
+
+func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinRequestsResponse.ProtoReflect.Descriptor instead.
+func (*ListJoinRequestsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListJoinRequestsResponse) GetItems() []*JoinRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *ListJoinRequestsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ApproveJoinRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TenantId  string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId    string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// How long the approval admits the retry: 60 to 86400.
+	TtlSeconds int32 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// Required: why (a ticket, an intake).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApproveJoinRequestRequest) Reset() {
+	*x = ApproveJoinRequestRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApproveJoinRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApproveJoinRequestRequest) ProtoMessage() {}
+
+func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApproveJoinRequestRequest.ProtoReflect.Descriptor instead.
+func (*ApproveJoinRequestRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ApproveJoinRequestRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetTtlSeconds() int32 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *ApproveJoinRequestRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RejectJoinRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TenantId  string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId    string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Required.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RejectJoinRequestRequest) Reset() {
+	*x = RejectJoinRequestRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejectJoinRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejectJoinRequestRequest) ProtoMessage() {}
+
+func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejectJoinRequestRequest.ProtoReflect.Descriptor instead.
+func (*RejectJoinRequestRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RejectJoinRequestRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RejectJoinRequestRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2293,7 +2783,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2795,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2808,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Event) GetId() string {
@@ -2388,7 +2878,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2890,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2903,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListEventsRequest) GetTenantId() string {
@@ -2461,7 +2951,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2963,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2976,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -2520,7 +3010,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +3022,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +3035,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -2618,7 +3108,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +3120,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +3133,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListAuditRequest) GetTenantId() string {
@@ -2679,7 +3169,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +3181,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +3194,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListAuditResponse) GetItems() []*AuditEntry {
@@ -2737,7 +3227,7 @@ type NodeCert struct {
 
 func (x *NodeCert) Reset() {
 	*x = NodeCert{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +3239,7 @@ func (x *NodeCert) String() string {
 func (*NodeCert) ProtoMessage() {}
 
 func (x *NodeCert) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +3252,7 @@ func (x *NodeCert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
 func (*NodeCert) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *NodeCert) GetSerial() string {
@@ -2829,7 +3319,8 @@ type Node struct {
 	PoolId   string                 `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	// node, site, ramdisk or node-tenant.
 	Role string `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
-	// adopting, adopted, failed or retired.
+	// pending (made ahead of its machine, nodes.create), adopting, adopted,
+	// failed or retired.
 	State       string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	StateReason string `protobuf:"bytes,7,opt,name=state_reason,json=stateReason,proto3" json:"state_reason,omitempty"`
 	// connected or disconnected.
@@ -2852,7 +3343,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +3355,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +3368,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Node) GetId() string {
@@ -3018,7 +3509,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3030,7 +3521,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3043,7 +3534,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListNodesRequest) GetTenantId() string {
@@ -3084,7 +3575,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3096,7 +3587,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3600,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListNodesResponse) GetItems() []*Node {
@@ -3136,7 +3627,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3639,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3652,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetNodeRequest) GetTenantId() string {
@@ -3193,7 +3684,7 @@ type RetireNodeRequest struct {
 
 func (x *RetireNodeRequest) Reset() {
 	*x = RetireNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3696,7 @@ func (x *RetireNodeRequest) String() string {
 func (*RetireNodeRequest) ProtoMessage() {}
 
 func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3709,7 @@ func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
 func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RetireNodeRequest) GetTenantId() string {
@@ -3238,6 +3729,80 @@ func (x *RetireNodeRequest) GetNodeId() string {
 func (x *RetireNodeRequest) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+// CreateNode makes a node ahead of its machine, decided on the pool
+// (compute:nodes:create): state pending, identity generation 0, no
+// hardware key, until bcd join --node-id binds a machine to it. The same
+// idempotency key again answers the node it made; with another pool or
+// hostname it is a CONFLICT.
+type CreateNodeRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId   string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// Optional; the machine's own hostname replaces it when it joins.
+	Hostname       string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CreateNodeRequest) Reset() {
+	*x = CreateNodeRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateNodeRequest) ProtoMessage() {}
+
+func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateNodeRequest.ProtoReflect.Descriptor instead.
+func (*CreateNodeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *CreateNodeRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *CreateNodeRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
 	}
 	return ""
 }
@@ -3266,7 +3831,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3843,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3856,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Command) GetId() string {
@@ -3388,7 +3953,7 @@ type EnqueueCommandRequest struct {
 
 func (x *EnqueueCommandRequest) Reset() {
 	*x = EnqueueCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3965,7 @@ func (x *EnqueueCommandRequest) String() string {
 func (*EnqueueCommandRequest) ProtoMessage() {}
 
 func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3978,7 @@ func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *EnqueueCommandRequest) GetTenantId() string {
@@ -3464,7 +4029,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +4041,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +4054,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListCommandsRequest) GetTenantId() string {
@@ -3531,7 +4096,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3543,7 +4108,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3556,7 +4121,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListCommandsResponse) GetItems() []*Command {
@@ -3583,7 +4148,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4160,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4173,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetCommandRequest) GetTenantId() string {
@@ -3809,7 +4374,62 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x16RevokeJoinTokenRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x19\n" +
-	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\xd7\x01\n" +
+	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\x81\x06\n" +
+	"\vJoinRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x17\n" +
+	"\asite_id\x18\x03 \x01(\tR\x06siteId\x12\x1a\n" +
+	"\battestor\x18\x04 \x01(\tR\battestor\x12/\n" +
+	"\x06claims\x18\x05 \x01(\v2\x17.google.protobuf.StructR\x06claims\x12!\n" +
+	"\fhardware_key\x18\x06 \x01(\tR\vhardwareKey\x12\x10\n" +
+	"\x03mac\x18\a \x01(\tR\x03mac\x12\x0e\n" +
+	"\x02ip\x18\b \x01(\tR\x02ip\x12\x1f\n" +
+	"\vworkflow_id\x18\t \x01(\tR\n" +
+	"workflowId\x12\x1d\n" +
+	"\n" +
+	"vouched_by\x18\n" +
+	" \x01(\tR\tvouchedBy\x12(\n" +
+	"\x10boot_lease_epoch\x18\v \x01(\x03R\x0ebootLeaseEpoch\x12\x1d\n" +
+	"\n" +
+	"csr_sha256\x18\f \x01(\tR\tcsrSha256\x12\x14\n" +
+	"\x05state\x18\r \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x129\n" +
+	"\n" +
+	"decided_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x1d\n" +
+	"\n" +
+	"decided_by\x18\x11 \x01(\tR\tdecidedBy\x12\x16\n" +
+	"\x06reason\x18\x12 \x01(\tR\x06reason\x12A\n" +
+	"\x0eapproved_until\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\rapprovedUntil\x12;\n" +
+	"\vconsumed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"consumedAt\x12\x17\n" +
+	"\anode_id\x18\x15 \x01(\tR\x06nodeId\"\xa1\x01\n" +
+	"\x17ListJoinRequestsRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x14\n" +
+	"\x05state\x18\x03 \x03(\tR\x05state\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"w\n" +
+	"\x18ListJoinRequestsResponse\x123\n" +
+	"\x05items\x18\x01 \x03(\v2\x1d.bettercompute.v1.JoinRequestR\x05items\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa9\x01\n" +
+	"\x19ApproveJoinRequestRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vttl_seconds\x18\x04 \x01(\x05R\n" +
+	"ttlSeconds\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x87\x01\n" +
+	"\x18RejectJoinRequestRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xd7\x01\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -3898,7 +4518,12 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x11RetireNodeRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb0\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8e\x01\n" +
+	"\x11CreateNodeRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12'\n" +
+	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\"\xb0\x03\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -3956,12 +4581,18 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x10JoinTokenService\x12X\n" +
 	"\x0fCreateJoinToken\x12(.bettercompute.v1.CreateJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken\x12c\n" +
 	"\x0eListJoinTokens\x12'.bettercompute.v1.ListJoinTokensRequest\x1a(.bettercompute.v1.ListJoinTokensResponse\x12X\n" +
-	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\xbd\x01\n" +
+	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\xc1\x02\n" +
+	"\x12JoinRequestService\x12i\n" +
+	"\x10ListJoinRequests\x12).bettercompute.v1.ListJoinRequestsRequest\x1a*.bettercompute.v1.ListJoinRequestsResponse\x12`\n" +
+	"\x12ApproveJoinRequest\x12+.bettercompute.v1.ApproveJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest\x12^\n" +
+	"\x11RejectJoinRequest\x12*.bettercompute.v1.RejectJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest2\xbd\x01\n" +
 	"\fEventService\x12W\n" +
 	"\n" +
 	"ListEvents\x12#.bettercompute.v1.ListEventsRequest\x1a$.bettercompute.v1.ListEventsResponse\x12T\n" +
-	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xf3\x01\n" +
-	"\vNodeService\x12T\n" +
+	"\tListAudit\x12\".bettercompute.v1.ListAuditRequest\x1a#.bettercompute.v1.ListAuditResponse2\xbe\x02\n" +
+	"\vNodeService\x12I\n" +
+	"\n" +
+	"CreateNode\x12#.bettercompute.v1.CreateNodeRequest\x1a\x16.bettercompute.v1.Node\x12T\n" +
 	"\tListNodes\x12\".bettercompute.v1.ListNodesRequest\x1a#.bettercompute.v1.ListNodesResponse\x12C\n" +
 	"\aGetNode\x12 .bettercompute.v1.GetNodeRequest\x1a\x16.bettercompute.v1.Node\x12I\n" +
 	"\n" +
@@ -3984,168 +4615,189 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_bettercompute_v1_api_proto_goTypes = []any{
-	(*ErrorDetail)(nil),             // 0: bettercompute.v1.ErrorDetail
-	(*Tenant)(nil),                  // 1: bettercompute.v1.Tenant
-	(*CreateTenantRequest)(nil),     // 2: bettercompute.v1.CreateTenantRequest
-	(*GetTenantRequest)(nil),        // 3: bettercompute.v1.GetTenantRequest
-	(*ListTenantsRequest)(nil),      // 4: bettercompute.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),     // 5: bettercompute.v1.ListTenantsResponse
-	(*Site)(nil),                    // 6: bettercompute.v1.Site
-	(*CreateSiteRequest)(nil),       // 7: bettercompute.v1.CreateSiteRequest
-	(*GetSiteRequest)(nil),          // 8: bettercompute.v1.GetSiteRequest
-	(*ListSitesRequest)(nil),        // 9: bettercompute.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),       // 10: bettercompute.v1.ListSitesResponse
-	(*KubernetesPolicy)(nil),        // 11: bettercompute.v1.KubernetesPolicy
-	(*AcceptancePolicy)(nil),        // 12: bettercompute.v1.AcceptancePolicy
-	(*PoolPolicy)(nil),              // 13: bettercompute.v1.PoolPolicy
-	(*DiscoveryPolicy)(nil),         // 14: bettercompute.v1.DiscoveryPolicy
-	(*Pool)(nil),                    // 15: bettercompute.v1.Pool
-	(*CreatePoolRequest)(nil),       // 16: bettercompute.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),          // 17: bettercompute.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),        // 18: bettercompute.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 19: bettercompute.v1.ListPoolsResponse
-	(*UpdatePoolPolicyRequest)(nil), // 20: bettercompute.v1.UpdatePoolPolicyRequest
-	(*Grant)(nil),                   // 21: bettercompute.v1.Grant
-	(*ApiKey)(nil),                  // 22: bettercompute.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),     // 23: bettercompute.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),    // 24: bettercompute.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),      // 25: bettercompute.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),     // 26: bettercompute.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),     // 27: bettercompute.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),    // 28: bettercompute.v1.RevokeApiKeyResponse
-	(*Expect)(nil),                  // 29: bettercompute.v1.Expect
-	(*JoinToken)(nil),               // 30: bettercompute.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),  // 31: bettercompute.v1.CreateJoinTokenRequest
-	(*ListJoinTokensRequest)(nil),   // 32: bettercompute.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),  // 33: bettercompute.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),  // 34: bettercompute.v1.RevokeJoinTokenRequest
-	(*Event)(nil),                   // 35: bettercompute.v1.Event
-	(*ListEventsRequest)(nil),       // 36: bettercompute.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),      // 37: bettercompute.v1.ListEventsResponse
-	(*AuditEntry)(nil),              // 38: bettercompute.v1.AuditEntry
-	(*ListAuditRequest)(nil),        // 39: bettercompute.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),       // 40: bettercompute.v1.ListAuditResponse
-	(*NodeCert)(nil),                // 41: bettercompute.v1.NodeCert
-	(*Node)(nil),                    // 42: bettercompute.v1.Node
-	(*ListNodesRequest)(nil),        // 43: bettercompute.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),       // 44: bettercompute.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),          // 45: bettercompute.v1.GetNodeRequest
-	(*RetireNodeRequest)(nil),       // 46: bettercompute.v1.RetireNodeRequest
-	(*Command)(nil),                 // 47: bettercompute.v1.Command
-	(*EnqueueCommandRequest)(nil),   // 48: bettercompute.v1.EnqueueCommandRequest
-	(*ListCommandsRequest)(nil),     // 49: bettercompute.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),    // 50: bettercompute.v1.ListCommandsResponse
-	(*GetCommandRequest)(nil),       // 51: bettercompute.v1.GetCommandRequest
-	(*timestamppb.Timestamp)(nil),   // 52: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),   // 53: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),         // 54: google.protobuf.Struct
+	(*ErrorDetail)(nil),               // 0: bettercompute.v1.ErrorDetail
+	(*Tenant)(nil),                    // 1: bettercompute.v1.Tenant
+	(*CreateTenantRequest)(nil),       // 2: bettercompute.v1.CreateTenantRequest
+	(*GetTenantRequest)(nil),          // 3: bettercompute.v1.GetTenantRequest
+	(*ListTenantsRequest)(nil),        // 4: bettercompute.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 5: bettercompute.v1.ListTenantsResponse
+	(*Site)(nil),                      // 6: bettercompute.v1.Site
+	(*CreateSiteRequest)(nil),         // 7: bettercompute.v1.CreateSiteRequest
+	(*GetSiteRequest)(nil),            // 8: bettercompute.v1.GetSiteRequest
+	(*ListSitesRequest)(nil),          // 9: bettercompute.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),         // 10: bettercompute.v1.ListSitesResponse
+	(*KubernetesPolicy)(nil),          // 11: bettercompute.v1.KubernetesPolicy
+	(*AcceptancePolicy)(nil),          // 12: bettercompute.v1.AcceptancePolicy
+	(*PoolPolicy)(nil),                // 13: bettercompute.v1.PoolPolicy
+	(*DiscoveryPolicy)(nil),           // 14: bettercompute.v1.DiscoveryPolicy
+	(*Pool)(nil),                      // 15: bettercompute.v1.Pool
+	(*CreatePoolRequest)(nil),         // 16: bettercompute.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),            // 17: bettercompute.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),          // 18: bettercompute.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),         // 19: bettercompute.v1.ListPoolsResponse
+	(*UpdatePoolPolicyRequest)(nil),   // 20: bettercompute.v1.UpdatePoolPolicyRequest
+	(*Grant)(nil),                     // 21: bettercompute.v1.Grant
+	(*ApiKey)(nil),                    // 22: bettercompute.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),       // 23: bettercompute.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),      // 24: bettercompute.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),        // 25: bettercompute.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),       // 26: bettercompute.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),       // 27: bettercompute.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),      // 28: bettercompute.v1.RevokeApiKeyResponse
+	(*Expect)(nil),                    // 29: bettercompute.v1.Expect
+	(*JoinToken)(nil),                 // 30: bettercompute.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),    // 31: bettercompute.v1.CreateJoinTokenRequest
+	(*ListJoinTokensRequest)(nil),     // 32: bettercompute.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),    // 33: bettercompute.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),    // 34: bettercompute.v1.RevokeJoinTokenRequest
+	(*JoinRequest)(nil),               // 35: bettercompute.v1.JoinRequest
+	(*ListJoinRequestsRequest)(nil),   // 36: bettercompute.v1.ListJoinRequestsRequest
+	(*ListJoinRequestsResponse)(nil),  // 37: bettercompute.v1.ListJoinRequestsResponse
+	(*ApproveJoinRequestRequest)(nil), // 38: bettercompute.v1.ApproveJoinRequestRequest
+	(*RejectJoinRequestRequest)(nil),  // 39: bettercompute.v1.RejectJoinRequestRequest
+	(*Event)(nil),                     // 40: bettercompute.v1.Event
+	(*ListEventsRequest)(nil),         // 41: bettercompute.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 42: bettercompute.v1.ListEventsResponse
+	(*AuditEntry)(nil),                // 43: bettercompute.v1.AuditEntry
+	(*ListAuditRequest)(nil),          // 44: bettercompute.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),         // 45: bettercompute.v1.ListAuditResponse
+	(*NodeCert)(nil),                  // 46: bettercompute.v1.NodeCert
+	(*Node)(nil),                      // 47: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),          // 48: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),         // 49: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),            // 50: bettercompute.v1.GetNodeRequest
+	(*RetireNodeRequest)(nil),         // 51: bettercompute.v1.RetireNodeRequest
+	(*CreateNodeRequest)(nil),         // 52: bettercompute.v1.CreateNodeRequest
+	(*Command)(nil),                   // 53: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),     // 54: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),       // 55: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 56: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),         // 57: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),     // 58: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),     // 59: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),           // 60: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	52, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	58, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	52, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	58, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
 	14, // 6: bettercompute.v1.PoolPolicy.discovery:type_name -> bettercompute.v1.DiscoveryPolicy
 	13, // 7: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	52, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	52, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	58, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	58, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	13, // 10: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	15, // 11: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 12: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	53, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	59, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
 	21, // 14: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	52, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	52, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	52, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	58, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	58, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
 	21, // 18: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
 	22, // 19: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
 	22, // 20: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
 	29, // 21: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	52, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	52, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	52, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	58, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	58, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
 	29, // 25: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
 	30, // 26: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	52, // 27: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	54, // 28: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	35, // 29: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	52, // 30: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	54, // 31: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	38, // 32: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	52, // 33: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	52, // 34: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	52, // 35: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	52, // 36: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	54, // 37: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	52, // 38: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	52, // 39: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	41, // 40: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	42, // 41: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	54, // 42: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	54, // 43: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	52, // 44: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	52, // 45: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	52, // 46: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	52, // 47: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 48: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	47, // 49: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 50: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 51: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 52: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 53: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 54: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 55: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	16, // 56: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	17, // 57: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	18, // 58: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	20, // 59: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	23, // 60: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	25, // 61: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	27, // 62: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	31, // 63: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	32, // 64: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	34, // 65: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	36, // 66: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	39, // 67: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	43, // 68: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	45, // 69: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	46, // 70: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	48, // 71: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	49, // 72: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	51, // 73: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 74: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 75: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 76: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 77: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 78: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 79: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	15, // 80: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	15, // 81: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	19, // 82: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	15, // 83: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	24, // 84: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	26, // 85: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	28, // 86: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	30, // 87: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	33, // 88: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	30, // 89: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	37, // 90: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	40, // 91: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	44, // 92: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	42, // 93: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	42, // 94: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	47, // 95: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	50, // 96: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	47, // 97: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
-	74, // [74:98] is the sub-list for method output_type
-	50, // [50:74] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	60, // 27: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
+	58, // 28: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
+	58, // 29: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
+	58, // 30: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
+	58, // 31: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
+	58, // 32: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
+	35, // 33: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
+	58, // 34: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	60, // 35: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	40, // 36: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	58, // 37: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	60, // 38: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	43, // 39: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	58, // 40: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	58, // 41: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	58, // 42: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	58, // 43: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	60, // 44: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	58, // 45: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	58, // 46: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 47: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	47, // 48: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	60, // 49: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	60, // 50: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	58, // 51: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	58, // 52: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	58, // 53: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	58, // 54: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	60, // 55: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	53, // 56: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 57: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 58: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 59: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 60: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 61: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 62: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	16, // 63: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	17, // 64: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	18, // 65: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	20, // 66: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	23, // 67: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	25, // 68: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	27, // 69: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	31, // 70: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	32, // 71: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	34, // 72: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	36, // 73: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
+	38, // 74: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
+	39, // 75: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
+	41, // 76: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	44, // 77: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	52, // 78: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
+	48, // 79: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	50, // 80: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	51, // 81: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	54, // 82: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	55, // 83: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	57, // 84: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 85: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 86: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 87: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 88: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 89: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 90: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	15, // 91: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	15, // 92: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	19, // 93: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	15, // 94: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	24, // 95: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	26, // 96: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	28, // 97: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	30, // 98: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	33, // 99: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	30, // 100: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	37, // 101: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
+	35, // 102: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	35, // 103: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	42, // 104: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	45, // 105: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	47, // 106: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
+	49, // 107: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	47, // 108: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	47, // 109: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	53, // 110: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	56, // 111: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	53, // 112: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	85, // [85:113] is the sub-list for method output_type
+	57, // [57:85] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -4159,9 +4811,9 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   58,
 			NumExtensions: 0,
-			NumServices:   8,
+			NumServices:   9,
 		},
 		GoTypes:           file_bettercompute_v1_api_proto_goTypes,
 		DependencyIndexes: file_bettercompute_v1_api_proto_depIdxs,

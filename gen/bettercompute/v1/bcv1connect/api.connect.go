@@ -1,5 +1,5 @@
 // The operator API of better-compute: tenants, sites, pools, API keys, join
-// tokens, events and audit. Served with Connect under the base path
+// tokens, join requests, nodes, commands, events and audit. Served with Connect under the base path
 // (/api/compute by default): JSON over HTTP POST for curl and scripts, gRPC
 // for Go clients. Every request names the tenant it acts for; a resource of
 // another tenant answers NOT_FOUND.
@@ -37,6 +37,8 @@ const (
 	ApiKeyServiceName = "bettercompute.v1.ApiKeyService"
 	// JoinTokenServiceName is the fully-qualified name of the JoinTokenService service.
 	JoinTokenServiceName = "bettercompute.v1.JoinTokenService"
+	// JoinRequestServiceName is the fully-qualified name of the JoinRequestService service.
+	JoinRequestServiceName = "bettercompute.v1.JoinRequestService"
 	// EventServiceName is the fully-qualified name of the EventService service.
 	EventServiceName = "bettercompute.v1.EventService"
 	// NodeServiceName is the fully-qualified name of the NodeService service.
@@ -94,10 +96,21 @@ const (
 	// JoinTokenServiceRevokeJoinTokenProcedure is the fully-qualified name of the JoinTokenService's
 	// RevokeJoinToken RPC.
 	JoinTokenServiceRevokeJoinTokenProcedure = "/bettercompute.v1.JoinTokenService/RevokeJoinToken"
+	// JoinRequestServiceListJoinRequestsProcedure is the fully-qualified name of the
+	// JoinRequestService's ListJoinRequests RPC.
+	JoinRequestServiceListJoinRequestsProcedure = "/bettercompute.v1.JoinRequestService/ListJoinRequests"
+	// JoinRequestServiceApproveJoinRequestProcedure is the fully-qualified name of the
+	// JoinRequestService's ApproveJoinRequest RPC.
+	JoinRequestServiceApproveJoinRequestProcedure = "/bettercompute.v1.JoinRequestService/ApproveJoinRequest"
+	// JoinRequestServiceRejectJoinRequestProcedure is the fully-qualified name of the
+	// JoinRequestService's RejectJoinRequest RPC.
+	JoinRequestServiceRejectJoinRequestProcedure = "/bettercompute.v1.JoinRequestService/RejectJoinRequest"
 	// EventServiceListEventsProcedure is the fully-qualified name of the EventService's ListEvents RPC.
 	EventServiceListEventsProcedure = "/bettercompute.v1.EventService/ListEvents"
 	// EventServiceListAuditProcedure is the fully-qualified name of the EventService's ListAudit RPC.
 	EventServiceListAuditProcedure = "/bettercompute.v1.EventService/ListAudit"
+	// NodeServiceCreateNodeProcedure is the fully-qualified name of the NodeService's CreateNode RPC.
+	NodeServiceCreateNodeProcedure = "/bettercompute.v1.NodeService/CreateNode"
 	// NodeServiceListNodesProcedure is the fully-qualified name of the NodeService's ListNodes RPC.
 	NodeServiceListNodesProcedure = "/bettercompute.v1.NodeService/ListNodes"
 	// NodeServiceGetNodeProcedure is the fully-qualified name of the NodeService's GetNode RPC.
@@ -751,6 +764,129 @@ func (UnimplementedJoinTokenServiceHandler) RevokeJoinToken(context.Context, *co
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinTokenService.RevokeJoinToken is not implemented"))
 }
 
+// JoinRequestServiceClient is a client for the bettercompute.v1.JoinRequestService service.
+type JoinRequestServiceClient interface {
+	ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error)
+	ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
+	RejectJoinRequest(context.Context, *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
+}
+
+// NewJoinRequestServiceClient constructs a client for the bettercompute.v1.JoinRequestService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewJoinRequestServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) JoinRequestServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	joinRequestServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("JoinRequestService").Methods()
+	return &joinRequestServiceClient{
+		listJoinRequests: connect.NewClient[v1.ListJoinRequestsRequest, v1.ListJoinRequestsResponse](
+			httpClient,
+			baseURL+JoinRequestServiceListJoinRequestsProcedure,
+			connect.WithSchema(joinRequestServiceMethods.ByName("ListJoinRequests")),
+			connect.WithClientOptions(opts...),
+		),
+		approveJoinRequest: connect.NewClient[v1.ApproveJoinRequestRequest, v1.JoinRequest](
+			httpClient,
+			baseURL+JoinRequestServiceApproveJoinRequestProcedure,
+			connect.WithSchema(joinRequestServiceMethods.ByName("ApproveJoinRequest")),
+			connect.WithClientOptions(opts...),
+		),
+		rejectJoinRequest: connect.NewClient[v1.RejectJoinRequestRequest, v1.JoinRequest](
+			httpClient,
+			baseURL+JoinRequestServiceRejectJoinRequestProcedure,
+			connect.WithSchema(joinRequestServiceMethods.ByName("RejectJoinRequest")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// joinRequestServiceClient implements JoinRequestServiceClient.
+type joinRequestServiceClient struct {
+	listJoinRequests   *connect.Client[v1.ListJoinRequestsRequest, v1.ListJoinRequestsResponse]
+	approveJoinRequest *connect.Client[v1.ApproveJoinRequestRequest, v1.JoinRequest]
+	rejectJoinRequest  *connect.Client[v1.RejectJoinRequestRequest, v1.JoinRequest]
+}
+
+// ListJoinRequests calls bettercompute.v1.JoinRequestService.ListJoinRequests.
+func (c *joinRequestServiceClient) ListJoinRequests(ctx context.Context, req *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error) {
+	return c.listJoinRequests.CallUnary(ctx, req)
+}
+
+// ApproveJoinRequest calls bettercompute.v1.JoinRequestService.ApproveJoinRequest.
+func (c *joinRequestServiceClient) ApproveJoinRequest(ctx context.Context, req *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return c.approveJoinRequest.CallUnary(ctx, req)
+}
+
+// RejectJoinRequest calls bettercompute.v1.JoinRequestService.RejectJoinRequest.
+func (c *joinRequestServiceClient) RejectJoinRequest(ctx context.Context, req *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return c.rejectJoinRequest.CallUnary(ctx, req)
+}
+
+// JoinRequestServiceHandler is an implementation of the bettercompute.v1.JoinRequestService
+// service.
+type JoinRequestServiceHandler interface {
+	ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error)
+	ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
+	RejectJoinRequest(context.Context, *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
+}
+
+// NewJoinRequestServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewJoinRequestServiceHandler(svc JoinRequestServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	joinRequestServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("JoinRequestService").Methods()
+	joinRequestServiceListJoinRequestsHandler := connect.NewUnaryHandler(
+		JoinRequestServiceListJoinRequestsProcedure,
+		svc.ListJoinRequests,
+		connect.WithSchema(joinRequestServiceMethods.ByName("ListJoinRequests")),
+		connect.WithHandlerOptions(opts...),
+	)
+	joinRequestServiceApproveJoinRequestHandler := connect.NewUnaryHandler(
+		JoinRequestServiceApproveJoinRequestProcedure,
+		svc.ApproveJoinRequest,
+		connect.WithSchema(joinRequestServiceMethods.ByName("ApproveJoinRequest")),
+		connect.WithHandlerOptions(opts...),
+	)
+	joinRequestServiceRejectJoinRequestHandler := connect.NewUnaryHandler(
+		JoinRequestServiceRejectJoinRequestProcedure,
+		svc.RejectJoinRequest,
+		connect.WithSchema(joinRequestServiceMethods.ByName("RejectJoinRequest")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.v1.JoinRequestService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case JoinRequestServiceListJoinRequestsProcedure:
+			joinRequestServiceListJoinRequestsHandler.ServeHTTP(w, r)
+		case JoinRequestServiceApproveJoinRequestProcedure:
+			joinRequestServiceApproveJoinRequestHandler.ServeHTTP(w, r)
+		case JoinRequestServiceRejectJoinRequestProcedure:
+			joinRequestServiceRejectJoinRequestHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedJoinRequestServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedJoinRequestServiceHandler struct{}
+
+func (UnimplementedJoinRequestServiceHandler) ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinRequestService.ListJoinRequests is not implemented"))
+}
+
+func (UnimplementedJoinRequestServiceHandler) ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinRequestService.ApproveJoinRequest is not implemented"))
+}
+
+func (UnimplementedJoinRequestServiceHandler) RejectJoinRequest(context.Context, *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinRequestService.RejectJoinRequest is not implemented"))
+}
+
 // EventServiceClient is a client for the bettercompute.v1.EventService service.
 type EventServiceClient interface {
 	ListEvents(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
@@ -849,6 +985,7 @@ func (UnimplementedEventServiceHandler) ListAudit(context.Context, *connect.Requ
 
 // NodeServiceClient is a client for the bettercompute.v1.NodeService service.
 type NodeServiceClient interface {
+	CreateNode(context.Context, *connect.Request[v1.CreateNodeRequest]) (*connect.Response[v1.Node], error)
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
 	RetireNode(context.Context, *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error)
@@ -865,6 +1002,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 	baseURL = strings.TrimRight(baseURL, "/")
 	nodeServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("NodeService").Methods()
 	return &nodeServiceClient{
+		createNode: connect.NewClient[v1.CreateNodeRequest, v1.Node](
+			httpClient,
+			baseURL+NodeServiceCreateNodeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("CreateNode")),
+			connect.WithClientOptions(opts...),
+		),
 		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
 			httpClient,
 			baseURL+NodeServiceListNodesProcedure,
@@ -888,9 +1031,15 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
+	createNode *connect.Client[v1.CreateNodeRequest, v1.Node]
 	listNodes  *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 	getNode    *connect.Client[v1.GetNodeRequest, v1.Node]
 	retireNode *connect.Client[v1.RetireNodeRequest, v1.Node]
+}
+
+// CreateNode calls bettercompute.v1.NodeService.CreateNode.
+func (c *nodeServiceClient) CreateNode(ctx context.Context, req *connect.Request[v1.CreateNodeRequest]) (*connect.Response[v1.Node], error) {
+	return c.createNode.CallUnary(ctx, req)
 }
 
 // ListNodes calls bettercompute.v1.NodeService.ListNodes.
@@ -910,6 +1059,7 @@ func (c *nodeServiceClient) RetireNode(ctx context.Context, req *connect.Request
 
 // NodeServiceHandler is an implementation of the bettercompute.v1.NodeService service.
 type NodeServiceHandler interface {
+	CreateNode(context.Context, *connect.Request[v1.CreateNodeRequest]) (*connect.Response[v1.Node], error)
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.Node], error)
 	RetireNode(context.Context, *connect.Request[v1.RetireNodeRequest]) (*connect.Response[v1.Node], error)
@@ -922,6 +1072,12 @@ type NodeServiceHandler interface {
 // and JSON codecs. They also support gzip compression.
 func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
 	nodeServiceMethods := v1.File_bettercompute_v1_api_proto.Services().ByName("NodeService").Methods()
+	nodeServiceCreateNodeHandler := connect.NewUnaryHandler(
+		NodeServiceCreateNodeProcedure,
+		svc.CreateNode,
+		connect.WithSchema(nodeServiceMethods.ByName("CreateNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeServiceListNodesHandler := connect.NewUnaryHandler(
 		NodeServiceListNodesProcedure,
 		svc.ListNodes,
@@ -942,6 +1098,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 	)
 	return "/bettercompute.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case NodeServiceCreateNodeProcedure:
+			nodeServiceCreateNodeHandler.ServeHTTP(w, r)
 		case NodeServiceListNodesProcedure:
 			nodeServiceListNodesHandler.ServeHTTP(w, r)
 		case NodeServiceGetNodeProcedure:
@@ -956,6 +1114,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 
 // UnimplementedNodeServiceHandler returns CodeUnimplemented from all methods.
 type UnimplementedNodeServiceHandler struct{}
+
+func (UnimplementedNodeServiceHandler) CreateNode(context.Context, *connect.Request[v1.CreateNodeRequest]) (*connect.Response[v1.Node], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.CreateNode is not implemented"))
+}
 
 func (UnimplementedNodeServiceHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.NodeService.ListNodes is not implemented"))
