@@ -30,6 +30,7 @@ func main() {
 	flag.IntVar(&cfg.Renewals, "renewals", 1, "renew mode: renewals per machine, one after the other (without --new-connections over the machine's own connection)")
 	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235")
 	flag.BoolVar(&cfg.Verify, "verify", true, "check every answer as bcd does, after the timed phase")
+	flag.BoolVar(&cfg.MeasureFloor, "floor", true, "measure the crypto floor after the run and print the API's CPU as a multiple of it")
 	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
 	flag.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	flag.Parse()
@@ -100,6 +101,7 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 			fmt.Printf("verified %d renewal answers as bcd does\n", rr.Verified)
 		}
 	}
+	fmt.Println(r.Summary())
 	return nil
 }
 

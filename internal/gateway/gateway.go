@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
@@ -66,6 +67,8 @@ type Gateway struct {
 	log      *slog.Logger
 	clock    clock.Clock
 	upstream agentv1connect.JoinServiceClient
+	// upstreamHTTP carries joins and renewals to the API (tr).
+	upstreamHTTP *http.Client
 	// sessions relay node sessions over UpstreamConns transports (each its
 	// own connection to the API), chosen in turn.
 	sessions []agentv1connect.SessionServiceClient
@@ -150,14 +153,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.tr = newTransport()
 	hc := &http.Client{Transport: g.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	g.upstream = agentv1connect.NewJoinServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
-		connect.WithGRPC(),
-		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
-		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
-		// Agent messages are small and the API is near: gzip on this hop
-		// costs more CPU than it saves.
-		connect.WithAcceptCompression("gzip", nil, nil),
-	)
+	g.upstreamHTTP = hc
+	g.upstream = agentv1connect.NewJoinServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"), g.upstreamOptions()...)
 
 	g.held = make(chan struct{}, cfg.MaxSessions)
 	g.stopped, g.stop = context.WithCancel(context.Background())
@@ -165,22 +162,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		tr := newTransport()
 		g.sessTrs = append(g.sessTrs, tr)
 		hc := &http.Client{Transport: tr, CheckRedirect: hc.CheckRedirect}
-		g.sessions = append(g.sessions, agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"),
-			connect.WithGRPC(),
-			connect.WithReadMaxBytes(cfg.MaxBodyBytes),
-			connect.WithSendMaxBytes(cfg.MaxBodyBytes),
-			connect.WithAcceptCompression("gzip", nil, nil),
-		))
+		g.sessions = append(g.sessions, agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"), g.upstreamOptions()...))
 	}
 
-	path, h := agentv1connect.NewJoinServiceHandler(&relay{g: g},
-		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
-		connect.WithSendMaxBytes(cfg.MaxBodyBytes),
-		connect.WithCompressMinBytes(compressMinBytes),
-		connect.WithInterceptors(g.limit()),
-	)
 	mux := http.NewServeMux()
-	mux.Handle(path, h)
+	mux.Handle(g.joinHandler())
 	mux.Handle(g.sessionHandler())
 	g.handler = peerContext(mux)
 
@@ -216,6 +202,19 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.log.Info("gateway configured", "api_url", cfg.APIURL, "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return g, nil
+}
+
+// upstreamOptions are the options of every client toward the API, then
+// extra.
+func (g *Gateway) upstreamOptions(extra ...connect.ClientOption) []connect.ClientOption {
+	return append([]connect.ClientOption{
+		connect.WithGRPC(),
+		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
+		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
+		// Agent messages are small and the API is near: gzip on this hop
+		// costs more CPU than it saves.
+		connect.WithAcceptCompression("gzip", nil, nil),
+	}, extra...)
 }
 
 func hasEKU(c *x509.Certificate, u x509.ExtKeyUsage) bool {
@@ -327,41 +326,116 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 	}
 }
 
-// relay implements JoinService by forwarding to the API.
+// relay implements JoinService by forwarding to the API. It serves the JSON
+// codecs; binary calls (what bcd sends) take rawJoinHandler.
 type relay struct {
 	agentv1connect.UnimplementedJoinServiceHandler
 	g *Gateway
 }
 
 func (r *relay) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	return relayUnary(r.g, ctx, agentv1connect.JoinServiceJoinProcedure, req, r.g.upstream.Join)
+}
+
+func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
+	return relayUnary(r.g, ctx, agentv1connect.JoinServiceRenewProcedure, req, r.g.upstream.Renew)
+}
+
+// relayUnary forwards one call to the API with the daemon's address and, on
+// Renew, its client certificate (unverified: the API checks it), and passes
+// the answer back.
+func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string, req *connect.Request[Req],
+	call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
 	p := peerOf(ctx)
 	up := connect.NewRequest(req.Msg)
 	up.Header().Set(wire.PeerAddrHeader, p.addr)
-	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
+	if procedure == agentv1connect.JoinServiceRenewProcedure && len(p.certDER) > 0 {
+		wire.SetPeerCertificate(up.Header(), p.certDER)
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
 	defer cancel()
-	start := r.g.clock.Now()
-	res, err := r.g.upstream.Join(ctx, up)
+	start := g.clock.Now()
+	res, err := call(ctx, up)
 	if err != nil {
-		return nil, r.g.upstreamError(agentv1connect.JoinServiceJoinProcedure, p, start, err)
+		return nil, g.upstreamError(procedure, p, start, err)
 	}
 	return connect.NewResponse(res.Msg), nil
 }
 
-func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
-	p := peerOf(ctx)
-	up := connect.NewRequest(req.Msg)
-	up.Header().Set(wire.PeerAddrHeader, p.addr)
-	if len(p.certDER) > 0 {
-		wire.SetPeerCertificate(up.Header(), p.certDER)
+// rawMsg is a message relayed as the bytes received: the gateway never
+// decodes a join or renewal (it has no use for the sealed token, the CSR or
+// the signed answer), so it spends nothing on protobuf and forwards exactly
+// what the daemon and the API sent. The API decodes and checks them.
+type rawMsg struct{ b []byte }
+
+// rawCodec is the binary codec ("proto") over rawMsg. connect also uses
+// the "proto" codec for its own messages (a gRPC error's status and
+// details), which it encodes as protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (c rawCodec) Marshal(m any) ([]byte, error) { return c.MarshalAppend(nil, m) }
+
+// MarshalAppend lets connect write into its pooled buffer.
+func (rawCodec) MarshalAppend(dst []byte, m any) ([]byte, error) {
+	switch m := m.(type) {
+	case *rawMsg:
+		return append(dst, m.b...), nil
+	case proto.Message:
+		return proto.MarshalOptions{}.MarshalAppend(dst, m)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.g.cfg.RequestTimeout)
-	defer cancel()
-	start := r.g.clock.Now()
-	res, err := r.g.upstream.Renew(ctx, up)
-	if err != nil {
-		return nil, r.g.upstreamError(agentv1connect.JoinServiceRenewProcedure, p, start, err)
+	return nil, fmt.Errorf("rawCodec: cannot marshal %T", m)
+}
+
+// Unmarshal copies: connect reuses its buffer.
+func (rawCodec) Unmarshal(b []byte, m any) error {
+	switch m := m.(type) {
+	case *rawMsg:
+		m.b = append([]byte(nil), b...)
+		return nil
+	case proto.Message:
+		return proto.Unmarshal(b, m)
 	}
-	return connect.NewResponse(res.Msg), nil
+	return fmt.Errorf("rawCodec: cannot unmarshal into %T", m)
+}
+
+// joinHandler serves JoinService: calls with the binary codec (gRPC,
+// gRPC-Web, Connect) are relayed as bytes; the JSON codecs go through the
+// typed relay.
+func (g *Gateway) joinHandler() (string, http.Handler) {
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
+		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
+		connect.WithCompressMinBytes(compressMinBytes),
+		connect.WithInterceptors(g.limit()),
+	}
+	path, typed := agentv1connect.NewJoinServiceHandler(&relay{g: g}, opts...)
+	raw := make(map[string]http.Handler, 2)
+	for _, proc := range []string{agentv1connect.JoinServiceJoinProcedure, agentv1connect.JoinServiceRenewProcedure} {
+		up := connect.NewClient[rawMsg, rawMsg](g.upstreamHTTP, strings.TrimSuffix(g.cfg.APIURL, "/")+proc, g.upstreamOptions(connect.WithCodec(rawCodec{}))...)
+		raw[proc] = connect.NewUnaryHandler(proc, func(ctx context.Context, req *connect.Request[rawMsg]) (*connect.Response[rawMsg], error) {
+			return relayUnary(g, ctx, proc, req, up.CallUnary)
+		}, append(opts, connect.WithCodec(rawCodec{}))...)
+	}
+	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h, ok := raw[r.URL.Path]; ok && binaryCodec(r.Header.Get("Content-Type")) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		typed.ServeHTTP(w, r)
+	})
+}
+
+// binaryCodec reports whether a request's content type names the binary
+// protobuf codec in any of connect's protocols.
+func binaryCodec(contentType string) bool {
+	ct, _, _ := strings.Cut(contentType, ";")
+	switch strings.ToLower(strings.TrimSpace(ct)) {
+	case "application/grpc", "application/grpc+proto", "application/grpc-web", "application/grpc-web+proto", "application/proto":
+		return true
+	}
+	return false
 }
 
 // upstreamError passes the API's own answer through (code, message and

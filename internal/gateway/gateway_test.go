@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/wire"
@@ -386,4 +389,50 @@ func BenchmarkRelayJoin(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "relays/s")
 	b.ReportMetric(float64(f.conns.Load()), "upstream-conns")
+}
+
+// R4.1: a join is relayed unchanged whatever codec and protocol the daemon
+// speaks. Binary calls are relayed as bytes (fields this gateway does not
+// know arrive too); JSON calls are decoded and re-encoded.
+func TestJoinRelayedEveryCodec(t *testing.T) {
+	e := newEnv(t)
+	f := newFakeAPI(t, e)
+	_, gw := startGateway(t, e.config(f.URL()))
+	sent := joinRequest("eyJhbGciOiJFQ0RILUVTK0EyNTZLVyJ9.a.b.c.d")
+	withUnknown := proto.Clone(sent).(*agentv1.JoinRequest)
+	// Field 999, varint 7: a field of a newer daemon.
+	withUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 999, protowire.VarintType), 7))
+	tests := []struct {
+		name string
+		opts []connect.ClientOption
+		req  *agentv1.JoinRequest
+	}{
+		{name: "gRPC", opts: []connect.ClientOption{connect.WithGRPC()}, req: sent},
+		{name: "gRPC, an unknown field", opts: []connect.ClientOption{connect.WithGRPC()}, req: withUnknown},
+		{name: "gRPC-Web", opts: []connect.ClientOption{connect.WithGRPCWeb()}, req: sent},
+		{name: "Connect", req: sent},
+		{name: "Connect JSON", opts: []connect.ClientOption{connect.WithProtoJSON()}, req: sent},
+		{name: "gRPC JSON", opts: []connect.ClientOption{connect.WithGRPC(), connect.WithProtoJSON()}, req: sent},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDaemon(t, e, gw)
+			c := agentv1connect.NewJoinServiceClient(&http.Client{Transport: d.tr}, "https://"+gw, tc.opts...)
+			res, err := c.Join(context.Background(), connect.NewRequest(tc.req))
+			if err != nil {
+				t.Fatalf("join: %v", err)
+			}
+			if !bytes.Equal(res.Msg.Body, fakeBody) || !bytes.Equal(res.Msg.Sig, fakeSig) {
+				t.Errorf("the answer changed on the way: body %x sig %x", res.Msg.Body, res.Msg.Sig)
+			}
+			if got := f.last(t); !proto.Equal(got.join, tc.req) {
+				t.Errorf("the API got %v, want %v", got.join, tc.req)
+			}
+			// A refusal passes through every protocol with its product code.
+			_, err = c.Join(context.Background(), connect.NewRequest(joinRequest("refuse")))
+			if pe := productError(t, err); pe.Code != errs.AccessDenied {
+				t.Errorf("refusal: got %v, want ACCESS_DENIED", pe)
+			}
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -125,11 +126,12 @@ var (
 	fakeProof = append([]byte{0x30, 0x00, 0xff}, fakeNonce...)
 )
 
-// openSession dials gw as its own daemon (own TLS connection) and
-// completes Challenge, Hello, Welcome the way bcd does: it opens the stream
-// without a message, reads the Challenge, then sends Hello.
-func openSession(ctx context.Context, e *env, addr string, certs ...tls.Certificate) (*connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], *http.Transport, error) {
-	tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: e.roots, Certificates: certs}}
+// openSession dials gw as its own daemon (own TLS connection, from local
+// if it is set) and completes Challenge, Hello, Welcome the way bcd does: it
+// opens the stream without a message, reads the Challenge, then sends Hello.
+func openSession(ctx context.Context, e *env, addr string, local net.Addr, certs ...tls.Certificate) (*connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], *http.Transport, error) {
+	tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: e.roots, Certificates: certs},
+		DialContext: (&net.Dialer{LocalAddr: local, Timeout: 30 * time.Second}).DialContext}
 	c := agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr}, "https://"+addr, connect.WithGRPC())
 	s := c.Connect(ctx)
 	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
@@ -174,7 +176,7 @@ func TestSessionRelay(t *testing.T) {
 			f.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, tr, err := openSession(ctx, e, gw, tc.certs...)
+			s, tr, err := openSession(ctx, e, gw, nil, tc.certs...)
 			defer tr.CloseIdleConnections()
 			if tc.wantCode != "" {
 				if pe := productError(t, err); pe.Code != tc.wantCode || pe.Message != "Session refused" {
@@ -212,15 +214,22 @@ func TestSessionRelay(t *testing.T) {
 type memStats struct {
 	HeapInuse, StackInuse, Sys, RSS uint64
 	Goroutines                      int
+	// CPU is the process's user and system time so far.
+	CPU time.Duration
 }
 
 func readMemStats() memStats {
+	var cpu time.Duration
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
 	runtime.GC()
 	runtime.GC()
 	debug.FreeOSMemory()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	s := memStats{HeapInuse: m.HeapInuse, StackInuse: m.StackInuse, Sys: m.Sys, Goroutines: runtime.NumGoroutine()}
+	s := memStats{HeapInuse: m.HeapInuse, StackInuse: m.StackInuse, Sys: m.Sys, Goroutines: runtime.NumGoroutine(), CPU: cpu}
 	if b, err := os.ReadFile("/proc/self/status"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
@@ -230,6 +239,17 @@ func readMemStats() memStats {
 		}
 	}
 	return s
+}
+
+// sessionsPerSource is how many sessions TestSessionMemory dials from one
+// loopback address: toward one destination, a source address has about
+// 28,000 ephemeral ports (net.ipv4.ip_local_port_range).
+const sessionsPerSource = 20000
+
+// sourceAddr is session i's local address: 127.0.0.1, then 127.0.0.2, ...
+// (all of 127/8 is loopback on Linux).
+func sourceAddr(i int) net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(1+i/sessionsPerSource))}
 }
 
 // raiseNoFile lifts RLIMIT_NOFILE to at least n (the hard limit too when
@@ -380,7 +400,7 @@ func TestSessionMemory(t *testing.T) {
 				if i >= n || firstErr.Load() != nil {
 					return
 				}
-				s, tr, err := openSession(ctx, e, gw, cert)
+				s, tr, err := openSession(ctx, e, gw, sourceAddr(i), cert)
 				sessions[i] = held{s, tr}
 				if err != nil {
 					firstErr.CompareAndSwap(nil, fmt.Errorf("session %d: %w", i, err))
@@ -409,7 +429,11 @@ func TestSessionMemory(t *testing.T) {
 		t.Logf("heap profile: %s (%s)", p, expect("HEAP"))
 	}
 	per := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(n) / 1024 }
-	t.Logf("%d sessions held through one gateway (opened in %s, %d upstream streams at the API)", n, opened.Round(time.Millisecond), f.open.Load())
+	t.Logf("%d sessions held through one gateway (opened in %s, %.0f/s, from %d source addresses; %d upstream streams at the API)",
+		n, opened.Round(time.Millisecond), float64(n)/opened.Seconds(), (n+sessionsPerSource-1)/sessionsPerSource, f.open.Load())
+	perOpen := (at.CPU - base.CPU) / time.Duration(n)
+	t.Logf("gateway CPU per session opened: %.3f ms (TLS handshake, HTTP/2 connection, upstream stream): %.0f sessions/s per core",
+		float64(perOpen)/float64(time.Millisecond), float64(time.Second)/float64(perOpen))
 	t.Logf("gateway per session: heap in use %.1f KiB, stacks %.1f KiB, RSS %.1f KiB, %.2f goroutines",
 		per(base.HeapInuse, at.HeapInuse), per(base.StackInuse, at.StackInuse), per(base.RSS, at.RSS),
 		float64(at.Goroutines-base.Goroutines)/float64(n))

@@ -55,7 +55,7 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 			_, gw := startGateway(t, e.config(apiURL))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, tr, err := openSession(ctx, e, gw, e.nodeCert(t, "node_01"))
+			s, tr, err := openSession(ctx, e, gw, nil, e.nodeCert(t, "node_01"))
 			defer tr.CloseIdleConnections()
 			if err != nil {
 				t.Fatal(err)
@@ -128,7 +128,7 @@ func TestSessionShutdown(t *testing.T) {
 	g, gw := startGateway(t, e.config(apiURL))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, tr, err := openSession(ctx, e, gw, e.nodeCert(t, "node_01"))
+	s, tr, err := openSession(ctx, e, gw, nil, e.nodeCert(t, "node_01"))
 	defer tr.CloseIdleConnections()
 	if err != nil {
 		t.Fatal(err)

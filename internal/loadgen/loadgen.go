@@ -74,6 +74,9 @@ type Config struct {
 	// own connection; connections are never shared across machines, whose
 	// client certificates differ.
 	Renewals int
+	// MeasureFloor measures the crypto floor after the run (Result.Floor,
+	// about two seconds of CPU).
+	MeasureFloor bool
 }
 
 // Result is what a run measured.
@@ -96,6 +99,8 @@ type Result struct {
 	// Renew is the renewal phase of a renew-mode run; the fields above
 	// describe its join phase.
 	Renew *RenewResult `json:"renew,omitempty"`
+	// Floor is the crypto floor measured right after the run.
+	Floor *Floor `json:"floor,omitempty"`
 }
 
 type machine struct {
@@ -141,6 +146,9 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 	}
 	if cfg.Mode != "renew" {
 		r, _, err := runJoin(ctx, cfg, tg, progress)
+		if err == nil && cfg.MeasureFloor {
+			err = measureFloor(r, progress)
+		}
 		return r, err
 	}
 	// The join phase only sets the machines up: reused connections, every
@@ -153,7 +161,22 @@ func Run(ctx context.Context, cfg Config, progress func(string)) (*Result, error
 	}
 	rr, err := runRenew(ctx, cfg, tg, ms, progress)
 	r.Renew = rr
+	if err == nil && cfg.MeasureFloor {
+		err = measureFloor(r, progress)
+	}
 	return r, err
+}
+
+// measureFloor measures the crypto floor after the run, under the same
+// load, into r.
+func measureFloor(r *Result, progress func(string)) error {
+	progress("measuring the crypto floor…")
+	f, err := MeasureFloor()
+	if err != nil {
+		return fmt.Errorf("crypto floor: %w", err)
+	}
+	r.Floor = &f
+	return nil
 }
 
 func loadTarget(path string) (*target, error) {

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/ecdsa"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"net/url"
@@ -205,13 +203,12 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 	if len(p.Statements) > maxStatements {
 		return nil, errs.Invalid("statements", "at most %d", maxStatements)
 	}
-	uris := []*url.URL{id.URL()}
+	uris := []string{id.String()}
 	for i, s := range p.Statements {
 		if !validStatement(s) || slices.Contains(p.Statements[:i], s) {
 			return nil, errs.Invalid("statements", "%q is not a distinct urn:bc: URI", s)
 		}
-		u, _ := url.Parse(s)
-		uris = append(uris, u)
+		uris = append(uris, s)
 	}
 	notBefore := p.NotBefore.UTC().Truncate(time.Second)
 	notAfter := p.NotAfter.UTC().Truncate(time.Second)
@@ -230,25 +227,14 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: p.NodeID, OrganizationalUnit: []string{RoleOUPrefix + p.Role}},
-		NotBefore:             notBefore,
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		URIs:                  uris,
-	}
-	// 3. Sign.
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
+	// 3. Sign: the TBS is assembled here (node certificates have one fixed
+	// shape, the same bytes x509.CreateCertificate would produce for it),
+	// signed with caKey, and the signature verified once.
+	der, err := signNodeTBS(ca, caKey, pub, serial, p, notBefore, notAfter, uris)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	// 4. Re-check what was issued, as a verifier will read it. The CA's
-	// signature is not verified again here: x509.CreateCertificate already
-	// checked it against caKey, which it checked is ca's key, and a second
-	// ECDSA verification would cost as much as the signing.
+	// 4. Re-check what was issued, as a verifier will read it.
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, fmt.Errorf("parse issued certificate: %w", err)
