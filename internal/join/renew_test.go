@@ -22,8 +22,8 @@ import (
 	"github.com/better-compute/better-compute/internal/join/jointest"
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/tpmverify"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 )
 
 // renewEnv is one JoinService with its own fake clock, for the renewal

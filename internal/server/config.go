@@ -18,9 +18,9 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/ids"
 	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
+	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tpmverify"
 	"github.com/better-compute/better-compute/internal/wire"
-	"github.com/better-compute/better-compute/internal/store"
 )
 
 // Config is better-compute serve's TOML configuration.

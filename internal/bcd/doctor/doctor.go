@@ -19,10 +19,10 @@ import (
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
-	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
-	"github.com/better-compute/better-compute/internal/tpmverify"
 	"github.com/better-compute/better-compute/internal/bcd/join"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 )
 
 // Status of a check.
