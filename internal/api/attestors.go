@@ -1,6 +1,7 @@
 package api
 
 import (
+	"crypto/rand"
 	"crypto/x509"
 	"slices"
 
@@ -8,13 +9,14 @@ import (
 	"github.com/better-compute/better-compute/internal/join/attest"
 	"github.com/better-compute/better-compute/internal/join/attest/discovery"
 	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
+	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/nodeident"
 )
 
 // KnownAttestors are the attestor names a server can configure (the
 // `[join] attestors` list).
-var KnownAttestors = []string{jtattest.Name, x509pop.Name, discovery.Name}
+var KnownAttestors = []string{jtattest.Name, x509pop.Name, discovery.Name, tpmattest.Name}
 
 // DefaultAttestors are configured when Config.Attestors is empty.
 var DefaultAttestors = []string{jtattest.Name}
@@ -35,7 +37,7 @@ func ValidateAttestors(names []string) error {
 
 // attestors builds JoinService's registry from the configured names
 // (DefaultAttestors when none).
-func attestors(names []string, core *nodeident.Core) (attest.Registry, error) {
+func attestors(names []string, core *nodeident.Core, tpmPools []tpmattest.Pool) (attest.Registry, error) {
 	if len(names) == 0 {
 		names = DefaultAttestors
 	}
@@ -43,8 +45,16 @@ func attestors(names []string, core *nodeident.Core) (attest.Registry, error) {
 		return nil, err
 	}
 	var nodeCA *x509.Certificate
+	// The tpm challenge key: derived from the join-encryption key, which
+	// every replica holds; random without a PKI (joins then answer
+	// INVALID_CONFIG anyway).
+	challengeKey := make([]byte, 32)
+	_, _ = rand.Read(challengeKey)
 	if b := core.Bundle(); b != nil {
 		nodeCA = b.NodeCA
+		if b.JoinEncryptionKey != nil {
+			challengeKey = tpmattest.ChallengeKeyFrom(b.JoinEncryptionKey.D.Bytes())
+		}
 	}
 	as := make([]attest.Attestor, 0, len(names))
 	for _, n := range names {
@@ -55,6 +65,12 @@ func attestors(names []string, core *nodeident.Core) (attest.Registry, error) {
 			as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: nodeCA}))
 		case discovery.Name:
 			as = append(as, discovery.New())
+		case tpmattest.Name:
+			a, err := tpmattest.New(tpmattest.Config{Pools: tpmPools, ChallengeKey: challengeKey, Clock: core.Clock()})
+			if err != nil {
+				return nil, err
+			}
+			as = append(as, a)
 		}
 	}
 	return attest.NewRegistry(as...)

@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/joinreq"
+	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/jointoken"
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/nodes"
@@ -66,6 +67,8 @@ type Config struct {
 	// Attestors names JoinService's attestors (KnownAttestors; default
 	// DefaultAttestors, join-token only).
 	Attestors []string
+	// TPMPools is the tpm attestor's EK trust per pool (R9.2).
+	TPMPools []tpmattest.Pool
 	// DownloadsDir, when set, serves the bcd builds under
 	// {basePath}/downloads/ (R11.5; see downloads.go).
 	DownloadsDir string
@@ -129,7 +132,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg, err := attestors(cfg.Attestors, core)
+	reg, err := attestors(cfg.Attestors, core, cfg.TPMPools)
 	if err != nil {
 		return nil, err
 	}

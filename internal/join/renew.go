@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 )
 
 // Renewal windows (R13.2).
@@ -35,7 +36,7 @@ const (
 
 // TPMAKStatementPrefix starts the statement naming the TPM attestation key
 // that holds the node key (R7.2, R13.3).
-const TPMAKStatementPrefix = pki.StatementPrefix + "tpm-ak:"
+const TPMAKStatementPrefix = tpmverify.StatementPrefix
 
 // Refusal reasons of security.renew.refused that the attestation checks use
 // (R13.3). The others are named where they are decided.
@@ -130,12 +131,24 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 			return fmt.Errorf("read the leaf's allowed kinds: %w", err)
 		}
 		for _, st := range statements {
-			if strings.HasPrefix(st, TPMAKStatementPrefix) {
-				// TPM2_Certify checking is not built yet: refuse rather than
-				// renew without the proof (never downgrade).
-				if len(req.GetKeyAttestation()) == 0 {
-					return ref(ReasonKeyAttestationMissing)
-				}
+			if !tpmverify.IsStatement(st) {
+				continue
+			}
+			// R13.3: the leaf names the TPM attestation key that holds the
+			// node key; the new key must be certified by that very AK, or
+			// the renewal is refused (never downgraded).
+			if len(req.GetKeyAttestation()) == 0 {
+				return ref(ReasonKeyAttestationMissing)
+			}
+			ka, err := tpmverify.ParseKeyAttestation(req.GetKeyAttestation())
+			if err != nil {
+				return ref(tpmverify.ReasonOf(err))
+			}
+			akName, err := tpmverify.Verify(ka, req.GetCsr(), pub)
+			if err != nil {
+				return ref(tpmverify.ReasonOf(err))
+			}
+			if want, ok := tpmverify.ParseStatement(st); !ok || !bytes.Equal(akName, want) {
 				return ref(ReasonKeyAttestationAK)
 			}
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 )
 
 // renewEnv is one JoinService with its own fake clock, for the renewal
@@ -360,7 +361,7 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				req, _ := jointest.RenewRequest(t, n.key, [][]byte{stored.DER, e.Bundle.NodeCA.Raw}, n.id, r.clk.Now())
 				return setup{req, stored.DER, n.id}
 			}},
-			{"R13.3 TPM-AK statement with an unverifiable key_attestation", join.ReasonKeyAttestationAK, true, func(t *testing.T, r *renewEnv) setup {
+			{"R13.3 TPM-AK statement with an unverifiable key_attestation", tpmverify.ReasonKeyAttestationInvalid, true, func(t *testing.T, r *renewEnv) setup {
 				n := r.join(t, f.acme, nil)
 				stored := r.storeCert(t, n, pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a0b"}, "[]", time.Hour)
 				req, _ := jointest.RenewRequest(t, n.key, [][]byte{stored.DER, e.Bundle.NodeCA.Raw}, n.id, r.clk.Now())

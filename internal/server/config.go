@@ -5,8 +5,10 @@ package server
 
 import (
 	"bytes"
+	"encoding/hex"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +16,11 @@ import (
 
 	"github.com/better-compute/better-compute/internal/api"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/ids"
+	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpmverify"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Config is better-compute serve's TOML configuration.
@@ -82,6 +88,30 @@ type JoinConfig struct {
 	// ["join-token"]; "x509pop" re-joins nodes whose certificate expired
 	// while offline, R10.5). Unknown names are config errors.
 	Attestors []string `toml:"attestors"`
+	// TPM is the tpm attestor's EK trust (R9.2), [[join.tpm.pools]].
+	TPM TPMJoinConfig `toml:"tpm"`
+}
+
+// TPMJoinConfig is the tpm attestor's EK trust, per pool (R9.2).
+type TPMJoinConfig struct {
+	// Pools are tried in order: an EK joins the first pool that trusts
+	// it; an unknown EK becomes a join request in the first pool with
+	// enrollment on, and is otherwise refused.
+	Pools []TPMPoolConfig `toml:"pools"`
+}
+
+// TPMPoolConfig is one pool's EK trust.
+type TPMPoolConfig struct {
+	// Pool is the pool id (pool_…).
+	Pool string `toml:"pool"`
+	// ManufacturerCAFiles are PEM files of TPM manufacturer CAs: an EK
+	// whose certificate chains to one is trusted.
+	ManufacturerCAFiles []string `toml:"manufacturer_ca_files"`
+	// EKSHA256 lists trusted EKs by hex SHA-256 of their public key's
+	// SubjectPublicKeyInfo.
+	EKSHA256 []string `toml:"ek_sha256"`
+	// Enrollment turns an unknown EK into a join request in this pool.
+	Enrollment bool `toml:"enrollment"`
 }
 
 // MetricsConfig serves Prometheus metrics on their own listener.
@@ -168,6 +198,12 @@ func (c *Config) validate() error {
 	if err := api.ValidateAttestors(c.Join.Attestors); err != nil {
 		return err
 	}
+	if _, err := c.Join.TPM.AttestorPools(); err != nil {
+		return err
+	}
+	if slices.Contains(c.Join.Attestors, wire.AttestorTPM) && len(c.Join.TPM.Pools) == 0 {
+		return errs.New(errs.InvalidConfig, "config: join.attestors names tpm, but no [[join.tpm.pools]] says which EKs join which pool")
+	}
 	if c.Downloads.Dir != "" && !filepath.IsAbs(c.Downloads.Dir) {
 		return errs.New(errs.InvalidConfig, "config: downloads.dir must be an absolute path")
 	}
@@ -224,3 +260,31 @@ max_body_bytes = 1048576
 read_timeout_seconds = 30
 write_timeout_seconds = 60
 `
+
+// AttestorPools reads the pools' EK trust (the manufacturer CA files) for
+// the tpm attestor.
+func (t TPMJoinConfig) AttestorPools() ([]tpmattest.Pool, error) {
+	out := make([]tpmattest.Pool, 0, len(t.Pools))
+	for i, p := range t.Pools {
+		if !ids.Valid(ids.Pool, p.Pool) {
+			return nil, errs.New(errs.InvalidConfig, "config: join.tpm.pools[%d].pool: want a pool id like pool_01k…", i)
+		}
+		ap := tpmattest.Pool{PoolID: p.Pool, Enrollment: p.Enrollment}
+		if len(p.ManufacturerCAFiles) > 0 {
+			cas, err := tpmverify.LoadCAs(p.ManufacturerCAFiles)
+			if err != nil {
+				return nil, errs.New(errs.InvalidConfig, "config: join.tpm.pools[%d]: %v", i, err)
+			}
+			ap.Trust.CAs = cas
+		}
+		for _, h := range p.EKSHA256 {
+			b, err := hex.DecodeString(strings.TrimPrefix(strings.ToLower(h), "sha256:"))
+			if err != nil || len(b) != 32 {
+				return nil, errs.New(errs.InvalidConfig, "config: join.tpm.pools[%d].ek_sha256: %q is not a hex SHA-256", i, h)
+			}
+			ap.Trust.EKHashes = append(ap.Trust.EKHashes, b)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}

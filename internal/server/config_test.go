@@ -18,7 +18,9 @@ func TestJoinAttestorsConfigR10_5(t *testing.T) {
 		{name: "default", toml: base, want: []string{"join-token"}},
 		{name: "x509pop", toml: base + "[join]\nattestors = [\"join-token\", \"x509pop\"]\n", want: []string{"join-token", "x509pop"}},
 		{name: "x509pop only", toml: base + "[join]\nattestors = [\"x509pop\"]\n", want: []string{"x509pop"}},
-		{name: "unknown", toml: base + "[join]\nattestors = [\"join-token\", \"tpm\"]\n", err: `unknown attestor "tpm"`},
+		{name: "unknown", toml: base + "[join]\nattestors = [\"join-token\", \"sgx\"]\n", err: `unknown attestor "sgx"`},
+		{name: "R9.2 tpm without pools", toml: base + "[join]\nattestors = [\"join-token\", \"tpm\"]\n", err: "no [[join.tpm.pools]]"},
+		{name: "R9.2 tpm pool id", toml: base + "[join]\nattestors = [\"tpm\"]\n[[join.tpm.pools]]\npool = \"nope\"\n", err: "want a pool id"},
 		{name: "twice", toml: base + "[join]\nattestors = [\"x509pop\", \"x509pop\"]\n", err: "listed twice"},
 		{name: "empty", toml: base + "[join]\nattestors = []\n", err: "join.attestors is empty"},
 	} {

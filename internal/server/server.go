@@ -83,9 +83,13 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if o.Bundle != nil {
 		o.Bundle(bundle)
 	}
+	tpmPools, err := cfg.Join.TPM.AttestorPools()
+	if err != nil {
+		return err
+	}
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
-		Attestors: cfg.Join.Attestors})
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools})
 	if err != nil {
 		return err
 	}

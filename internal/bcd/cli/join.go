@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/bcd/tokeninput"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -188,9 +189,6 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 			}
 		}
 		cfg = &c
-		if cfg.TPM.Mode == config.TPMRequired {
-			return errs.New(errs.InvalidConfig, "tpm.mode is required, but this bcd cannot keep the node key in a TPM yet: set tpm.mode to auto or off")
-		}
 		storeDir = cfg.DataDir
 	}
 	if storeDir == "" {
@@ -198,8 +196,12 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	}
 
 	now := a.env.Clock.Now
+	keys, store, err := tpmkeys.Stores(cfg, storeDir)
+	if err != nil {
+		return err
+	}
 	j, err := join.New(join.Config{
-		BCD: cfg, ConfigPath: f.configPath, Store: &identity.Store{Dir: storeDir},
+		BCD: cfg, ConfigPath: f.configPath, Store: store, Keys: keys,
 		Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
 		Progress: func(line string) { fmt.Fprintln(a.env.Stderr, line) },
 	})

@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
-	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/bcd/renew"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -57,8 +57,12 @@ func (a *app) renew(ctx context.Context, f *renewFlags) error {
 		c.DataDir = dataDir
 	}
 	c.ApplyDefaults()
+	keys, store, err := tpmkeys.Stores(&c, c.DataDir)
+	if err != nil {
+		return err
+	}
 	r, err := renew.New(renew.Config{
-		BCD: &c, Store: &identity.Store{Dir: c.DataDir}, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
+		BCD: &c, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
 	})
 	if err != nil {
 		return err

@@ -8,9 +8,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
-	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/bcd/renew"
 	"github.com/better-compute/better-compute/internal/bcd/run"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 )
 
 // ExitRetired is bcd run's exit code when the control plane says the node
@@ -63,8 +63,11 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// The daemon logs its life at info level, unlike the one-shot
 			// commands.
 			log := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			store := &identity.Store{Dir: cfg.DataDir}
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log})
+			keys, store, err := tpmkeys.Stores(cfg, cfg.DataDir)
+			if err != nil {
+				return err
+			}
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log})
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -88,7 +89,16 @@ func (a *app) status(f *statusFlags) error {
 			return errs.New(errs.InvalidConfig, "no bcd config at %s: name the config bcd joined with (--config), or its identity directory (--data-dir)", f.configPath)
 		}
 	}
-	id, err := (&identity.Store{Dir: dir}).Load()
+	// A node key in the TPM opens through it (R9.1).
+	var tcfg *config.Config
+	if c, cerr := loadConfig(f.configPath); cerr == nil {
+		tcfg = c
+	}
+	_, store, err := tpmkeys.Stores(tcfg, dir)
+	if err != nil {
+		return err
+	}
+	id, err := store.Load()
 	if errors.Is(err, identity.ErrNotJoined) {
 		if f.json {
 			if err := printJSON(a.env.Stdout, Status{DataDir: dir}); err != nil {

@@ -20,7 +20,9 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/bcd/join"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 )
 
 // Status of a check.
@@ -69,7 +71,7 @@ func Run(ctx context.Context, o Options) []Check {
 		}
 		// The identity can still be checked with --data-dir.
 		if o.DataDir != "" {
-			out = append(out, identityCheck(o.DataDir, o.Clock.Now()))
+			out = append(out, identityCheck(nil, o.DataDir, o.Clock.Now()))
 		}
 		return out
 	}
@@ -87,9 +89,9 @@ func Run(ctx context.Context, o Options) []Check {
 	if o.DataDir != "" {
 		dataDir = o.DataDir
 	}
-	out = append(out, identityCheck(dataDir, o.Clock.Now()))
+	out = append(out, identityCheck(cfg, dataDir, o.Clock.Now()))
 	out = append(out, gatewayCheck(ctx, cfg, o))
-	out = append(out, tpmCheck(cfg))
+	out = append(out, tpmCheck(cfg, dataDir))
 	return out
 }
 
@@ -98,9 +100,14 @@ func ExpiredMessage(notAfter time.Time) string {
 	return fmt.Sprintf("the certificate expired at %s; join again as root: bcd join --reset --yes, then bcd join", notAfter.UTC().Format(time.RFC3339))
 }
 
-func identityCheck(dataDir string, now time.Time) Check {
+func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
 	c := Check{Name: "identity"}
-	id, err := (&identity.Store{Dir: dataDir}).Load()
+	_, store, err := tpmkeys.Stores(cfg, dataDir)
+	if err != nil {
+		c.Status, c.Detail = Fail, err.Error()
+		return c
+	}
+	id, err := store.Load()
 	switch {
 	case errors.Is(err, identity.ErrNotJoined):
 		c.Status, c.Detail = Warn, fmt.Sprintf("not joined (no identity in %s): bcd join < join-token", dataDir)
@@ -154,27 +161,49 @@ func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
 	return c
 }
 
-func tpmCheck(cfg *config.Config) Check {
+// tpmCheck reports the TPM (R9.1): whether it opens, its EK's kind, the
+// AK's name (the certificate statement it would carry) and the kind of the
+// node key in node.key.
+func tpmCheck(cfg *config.Config, dataDir string) Check {
 	c := Check{Name: "tpm"}
 	t := cfg.TPM
-	switch {
-	case t.Mode == config.TPMOff:
-		c.Status, c.Detail = Skip, "tpm.mode = off: the node key is a software key"
-	case t.Simulator != "":
-		conn, err := net.DialTimeout("tcp", t.Simulator, 2*time.Second)
-		if err != nil {
-			c.Status, c.Detail = failOrWarn(t.Mode), fmt.Sprintf("simulator %s unreachable: %v", t.Simulator, err)
-			return c
-		}
-		conn.Close()
-		c.Status, c.Detail = OK, fmt.Sprintf("simulator at %s answers", t.Simulator)
-	default:
-		if _, err := os.Stat(t.Device); err != nil {
-			c.Status, c.Detail = failOrWarn(t.Mode), fmt.Sprintf("no TPM at %s: the node key is a software key (node.key)", t.Device)
-			return c
-		}
-		c.Status, c.Detail = OK, fmt.Sprintf("TPM device %s present", t.Device)
+	where := t.Device
+	if t.Simulator != "" {
+		where = "swtpm:" + t.Simulator
 	}
+	if t.Mode == config.TPMOff {
+		c.Status, c.Detail = Skip, "tpm.mode = off: the node key is a software key"
+		return c
+	}
+	keys, err := tpmkeys.Open(t)
+	if err != nil || keys == nil {
+		detail := fmt.Sprintf("no TPM at %s: the node key is a software key (node.key)", where)
+		if err != nil {
+			detail = err.Error()
+		}
+		c.Status, c.Detail = failOrWarn(t.Mode), detail
+		return c
+	}
+	ek, err := keys.TPM.DefaultEK()
+	if err != nil {
+		c.Status, c.Detail = Fail, fmt.Sprintf("TPM %s present, but its endorsement key does not read: %v", where, err)
+		return c
+	}
+	ak, err := keys.TPM.AK()
+	if err != nil {
+		c.Status, c.Detail = Fail, fmt.Sprintf("TPM %s present, but it cannot derive the attestation key: %v", where, err)
+		return c
+	}
+	stmt, _ := tpmverify.Statement(ak.Name)
+	cert := "no EK certificate"
+	if len(ek.Cert) > 0 {
+		cert = "EK certificate in NV"
+	}
+	nodeKey := "none yet"
+	if rec, err := os.ReadFile(filepath.Join(dataDir, identity.KeyFile)); err == nil {
+		nodeKey = identity.RecordKind(rec)
+	}
+	c.Status, c.Detail = OK, fmt.Sprintf("TPM %s present; EK %s (%s); AK %s; node key %s", where, ek.Kind, cert, stmt, nodeKey)
 	return c
 }
 

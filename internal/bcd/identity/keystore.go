@@ -11,6 +11,7 @@ import (
 	"fmt"
 
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // PEM block types a node.key holds (R4.1, R9.1).
@@ -101,3 +102,15 @@ func (SoftwareKeys) LoadKey(recordPEM []byte) (crypto.Signer, error) {
 	}
 	return ec, nil
 }
+
+// KeyAttester is a KeyStore whose keys the TPM's attestation key certifies
+// (R9.2, R13.3): the TPM store.
+type KeyAttester interface {
+	KeyStore
+	// AttestKey returns the AK's TPM2_Certify of signer's key over
+	// sha256(csr), as a key_attestation, and the AK's TPM name.
+	AttestKey(signer crypto.Signer, csr []byte) (attestation, akName []byte, err error)
+}
+
+// AttestorTPM joins with the TPM and no token (R9.2).
+const AttestorTPM = wire.AttestorTPM

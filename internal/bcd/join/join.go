@@ -279,6 +279,9 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		}
 		return j.rejoin(ctx, opts)
 	}
+	if wireAttestor == identity.AttestorTPM {
+		return j.tpmJoin(ctx, opts, role)
+	}
 	// R11.4: with --reset the identity in place (even a damaged one) stays
 	// there, and usable, until the new one is saved.
 	var old *oldIdentity
@@ -493,6 +496,12 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 			return "", "", errs.Invalid("--node-id", "want a node id like node_01k5w…")
 		}
 		return role, identity.AttestorX509Pop, nil
+	case identity.AttestorTPM:
+		// R9.2: the TPM is the evidence; no token.
+		if opts.Token != "" {
+			return "", "", errs.New(errs.InvalidArgument, "--attestor tpm takes no join token: the machine's TPM proves it instead")
+		}
+		return role, identity.AttestorTPM, nil
 	default:
 		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), as a ramdisk its site booted with %s, or re-joins after its certificate expired with %s",
 			identity.AttestorJoinToken, identity.AttestorDiscovery, identity.AttestorX509Pop)

@@ -561,7 +561,8 @@ func TestCheckOptions(t *testing.T) {
 	}{
 		{name: "no token", o: Options{}, want: "no join token"},
 		{name: "bad role", o: Options{Token: e.token, Role: "admin"}, want: "want node, site"},
-		{name: "other attestor", o: Options{Token: e.token, Attestor: "tpm"}, want: "joins with a join token (attestor join-token"},
+		{name: "other attestor", o: Options{Token: e.token, Attestor: "sgx"}, want: "joins with a join token (attestor join-token"},
+		{name: "R9.2 tpm with a token", o: Options{Token: e.token, Attestor: "tpm"}, want: "--attestor tpm takes no join token"},
 		{name: "x509pop with a token", o: Options{Token: e.token, Attestor: "x509pop"}, want: "takes no join token"},
 		{name: "x509pop bad node id", o: Options{Attestor: "x509pop", NodeID: "pool_x"}, want: "--node-id"},
 		{name: "bad node id", o: Options{Token: e.token, NodeID: "pool_x"}, want: "--node-id"},

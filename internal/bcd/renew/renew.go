@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -37,6 +36,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
@@ -57,10 +57,6 @@ const (
 	// maxResponseSize bounds the answer; a real one is a few KiB.
 	maxResponseSize = 1 << 20
 )
-
-// tpmAKPrefix starts the statement naming the TPM attestation key that holds
-// the node key.
-const tpmAKPrefix = pki.StatementPrefix + "tpm-ak:"
 
 // Config lists a Renewer's dependencies.
 type Config struct {
@@ -223,15 +219,23 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 		return nil, err
 	}
 	leaf := id.Leaf()
-	// R13.3: a TPM-held key is renewed only with the TPM's attestation of
-	// the next key, which this bcd cannot make yet. Sending without it would
-	// only be refused (never downgraded); say so here instead.
+	// R13.3: a certificate naming a TPM attestation key renews only with
+	// the next key certified by that AK. bcd checks it can before sending:
+	// the control plane would only refuse (never downgrade).
+	var wantAK []byte
+	var attester identity.KeyAttester
 	for _, u := range leaf.URIs[1:] {
-		if strings.HasPrefix(u.String(), tpmAKPrefix) {
+		if !tpmverify.IsStatement(u.String()) {
+			continue
+		}
+		name, ok := tpmverify.ParseStatement(u.String())
+		a, isTPM := r.keys.(identity.KeyAttester)
+		if !ok || !isTPM {
 			return nil, errs.New(errs.InvalidState,
-				"the certificate names a TPM attestation key (%s), and this bcd cannot attest a new key with the TPM yet; nothing was sent. Before it expires at %s, join again as root: bcd join --reset --yes, then bcd join",
+				"the certificate names a TPM attestation key (%s), but no TPM is open (tpm.mode and tpm.device or tpm.simulator in config.toml); nothing was sent. Before it expires at %s, bring the TPM back, or join again as root: bcd join --reset --yes, then bcd join --attestor tpm",
 				u.String(), id.NotAfter.Format(time.RFC3339))
 		}
+		wantAK, attester = name, a
 	}
 	if id.SiteID != r.bcd.Site {
 		return nil, errs.New(errs.InvalidState, "the identity in %s is of site %s, but config.toml names site %s; nothing was sent", r.cfg.Store.Dir, id.SiteID, r.bcd.Site)
@@ -245,6 +249,17 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make the certificate request: %w", err)
 	}
+	var keyAttestation []byte
+	if attester != nil {
+		att, akName, err := attester.AttestKey(signer, csr)
+		if err != nil {
+			return nil, errs.New(errs.InvalidState, "the TPM cannot certify the next node key: %v; nothing was sent. Before the certificate expires at %s, bring the TPM back, or join again as root: bcd join --reset --yes, then bcd join --attestor tpm", err, id.NotAfter.Format(time.RFC3339))
+		}
+		if !bytes.Equal(akName, wantAK) {
+			return nil, errs.New(errs.InvalidState, "this TPM's attestation key is not the one the certificate names (the TPM was cleared or replaced); nothing was sent. Join again as root: bcd join --reset --yes, then bcd join --attestor tpm")
+		}
+		keyAttestation = att
+	}
 	now := r.clock.Now().UnixMilli()
 	pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
 	if err != nil {
@@ -254,7 +269,7 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	for i, c := range id.Chain {
 		chain[i] = c.Raw
 	}
-	res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID})
+	res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation})
 	if err != nil {
 		return nil, err
 	}

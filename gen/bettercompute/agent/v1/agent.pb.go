@@ -1668,6 +1668,253 @@ func (*SessionServerMessage_Command) isSessionServerMessage_Msg() {}
 
 func (*SessionServerMessage_Challenge) isSessionServerMessage_Msg() {}
 
+// TPMEvidence is the tpm attestor's evidence (JoinRequest.evidence with
+// attestor "tpm"); JoinRequest.key_attestation carries the certify of the
+// CSR's key.
+type TPMEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endorsement key's TPMT_PUBLIC.
+	EkPublic []byte `protobuf:"bytes,1,opt,name=ek_public,json=ekPublic,proto3" json:"ek_public,omitempty"`
+	// The EK certificate (DER) from the TPM's NV, when it holds one.
+	EkCertificate []byte `protobuf:"bytes,2,opt,name=ek_certificate,json=ekCertificate,proto3" json:"ek_certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMEvidence) Reset() {
+	*x = TPMEvidence{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMEvidence) ProtoMessage() {}
+
+func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMEvidence.ProtoReflect.Descriptor instead.
+func (*TPMEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TPMEvidence) GetEkPublic() []byte {
+	if x != nil {
+		return x.EkPublic
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetEkCertificate() []byte {
+	if x != nil {
+		return x.EkCertificate
+	}
+	return nil
+}
+
+// TPMKeyAttestation is a key_attestation (JoinRequest, RenewRequest): the
+// attestation key's TPM2_Certify of the CSR's key over sha256(csr).
+type TPMKeyAttestation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The AK's TPMT_PUBLIC.
+	AkPublic []byte `protobuf:"bytes,1,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
+	// The certified key's TPMT_PUBLIC.
+	KeyPublic []byte `protobuf:"bytes,2,opt,name=key_public,json=keyPublic,proto3" json:"key_public,omitempty"`
+	// The TPMS_ATTEST bytes as the TPM produced them.
+	CertifyInfo []byte `protobuf:"bytes,3,opt,name=certify_info,json=certifyInfo,proto3" json:"certify_info,omitempty"`
+	// The AK's TPMT_SIGNATURE over certify_info.
+	Signature     []byte `protobuf:"bytes,4,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMKeyAttestation) Reset() {
+	*x = TPMKeyAttestation{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMKeyAttestation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMKeyAttestation) ProtoMessage() {}
+
+func (x *TPMKeyAttestation) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMKeyAttestation.ProtoReflect.Descriptor instead.
+func (*TPMKeyAttestation) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *TPMKeyAttestation) GetAkPublic() []byte {
+	if x != nil {
+		return x.AkPublic
+	}
+	return nil
+}
+
+func (x *TPMKeyAttestation) GetKeyPublic() []byte {
+	if x != nil {
+		return x.KeyPublic
+	}
+	return nil
+}
+
+func (x *TPMKeyAttestation) GetCertifyInfo() []byte {
+	if x != nil {
+		return x.CertifyInfo
+	}
+	return nil
+}
+
+func (x *TPMKeyAttestation) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// TPMChallenge is the tpm attestor's challenge (JoinResponse.challenge): a
+// credential only the TPM holding both the EK and the AK can activate.
+type TPMChallenge struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	CredentialBlob  []byte                 `protobuf:"bytes,1,opt,name=credential_blob,json=credentialBlob,proto3" json:"credential_blob,omitempty"`
+	EncryptedSecret []byte                 `protobuf:"bytes,2,opt,name=encrypted_secret,json=encryptedSecret,proto3" json:"encrypted_secret,omitempty"`
+	// When the challenge expires, Unix milliseconds; echoed in the answer.
+	ExpiresUnixMs int64 `protobuf:"varint,3,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMChallenge) Reset() {
+	*x = TPMChallenge{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMChallenge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMChallenge) ProtoMessage() {}
+
+func (x *TPMChallenge) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMChallenge.ProtoReflect.Descriptor instead.
+func (*TPMChallenge) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *TPMChallenge) GetCredentialBlob() []byte {
+	if x != nil {
+		return x.CredentialBlob
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetEncryptedSecret() []byte {
+	if x != nil {
+		return x.EncryptedSecret
+	}
+	return nil
+}
+
+func (x *TPMChallenge) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+// TPMChallengeAnswer is the machine's answer (JoinRequest.challenge_response).
+type TPMChallengeAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secret        []byte                 `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	ExpiresUnixMs int64                  `protobuf:"varint,2,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMChallengeAnswer) Reset() {
+	*x = TPMChallengeAnswer{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMChallengeAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMChallengeAnswer) ProtoMessage() {}
+
+func (x *TPMChallengeAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMChallengeAnswer.ProtoReflect.Descriptor instead.
+func (*TPMChallengeAnswer) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TPMChallengeAnswer) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *TPMChallengeAnswer) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
@@ -1794,7 +2041,23 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
 	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommand\x12A\n" +
 	"\tchallenge\x18\x03 \x01(\v2!.bettercompute.agent.v1.ChallengeH\x00R\tchallengeB\x05\n" +
-	"\x03msg2\xb6\x01\n" +
+	"\x03msg\"Q\n" +
+	"\vTPMEvidence\x12\x1b\n" +
+	"\tek_public\x18\x01 \x01(\fR\bekPublic\x12%\n" +
+	"\x0eek_certificate\x18\x02 \x01(\fR\rekCertificate\"\x90\x01\n" +
+	"\x11TPMKeyAttestation\x12\x1b\n" +
+	"\tak_public\x18\x01 \x01(\fR\bakPublic\x12\x1d\n" +
+	"\n" +
+	"key_public\x18\x02 \x01(\fR\tkeyPublic\x12!\n" +
+	"\fcertify_info\x18\x03 \x01(\fR\vcertifyInfo\x12\x1c\n" +
+	"\tsignature\x18\x04 \x01(\fR\tsignature\"\x8a\x01\n" +
+	"\fTPMChallenge\x12'\n" +
+	"\x0fcredential_blob\x18\x01 \x01(\fR\x0ecredentialBlob\x12)\n" +
+	"\x10encrypted_secret\x18\x02 \x01(\fR\x0fencryptedSecret\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\"T\n" +
+	"\x12TPMChallengeAnswer\x12\x16\n" +
+	"\x06secret\x18\x01 \x01(\fR\x06secret\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs2\xb6\x01\n" +
 	"\vJoinService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse2{\n" +
@@ -1813,7 +2076,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
 	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
@@ -1836,6 +2099,10 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*BootedMachine)(nil),        // 18: bettercompute.agent.v1.BootedMachine
 	(*Welcome)(nil),              // 19: bettercompute.agent.v1.Welcome
 	(*SessionServerMessage)(nil), // 20: bettercompute.agent.v1.SessionServerMessage
+	(*TPMEvidence)(nil),          // 21: bettercompute.agent.v1.TPMEvidence
+	(*TPMKeyAttestation)(nil),    // 22: bettercompute.agent.v1.TPMKeyAttestation
+	(*TPMChallenge)(nil),         // 23: bettercompute.agent.v1.TPMChallenge
+	(*TPMChallengeAnswer)(nil),   // 24: bettercompute.agent.v1.TPMChallengeAnswer
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
@@ -1884,7 +2151,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -20,7 +20,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -31,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpmverify"
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
@@ -53,10 +53,6 @@ const (
 // proofDomain separates x509pop replay records from renewal proofs in the
 // shared renew_proofs table.
 const proofDomain = "better-compute x509pop proof v1\x00"
-
-// tpmAKStatement starts the statement naming the TPM attestation key that
-// holds a node key (R7.2).
-const tpmAKStatement = pki.StatementPrefix + "tpm-ak:"
 
 // Config lists the attestor's dependencies.
 type Config struct {
@@ -137,7 +133,7 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 		// The new key would inherit a statement that its key lives in the
 		// TPM, with nothing to prove it: never downgrade. Such a node joins
 		// again with the tpm attestor.
-		if strings.HasPrefix(st, tpmAKStatement) {
+		if tpmverify.IsStatement(st) {
 			return ref("key-attestation-missing")
 		}
 	}

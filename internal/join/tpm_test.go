@@ -1,0 +1,345 @@
+package join_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"testing"
+	"time"
+
+	"github.com/google/go-tpm/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/bcd/identity"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/hwid"
+	"github.com/better-compute/better-compute/internal/join"
+	"github.com/better-compute/better-compute/internal/join/attest"
+	jtattest "github.com/better-compute/better-compute/internal/join/attest/jointoken"
+	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
+	"github.com/better-compute/better-compute/internal/join/jointest"
+	"github.com/better-compute/better-compute/internal/nodeident"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpm"
+	"github.com/better-compute/better-compute/internal/tpm/tpmtest"
+	"github.com/better-compute/better-compute/internal/tpmverify"
+)
+
+// tpmEnv is a JoinService running the tpm attestor against real swtpm.
+type tpmEnv struct {
+	f   *fixture
+	clk *clock.Fake
+	svc *join.Service
+	sim *tpmtest.Sim
+	tp  *tpm.TPM
+}
+
+var tpmMachines = 500
+
+func newTPMEnv(t *testing.T, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
+	t.Helper()
+	sim := tpmtest.Start(t)
+	tp := sim.Open(t)
+	clk := clock.NewFake(time.Now())
+	core, err := nodeident.New(nodeident.Config{DB: f.e.DB, Bundle: f.e.Bundle, Clock: clk,
+		Limiter: events.NewLimiter(clk, 1000, time.Minute), Hub: f.e.Server.Hub()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta, err := tpmattest.New(tpmattest.Config{Pools: pools(sim, tp), ChallengeKey: bytes.Repeat([]byte{7}, 32), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := attest.NewRegistry(jtattest.New(), ta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := join.New(join.Config{DB: f.e.DB, Core: core, Attestors: reg, Clock: clk, Hub: f.e.Server.Hub()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tpmEnv{f: f, clk: clk, svc: svc, sim: sim, tp: tp}
+}
+
+// tpmReq is a tpm join as bcd makes it, with hooks to break one part.
+type tpmReq struct {
+	kind      tpm.EKKind
+	template  tpm2.TPMTPublic
+	certifyOf []byte   // the CSR the certify is over (nil: the request's)
+	certifyBy *tpm.TPM // the TPM whose AK certifies (nil: this one)
+	answer    func([]byte) []byte
+}
+
+// join runs both legs and returns the answer and the node key.
+func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpm.Key, error) {
+	t.Helper()
+	if r.template.Type == 0 {
+		r.template = tpm.NodeKeyTemplate
+	}
+	key, err := e.tp.CreateKey(r.template)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := identity.NewCSR(key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	of := r.certifyOf
+	if of == nil {
+		of = csr
+	}
+	by := r.certifyBy
+	if by == nil {
+		by = e.tp
+	}
+	certKey := key
+	if by != e.tp {
+		// Another TPM certifies a key of its own over this CSR.
+		if certKey, err = by.NewNodeKey(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	att, err := by.Certify(certKey, pki.CSRHash(of))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, _ := tpmverify.Marshal(att)
+	ek, err := e.tp.EK(r.kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes(), EkCertificate: ek.Cert})
+	tpmMachines++
+	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Attestor: tpmattest.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka}
+	res, err := e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
+	if err != nil || len(res.GetChallenge()) == 0 {
+		return res, key, err
+	}
+	var ch agentv1.TPMChallenge
+	if err := proto.Unmarshal(res.GetChallenge(), &ch); err != nil {
+		t.Fatal(err)
+	}
+	secret, err := e.tp.ActivateCredential(r.kind, ch.GetCredentialBlob(), ch.GetEncryptedSecret())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.answer != nil {
+		secret = r.answer(secret)
+	}
+	req.ChallengeResponse, _ = proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
+	res, err = e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
+	return res, key, err
+}
+
+func leafOf(t *testing.T, res *agentv1.JoinResponse) (*agentv1.JoinResponseBody, *x509.Certificate) {
+	t.Helper()
+	var body agentv1.JoinResponseBody
+	if err := proto.Unmarshal(res.GetBody(), &body); err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(body.GetCertChain()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &body, leaf
+}
+
+// trustCAs trusts the swtpm local CA for the root tenant's pool, and the
+// P-256 EK (no certificate) by hash.
+func (f *fixture) trustCAs(t *testing.T) func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
+	return func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool {
+		cas, err := tpmverify.LoadCAs(sim.CAFiles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p256, err := tp.EK(tpm.EKP256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _ := tpmverify.EKHash(&p256.Public)
+		return []tpmattest.Pool{{PoolID: f.pool.Id, Trust: tpmverify.Trust{CAs: cas, EKHashes: [][]byte{h}}}}
+	}
+}
+
+// R9.2, R7.2: a token-less tpm join with each EK kind: nodeKey tpm, the
+// certificate carries the AK statement after the SPIFFE ID, and renewal
+// needs the AK's certify of the next key (R13.3).
+func TestTPMJoinR9_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, f.trustCAs(t))
+		ak, err := env.tp.AK()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stmt, _ := tpmverify.Statement(ak.Name)
+		for _, kind := range []tpm.EKKind{tpm.EKRSA2048, tpm.EKP384, tpm.EKP256} {
+			res, key, err := env.join(t, tpmReq{kind: kind})
+			if err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			body, leaf := leafOf(t, res)
+			if len(leaf.URIs) != 2 || leaf.URIs[1].String() != stmt {
+				t.Fatalf("%s: URIs %v, want the SPIFFE ID then %s", kind, leaf.URIs, stmt)
+			}
+			if n := f.node(t, body.GetNodeId()); n.NodeKey != tpmattest.NodeKeyTPM || n.Attestor != tpmattest.Name {
+				t.Fatalf("%s: node key %q attestor %q", kind, n.NodeKey, n.Attestor)
+			}
+			if kind != tpm.EKRSA2048 {
+				continue
+			}
+			// R13.3: renewals of this leaf.
+			chain := body.GetCertChain()
+			renew := func(mod func(req *agentv1.RenewRequest, next *tpm.Key)) (*agentv1.RenewResponse, error) {
+				next, err := env.tp.NewNodeKey()
+				if err != nil {
+					t.Fatal(err)
+				}
+				csr, _ := identity.NewCSR(next, "")
+				ms := env.clk.Now().UnixMilli()
+				pop, err := pki.SignRenewPoP(key, csr, body.GetNodeId(), ms)
+				if err != nil {
+					t.Fatal(err)
+				}
+				att, err := env.tp.Certify(next, pki.CSRHash(csr))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ka, _ := tpmverify.Marshal(att)
+				req := &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: ms, PopSig: pop, NodeId: body.GetNodeId(), KeyAttestation: ka}
+				if mod != nil {
+					mod(req, next)
+				}
+				return env.svc.Renew(context.Background(), req, join.Peer{Addr: "192.0.2.9:1", Cert: chain[0]})
+			}
+			other := tpmtest.StartFresh(t).Open(t)
+			for _, tc := range []struct {
+				name, reason string
+				mod          func(req *agentv1.RenewRequest, next *tpm.Key)
+			}{
+				{"without key_attestation", join.ReasonKeyAttestationMissing, func(req *agentv1.RenewRequest, _ *tpm.Key) { req.KeyAttestation = nil }},
+				{"certified by another AK", join.ReasonKeyAttestationAK, func(req *agentv1.RenewRequest, _ *tpm.Key) {
+					k, err := other.NewNodeKey()
+					if err != nil {
+						t.Fatal(err)
+					}
+					csr, _ := identity.NewCSR(k, "")
+					att, err := other.Certify(k, pki.CSRHash(csr))
+					if err != nil {
+						t.Fatal(err)
+					}
+					req.Csr = csr
+					req.KeyAttestation, _ = tpmverify.Marshal(att)
+					req.PopSig, _ = pki.SignRenewPoP(key, csr, req.NodeId, req.ClientTimeUnixMs)
+				}},
+			} {
+				if _, err := renew(tc.mod); err == nil {
+					t.Fatalf("renewal %s was not refused", tc.name)
+				}
+				if rs := renewReasons(t, f, e); !contains(rs, tc.reason) {
+					t.Fatalf("renewal %s: reasons %v, want %s", tc.name, rs, tc.reason)
+				}
+			}
+			rres, err := renew(nil)
+			if err != nil {
+				t.Fatalf("attested renewal: %v", err)
+			}
+			_, rleaf := leafOf(t, &agentv1.JoinResponse{Body: rres.GetBody()})
+			if len(rleaf.URIs) != 2 || rleaf.URIs[1].String() != stmt {
+				t.Fatalf("the renewed certificate lost the statement: %v", rleaf.URIs)
+			}
+		}
+	})
+}
+
+// renewReasons reads the renewal refusal reasons of the root tenant.
+func renewReasons(t *testing.T, f *fixture, e *apitest.Env) []string {
+	t.Helper()
+	var out []string
+	for _, ev := range f.events(t, e.RootTenant, "security.renew.refused") {
+		if r, ok := ev.Data["reason"].(string); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// R9.2: each refusal with its own server-side reason; the machine learns
+// only "Join refused".
+func TestTPMJoinRefusedR9_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, f.trustCAs(t))
+		notFixed := tpm.NodeKeyTemplate
+		notFixed.ObjectAttributes.FixedTPM, notFixed.ObjectAttributes.FixedParent = false, false
+		other := tpmtest.StartFresh(t).Open(t)
+		for _, tc := range []struct {
+			name, reason string
+			r            tpmReq
+		}{
+			{"node key not fixedTPM", tpmverify.ReasonNodeKeyNotFixedTPM, tpmReq{kind: tpm.EKRSA2048, template: notFixed}},
+			{"certify over another CSR", tpmverify.ReasonCertifyCSR, tpmReq{kind: tpm.EKRSA2048, certifyOf: []byte("another csr")}},
+			{"another AK", tpmverify.ReasonNodeKeyCSR, tpmReq{kind: tpm.EKRSA2048, certifyBy: other}},
+			{"wrong activation answer", tpmattest.ReasonActivation, tpmReq{kind: tpm.EKRSA2048, answer: func(s []byte) []byte { s[0] ^= 1; return s }}},
+		} {
+			_, _, err := env.join(t, tc.r)
+			jointest.WantRefused(t, err)
+			if rs := jointest.Reasons(t, e.DB, e.RootTenant); !contains(rs, tpmattest.Name+":"+tc.reason) && !contains(rs, tc.reason) {
+				t.Fatalf("%s: reasons %v, want %s", tc.name, rs, tc.reason)
+			}
+		}
+	})
+}
+
+// R9.2, R10.1: an EK off the allow-list is refused when enrollment is off,
+// and becomes an Approval (a join request keyed by its EK hash) when on.
+func TestTPMUnknownEKR9_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
+			return []tpmattest.Pool{{PoolID: f.pool.Id}}
+		})
+		_, _, err := env.join(t, tpmReq{kind: tpm.EKP256})
+		jointest.WantRefused(t, err)
+		if rs := jointest.Reasons(t, e.DB, e.RootTenant); !contains(rs, tpmattest.Name+":"+tpmattest.ReasonEKUnknown) {
+			t.Fatalf("reasons %v, want %s", rs, tpmattest.ReasonEKUnknown)
+		}
+		// With enrollment: the attestor admits through an Approval keyed
+		// by the EK hash (JoinService turns it into a join request).
+		ta, err := tpmattest.New(tpmattest.Config{Pools: []tpmattest.Pool{{PoolID: f.pool.Id, Enrollment: true}}, ChallengeKey: bytes.Repeat([]byte{7}, 32), Clock: env.clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _ := env.tp.NewNodeKey()
+		csr, _ := identity.NewCSR(key, "")
+		att, _ := env.tp.Certify(key, pki.CSRHash(csr))
+		ka, _ := tpmverify.Marshal(att)
+		ek, _ := env.tp.EK(tpm.EKP256)
+		ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes()})
+		in := &attest.Input{Role: "node", CSR: csr, CSRSHA256: pki.CSRHash(csr), Evidence: ev, KeyAttestation: ka,
+			Challenge: func(_ context.Context, c []byte) ([]byte, error) {
+				var ch agentv1.TPMChallenge
+				_ = proto.Unmarshal(c, &ch)
+				secret, err := env.tp.ActivateCredential(tpm.EKP256, ch.GetCredentialBlob(), ch.GetEncryptedSecret())
+				if err != nil {
+					return nil, err
+				}
+				return proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
+			}}
+		var adm *attest.Admission
+		if err := e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
+			adm, err = ta.Admit(context.Background(), tx, in)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		h, _ := tpmverify.EKHash(&ek.Public)
+		if adm.Approval == nil || !bytes.Equal(adm.Approval.EKHash, h) || adm.Approval.MachineKey != attest.MachineKeyFor(hwid.HardwareKey{}, h, f.site.Id, "") || adm.NodeKey != "tpm" {
+			t.Fatalf("admission %+v", adm)
+		}
+	})
+}
