@@ -115,9 +115,17 @@ func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpm.Key, 
 	ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes(), EkCertificate: ek.Cert})
 	tpmMachines++
 	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Attestor: tpmattest.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka}
+	res, err := e.legs(t, req, r)
+	return res, key, err
+}
+
+// legs sends req as bcd does: leg 1, then leg 2 with the activated answer.
+func (e *tpmEnv) legs(t *testing.T, req *agentv1.JoinRequest, r tpmReq) (*agentv1.JoinResponse, error) {
+	t.Helper()
+	req.ChallengeResponse = nil
 	res, err := e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
 	if err != nil || len(res.GetChallenge()) == 0 {
-		return res, key, err
+		return res, err
 	}
 	var ch agentv1.TPMChallenge
 	if err := proto.Unmarshal(res.GetChallenge(), &ch); err != nil {
@@ -131,8 +139,7 @@ func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpm.Key, 
 		secret = r.answer(secret)
 	}
 	req.ChallengeResponse, _ = proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
-	res, err = e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
-	return res, key, err
+	return e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
 }
 
 func leafOf(t *testing.T, res *agentv1.JoinResponse) (*agentv1.JoinResponseBody, *x509.Certificate) {
@@ -340,6 +347,64 @@ func TestTPMUnknownEKR9_2(t *testing.T) {
 		h, _ := tpmverify.EKHash(&ek.Public)
 		if adm.Approval == nil || !bytes.Equal(adm.Approval.EKHash, h) || adm.Approval.MachineKey != attest.MachineKeyFor(hwid.HardwareKey{}, h, f.site.Id, "") || adm.NodeKey != "tpm" {
 			t.Fatalf("admission %+v", adm)
+		}
+	})
+}
+
+// R9.2, R10.1–R10.3: an unknown EK in a pool with enrollment waits on a
+// join request keyed by its EK hash; nothing is issued until an operator
+// approves it, then the same key and CSR join (both legs again, with a
+// fresh challenge) with nodeKey tpm and the AK statement.
+func TestTPMEnrollmentR10_1(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
+			return []tpmattest.Pool{{PoolID: f.pool.Id, Enrollment: true}}
+		})
+		key, err := env.tp.NewNodeKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		csr, _ := identity.NewCSR(key, "")
+		att, _ := env.tp.Certify(key, pki.CSRHash(csr))
+		ka, _ := tpmverify.Marshal(att)
+		ek, _ := env.tp.EK(tpm.EKP256)
+		ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes()})
+		req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(9001), Attestor: tpmattest.Name, Protocol: 2, Evidence: ev, KeyAttestation: ka}
+		m := &jointest.Machine{CSR: csr}
+		res, err := env.legs(t, req, tpmReq{kind: tpm.EKP256})
+		if err != nil {
+			t.Fatalf("leg 2: %v, want a deferral", err)
+		}
+		df := m.Deferral(t, e.Bundle, res)
+		var jr store.JoinRequest
+		f.read(t, func(tx *store.Tx) (err error) { jr, err = tx.GetJoinRequest(context.Background(), df.GetRequestId()); return })
+		h, _ := tpmverify.EKHash(&ek.Public)
+		if jr.Attestor != tpmattest.Name || !bytes.Equal(jr.EKHash, h) || jr.State != store.JoinRequestPending {
+			t.Fatalf("join request %+v: want a pending tpm request with the EK hash", jr)
+		}
+		if n := len(f.nodes(t, f.root)); n != 0 {
+			t.Fatalf("%d nodes while the EK waits for approval, want 0", n)
+		}
+		err = e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
+			until := env.clk.Now().Add(15 * time.Minute)
+			_, err := tx.DecideJoinRequest(context.Background(), jr.ID, store.JoinRequestApproved, "key_test", "new rack", env.clk.Now(), &until)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.clk.Advance(5 * time.Minute) // older than the first challenge: bcd asks anew
+		res, err = env.legs(t, req, tpmReq{kind: tpm.EKP256})
+		if err != nil {
+			t.Fatalf("the approved join: %v", err)
+		}
+		body, leaf := leafOf(t, res)
+		if body.GetDeferral() != nil || len(leaf.URIs) != 2 || !tpmverify.IsStatement(leaf.URIs[1].String()) {
+			t.Fatalf("approved answer %v: want a certificate with the tpm-ak statement", body)
+		}
+		if n := f.node(t, body.NodeId); n.NodeKey != "tpm" {
+			t.Fatalf("node key %q, want tpm", n.NodeKey)
 		}
 	})
 }

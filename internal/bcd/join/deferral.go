@@ -52,12 +52,21 @@ func bootEvidence(b *Boot) ([]byte, error) {
 // keeps the request meanwhile, so a bcd join after a restart waits on the
 // same join request.
 func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error, want expectation) (*agentv1.JoinResponseBody, error) {
+	return j.untilDecided(ctx, want, "bcd join again with the same token", func() (*agentv1.JoinResponse, bool, error) {
+		return j.send(ctx, cfg, req, reseal)
+	})
+}
+
+// untilDecided is sendUntilDecided for any attempt: attempt makes one
+// whole attempt (for the TPM, both legs, so each retry gets a fresh
+// challenge) and again says how to pick the join up after a failure.
+func (j *Joiner) untilDecided(ctx context.Context, want expectation, again string, attempt func() (*agentv1.JoinResponse, bool, error)) (*agentv1.JoinResponseBody, error) {
 	var waiting string // the join request waited on
 	var since, noted time.Time
 	for {
-		res, answered, err := j.send(ctx, cfg, req, reseal)
+		res, answered, err := attempt()
 		if err != nil {
-			err = j.sendFailed(err, answered, "bcd join again with the same token")
+			err = j.sendFailed(err, answered, again)
 			if waiting != "" && errs.CodeOf(err) == errs.AccessDenied {
 				return nil, errs.New(errs.AccessDenied,
 					"Join refused after waiting on join request %s: an operator rejected it, or its approval ran out or was already used. Ask the operator (better-compute join-requests list --state all); bcd join again makes a new request", waiting)
@@ -83,8 +92,7 @@ func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *config.Config, req *
 		}
 		wait := min(max(time.Duration(d.GetRetryAfterSeconds())*time.Second, MinDeferralWait), MaxDeferralWait)
 		if err := j.sleep(ctx, wait); err != nil {
-			return nil, errs.New(errs.Unavailable, "stopped while join request %s waits for approval; the request is kept in %s: bcd join again with the same token keeps waiting on it",
-				waiting, j.pendingPath())
+			return nil, errs.New(errs.Unavailable, "stopped while join request %s waits for approval; %s keeps waiting on it", waiting, again)
 		}
 	}
 }

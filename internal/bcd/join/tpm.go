@@ -66,32 +66,37 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		Csr: csr, Claims: wireClaims(cl), Attestor: identity.AttestorTPM, Role: role, NodeId: opts.NodeID,
 		Protocol: version.ProtocolMax, Evidence: ev, KeyAttestation: att,
 	}
-	res, answered, err := j.send(ctx, &cfg, req, nil)
-	if err == nil && len(res.GetChallenge()) > 0 {
+	// Both legs make one attempt: a retry after a deferral (an unknown EK
+	// enrolling through a join request, R10.1) starts again at leg 1, so
+	// its challenge is always fresh. The key and CSR stay the same: the
+	// ones an approval admits.
+	attempt := func() (*agentv1.JoinResponse, bool, error) {
+		req.ChallengeResponse = nil
+		res, answered, err := j.send(ctx, &cfg, req, nil)
+		if err != nil || len(res.GetChallenge()) == 0 {
+			return res, answered, err
+		}
 		j.progress("activating the control plane's credential challenge in the TPM…")
 		answer, aerr := keys.Answer(kind, res.GetChallenge())
 		if aerr != nil {
-			return nil, errs.New(errs.Unavailable, "the TPM cannot activate the control plane's challenge: %v", aerr)
+			return nil, true, errs.New(errs.Unavailable, "the TPM cannot activate the control plane's challenge: %v", aerr)
 		}
 		req.ChallengeResponse = answer
-		res, answered, err = j.send(ctx, &cfg, req, nil)
+		return j.send(ctx, &cfg, req, nil)
 	}
+	body, err := j.untilDecided(ctx, expectation{
+		signingPin:    cfg.JoinSigningKeyPin,
+		csrHash:       pki.CSRHash(csr),
+		nodeKey:       signer.Public(),
+		siteID:        cfg.Site,
+		nodeID:        opts.NodeID,
+		role:          role,
+		allowDeferral: true,
+	}, "bcd join --attestor tpm again", attempt)
 	if err != nil {
-		err = j.sendFailed(err, answered, "bcd join --attestor tpm again")
 		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
 			return nil, old.refused(err)
 		}
-		return nil, err
-	}
-	body, err := verifyResponse(res, expectation{
-		signingPin: cfg.JoinSigningKeyPin,
-		csrHash:    pki.CSRHash(csr),
-		nodeKey:    signer.Public(),
-		siteID:     cfg.Site,
-		nodeID:     opts.NodeID,
-		role:       role,
-	})
-	if err != nil {
 		return nil, err
 	}
 	id, aside, err := j.install(body, keyRecord, identity.AttestorTPM, opts.Reset)
