@@ -76,7 +76,26 @@ type JoinService struct {
 	answers    map[string]*agentv1.JoinResponse
 	admissions int
 	losses     []Loss
+	// deferrals is how many calls still get a signed deferral (R10.1);
+	// then the join is refused when refuseAfter, else admitted. deferMod
+	// alters each deferral's body before it is signed.
+	deferrals   int
+	refuseAfter bool
+	deferMod    func(*agentv1.JoinResponseBody)
 }
+
+// DeferNext answers the next n calls with a signed deferral naming join
+// request jreq_01k5w00000000000000000test (R10.1); after them the join is
+// refused when refuse is set (a rejected request), else admitted. mod, when
+// set, alters each deferral's body before it is signed (a forgery).
+func (f *JoinService) DeferNext(n int, refuse bool, mod func(*agentv1.JoinResponseBody)) {
+	f.mu.Lock()
+	f.deferrals, f.refuseAfter, f.deferMod = n, refuse, mod
+	f.mu.Unlock()
+}
+
+// DeferredRequest is the join request the fake's deferrals name.
+const DeferredRequest = "jreq_01k5w00000000000000000test"
 
 // Loss is how the gateway loses an answer the fake already gave and stored
 // (R4.9): the join landed, the daemon does not learn it.
@@ -159,6 +178,33 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		}
 	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), f.now); err != nil || tok != f.token {
 		return nil, refuse()
+	}
+	f.mu.Lock()
+	deferring, refuseNow, mod := f.deferrals > 0, f.deferrals == 0 && f.refuseAfter, f.deferMod
+	if deferring {
+		f.deferrals--
+	}
+	f.mu.Unlock()
+	if refuseNow {
+		return nil, refuse()
+	}
+	if deferring {
+		role := req.Msg.GetRole()
+		if role == "" {
+			role = pki.RoleNode
+		}
+		b := &agentv1.JoinResponseBody{CsrSha256: pki.CSRHash(req.Msg.GetCsr()), TrustDomain: f.bundle.TrustDomain, SiteId: f.site, Role: role,
+			Deferral: &agentv1.JoinDeferral{RequestId: DeferredRequest, RetryAfterSeconds: 7}}
+		if mod != nil {
+			mod(b)
+		}
+		raw, _ := proto.Marshal(b)
+		sig, err := pki.SignResponse(f.bundle.JoinSigningKey, raw)
+		if err != nil {
+			f.t.Errorf("fake JoinService: %v", err)
+			return nil, refuse()
+		}
+		return connect.NewResponse(&agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: f.bundle.JoinSigningCert.Raw}), nil
 	}
 	// R4.9: a request answered before gets that answer again.
 	digest := string(pki.JoinRequestDigest(req.Msg))
