@@ -63,6 +63,7 @@ func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *config.Config, req *
 func (j *Joiner) untilDecided(ctx context.Context, want expectation, again string, attempt func() (*agentv1.JoinResponse, bool, error)) (*agentv1.JoinResponseBody, error) {
 	var waiting string // the join request waited on
 	var since, noted time.Time
+	defer func() { j.waiting = false }()
 	for {
 		res, answered, err := attempt()
 		if err != nil {
@@ -90,6 +91,7 @@ func (j *Joiner) untilDecided(ctx context.Context, want expectation, again strin
 			noted = now
 			j.progress("join request %s still waiting for approval (%s)", waiting, now.Sub(since).Round(time.Second))
 		}
+		j.waiting = true
 		wait := min(max(time.Duration(d.GetRetryAfterSeconds())*time.Second, MinDeferralWait), MaxDeferralWait)
 		if err := j.sleep(ctx, wait); err != nil {
 			return nil, errs.New(errs.Unavailable, "stopped while join request %s waits for approval; %s keeps waiting on it", waiting, again)

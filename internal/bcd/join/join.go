@@ -141,6 +141,9 @@ type Joiner struct {
 	log         *slog.Logger
 	sleep       func(ctx context.Context, d time.Duration) error
 	callTimeout time.Duration
+	// waiting is set while a join waits on a join request: its repeated
+	// sends say nothing (untilDecided says when it still waits).
+	waiting bool
 }
 
 // New returns a Joiner for cfg. cfg.Store is required.
@@ -689,7 +692,9 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	if err != nil {
 		return nil, false, errs.New(errs.InvalidConfig, "%v", err)
 	}
-	j.progress("joining through %s…", u.Host)
+	if !j.waiting {
+		j.progress("joining through %s…", u.Host)
+	}
 	// One client for every attempt: its connection is reused.
 	client := agentv1connect.NewJoinServiceClient(j.httpClient(tlsConfig), cfg.GatewayURL,
 		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))

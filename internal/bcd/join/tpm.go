@@ -76,7 +76,9 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		if err != nil || len(res.GetChallenge()) == 0 {
 			return res, answered, err
 		}
-		j.progress("activating the control plane's credential challenge in the TPM…")
+		if !j.waiting {
+			j.progress("activating the control plane's credential challenge in the TPM…")
+		}
 		answer, aerr := keys.Answer(kind, res.GetChallenge())
 		if aerr != nil {
 			return nil, true, errs.New(errs.Unavailable, "the TPM cannot activate the control plane's challenge: %v", aerr)
