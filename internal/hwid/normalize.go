@@ -1,11 +1,14 @@
 package hwid
 
 import (
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/better-compute/better-compute/internal/errs"
 )
 
 // Limits on claims. Anything beyond them is odd input and refuses the join.
@@ -407,4 +410,40 @@ func NormalizeMAC(s string) (string, bool) {
 		return "", false
 	}
 	return formatMAC(m), true
+}
+
+// Boot is a machine's network boot as a site agent vouches for it and its
+// ramdisk presents it (R10.4): the NIC it booted from, the address and the
+// epoch of its boot lease, and the site's provisioning workflow when one is
+// named.
+type Boot struct {
+	MAC        string `json:"mac"`
+	IP         string `json:"ip"`
+	LeaseEpoch int64  `json:"leaseEpoch"`
+	WorkflowID string `json:"workflowId,omitempty"`
+}
+
+// MaxWorkflowID bounds a boot's workflow id, in bytes.
+const MaxWorkflowID = 128
+
+// Check returns b in canonical form (the MAC as NormalizeMAC gives it, the
+// address as netip prints it), or an INVALID_ARGUMENT naming the field.
+// It is the one check of a boot, on bcd's side and the control plane's.
+func (b Boot) Check() (Boot, error) {
+	mac, ok := NormalizeMAC(b.MAC)
+	if !ok {
+		return b, errs.Invalid("mac", "want the permanent MAC of the NIC the machine booted from, like 00:1b:21:0a:0b:0c")
+	}
+	ip, err := netip.ParseAddr(b.IP)
+	if err != nil {
+		return b, errs.Invalid("ip", "want the IP address the boot lease gave, like 10.0.0.7")
+	}
+	if b.LeaseEpoch <= 0 {
+		return b, errs.Invalid("leaseEpoch", "want the boot lease's epoch, a positive number")
+	}
+	if len(b.WorkflowID) > MaxWorkflowID || !printable(b.WorkflowID) {
+		return b, errs.Invalid("workflowId", "at most %d printable bytes", MaxWorkflowID)
+	}
+	b.MAC, b.IP = mac, ip.String()
+	return b, nil
 }

@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"net/netip"
 
 	"google.golang.org/protobuf/proto"
 
@@ -15,9 +14,6 @@ import (
 
 // MaxBootedPerReport bounds the machines of one site report.
 const MaxBootedPerReport = 1000
-
-// maxWorkflowID bounds a booted machine's workflow id.
-const maxWorkflowID = 128
 
 // Refusal reasons of site reports; each ends the session.
 const (
@@ -51,13 +47,12 @@ func (s *Service) siteReport(ctx context.Context, c *conn, r *agentv1.SiteReport
 	}
 	vouches := make([]store.SiteVouch, 0, len(body.GetMachines()))
 	for _, m := range body.GetMachines() {
-		mac, ok := hwid.NormalizeMAC(m.GetMac())
-		ip, err := netip.ParseAddr(m.GetIp())
-		if !ok || err != nil || m.GetLeaseEpoch() <= 0 || len(m.GetWorkflowId()) > maxWorkflowID {
+		b, err := hwid.Boot{MAC: m.GetMac(), IP: m.GetIp(), LeaseEpoch: m.GetLeaseEpoch(), WorkflowID: m.GetWorkflowId()}.Check()
+		if err != nil {
 			return refuse(reasonSiteReportInvalid)
 		}
-		vouches = append(vouches, store.SiteVouch{TenantID: c.tenantID, SiteID: c.siteID, MAC: mac, IP: ip.String(),
-			LeaseEpoch: m.GetLeaseEpoch(), VouchedBy: c.nodeID, WorkflowID: m.GetWorkflowId()})
+		vouches = append(vouches, store.SiteVouch{TenantID: c.tenantID, SiteID: c.siteID, MAC: b.MAC, IP: b.IP,
+			LeaseEpoch: b.LeaseEpoch, VouchedBy: c.nodeID, WorkflowID: b.WorkflowID})
 	}
 	if len(vouches) == 0 {
 		return nil

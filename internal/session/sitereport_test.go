@@ -58,8 +58,7 @@ func TestSiteReport(t *testing.T) {
 		}
 		tampered := report(nonce, 9, booted("00:1b:21:00:00:09", "10.0.0.9", 1))
 		tampered.Body[len(tampered.Body)-1] ^= 1
-		nodeRole := *site
-		nodeRole.role = pki.RoleNode
+		nodeRole := &conn{nodeID: agent.ID, tenantID: agent.TenantID, siteID: agent.SiteID, role: pki.RoleNode, nodeKey: key.Public(), nonce: nonce}
 		for _, st := range []struct {
 			name   string
 			c      *conn
@@ -70,7 +69,7 @@ func TestSiteReport(t *testing.T) {
 			{"the same report again (a relay's replay)", site, report(nonce, 1, booted("00:1b:21:00:00:02", "10.0.0.2", 1)), reasonSiteReportSignature},
 			{"another session's", site, report(other, 2, booted("00:1b:21:00:00:02", "10.0.0.2", 1)), reasonSiteReportSignature},
 			{"altered on the way", site, tampered, reasonSiteReportSignature},
-			{"a node that is not a site agent", &nodeRole, report(nonce, 5, booted("00:1b:21:00:00:02", "10.0.0.2", 1)), reasonSiteReportRole},
+			{"a node that is not a site agent", nodeRole, report(nonce, 5, booted("00:1b:21:00:00:02", "10.0.0.2", 1)), reasonSiteReportRole},
 			{"a locally administered MAC", site, report(nonce, 6, booted("52:54:00:00:00:02", "10.0.0.2", 1)), reasonSiteReportInvalid},
 			{"no lease epoch", site, report(nonce, 7, booted("00:1b:21:00:00:02", "10.0.0.2", 0)), reasonSiteReportInvalid},
 			{"an older epoch changes nothing", site, report(nonce, 8, booted("00:1b:21:00:00:01", "10.0.0.99", 2)), ""},

@@ -2,7 +2,7 @@ package join
 
 import (
 	"context"
-	"net/netip"
+	"errors"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -28,19 +28,18 @@ func bootEvidence(b *Boot) ([]byte, error) {
 	if b == nil {
 		return nil, nil
 	}
-	mac, ok := hwid.NormalizeMAC(b.MAC)
-	if !ok {
-		return nil, errs.Invalid("--boot-mac", "want the permanent MAC of the NIC the machine booted from, like 52:54:00:12:34:56")
-	}
-	ip, err := netip.ParseAddr(b.IP)
+	c, err := hwid.Boot{MAC: b.MAC, IP: b.IP, LeaseEpoch: b.LeaseEpoch, WorkflowID: b.WorkflowID}.Check()
 	if err != nil {
-		return nil, errs.Invalid("--boot-ip", "want the IP address the boot lease gave, like 10.0.0.7")
-	}
-	if b.LeaseEpoch <= 0 {
-		return nil, errs.Invalid("--boot-lease-epoch", "want the boot lease's epoch, a positive number")
+		var e *errs.E
+		if errors.As(err, &e) {
+			// Name the flag, not the field.
+			flag := map[string]string{"mac": "--boot-mac", "ip": "--boot-ip", "leaseEpoch": "--boot-lease-epoch", "workflowId": "--workflow-id"}[e.Field]
+			return nil, errs.Invalid(flag, "%s", e.Message)
+		}
+		return nil, err
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(&agentv1.DiscoveryEvidence{
-		Mac: mac, Ip: ip.String(), BootLeaseEpoch: b.LeaseEpoch, WorkflowId: b.WorkflowID,
+		Mac: c.MAC, Ip: c.IP, BootLeaseEpoch: c.LeaseEpoch, WorkflowId: c.WorkflowID,
 	})
 }
 

@@ -17,12 +17,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
 
-	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/hwid"
 )
 
@@ -32,37 +30,12 @@ const BootedFile = "booted.jsonl"
 // MaxLine bounds one line of the booted file.
 const MaxLine = 1024
 
-// Machine is a machine the site booted.
-type Machine struct {
-	MAC        string `json:"mac"`
-	IP         string `json:"ip"`
-	LeaseEpoch int64  `json:"leaseEpoch"`
-	WorkflowID string `json:"workflowId,omitempty"`
-}
+// Machine is a machine the site booted (its boot, checked by
+// hwid.Boot.Check).
+type Machine = hwid.Boot
 
 // BootedPath is the booted file of a data directory.
 func BootedPath(dataDir string) string { return filepath.Join(dataDir, BootedFile) }
-
-// Check returns m in canonical form, or an INVALID_ARGUMENT naming the
-// field.
-func (m Machine) Check() (Machine, error) {
-	mac, ok := hwid.NormalizeMAC(m.MAC)
-	if !ok {
-		return m, errs.Invalid("mac", "want the permanent MAC of the NIC the machine booted from, like 52:54:00:12:34:56")
-	}
-	ip, err := netip.ParseAddr(m.IP)
-	if err != nil {
-		return m, errs.Invalid("ip", "want the IP address the boot lease gave, like 10.0.0.7")
-	}
-	if m.LeaseEpoch <= 0 {
-		return m, errs.Invalid("leaseEpoch", "want the boot lease's epoch, a positive number")
-	}
-	if len(m.WorkflowID) > 128 {
-		return m, errs.Invalid("workflowId", "at most 128 bytes")
-	}
-	m.MAC, m.IP = mac, ip.String()
-	return m, nil
-}
 
 // Append records a boot: one line appended to the booted file (created
 // 0600). A line shorter than the pipe buffer is written with one write, so

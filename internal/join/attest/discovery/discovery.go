@@ -16,7 +16,7 @@ package discovery
 
 import (
 	"context"
-	"net/netip"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -32,9 +32,6 @@ import (
 
 // Name of the attestor.
 const Name = wire.AttestorDiscovery
-
-// MaxWorkflowID bounds a workflow id's length.
-const MaxWorkflowID = 128
 
 // Attestor admits ramdisks a site agent vouched for.
 type Attestor struct{ tokens *jtattest.Attestor }
@@ -52,22 +49,14 @@ func Evidence(raw []byte, claims hwid.Normalized) (*agentv1.DiscoveryEvidence, s
 	if len(raw) == 0 || proto.Unmarshal(raw, &ev) != nil {
 		return nil, "discovery-evidence"
 	}
-	mac, ok := hwid.NormalizeMAC(ev.GetMac())
-	if !ok {
+	b, err := hwid.Boot{MAC: ev.GetMac(), IP: ev.GetIp(), LeaseEpoch: ev.GetBootLeaseEpoch(), WorkflowID: ev.GetWorkflowId()}.Check()
+	if err != nil {
 		return nil, "discovery-evidence"
 	}
-	claimed := false
-	for _, m := range claims.MACs() {
-		claimed = claimed || m == mac
-	}
-	if !claimed {
+	if !slices.Contains(claims.MACs(), b.MAC) {
 		return nil, "discovery-mac"
 	}
-	ip, err := netip.ParseAddr(ev.GetIp())
-	if err != nil || ev.GetBootLeaseEpoch() <= 0 || len(ev.GetWorkflowId()) > MaxWorkflowID {
-		return nil, "discovery-evidence"
-	}
-	ev.Mac, ev.Ip = mac, ip.String()
+	ev.Mac, ev.Ip = b.MAC, b.IP
 	return &ev, ""
 }
 
