@@ -378,7 +378,10 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		}
 		df := m.Deferral(t, e.Bundle, res)
 		var jr store.JoinRequest
-		f.read(t, func(tx *store.Tx) (err error) { jr, err = tx.GetJoinRequest(context.Background(), df.GetRequestId()); return })
+		f.read(t, func(tx *store.Tx) (err error) {
+			jr, err = tx.GetJoinRequest(context.Background(), df.GetRequestId())
+			return
+		})
 		h, _ := tpmverify.EKHash(&ek.Public)
 		if jr.Attestor != tpmattest.Name || !bytes.Equal(jr.EKHash, h) || jr.State != store.JoinRequestPending {
 			t.Fatalf("join request %+v: want a pending tpm request with the EK hash", jr)
