@@ -40,7 +40,7 @@ type tpmEnv struct {
 
 var tpmMachines = 500
 
-func newTPMEnv(t *testing.T, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
+func newTPMEnv(t testing.TB, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
 	t.Helper()
 	sim := tpmtest.Start(t)
 	tp := sim.Open(t)
@@ -157,7 +157,7 @@ func leafOf(t *testing.T, res *agentv1.JoinResponse) (*agentv1.JoinResponseBody,
 
 // trustCAs trusts the swtpm local CA for the root tenant's pool, and the
 // P-256 EK (no certificate) by hash.
-func (f *fixture) trustCAs(t *testing.T) func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
+func (f *fixture) trustCAs(t testing.TB) func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
 	return func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool {
 		cas, err := tpmverify.LoadCAs(sim.CAFiles)
 		if err != nil {
