@@ -70,6 +70,8 @@ type stackOptions struct {
 	// attestor, trusting the EKs its local CA certified for the pool, and
 	// bcd keeps its node keys in it and joins with --attestor tpm.
 	sim *tpmtest.Sim
+	// token, with sim, joins with the token all the same.
+	token bool
 }
 
 func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
@@ -190,7 +192,7 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	opts := bcdjoin.Options{Token: tok.Msg.Token}
-	if o.sim != nil {
+	if o.sim != nil && !o.token {
 		opts = bcdjoin.Options{Attestor: identity.AttestorTPM}
 	}
 	if s.joined, err = j.Join(ctx, opts); err != nil {

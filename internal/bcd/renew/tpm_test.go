@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/internal/bcd/renew"
 	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
+	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tpm"
 	"github.com/better-compute/better-compute/internal/tpm/tpmtest"
 	"github.com/better-compute/better-compute/internal/tpmverify"
@@ -114,6 +115,44 @@ func TestTPMNodeKeySurvivesRestartsR9_1(t *testing.T) {
 		restartAndRenew("after an swtpm restart")
 		if n := len(s.certs(t, prev.NodeID)); n != 3 {
 			t.Fatalf("%d node_certs rows, want 3 (the join and two renewals)", n)
+		}
+	})
+}
+
+// R9.1, R9.2: bcd's token join on a TPM host makes the node key in the TPM
+// all the same (node.key is its record), but the node says nodeKey
+// unattested and its certificate names no AK; it renews without an
+// attestation, the next key made in the TPM too.
+func TestTPMHostTokenJoinR9_2(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		s := newStackWith(t, e, stackOptions{sim: tpmtest.Start(t), token: true})
+		rec, err := os.ReadFile(filepath.Join(s.cfg.DataDir, identity.KeyFile))
+		if err != nil || identity.RecordKind(rec) != identity.KindTPM {
+			t.Fatalf("node.key after a token join on a TPM host is not a TPM key record: %v", err)
+		}
+		if u := s.joined.Leaf().URIs; len(u) != 1 || s.joined.Attestor != identity.AttestorJoinToken {
+			t.Fatalf("joined by %s with URIs %v, want a token join with the SPIFFE ID only", s.joined.Attestor, u)
+		}
+		var n store.Node
+		if err := e.DB.ReadTx(context.Background(), func(tx *store.Tx) (err error) {
+			n, err = tx.GetNode(context.Background(), s.joined.NodeID)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if n.NodeKey != "unattested" {
+			t.Fatalf("node key %q, want unattested", n.NodeKey)
+		}
+		keys, st, err := tpmkeys.Stores(s.cfg, s.cfg.DataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.renewer(t, func(c *renew.Config) { c.Store, c.Keys = st, keys }).RenewOnce(context.Background())
+		if err != nil {
+			t.Fatalf("renewal of an unattested TPM key: %v", err)
+		}
+		if _, ok := got.Signer.(*tpm.Key); !ok || len(got.Leaf().URIs) != 1 || got.Serial == s.joined.Serial {
+			t.Fatalf("renewed %T serial %s with URIs %v, want a new TPM key and no statement", got.Signer, got.Serial, got.Leaf().URIs)
 		}
 	})
 }
