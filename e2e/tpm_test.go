@@ -23,18 +23,12 @@ func TestTPMJoinWithoutToken(t *testing.T) {
 	known, unknown := tpmtest.Start(t), tpmtest.StartFresh(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "bc-dev")
-	args := []string{"dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0",
-		"--tpm-enrollment", "--tpm-simulator", known.Addr}
+	args := []string{"--tpm-enrollment", "--tpm-simulator", known.Addr}
 	for _, ca := range known.CAFiles {
 		args = append(args, "--tpm-ca-file", ca)
 	}
-	dev := start(t, nil, bc, args...)
 	conf := filepath.Join(data, "bcd", "config.toml")
-	waitFor(t, "dev to write the bcd config", 60*time.Second, func() bool {
-		_, err := os.Stat(conf)
-		return err == nil && strings.Contains(dev.output(), "gateway listening")
-	})
-	env := readEnv(t, filepath.Join(data, "dev.env"))
+	env := startDev(t, bc, data, conf, args...)
 	e := envList(env)
 
 	// The known TPM: no token at all.
@@ -78,14 +72,7 @@ func TestTPMJoinWithoutToken(t *testing.T) {
 	sys2 := filepath.Join(dir, "sys-2")
 	fakeSysfs(t, sys2, "SN-TPM-2", "4c4c4544-0042-3510-8053-b7c04f5a7002", "3c:ec:ef:07:00:02")
 	waiting := start(t, nil, bcd, "join", "--config", conf2, "--attestor", "tpm", "--sysfs-root", sys2, "--data-dir", filepath.Join(dir, "bcd-2-data"))
-	jreq := regexp.MustCompile(`join request (jreq_[0-9a-z]+) is waiting for approval`)
-	var id string
-	waitFor(t, "bcd to say it waits for approval", 60*time.Second, func() bool {
-		if m := jreq.FindStringSubmatch(waiting.output()); m != nil {
-			id = m[1]
-		}
-		return id != ""
-	})
+	id := waitingRequest(t, waiting)
 	out, errOut, code = run(t, e, "", bc, "join-requests", "list", "--tenant", env["TENANT"], "--pool", env["POOL"], "--json")
 	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, `"tpm"`) {
 		t.Fatalf("join-requests list: %s %s", out, errOut)
