@@ -19,14 +19,9 @@ func TestDiscoveryJoinWaitsForApproval(t *testing.T) {
 	bc, bcd := binaries(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "bc-dev")
-	dev := start(t, nil, bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 	siteConf := filepath.Join(data, "site", "config.toml")
 	ramdiskConf := filepath.Join(data, "ramdisk", "config.toml")
-	waitFor(t, "dev to write the site and ramdisk configs", 60*time.Second, func() bool {
-		_, err := os.Stat(ramdiskConf)
-		return err == nil && strings.Contains(dev.output(), "gateway listening")
-	})
-	env := readEnv(t, filepath.Join(data, "dev.env"))
+	env := startDev(t, bc, data, ramdiskConf)
 	e := envList(env)
 	secret := func(name string) string {
 		path := filepath.Join(data, "secrets", name)
@@ -67,18 +62,7 @@ func TestDiscoveryJoinWaitsForApproval(t *testing.T) {
 	approved := ramdisk("--boot-mac", mac1, "--boot-ip", "10.0.0.7")
 	rejected := ramdisk("--boot-mac", mac2, "--boot-ip", "10.0.0.8", "--data-dir", filepath.Join(dir, "ramdisk-2"), "--sysfs-root", sys2)
 
-	jreq := regexp.MustCompile(`join request (jreq_[0-9a-z]+) is waiting for approval`)
-	waitID := func(p *proc) string {
-		var id string
-		waitFor(t, "bcd to say it waits for approval", 30*time.Second, func() bool {
-			if m := jreq.FindStringSubmatch(p.output()); m != nil {
-				id = m[1]
-			}
-			return id != ""
-		})
-		return id
-	}
-	id1, id2 := waitID(approved), waitID(rejected)
+	id1, id2 := waitingRequest(t, approved), waitingRequest(t, rejected)
 
 	// The operator sees what the attestor saw.
 	out, errOut, code = run(t, e, "", bc, "join-requests", "list", "--tenant", env["TENANT"], "--pool", env["POOL"], "--json")
@@ -121,4 +105,32 @@ func TestDiscoveryJoinWaitsForApproval(t *testing.T) {
 			t.Errorf("event %s missing from the stream", want)
 		}
 	}
+}
+
+var waitingRE = regexp.MustCompile(`join request (jreq_[0-9a-z]+) is waiting for approval`)
+
+// waitingRequest waits for a bcd join to say it waits on a join request
+// and returns the request's id.
+func waitingRequest(t *testing.T, p *proc) string {
+	t.Helper()
+	var id string
+	waitFor(t, "bcd to say it waits for approval", 60*time.Second, func() bool {
+		if m := waitingRE.FindStringSubmatch(p.output()); m != nil {
+			id = m[1]
+		}
+		return id != ""
+	})
+	return id
+}
+
+// startDev runs better-compute dev on data with args, waits until it wrote
+// file and its gateway listens, and returns dev.env.
+func startDev(t *testing.T, bc, data, file string, args ...string) map[string]string {
+	t.Helper()
+	dev := start(t, nil, bc, append([]string{"dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0"}, args...)...)
+	waitFor(t, "dev to write "+filepath.Base(file), 60*time.Second, func() bool {
+		_, err := os.Stat(file)
+		return err == nil && strings.Contains(dev.output(), "gateway listening")
+	})
+	return readEnv(t, filepath.Join(data, "dev.env"))
 }

@@ -63,10 +63,10 @@ func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir str
 // writeDevSiteConfigs writes the site agent's and the booted machine's bcd
 // configurations and returns their paths.
 func writeDevSiteConfigs(dir, gwURL, site string, b *pki.Bundle) (siteConf, ramdiskConf string, err error) {
-	if siteConf, err = writeDevBCDAs(dir, "site", gwURL, site, b, &devSiteAgent); err != nil {
+	if siteConf, err = writeDevBCDAs(dir, "site", gwURL, site, b, &devSiteAgent, nil); err != nil {
 		return "", "", err
 	}
-	if ramdiskConf, err = writeDevBCDAs(dir, "ramdisk", gwURL, site, b, &devBooted); err != nil {
+	if ramdiskConf, err = writeDevBCDAs(dir, "ramdisk", gwURL, site, b, &devBooted, nil); err != nil {
 		return "", "", err
 	}
 	return siteConf, ramdiskConf, nil

@@ -125,6 +125,12 @@ better-compute, else one built with go build from the working directory.
 renewal and the x509pop re-join of an expired certificate can be watched in
 minutes.
 
+--tpm-ca-file and --tpm-enrollment run the tpm attestor for the dev pool
+(docs/tpm.md): EKs whose certificate chains to a --tpm-ca-file (swtpm_setup's
+local CA, say) join with no token, and with --tpm-enrollment an unknown EK
+becomes a join request to approve. --tpm-simulator ADDR puts that swtpm
+command port into DIR/bcd/config.toml ([tpm] mode = "required").
+
 For development only: the secret that encrypts the PKI's keys is kept in
 DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 		Args: cobra.NoArgs,
@@ -150,6 +156,9 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringVar(&o.td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
 	f.DurationVar(&o.certTTL, "cert-ttl", 0, "node certificate lifetime, 60s to 24h (default 24h); short ones show renewal and x509pop in minutes")
 	f.StringVar(&o.bcdBinary, "bcd-binary", "", "the linux bcd the downloads path serves (default: the bcd beside better-compute, else go build)")
+	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
+	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
+	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
@@ -158,9 +167,16 @@ type devOptions struct {
 	dir, listen, gwListen, td string
 	certTTL                   time.Duration
 	bcdBinary                 string
+	// The tpm attestor for the dev pool, and the swtpm of dev's bcd.
+	tpmCAFiles    []string
+	tpmEnrollment bool
+	tpmSimulator  string
 	// buildBCD builds bcd when none is found; nil means goBuildBCD.
 	buildBCD func(ctx context.Context, out, arch string) error
 }
+
+// devRootTenant is the root tenant's name in dev.
+const devRootTenant = "root"
 
 // devCAFile is the CA that verifies dev's API (and gateway) certificates:
 // the dev PKI's serving CA.
@@ -240,7 +256,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	defer gwLn.Close()
 	gwURL := "https://" + gwLn.Addr().String()
 	cfg := server.Config{
-		Listen: o.listen, RootTenant: "root",
+		Listen: o.listen, RootTenant: devRootTenant,
 		TLS:     server.TLSConfig{CertFile: filepath.Join(dir, "api.crt"), KeyFile: filepath.Join(dir, "api.key")},
 		Store:   store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
 		PKI:     server.PKIConfig{Dir: pkiDir},
@@ -251,7 +267,16 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 	}
 	envPath := filepath.Join(dir, "dev.env")
-	var st devState
+	// The tenant, site and pool are made before the API is built, so the
+	// tpm attestor's configuration can name the dev pool.
+	st, err := devBootstrapStore(ctx, cfg.Store, envPath)
+	if err != nil {
+		return err
+	}
+	if len(o.tpmCAFiles) > 0 || o.tpmEnrollment {
+		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
+		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment}}
+	}
 	gwErr := make(chan error, 1)
 	gwDone := make(chan struct{})
 	gwStarted := false
@@ -261,11 +286,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Log:    log,
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
-			var err error
-			if st, err = devBootstrap(ctx, s, db, envPath); err != nil {
-				return err
-			}
-			_, err = mintDevSiteTokens(ctx, s, db, dir, st)
+			_, err := mintDevSiteTokens(ctx, s, db, dir, st)
 			return err
 		},
 		AgentReady: func(addr string) {
@@ -305,7 +326,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 				log.Error("write dev.env", "err", err)
 				return
 			}
-			bcdConf, err := writeDevBCD(dir, gwURL, st.site, bundle)
+			bcdConf, err := writeDevBCD(dir, gwURL, st.site, bundle, o.tpmSimulator)
 			if err != nil {
 				log.Error("write the bcd config", "err", err)
 				return
@@ -382,15 +403,20 @@ Install with the install script (bcd %s for linux-%s is served; BCD_ROOT keeps i
 }
 
 // writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
-// daemon on this machine joining the dev control plane.
-func writeDevBCD(dir, gwURL, site string, b *pki.Bundle) (string, error) {
-	return writeDevBCDAs(dir, "bcd", gwURL, site, b, nil)
+// daemon on this machine joining the dev control plane; with an swtpm
+// address, its node keys are made in that TPM (tpm.mode required).
+func writeDevBCD(dir, gwURL, site string, b *pki.Bundle, tpmSimulator string) (string, error) {
+	var tpm *bcdconfig.TPM
+	if tpmSimulator != "" {
+		tpm = &bcdconfig.TPM{Mode: bcdconfig.TPMRequired, Simulator: tpmSimulator}
+	}
+	return writeDevBCDAs(dir, "bcd", gwURL, site, b, nil, tpm)
 }
 
 // writeDevBCDAs writes DIR/<name>/config.toml (data in DIR/<name>/data)
 // and its join key; with a fake machine, its sysfs tree goes to
 // DIR/<name>/sys and the config reads its claims from there.
-func writeDevBCDAs(dir, name, gwURL, site string, b *pki.Bundle, fake *claims.FakeMachine) (string, error) {
+func writeDevBCDAs(dir, name, gwURL, site string, b *pki.Bundle, fake *claims.FakeMachine, tpm *bcdconfig.TPM) (string, error) {
 	pins, err := b.Pins()
 	if err != nil {
 		return "", err
@@ -408,6 +434,9 @@ func writeDevBCDAs(dir, name, gwURL, site string, b *pki.Bundle, fake *claims.Fa
 		if err := claims.WriteFake(c.SysfsRoot, "", *fake); err != nil {
 			return "", err
 		}
+	}
+	if tpm != nil {
+		c.TPM = *tpm
 	}
 	c.ApplyDefaults()
 	path := filepath.Join(bdir, "config.toml")
@@ -457,13 +486,24 @@ func readDevEnv(path string) map[string]string {
 	return out
 }
 
-func devBootstrap(ctx context.Context, s *api.Server, db *store.DB, envPath string) (devState, error) {
+// devBootstrapStore opens the store, makes the root tenant and runs
+// devBootstrap, then closes it again.
+func devBootstrapStore(ctx context.Context, c store.Config, envPath string) (devState, error) {
+	db, err := store.Open(ctx, c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return devState{}, err
+	}
+	defer db.Close()
+	return devBootstrap(ctx, tenancy.New(tenancy.Config{DB: db}), db, envPath)
+}
+
+func devBootstrap(ctx context.Context, ten *tenancy.Service, db *store.DB, envPath string) (devState, error) {
 	var st devState
-	ten := s.Tenancy()
-	root, err := ten.RootTenantID(ctx)
+	rt, _, err := ten.Bootstrap(ctx, devRootTenant)
 	if err != nil {
 		return st, err
 	}
+	root := rt.ID
 	st.tenant = root
 	sys := authz.Principal{ID: "system:dev", TenantID: root, Name: "dev", Grants: authz.Admin, Root: true}
 	prev := readDevEnv(envPath)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/apitest"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/clock"
@@ -40,7 +41,7 @@ type tpmEnv struct {
 
 var tpmMachines = 500
 
-func newTPMEnv(t *testing.T, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
+func newTPMEnv(t testing.TB, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
 	t.Helper()
 	sim := tpmtest.Start(t)
 	tp := sim.Open(t)
@@ -157,7 +158,7 @@ func leafOf(t *testing.T, res *agentv1.JoinResponse) (*agentv1.JoinResponseBody,
 
 // trustCAs trusts the swtpm local CA for the root tenant's pool, and the
 // P-256 EK (no certificate) by hash.
-func (f *fixture) trustCAs(t *testing.T) func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
+func (f *fixture) trustCAs(t testing.TB) func(*tpmtest.Sim, *tpm.TPM) []tpmattest.Pool {
 	return func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool {
 		cas, err := tpmverify.LoadCAs(sim.CAFiles)
 		if err != nil {
@@ -408,6 +409,83 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		}
 		if n := f.node(t, body.NodeId); n.NodeKey != "tpm" {
 			t.Fatalf("node key %q, want tpm", n.NodeKey)
+		}
+	})
+}
+
+// R9.2, R6.4: a token join on a TPM host, its node key in the TPM and even
+// with the AK's certify attached, says nodeKey unattested (node row,
+// node.joined event and audit row) and carries no AK statement: only the tpm
+// attestor proves a key. A pool whose policy.joinAttestors is ["tpm"]
+// refuses that token join (pool-attestor) and admits the tpm join.
+func TestTPMHostTokenJoinR6_4(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, f.trustCAs(t))
+		tok := f.token(t, &bcv1.CreateJoinTokenRequest{MaxUses: 2})
+		// tokenJoin is bcd's token join on this host, with the certify of
+		// its TPM key attached.
+		tokenJoin := func() (*agentv1.JoinResponse, error) {
+			key, err := env.tp.NewNodeKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			csr, _ := identity.NewCSR(key, "")
+			att, err := env.tp.Certify(key, pki.CSRHash(csr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tpmMachines++
+			ka, _ := tpmverify.Marshal(att)
+			req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Protocol: 1, KeyAttestation: ka}
+			req.SealedToken = jointest.SealAt(t, e.Bundle, tok.Token, req, time.Now())
+			return env.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
+		}
+
+		if _, err := e.Admin.Pools.UpdatePoolPolicy(context.Background(), rq(&bcv1.UpdatePoolPolicyRequest{TenantId: f.root, PoolId: f.pool.Id,
+			Policy: &bcv1.PoolPolicy{JoinAttestors: []string{tpmattest.Name}}})); err != nil {
+			t.Fatal(err)
+		}
+		f.refusedOnce(t, f.root, reason("pool-attestor"), func() error { _, err := tokenJoin(); return err })
+		if got := f.usesLeft(t, tok.Id); got != 2 {
+			t.Errorf("usesLeft %d after the refusal, want 2", got)
+		}
+		res, _, err := env.join(t, tpmReq{kind: tpm.EKRSA2048})
+		if err != nil {
+			t.Fatalf("tpm join into a tpm-only pool: %v", err)
+		}
+		if body, _ := leafOf(t, res); f.node(t, body.GetNodeId()).NodeKey != tpmattest.NodeKeyTPM {
+			t.Fatalf("the tpm join says node key %q", f.node(t, body.GetNodeId()).NodeKey)
+		}
+
+		if _, err := e.Admin.Pools.UpdatePoolPolicy(context.Background(), rq(&bcv1.UpdatePoolPolicyRequest{TenantId: f.root, PoolId: f.pool.Id,
+			Policy: &bcv1.PoolPolicy{JoinAttestors: []string{tpmattest.Name, jtattest.Name}}})); err != nil {
+			t.Fatal(err)
+		}
+		res, err = tokenJoin()
+		if err != nil {
+			t.Fatalf("token join on a TPM host: %v", err)
+		}
+		body, leaf := leafOf(t, res)
+		if len(leaf.URIs) != 1 {
+			t.Fatalf("URIs %v: a token join carries no AK statement", leaf.URIs)
+		}
+		if n := f.node(t, body.GetNodeId()); n.NodeKey != "unattested" || n.Attestor != jtattest.Name {
+			t.Fatalf("node key %q attestor %q, want unattested by join-token", n.NodeKey, n.Attestor)
+		}
+		var evKey, auditKey any
+		for _, ev := range f.events(t, f.root, "node.joined") {
+			if ev.Subject == body.GetNodeId() {
+				evKey = ev.Data["nodeKey"]
+			}
+		}
+		for _, r := range f.audit(t, f.root, "node.joined") {
+			if r.Data["nodeId"] == body.GetNodeId() {
+				auditKey = r.Data["nodeKey"]
+			}
+		}
+		if evKey != "unattested" || auditKey != "unattested" {
+			t.Fatalf("node.joined event nodeKey %v, audit row %v; want unattested", evKey, auditKey)
 		}
 	})
 }

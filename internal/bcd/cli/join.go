@@ -86,11 +86,18 @@ it) and the boot the site agent vouched for (--boot-mac, --boot-ip,
 answers with a join request: bcd prints its id, waits, and asks again with the
 same key and certificate request until the request is approved (the join
 then completes on its own), rejected (bcd exits non-zero), or bcd is stopped;
-bcd join again with the same token keeps waiting on the same request.`,
+bcd join again with the same token keeps waiting on the same request.
+
+--attestor tpm joins with no token, on a machine whose config.toml opens a
+TPM ([tpm], docs/tpm.md): the node key is made in the TPM and certified by
+its attestation key, and the control plane's credential challenge is
+answered by the TPM. An endorsement key the control plane does not know yet
+may become a join request: bcd waits on it as above.`,
 		Example: `  bcd join --config /etc/bcd/config.toml < join-token
   bcd join --server https://compute.example.com --token-file /run/bcd/token --node-id node_…
   bcd join --config /etc/bcd/config.toml --reset --yes < join-token
   bcd join --config /etc/bcd/config.toml --attestor x509pop
+  bcd join --config /etc/bcd/config.toml --attestor tpm
   bcd join --attestor discovery --role ramdisk --token-file /run/bcd/ramdisk-token \
     --boot-mac 52:54:00:12:34:56 --boot-ip 10.0.0.7 --boot-lease-epoch 3`,
 		Args: refuseTokenArgs,
@@ -104,7 +111,7 @@ bcd join again with the same token keeps waiting on the same request.`,
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
-	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), discovery for a ramdisk its site booted, or x509pop to re-join with an expired certificate")
+	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), tpm to join with this machine's TPM and no token, discovery for a ramdisk its site booted, or x509pop to re-join with an expired certificate")
 	fl.StringVar(&f.bootMAC, "boot-mac", "", "discovery: the MAC of the NIC the machine booted from")
 	fl.StringVar(&f.bootIP, "boot-ip", "", "discovery: the address the boot lease gave")
 	fl.Int64Var(&f.bootLeaseEpoch, "boot-lease-epoch", 0, "discovery: the boot lease's epoch, as the site's boot configuration gave it")
@@ -214,15 +221,21 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	}
 
 	// The token before the reset: a missing or malformed one must not
-	// leave the machine without its identity.
-	token, cleanup, err := a.readToken(f.tokenFile)
-	if err != nil {
+	// leave the machine without its identity. A tpm join takes none.
+	tpmJoin := f.attestor == identity.AttestorTPM
+	var token string
+	var cleanup func() (string, error)
+	if tpmJoin {
+		if f.tokenFile != "" {
+			return errs.New(errs.InvalidArgument, "--attestor tpm takes no join token: the TPM proves the machine instead")
+		}
+	} else if token, cleanup, err = a.readToken(f.tokenFile); err != nil {
 		return err
 	}
 
 	// --reset --yes without a token only moves the identity aside. With a
 	// token, Join keeps the identity in place until the new one is saved.
-	if f.reset && token == "" {
+	if f.reset && token == "" && !tpmJoin {
 		dir, err := j.Reset(now())
 		switch {
 		case errors.Is(err, identity.ErrNotJoined):
@@ -235,7 +248,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		fmt.Fprintf(a.env.Stderr, "now join with a new token: %s\n", howToGiveToken)
 		return nil
 	}
-	if token == "" {
+	if token == "" && !tpmJoin {
 		return errs.New(errs.InvalidArgument, "no join token: %s", howToGiveToken)
 	}
 

@@ -10,8 +10,9 @@
 // for the new key, the same node, site, trust domain and role. Nothing is
 // written before every check passed, and a failed renewal keeps the current
 // identity. A certificate naming a TPM attestation key is never renewed
-// without the TPM's attestation (R13.3): this bcd cannot make one yet, so it
-// fails loudly without sending anything.
+// without the TPM's attestation (R13.3): the AK certifies the next key, made
+// in the TPM, and when the TPM is gone or derives another AK bcd fails
+// loudly without sending anything.
 package renew
 
 import (

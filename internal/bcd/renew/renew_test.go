@@ -31,12 +31,14 @@ import (
 	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
 	bcdjointest "github.com/better-compute/better-compute/internal/bcd/join/jointest"
 	"github.com/better-compute/better-compute/internal/bcd/renew"
+	"github.com/better-compute/better-compute/internal/bcd/tpmkeys"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/join/jointest"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tpm/tpmtest"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -60,13 +62,39 @@ func noProxy(c *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true}}
 }
 
-func newStack(t *testing.T, e *apitest.Env) *stack {
+func newStack(t *testing.T, e *apitest.Env) *stack { return newStackWith(t, e, stackOptions{}) }
+
+// stackOptions varies the stack.
+type stackOptions struct {
+	// sim, when set, is the machine's TPM (R9): the API also runs the tpm
+	// attestor, trusting the EKs its local CA certified for the pool, and
+	// bcd keeps its node keys in it and joins with --attestor tpm.
+	sim *tpmtest.Sim
+	// token, with sim, joins with the token all the same.
+	token bool
+}
+
+func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	t.Helper()
 	ctx := context.Background()
 	s := &stack{e: e}
 	b := e.Bundle
 	now := time.Now()
 	dir := t.TempDir()
+
+	// A site, a bcd pool and a token, through the operator API.
+	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := e.Admin.Pools.CreatePool(ctx, connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: e.RootTenant, SiteId: site.Msg.Id, Name: "gpu", Agent: "bcd"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, TtlSeconds: 3600}))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The API's agent listener, as server.Run serves it.
 	apiPEM, apiKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
@@ -80,6 +108,9 @@ func newStack(t *testing.T, e *apitest.Env) *stack {
 	cas := x509.NewCertPool()
 	cas.AddCert(b.ServingCA)
 	agent := e.Server.AgentHandler()
+	if o.sim != nil {
+		agent = tpmAgent(t, e, pool.Msg.Id, o.sim)
+	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.calls.Add(1)
 		agent.ServeHTTP(w, r)
@@ -123,20 +154,6 @@ func newStack(t *testing.T, e *apitest.Env) *stack {
 	})
 	s.gatewayURL = "https://" + ln.Addr().String()
 
-	// A site, a bcd pool and a token, through the operator API.
-	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := e.Admin.Pools.CreatePool(ctx, connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: e.RootTenant, SiteId: site.Msg.Id, Name: "gpu", Agent: "bcd"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, TtlSeconds: 3600}))
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	// bcd's configuration, as the install script writes it.
 	pins, err := b.Pins()
 	if err != nil {
@@ -150,6 +167,9 @@ func newStack(t *testing.T, e *apitest.Env) *stack {
 		SysfsRoot: bcdjointest.FakeSysfs(t, filepath.Join(root, "sys")), ProcfsRoot: filepath.Join(root, "proc"),
 		TPM: config.TPM{Mode: config.TPMOff},
 	}
+	if o.sim != nil {
+		s.cfg.TPM = config.TPM{Mode: config.TPMRequired, Simulator: o.sim.Addr}
+	}
 	etc := filepath.Join(root, "etc", "bcd")
 	if err := os.MkdirAll(etc, 0o755); err != nil {
 		t.Fatal(err)
@@ -161,14 +181,21 @@ func newStack(t *testing.T, e *apitest.Env) *stack {
 	if err := config.WriteEncryptionKey(etc, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
-	s.store = &identity.Store{Dir: s.cfg.DataDir}
-
-	// bcd joins through the gateway.
-	j, err := bcdjoin.New(bcdjoin.Config{BCD: s.cfg, ConfigPath: s.configPath, Store: s.store, HTTPClient: noProxy, Log: quiet})
+	// bcd joins through the gateway: with the token, or with the TPM.
+	keys, st, err := tpmkeys.Stores(s.cfg, s.cfg.DataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.joined, err = j.Join(ctx, bcdjoin.Options{Token: tok.Msg.Token}); err != nil {
+	s.store = st
+	j, err := bcdjoin.New(bcdjoin.Config{BCD: s.cfg, ConfigPath: s.configPath, Store: s.store, Keys: keys, HTTPClient: noProxy, Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := bcdjoin.Options{Token: tok.Msg.Token}
+	if o.sim != nil && !o.token {
+		opts = bcdjoin.Options{Attestor: identity.AttestorTPM}
+	}
+	if s.joined, err = j.Join(ctx, opts); err != nil {
 		t.Fatalf("bcd join: %v", err)
 	}
 	return s
