@@ -47,7 +47,7 @@ func ParseEventCursor(c string) (txOrder, id int64, ok bool) {
 // commits in id order, it is readable at commit (tx_order stays 0); on
 // PostgreSQL once the sequencer has given it its position (sequencer.go).
 func (t *Tx) InsertEvent(ctx context.Context, tenantID, typ, subject string, data []byte) error {
-	_, err := t.exec(ctx, "INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES (?, ?, ?, ?, compute_now())",
+	err := t.execLater(ctx, "INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES (?, ?, ?, ?, compute_now())",
 		tenantID, typ, subject, string(data))
 	if err != nil {
 		return fmt.Errorf("insert event: %w", err)
@@ -102,7 +102,7 @@ type AuditEntry struct {
 
 // InsertAudit writes an audit row in the current transaction.
 func (t *Tx) InsertAudit(ctx context.Context, a AuditEntry) error {
-	_, err := t.exec(ctx, "INSERT INTO audit (tenant_id, actor, action, resource, data, created_ms) VALUES (?, ?, ?, ?, ?, compute_now())",
+	err := t.execLater(ctx, "INSERT INTO audit (tenant_id, actor, action, resource, data, created_ms) VALUES (?, ?, ?, ?, ?, compute_now())",
 		a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
 	if err != nil {
 		return fmt.Errorf("insert audit: %w", err)

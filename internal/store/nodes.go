@@ -243,7 +243,7 @@ func (t *Tx) InsertNodeCert(ctx context.Context, c NodeCert) error {
 	if len(c.Statements) == 0 {
 		c.Statements = []byte("[]")
 	}
-	_, err := t.exec(ctx, "INSERT INTO node_certs (serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now())",
+	err := t.execLater(ctx, "INSERT INTO node_certs (serial, node_id, identity_generation, role, spki_sha256, der, allowed_kinds, statements, not_before_ms, not_after_ms, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now())",
 		c.Serial, c.NodeID, c.IdentityGeneration, c.Role, c.SPKISHA256, c.DER, string(c.AllowedKinds), string(c.Statements), ms(c.NotBefore), ms(c.NotAfter))
 	if err != nil {
 		return fmt.Errorf("insert node cert: %w", err)
@@ -307,7 +307,7 @@ func (t *Tx) RevokeNodeCerts(ctx context.Context, nodeID string, below int, reas
 
 // UpsertNodeAuthz writes a node's authorization projection row.
 func (t *Tx) UpsertNodeAuthz(ctx context.Context, nodeID, tenantID, siteID, poolID, role string) error {
-	_, err := t.exec(ctx, `INSERT INTO node_authz (node_id, tenant_id, site_id, pool_id, role, updated_ms) VALUES (?, ?, ?, ?, ?, compute_now())
+	err := t.execLater(ctx, `INSERT INTO node_authz (node_id, tenant_id, site_id, pool_id, role, updated_ms) VALUES (?, ?, ?, ?, ?, compute_now())
 		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, site_id = excluded.site_id, pool_id = excluded.pool_id, role = excluded.role, updated_ms = excluded.updated_ms`,
 		nodeID, tenantID, siteID, poolID, role)
 	if err != nil {
@@ -338,7 +338,7 @@ type WorkItem struct {
 
 // EnqueueWork queues work for the controllers.
 func (t *Tx) EnqueueWork(ctx context.Context, kind, nodeID string) error {
-	_, err := t.exec(ctx, "INSERT INTO work_queue (kind, node_id, not_before_ms, created_ms) VALUES (?, ?, compute_now(), compute_now())", kind, nodeID)
+	err := t.execLater(ctx, "INSERT INTO work_queue (kind, node_id, not_before_ms, created_ms) VALUES (?, ?, compute_now(), compute_now())", kind, nodeID)
 	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", kind, err)
 	}

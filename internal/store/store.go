@@ -344,6 +344,12 @@ type Tx struct {
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
 	unprepared []string
+	// conn is a PostgreSQL write transaction's connection, which sends
+	// the held-back statements (later) as one batch with the next one
+	// (pipeline.go); err is the failure of a held-back statement.
+	conn  *sql.Conn
+	later []queued
+	err   error
 }
 
 // stmtCtx is the context a statement runs with. In SQLite's shared
@@ -376,6 +382,12 @@ func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
 func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
+	if t.err != nil {
+		return nil, t.err
+	}
+	if len(t.later) > 0 {
+		return t.pipeline(ctx, q, args...)
+	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
@@ -385,6 +397,9 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
@@ -394,6 +409,13 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
 	ctx = t.stmtCtx(ctx)
 	q = t.db.rewrite(q)
+	if err := t.flush(ctx); err != nil {
+		// *sql.Row carries no error of ours: the query fails on a done
+		// context, and the transaction reports t.err.
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		return t.tx.QueryRowContext(done, q, args...)
+	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
@@ -506,7 +528,21 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	}
 	defer cancelTx()
 	stopBegin := context.AfterFunc(ctx, cancelTx)
-	stx, err := pool.BeginTx(txCtx, opts)
+	var conn *sql.Conn
+	var stx *sql.Tx
+	var err error
+	if write && db.dialect == Postgres {
+		// A PostgreSQL write keeps its connection to pipeline statements
+		// (pipeline.go).
+		if conn, err = pool.Conn(txCtx); err == nil {
+			defer conn.Close()
+			if stx, err = conn.BeginTx(txCtx, opts); err != nil {
+				stx = nil
+			}
+		}
+	} else {
+		stx, err = pool.BeginTx(txCtx, opts)
+	}
 	if !stopBegin() && err == nil {
 		// The caller left during BEGIN: database/sql is rolling back.
 		_ = stx.Rollback()
@@ -517,7 +553,7 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	}
 	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
 	if write {
-		t.stmts = db.wStmts
+		t.stmts, t.conn = db.wStmts, conn
 	}
 	defer t.prepareUnprepared(ctx)
 	// Roll back whatever way fn leaves (an error, a panic, a test's
@@ -529,10 +565,17 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 		}
 	}()
 	if err := fn(t); err != nil {
+		if t.err != nil {
+			// A held-back statement failed: that is the cause.
+			return t.err
+		}
 		return err
 	}
 	if !write {
 		return nil
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
 	}
 	finished = true
 	if err := db.commit(stx, cancelTx); err != nil {
