@@ -48,30 +48,14 @@ type replica struct {
 
 func startReplica(t *testing.T, srv *api.Server, b *pki.Bundle) *replica {
 	t.Helper()
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(b.ServingCA)
 	r := &replica{}
 	h := srv.AgentHandler()
-	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.srv = apitest.StartAgent(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path == agentv1connect.JoinServiceJoinProcedure {
 			r.joins.Add(1)
 		}
 		h.ServeHTTP(w, req)
-	}))
-	r.srv.EnableHTTP2 = true
-	r.srv.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: roots}
-	r.srv.Config.ErrorLog = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
-	r.srv.StartTLS()
-	t.Cleanup(r.srv.Close)
+	}), b)
 	return r
 }
 
