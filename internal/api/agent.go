@@ -45,6 +45,8 @@ func (s *Server) AgentHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
 	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10)))
+	// Gateways check each replica's readiness (its database) here.
+	mux.HandleFunc("GET /readyz", s.ready)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)

@@ -5,6 +5,10 @@ package apitest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -106,4 +110,30 @@ func (e *Env) Client(t testing.TB, key string) *client.Client {
 func Each(t *testing.T, opts Options, fn func(t *testing.T, e *Env)) {
 	t.Helper()
 	storetest.Each(t, func(t *testing.T, db *store.DB) { fn(t, Start(t, db, opts)) })
+}
+
+// StartAgent serves h (an API's AgentHandler) as the agent listener: TLS
+// with a serving-CA certificate for 127.0.0.1, HTTP/2, and a client
+// certificate from the serving CA required, as `serve` does. It closes
+// when the test ends.
+func StartAgent(t testing.TB, h http.Handler, b *pki.Bundle) *httptest.Server {
+	t.Helper()
+	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas := x509.NewCertPool()
+	cas.AddCert(b.ServingCA)
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas}
+	srv.Config.ErrorLog = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -1,7 +1,15 @@
 // Package controller runs the control plane's controllers over the durable
 // work queue in the database: work is enqueued in the same transaction as the
 // change that causes it, claimed with a lease (so a crashed replica's items
-// come back), and retried with backoff. It adopts nodes whose pool has no
+// come back), and retried with backoff.
+//
+// Several replicas share the queue with one owner per item: a controller
+// holds a short lease as an owner (LeaseTTL, on the database's clock),
+// renewed with every claim and while it processes; a replica that dies
+// loses its items to the others once that lease expired, within seconds;
+// and settling an item is fenced by ownership, so a replica that stalled
+// past its lease rolls back rather than apply an item twice
+// (store/workowners.go). It adopts nodes whose pool has no
 // acceptance checks, and runs the acceptance checks of the others through a
 // command to the node (accept.go).
 package controller
@@ -11,10 +19,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
@@ -30,6 +40,12 @@ type Config struct {
 	// Clock is the time source (command expiry, the poll); nil means the
 	// wall clock.
 	Clock clock.Clock
+	// ID names this controller as a work owner; empty: a fresh random one.
+	// It must differ between replicas.
+	ID string
+	// LeaseTTL is how long this controller owns what it claimed without
+	// renewing (default 3 s): how long a dead replica's items wait.
+	LeaseTTL time.Duration
 	// Notify, when set, is called after a command for a node committed, so
 	// the node's session on this process delivers it at once (else the
 	// session layer's poll finds it).
@@ -55,8 +71,24 @@ func New(cfg Config) *Controller {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.ID == "" {
+		cfg.ID = ids.New("ctl", cfg.Clock.Now())
+	}
 	return &Controller{cfg: cfg, wake: make(chan struct{}, 1)}
 }
+
+// DefaultLeaseTTL is how long a controller's claim outlives it.
+const DefaultLeaseTTL = 3 * time.Second
+
+// claimLease is when an owned item comes back even to an older replica
+// that knows nothing of owners (rolling upgrades).
+const claimLease = time.Minute
+
+// ID returns the controller's owner id.
+func (c *Controller) ID() string { return c.cfg.ID }
 
 // Wake makes the controller read the queue now.
 func (c *Controller) Wake() {
@@ -68,6 +100,7 @@ func (c *Controller) Wake() {
 
 // Run processes work until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
+	defer c.release(ctx)
 	// The ticker starts after the first pass, so a test that waits for it
 	// to be armed knows the first pass is over.
 	var t clock.Ticker
@@ -121,15 +154,11 @@ func (c *Controller) prune(ctx context.Context) {
 
 // RunOnce claims and processes one batch; it returns how many items it took.
 func (c *Controller) RunOnce(ctx context.Context) (int, error) {
-	var items []store.WorkItem
-	err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-		var err error
-		items, err = tx.ClaimWork(ctx, 50, time.Minute)
-		return err
-	})
-	if err != nil {
+	items, err := c.claim(ctx)
+	if err != nil || len(items) == 0 {
 		return 0, err
 	}
+	defer c.keepAlive(ctx)()
 	// The whole batch in one transaction (one commit for many adoptions
 	// after a rack joined); should any item fail, each goes again alone so
 	// one bad item cannot hold back the others.
@@ -151,10 +180,71 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			backoff := min(time.Duration(1<<min(w.Attempts, 8))*time.Second, 5*time.Minute)
 			c.cfg.Log.Warn("work failed", "kind", w.Kind, "node", w.NodeID, "attempt", w.Attempts+1, "err", err)
-			_ = c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.FailWork(ctx, w.ID, err.Error(), backoff) })
+			if errors.Is(err, store.ErrLeaseLost) {
+				// Another replica took it over; it is theirs now.
+				continue
+			}
+			_ = c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.FailWork(ctx, w, err.Error(), backoff) })
 		}
 	}
 	return len(items), nil
+}
+
+// claim renews this controller's lease and claims a batch, in one
+// transaction.
+func (c *Controller) claim(ctx context.Context) ([]store.WorkItem, error) {
+	var items []store.WorkItem
+	err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		if err := tx.RenewWorkOwner(ctx, c.cfg.ID, c.cfg.LeaseTTL); err != nil {
+			return err
+		}
+		var err error
+		items, err = tx.ClaimWorkAs(ctx, c.cfg.ID, 50, claimLease)
+		return err
+	})
+	return items, err
+}
+
+// keepAlive renews the lease every third of LeaseTTL while a batch is
+// processed, until the returned func is called.
+func (c *Controller) keepAlive(ctx context.Context) (stop func()) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       clock.Timer
+	)
+	every := c.cfg.LeaseTTL / 3
+	var renew func()
+	renew = func() {
+		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.RenewWorkOwner(ctx, c.cfg.ID, c.cfg.LeaseTTL) })
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Log.Warn("renew work lease", "err", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t = c.cfg.Clock.AfterFunc(every, renew)
+		}
+	}
+	mu.Lock()
+	t = c.cfg.Clock.AfterFunc(every, renew)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
+}
+
+// release ends this controller's lease as it stops, so its items move at
+// once instead of after LeaseTTL.
+func (c *Controller) release(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return tx.ReleaseWorkOwner(ctx, c.cfg.ID) }); err != nil {
+		c.cfg.Log.Warn("release work lease", "err", err)
+	}
 }
 
 // process handles one item inside tx and settles it in the queue.
@@ -164,12 +254,12 @@ func (c *Controller) process(ctx context.Context, tx *store.Tx, w store.WorkItem
 	// (acceptance waits for its node and its command).
 	var d *deferred
 	if errors.As(err, &d) {
-		return tx.FailWork(ctx, w.ID, d.reason, d.after)
+		return tx.FailWork(ctx, w, d.reason, d.after)
 	}
 	if err != nil {
 		return err
 	}
-	return tx.FinishWork(ctx, w.ID)
+	return tx.FinishWork(ctx, w)
 }
 
 func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem) error {

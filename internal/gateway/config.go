@@ -35,6 +35,10 @@ type Config struct {
 	KeyFile  string `toml:"key_file"`
 	// APIURL is the API's agent listener, https://host:port.
 	APIURL string `toml:"api_url"`
+	// APIURLs lists the agent listeners of several API replicas instead
+	// of APIURL: the gateway spreads calls over them, checks their health
+	// and stops sending to a dead one within a second (upstreams.go).
+	APIURLs []string `toml:"api_urls"`
 	// APICAFile is the PEM of the serving CA that verifies the agent
 	// listener's certificate.
 	APICAFile string `toml:"api_ca_file"`
@@ -104,12 +108,26 @@ func (c *Config) validate() error {
 	if c.KeyFile == "" {
 		return badKey("key_file", "is required (the PKCS#8 key from better-compute pki issue-gateway)")
 	}
-	if c.APIURL == "" {
-		return badKey("api_url", "is required (the API's agent listener, https://host:port)")
+	switch {
+	case c.APIURL == "" && len(c.APIURLs) == 0:
+		return badKey("api_url", "is required (the API's agent listener, https://host:port), or api_urls for several replicas")
+	case c.APIURL != "" && len(c.APIURLs) > 0:
+		return badKey("api_urls", "set api_url or api_urls, not both")
 	}
-	u, err := url.Parse(c.APIURL)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return badKey("api_url", "must be an https://host:port URL, got %q", c.APIURL)
+	key := "api_url"
+	if len(c.APIURLs) > 0 {
+		key = "api_urls"
+	}
+	seen := map[string]bool{}
+	for _, a := range c.apiURLs() {
+		u, err := url.Parse(a)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return badKey(key, "must be an https://host:port URL, got %q", a)
+		}
+		if seen[u.Host] {
+			return badKey(key, "lists %s twice", u.Host)
+		}
+		seen[u.Host] = true
 	}
 	if c.APICAFile == "" {
 		return badKey("api_ca_file", "is required (the serving CA PEM that verifies the API's agent listener)")
@@ -147,6 +165,14 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// apiURLs returns the API replicas' agent listeners.
+func (c *Config) apiURLs() []string {
+	if len(c.APIURLs) > 0 {
+		return c.APIURLs
+	}
+	return []string{c.APIURL}
+}
+
 // Example is a commented config, for `gateway --print-config`.
 const Example = `# better-compute gateway --config /etc/better-compute/gateway.toml
 listen = ":443"
@@ -155,7 +181,9 @@ listen = ":443"
 cert_file = "/etc/better-compute/gateway.crt"   # chain PEM, leaf first
 key_file = "/etc/better-compute/gateway.key"    # PKCS#8, mode 0600
 
-# the API's agent listener and the serving CA that verifies it
+# the API's agent listener and the serving CA that verifies it; with
+# several API replicas list each one's instead:
+#   api_urls = ["https://api-1.internal:8444", "https://api-2.internal:8444"]
 api_url = "https://api.internal:8444"
 api_ca_file = "/etc/better-compute/serving-ca.pem"
 

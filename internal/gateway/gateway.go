@@ -62,24 +62,19 @@ type Options struct {
 
 // Gateway relays agent calls to the API. Build it with New.
 type Gateway struct {
-	cfg      Config
-	ready    func(addr string)
-	log      *slog.Logger
-	clock    clock.Clock
-	upstream agentv1connect.JoinServiceClient
-	// upstreamHTTP carries joins and renewals to the API (tr).
-	upstreamHTTP *http.Client
-	// sessions relay node sessions over UpstreamConns transports (each its
-	// own connection to the API), chosen in turn.
-	sessions []agentv1connect.SessionServiceClient
-	sessTrs  []*http.Transport
-	next     atomic.Uint64
-	held     chan struct{} // one slot per held session (MaxSessions)
+	cfg   Config
+	ready func(addr string)
+	log   *slog.Logger
+	clock clock.Clock
+	// ups are the API replicas (api_urls), each with its own connections
+	// (upstreams.go); nextUp turns over them.
+	ups    []*upstream
+	nextUp atomic.Uint64
+	held   chan struct{} // one slot per held session (MaxSessions)
 	// stop ends every relayed session (Shutdown): a session outlives any
 	// graceful wait, so the daemons are told to reconnect elsewhere.
 	stopped context.Context
 	stop    context.CancelFunc
-	tr      *http.Transport
 	sem     chan struct{}
 	handler http.Handler
 	hs      *http.Server
@@ -151,18 +146,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			},
 		}
 	}
-	g.tr = newTransport()
-	hc := &http.Client{Transport: g.tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	g.upstreamHTTP = hc
-	g.upstream = agentv1connect.NewJoinServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"), g.upstreamOptions()...)
+	for _, u := range cfg.apiURLs() {
+		g.ups = append(g.ups, g.newUpstream(u, newTransport))
+	}
 
 	g.held = make(chan struct{}, cfg.MaxSessions)
 	g.stopped, g.stop = context.WithCancel(context.Background())
-	for range cfg.UpstreamConns {
-		tr := newTransport()
-		g.sessTrs = append(g.sessTrs, tr)
-		hc := &http.Client{Transport: tr, CheckRedirect: hc.CheckRedirect}
-		g.sessions = append(g.sessions, agentv1connect.NewSessionServiceClient(hc, strings.TrimSuffix(cfg.APIURL, "/"), g.upstreamOptions()...))
+	if len(g.ups) > 1 {
+		go g.checkHealth()
 	}
 
 	mux := http.NewServeMux()
@@ -200,7 +191,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			ClientAuth: tls.RequestClientCert,
 		},
 	}
-	g.log.Info("gateway configured", "api_url", cfg.APIURL, "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+	g.log.Info("gateway configured", "api_urls", strings.Join(cfg.apiURLs(), ","), "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return g, nil
 }
 
@@ -268,9 +259,8 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	// covers only joins and renewals.
 	g.stop()
 	err := g.hs.Shutdown(ctx)
-	g.tr.CloseIdleConnections()
-	for _, tr := range g.sessTrs {
-		tr.CloseIdleConnections()
+	for _, u := range g.ups {
+		u.closeIdle()
 	}
 	return err
 }
@@ -334,32 +324,56 @@ type relay struct {
 }
 
 func (r *relay) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
-	return relayUnary(r.g, ctx, agentv1connect.JoinServiceJoinProcedure, req, r.g.upstream.Join)
+	return relayUnary(r.g, ctx, agentv1connect.JoinServiceJoinProcedure, req, func(u *upstream) func(context.Context, *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+		return u.join.Join
+	})
 }
 
 func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
-	return relayUnary(r.g, ctx, agentv1connect.JoinServiceRenewProcedure, req, r.g.upstream.Renew)
+	return relayUnary(r.g, ctx, agentv1connect.JoinServiceRenewProcedure, req, func(u *upstream) func(context.Context, *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
+		return u.join.Renew
+	})
 }
 
-// relayUnary forwards one call to the API with the daemon's address and, on
-// Renew, its client certificate (unverified: the API checks it), and passes
-// the answer back.
+// relayUnary forwards one call to an API replica with the daemon's address
+// and, on Renew, its client certificate (unverified: the API checks it),
+// and passes the answer back. A call that failed on one replica goes to
+// another only where that is idempotent (upstreams.go, retryable): a
+// replica that answered with anything but UNAVAILABLE has the last word.
 func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string, req *connect.Request[Req],
-	call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
+	call func(*upstream) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
 	p := peerOf(ctx)
-	up := connect.NewRequest(req.Msg)
-	up.Header().Set(wire.PeerAddrHeader, p.addr)
-	if procedure == agentv1connect.JoinServiceRenewProcedure && len(p.certDER) > 0 {
-		wire.SetPeerCertificate(up.Header(), p.certDER)
-	}
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
 	defer cancel()
 	start := g.clock.Now()
-	res, err := call(ctx, up)
-	if err != nil {
-		return nil, g.upstreamError(procedure, p, start, err)
+	var tried []*upstream
+	for {
+		u := g.pick(tried)
+		tried = append(tried, u)
+		up := connect.NewRequest(req.Msg)
+		up.Header().Set(wire.PeerAddrHeader, p.addr)
+		if procedure == agentv1connect.JoinServiceRenewProcedure && len(p.certDER) > 0 {
+			wire.SetPeerCertificate(up.Header(), p.certDER)
+		}
+		res, err := call(u)(ctx, up)
+		if err == nil {
+			return connect.NewResponse(res.Msg), nil
+		}
+		var ce *connect.Error
+		answered := errors.As(err, &ce) && connect.IsWireError(ce)
+		if !answered && ctx.Err() == nil {
+			g.markDown(u, err)
+		}
+		again := len(tried) < len(g.ups) && ctx.Err() == nil &&
+			(!answered && retryable(procedure, err) ||
+				// The replica answered that the outcome is unknown
+				// (its database): a join asked again gets its answer.
+				answered && ce.Code() == connect.CodeUnavailable && procedure == agentv1connect.JoinServiceJoinProcedure)
+		if !again {
+			return nil, g.upstreamError(procedure, p, start, err)
+		}
+		g.log.Info("relay retried on another API replica", "procedure", procedure, "peer", p.addr, "api_url", u.base, "err", err)
 	}
-	return connect.NewResponse(res.Msg), nil
 }
 
 // rawMsg is a message relayed as the bytes received: the gateway never
@@ -413,9 +427,10 @@ func (g *Gateway) joinHandler() (string, http.Handler) {
 	path, typed := agentv1connect.NewJoinServiceHandler(&relay{g: g}, opts...)
 	raw := make(map[string]http.Handler, 2)
 	for _, proc := range []string{agentv1connect.JoinServiceJoinProcedure, agentv1connect.JoinServiceRenewProcedure} {
-		up := connect.NewClient[rawMsg, rawMsg](g.upstreamHTTP, strings.TrimSuffix(g.cfg.APIURL, "/")+proc, g.upstreamOptions(connect.WithCodec(rawCodec{}))...)
 		raw[proc] = connect.NewUnaryHandler(proc, func(ctx context.Context, req *connect.Request[rawMsg]) (*connect.Response[rawMsg], error) {
-			return relayUnary(g, ctx, proc, req, up.CallUnary)
+			return relayUnary(g, ctx, proc, req, func(u *upstream) func(context.Context, *connect.Request[rawMsg]) (*connect.Response[rawMsg], error) {
+				return u.raw[proc].CallUnary
+			})
 		}, append(opts, connect.WithCodec(rawCodec{}))...)
 	}
 	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

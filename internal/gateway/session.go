@@ -82,13 +82,16 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	// Shutdown ends the session.
 	defer context.AfterFunc(g.stopped, cancel)()
 	start := g.clock.Now()
-	client := g.sessions[int(g.next.Add(1)%uint64(len(g.sessions)))]
-	up := client.Connect(ctx)
+	// A new session goes to a healthy replica; one whose replica dies
+	// ends, and bcd reconnects (to another replica through pick).
+	u := g.pick(nil)
+	up := u.session().Connect(ctx)
 	up.RequestHeader().Set(wire.PeerAddrHeader, p.addr)
 	wire.SetPeerCertificate(up.RequestHeader(), p.certDER)
 	// Open the upstream stream now: the API's Challenge comes first, before
 	// the daemon sends anything.
 	if err := up.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		g.markDown(u, err)
 		return g.upstreamError(proc, p, start, err)
 	}
 	// up.Send is used by both goroutines (relayed messages; results of

@@ -34,7 +34,8 @@ type Refused struct {
 // root tenant.
 //
 // Events are rate-limited to 60 per minute per tenant, kind, attestor and
-// reason, and each event's `suppressed` counts that key's events dropped
+// reason across every API replica on the database (events.Limiter), and
+// each event's `suppressed` counts that key's events dropped
 // since its last one. SECURITY: the key includes the tenant, so refusals
 // one tenant causes never suppress, hide or count another tenant's.
 func (c *Core) Refused(ctx context.Context, r Refused) {
@@ -60,30 +61,41 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 	if r.Kind == KindJoin {
 		reason = r.Attestor + ":" + r.Reason
 	}
-	ok, suppressed := c.limiter.Allow(tenant + "\x00" + r.Kind + "\x00" + reason)
-	c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
-		"suppressed", suppressed, "recorded", ok)
-	if !ok {
+	// \x1f, not NUL: PostgreSQL text cannot hold NUL.
+	key := tenant + "\x1f" + r.Kind + "\x1f" + reason
+	if c.limiter.Drop(key) {
+		c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial, "recorded", false)
 		return
 	}
-	data := map[string]any{"reason": reason, "suppressed": suppressed}
-	if r.Kind == KindJoin {
-		data["attestor"] = r.Attestor
-	}
-	if r.NodeID != "" {
-		data["nodeId"] = r.NodeID
-	}
-	if r.Serial != "" {
-		data["certSerial"] = r.Serial
-	}
-	maps.Copy(data, r.Data)
-	subject := r.NodeID
-	if r.Kind == KindJoin && subject == "" {
-		subject = r.Attestor
-	}
+	var ok bool
+	var suppressed int
 	err := c.db.WithTx(ctx, func(tx *store.Tx) error {
+		// The limiter counts in this transaction (shared by every
+		// replica), so the count and the event commit together.
+		var err error
+		ok, suppressed, err = c.limiter.Allow(ctx, tx, key)
+		if err != nil || !ok {
+			return err
+		}
+		data := map[string]any{"reason": reason, "suppressed": suppressed}
+		if r.Kind == KindJoin {
+			data["attestor"] = r.Attestor
+		}
+		if r.NodeID != "" {
+			data["nodeId"] = r.NodeID
+		}
+		if r.Serial != "" {
+			data["certSerial"] = r.Serial
+		}
+		maps.Copy(data, r.Data)
+		subject := r.NodeID
+		if r.Kind == KindJoin && subject == "" {
+			subject = r.Attestor
+		}
 		return events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: tenant, Type: "security." + r.Kind + ".refused", Subject: subject, Data: data})
 	})
+	c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
+		"suppressed", suppressed, "recorded", ok && err == nil)
 	if err != nil {
 		c.log.Error("record refusal", "kind", r.Kind, "err", err)
 	}

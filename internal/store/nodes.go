@@ -334,6 +334,8 @@ type WorkItem struct {
 	Kind     string
 	NodeID   string
 	Attempts int
+	// Owner is the controller that claimed it (ClaimWorkAs), "" for none.
+	Owner string
 }
 
 // EnqueueWork queues work for the controllers.
@@ -345,47 +347,24 @@ func (t *Tx) EnqueueWork(ctx context.Context, kind, nodeID string) error {
 	return nil
 }
 
-// ClaimWork takes up to limit due items and pushes their next attempt back
-// by lease, so a crashed worker's items come back. PostgreSQL replicas skip
-// each other's locked rows.
+// ClaimWork claims like ClaimWorkAs for no owner: the items come back
+// when lease ran out.
 func (t *Tx) ClaimWork(ctx context.Context, limit int, lease time.Duration) ([]WorkItem, error) {
-	q := "SELECT id, kind, node_id, attempts FROM work_queue WHERE not_before_ms <= compute_now() ORDER BY not_before_ms, id LIMIT ?"
-	if t.db.dialect == Postgres {
-		q += " FOR UPDATE SKIP LOCKED"
-	}
-	rows, err := t.query(ctx, q, limit)
-	if err != nil {
-		return nil, fmt.Errorf("claim work: %w", err)
-	}
-	var items []WorkItem
-	for rows.Next() {
-		var w WorkItem
-		if err := rows.Scan(&w.ID, &w.Kind, &w.NodeID, &w.Attempts); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		items = append(items, w)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	for _, w := range items {
-		if _, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() + ?, attempts = attempts + 1 WHERE id = ?", lease.Milliseconds(), w.ID); err != nil {
-			return nil, err
-		}
-	}
-	return items, nil
+	return t.ClaimWorkAs(ctx, "", limit, lease)
 }
 
-// FinishWork removes a done item.
-func (t *Tx) FinishWork(ctx context.Context, id int64) error {
-	_, err := t.exec(ctx, "DELETE FROM work_queue WHERE id = ?", id)
-	return err
+// FinishWork removes a done item; an owned item only while its claimer
+// still owns it (else ErrLeaseLost, see workowners.go).
+func (t *Tx) FinishWork(ctx context.Context, w WorkItem) error {
+	res, err := t.exec(ctx, "DELETE FROM work_queue WHERE id = ? AND COALESCE(owner, '') = ?", w.ID, w.Owner)
+	return ownedRow(res, err)
 }
 
-// FailWork records an error and retries the item after backoff.
-func (t *Tx) FailWork(ctx context.Context, id int64, msg string, backoff time.Duration) error {
-	_, err := t.exec(ctx, "UPDATE work_queue SET last_error = ?, not_before_ms = compute_now() + ? WHERE id = ?", msg, backoff.Milliseconds(), id)
-	return err
+// FailWork records an error and retries the item after backoff, releasing
+// it; an owned item only while its claimer still owns it (else
+// ErrLeaseLost).
+func (t *Tx) FailWork(ctx context.Context, w WorkItem, msg string, backoff time.Duration) error {
+	res, err := t.exec(ctx, "UPDATE work_queue SET last_error = ?, not_before_ms = compute_now() + ?, owner = NULL WHERE id = ? AND COALESCE(owner, '') = ?",
+		msg, backoff.Milliseconds(), w.ID, w.Owner)
+	return ownedRow(res, err)
 }

@@ -130,6 +130,24 @@ func OpenPostgres(t testing.TB) *store.DB {
 	return db
 }
 
+// PostgresReplicas opens n migrated stores on one fresh PostgreSQL schema,
+// as n API replicas on one database would: each its own connection pool,
+// sequencer and caches.
+func PostgresReplicas(t testing.TB, n int) []*store.DB {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	out := make([]*store.DB, n)
+	for i := range out {
+		db, err := store.Open(context.Background(), store.Config{Driver: "postgres", DSN: dsn, MaxConns: 4}, nil)
+		if err != nil {
+			t.Fatalf("open postgres replica %d (%s): %v", i, PostgresEnv, err)
+		}
+		t.Cleanup(func() { db.Close() })
+		out[i] = db
+	}
+	return out
+}
+
 // Each runs fn as a subtest on each dialect: "sqlite" and "postgres".
 func Each(t *testing.T, fn func(t *testing.T, db *store.DB)) {
 	t.Helper()
