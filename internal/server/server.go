@@ -229,7 +229,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	srv.Sessions().OnResult(ctrl.Wake)
 	cctx, cstop := context.WithCancel(ctx)
 	defer cstop()
-	go ctrl.Run(cctx)
+	// The controller releases its lease when it stops: wait for it before
+	// the store closes.
+	ctrlDone := make(chan struct{})
+	go func() { defer close(ctrlDone); ctrl.Run(cctx) }()
+	defer func() { cstop(); <-ctrlDone }()
 	go srv.Commands().RunExpiry(cctx) // undelivered and unanswered commands expire
 	go func() {
 		// Wake the controller whenever events commit (a join queues work).
