@@ -8,30 +8,22 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
-	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
 	"github.com/better-compute/better-compute/internal/version"
-	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // A join storm through a real gateway while the API is killed with SIGKILL
@@ -177,48 +169,11 @@ request_timeout = "5s"
 	// The storm: every machine tries until it is told yes or no, retrying
 	// the same request after anything else (the API is down, the gateway
 	// timed out, the outcome is unknown).
-	var confirmed atomic.Int64
-	var next atomic.Int64
 	ctx, cancel := context.WithTimeout(context.Background(), stormDeadline)
 	defer cancel()
-	var wg sync.WaitGroup
-	for range stormConcurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tr := &http.Transport{TLSClientConfig: tlsConf.Clone(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1}
-			defer tr.CloseIdleConnections()
-			client := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr, Timeout: 20 * time.Second}, bcfg.GatewayURL, connect.WithGRPC())
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(ms) {
-					return
-				}
-				m := ms[i]
-				for ctx.Err() == nil {
-					res, err := client.Join(ctx, connect.NewRequest(m.req))
-					if err == nil {
-						sum := sha256.Sum256(m.csr)
-						body, verr := bcdjoin.VerifyResponse(res.Msg, bcdjoin.Expectation{SigningPin: bcfg.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: site, Role: pki.RoleNode})
-						if verr != nil {
-							t.Errorf("machine %d: answer fails bcd's checks: %v", i, verr)
-							break
-						}
-						m.nodeID = body.GetNodeId()
-						confirmed.Add(1)
-						break
-					}
-					err = wire.FromWire(err)
-					if errs.Is(err, errs.AccessDenied) {
-						m.refused = true
-						break
-					}
-					m.ambiguous, m.lastErr = true, err.Error()
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-		}()
-	}
+	storm := startStorm(ctx, t, stormConfig{URL: bcfg.GatewayURL, TLS: tlsConf, SigningPin: bcfg.JoinSigningKeyPin, Site: site,
+		Machines: ms, Concurrency: stormConcurrency})
+	confirmed := &storm.confirmed
 
 	// Kill the API twice, mid-storm, and bring it back on the same ports.
 	for _, at := range []int64{stormMachines / 4, stormMachines / 2} {
@@ -229,25 +184,17 @@ request_timeout = "5s"
 		serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
 		logged(t, serve, apiURLRE, "the restarted API")
 	}
-	wg.Wait()
+	storm.wait()
 	if ctx.Err() != nil {
 		t.Fatalf("the storm did not finish within %v", stormDeadline)
 	}
-	var refused, ambiguous int
-	for _, m := range ms {
-		if m.refused {
-			refused++
-		}
-		if m.ambiguous {
-			ambiguous++
-		}
-	}
+	refused, ambiguous := stormCounts(ms)
 	t.Logf("%d machines: %d confirmed, %d refused, %d saw an answer that was neither", len(ms), confirmed.Load(), refused, ambiguous)
 
 	// Stop the API cleanly, then look at what it left.
 	must(t, serve.cmd.Process.Signal(os.Interrupt))
 	<-serve.done
-	checkStormInvariants(t, check, tenant, tokenID, ms)
+	checkStormInvariants(t, check, tenant, tokenID, ms, 0)
 }
 
 // prepareMachine makes machine i's key, CSR, distinct claims and a token
@@ -276,7 +223,10 @@ func prepareMachine(t *testing.T, i int, token string, encKey *ecdsa.PublicKey) 
 	return &stormMachine{key: key, csr: csr, host: host, req: req}
 }
 
-func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string, ms []*stormMachine) {
+// checkStormInvariants checks the database after a storm of ms, all with
+// tokenID; others is the number of other nodes in the database (joined
+// with other tokens), which the checks on all nodes count in.
+func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string, ms []*stormMachine, others int) {
 	ctx := context.Background()
 	db, err := store.Open(ctx, cfg, nil)
 	if err != nil {
@@ -315,8 +265,8 @@ func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string
 		return n
 	}
 	nodes := count("SELECT COUNT(*) FROM nodes WHERE join_token_id = ?", tokenID)
-	if all := count("SELECT COUNT(*) FROM nodes"); all != nodes {
-		t.Errorf("%d nodes, %d of them from the storm's token", all, nodes)
+	if all := count("SELECT COUNT(*) FROM nodes"); all != nodes+others {
+		t.Errorf("%d nodes, %d of them from the storm's token and %d others expected", all, nodes, others)
 	}
 	if spent := len(ms) - usesLeft; spent != nodes {
 		t.Errorf("uses spent %d, nodes made %d", spent, nodes)
@@ -332,21 +282,25 @@ func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string
 			t.Errorf("%d %s", n, what)
 		}
 	}
-	if n := count("SELECT COUNT(*) FROM node_certs"); n != nodes {
+	if n := count("SELECT COUNT(*) FROM node_certs c JOIN nodes n ON n.id = c.node_id WHERE n.join_token_id = ?", tokenID); n != nodes {
 		t.Errorf("%d certificates for %d nodes (one each)", n, nodes)
 	}
-	if n := count("SELECT COUNT(DISTINCT hostname) FROM nodes"); n != nodes {
+	if n := count("SELECT COUNT(DISTINCT hostname) FROM nodes WHERE join_token_id = ?", tokenID); n != nodes {
 		t.Errorf("%d machines became %d nodes", n, nodes)
 	}
-	if n := count("SELECT COUNT(*) FROM audit WHERE tenant_id = ? AND action = 'node.joined'", tenant); n != nodes {
-		t.Errorf("%d node.joined audit rows for %d nodes", n, nodes)
+	if n := count("SELECT COUNT(*) FROM audit WHERE tenant_id = ? AND action = 'node.joined'", tenant); n != nodes+others {
+		t.Errorf("%d node.joined audit rows for %d nodes", n, nodes+others)
 	}
 
 	// Every confirmed join is there, under the node id the machine was
 	// given; a machine plainly refused (never an unclear answer) has no
 	// node.
 	byHost := map[string]string{}
-	rows, err := raw.QueryContext(ctx, "SELECT hostname, id FROM nodes")
+	q := "SELECT hostname, id FROM nodes WHERE join_token_id = ?"
+	if driver == "pgx" {
+		q = strings.Replace(q, "?", "$1", 1)
+	}
+	rows, err := raw.QueryContext(ctx, q, tokenID)
 	must(t, err)
 	for rows.Next() {
 		var h, id string
@@ -401,7 +355,7 @@ func checkStormInvariants(t *testing.T, cfg store.Config, tenant, tokenID string
 		joined += len(evs)
 		atx, aid, _ = store.ParseEventCursor(evs[len(evs)-1].Cursor())
 	}
-	if joined != nodes {
-		t.Errorf("%d node.joined events readable for %d nodes", joined, nodes)
+	if joined != nodes+others {
+		t.Errorf("%d node.joined events readable for %d nodes", joined, nodes+others)
 	}
 }

@@ -108,7 +108,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bc_api_requests_total", Help: "API requests by route (procedure or route pattern; \"other\" for no route) and status."}, []string{"path", "code"})
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "bc_api_request_seconds", Help: "API request latency by route.", Buckets: prometheus.DefBuckets}, []string{"path"})
-	reg.MustRegister(reqs, dur)
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bc_sessions_held", Help: "Node sessions this API replica holds."},
+		func() float64 { return float64(srv.Sessions().Held()) })
+	reg.MustRegister(reqs, dur, held)
 	handler := instrument(srv, srv.RouteLabel, reqs, dur)
 
 	ln, err := net.Listen("tcp", cfg.Listen)

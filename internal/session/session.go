@@ -221,6 +221,15 @@ func (s *Service) OnResult(fn func()) {
 	s.mu.Unlock()
 }
 
+// Held returns how many sessions this replica holds now (the
+// bc_sessions_held gauge: an operator sees where sessions are, and how
+// many moved when a replica or gateway went away).
+func (s *Service) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
 // Notify tells the node's session on this replica, if any, to deliver its
 // queued commands now.
 func (s *Service) Notify(nodeID string) {

@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
+	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/wire"
+)
+
+// stormConfig describes a join storm: machines (prepareMachine) joining
+// through a gateway URL the way bcd does.
+type stormConfig struct {
+	URL         string      // the gateway (or the balancer in front of gateways)
+	TLS         *tls.Config // pinned to the serving CA, as bcd's
+	SigningPin  string      // join_signing_key_pin: every answer is verified
+	Site        string
+	Machines    []*stormMachine
+	Concurrency int
+	// Every, when set, paces the storm: a machine starts at most every
+	// Every, so the storm lasts at least len(Machines) x Every and a kill
+	// lands in the middle of it whatever the machine's speed.
+	Every time.Duration
+}
+
+// stormRun is a running storm.
+type stormRun struct {
+	confirmed atomic.Int64
+	wg        sync.WaitGroup
+
+	mu       sync.Mutex
+	failures []time.Time // when an attempt got no answer (retried)
+}
+
+// startStorm starts the storm: every machine tries until it is told yes
+// or no, resending the same request after anything else (a replica or
+// gateway died, a timeout, an unknown outcome), as bcd does (R4.9). Each
+// worker keeps one connection and dials again after it broke.
+func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
+	r := &stormRun{}
+	feed := make(chan *stormMachine)
+	go func() {
+		defer close(feed)
+		var tick <-chan time.Time
+		if cfg.Every > 0 {
+			tk := time.NewTicker(cfg.Every)
+			defer tk.Stop()
+			tick = tk.C
+		}
+		for _, m := range cfg.Machines {
+			if tick != nil {
+				select {
+				case <-tick:
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case feed <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for range cfg.Concurrency {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			tr := &http.Transport{TLSClientConfig: cfg.TLS.Clone(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1}
+			defer tr.CloseIdleConnections()
+			client := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr, Timeout: 20 * time.Second}, cfg.URL, connect.WithGRPC())
+			for m := range feed {
+				for ctx.Err() == nil {
+					res, err := client.Join(ctx, connect.NewRequest(m.req))
+					if err == nil {
+						sum := sha256.Sum256(m.csr)
+						body, verr := bcdjoin.VerifyResponse(res.Msg, bcdjoin.Expectation{SigningPin: cfg.SigningPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: cfg.Site, Role: pki.RoleNode})
+						if verr != nil {
+							t.Errorf("machine %s: answer fails bcd's checks: %v", m.host, verr)
+							break
+						}
+						m.nodeID = body.GetNodeId()
+						r.confirmed.Add(1)
+						break
+					}
+					err = wire.FromWire(err)
+					if errs.Is(err, errs.AccessDenied) {
+						m.refused = true
+						break
+					}
+					if ctx.Err() != nil {
+						break
+					}
+					r.mu.Lock()
+					r.failures = append(r.failures, time.Now())
+					r.mu.Unlock()
+					m.ambiguous, m.lastErr = true, err.Error()
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	return r
+}
+
+// wait waits for every worker to finish.
+func (r *stormRun) wait() { r.wg.Wait() }
+
+// failed returns when attempts went unanswered.
+func (r *stormRun) failed() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.failures...)
+}
+
+// stormCounts counts the machines refused and those that saw an answer
+// that was neither yes nor no.
+func stormCounts(ms []*stormMachine) (refused, ambiguous int) {
+	for _, m := range ms {
+		if m.refused {
+			refused++
+		}
+		if m.ambiguous {
+			ambiguous++
+		}
+	}
+	return refused, ambiguous
+}
