@@ -1,8 +1,9 @@
 // Package session is the API side of node sessions (R12.1) and command
 // delivery (R12.3): SessionService.Connect, served on the agent listener
-// next to JoinService and reached through a gateway. The API server and the
-// controllers (WorkAccept) import it; nothing on the node or the gateway
-// does.
+// next to JoinService and reached through a gateway. The API server
+// (internal/api builds the service; internal/server runs its Listener) and
+// the controllers (WorkAccept) import it; nothing on the node or the
+// gateway does.
 //
 // A session is authenticated by the node certificate the daemon presented
 // to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
