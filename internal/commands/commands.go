@@ -2,9 +2,15 @@
 // enqueueing a command for a node, reading commands back with the node's
 // answer, and expiring those nobody answered in time. Delivery, signing
 // and results belong to the session service (internal/session); this
-// package only writes the queued row and tells the session service. A
+// package only writes the queued row and tells the session service of
+// this process (Notify). The node's session may be held by another API
+// replica: on PostgreSQL the store notifies every replica from the
+// inserting transaction (store/notify.go), so no caller here has to. A
 // command waits in the queue while its node has no session, and is
-// delivered by the node's next session until it expires. Only the API
+// delivered by the node's next session until it expires. Every command
+// ends: Expire ends those nobody delivered (queued) and those delivered
+// that nobody answered (sent: a session whose replica died before it put
+// them back, on a node that did not come back in time). Only the API
 // server imports this package.
 //
 // SECURITY (R7.5): a kind is queued only when the node's current
@@ -61,8 +67,9 @@ type Config struct {
 	// means the wall clock.
 	Clock clock.Clock
 	// Notify, when set, is called after a command committed so the node's
-	// session on this replica delivers it at once (else the session
-	// service's poll finds it).
+	// session on this replica delivers it at once. A session on another
+	// replica learns of it by the store's notification (PostgreSQL), or
+	// by its session service's poll.
 	Notify func(nodeID string)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controller"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -237,6 +238,13 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	go func() { defer close(ctrlDone); ctrl.Run(cctx) }()
 	defer func() { cstop(); <-ctrlDone }()
 	go srv.Commands().RunExpiry(cctx) // undelivered and unanswered commands expire
+	// Commands queued on other replicas (PostgreSQL) reach this replica's
+	// sessions at once: one dedicated LISTEN connection (on SQLite, one
+	// process, Run returns at once). It stops before the store closes.
+	lst := session.NewListener(session.ListenerConfig{DB: db, Clock: clock.Real{}, Log: log, Notify: srv.Sessions().Notify})
+	lstDone := make(chan struct{})
+	go func() { defer close(lstDone); lst.Run(cctx) }()
+	defer func() { cstop(); <-lstDone }()
 	go func() {
 		// Wake the controller whenever events commit (a join queues work).
 		for {

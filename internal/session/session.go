@@ -1,8 +1,9 @@
 // Package session is the API side of node sessions (R12.1) and command
 // delivery (R12.3): SessionService.Connect, served on the agent listener
-// next to JoinService and reached through a gateway. The API server and the
-// controllers (WorkAccept) import it; nothing on the node or the gateway
-// does.
+// next to JoinService and reached through a gateway. The API server
+// (internal/api builds the service; internal/server runs its Listener) and
+// the controllers (WorkAccept) import it; nothing on the node or the
+// gateway does.
 //
 // A session is authenticated by the node certificate the daemon presented
 // to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
@@ -38,16 +39,31 @@
 // Commands are rows of the commands table, written by controllers and the
 // operator API. The session that holds a node's stream on this replica
 // delivers its queued commands, signed with the command-signing key and
-// naming the node, its identity generation and the command's unique id: at
-// once when a process-local writer calls Notify, else within Poll. A
+// naming the node, its identity generation and the command's unique id.
+// Sessions are held in memory per replica, and a command may be queued on
+// any replica; it reaches the session at once either way: a writer in this
+// process calls Notify, and on PostgreSQL the transaction that queued it
+// also notified the store's commands channel, which every replica's
+// Listener (listen.go) LISTENs on and hands to Notify. The poll (every
+// Poll) is the safety net behind both: it finds a command whose
+// notification was lost (written by an older replica that does not
+// notify, or queued while a listener was reconnecting and missed by its
+// scan).
+//
+// Every command ends with a result or an expiry, and runs at most once. A
 // command that was sent but not answered when its session ended goes back
-// to the queue for the next session (bcd runs an id at most once). Results
-// must be signed by the node key of the session's certificate
+// to the queue for the next session; one whose session's replica died
+// before it could put it back is put back by the node's next session, on
+// any replica (connected: RequeueSentCommands); one whose node never
+// comes back expires (internal/commands sweeps queued and sent commands).
+// Delivering a command again is safe because bcd records each command id
+// on disk before running it, and answers an id it already ran with
+// "replayed" (a failed result) instead of running it again: the gateway
+// and the API may deliver a command twice, bcd never runs it twice.
+// Results must be signed by the node key of the session's certificate
 // (pki.CommandResultMessage): a result that does not verify is not stored
 // and ends the session (reason result-signature). Results finish the row,
-// with an audit row, and wake the node's work items. Sessions are held in
-// memory per replica; a command written on another replica is found by the
-// poll.
+// with an audit row, and wake the node's work items.
 
 package session
 
@@ -88,7 +104,12 @@ const WorkAccept = "accept"
 
 // Defaults.
 const (
-	DefaultHeartbeat  = 15 * time.Second
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultPoll stays short although notifications (Notify, Listener)
+	// deliver nearly every command at once: during a rolling upgrade a
+	// replica of the previous release queues commands without notifying,
+	// and the poll is then their only path. One indexed query per replica
+	// every 3 s is cheap.
 	DefaultPoll       = 3 * time.Second
 	DefaultCheck      = 500 * time.Millisecond
 	DefaultTouchEvery = 30 * time.Second
@@ -99,7 +120,8 @@ const (
 	// maxResultBytes bounds a stored command output.
 	maxResultBytes = 32 << 10
 	// maxUnanswered bounds the sent commands a session remembers to put
-	// back in the queue when it ends; others expire unanswered.
+	// back in the queue when it ends; the node's next session puts back
+	// the others (RequeueSentCommands), or they expire.
 	maxUnanswered = 1024
 )
 
@@ -141,8 +163,8 @@ type Config struct {
 	Core *nodeident.Core
 	// Heartbeat is the interval announced in Welcome (default 15 s).
 	Heartbeat time.Duration
-	// Poll is how often queued commands written by other replicas are
-	// looked for (default 3 s).
+	// Poll is how often queued commands nobody notified this replica of
+	// are looked for (default 3 s; see DefaultPoll).
 	Poll time.Duration
 	// Check is how often the held sessions are checked against the
 	// database (retired, reclaimed, revoked, taken over by a session on
@@ -486,9 +508,11 @@ func (s *Service) receiveHello(ctx context.Context, stream *connect.BidiStream[a
 	}
 }
 
-// connected marks the node connected, publishes node.connected and, on the
-// first Hello of an adopting node whose pool has acceptance checks, queues
-// acceptance (R4.5, R12.2), all in one transaction.
+// connected marks the node connected, puts back in the queue the
+// commands earlier sessions sent without an answer, publishes
+// node.connected and, on the first Hello of an adopting node whose pool has
+// acceptance checks, queues acceptance (R4.5, R12.2), all in one
+// transaction.
 func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv1.Hello, peer string) error {
 	return s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
 		n, err := tx.GetNode(ctx, c.nodeID)
@@ -500,6 +524,16 @@ func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv
 			return &refusal{reason: "node-changed", tenantID: n.TenantID, nodeID: n.ID, serial: a.cert.Serial}
 		}
 		if _, err := tx.ConnectNode(ctx, n.ID, c.id); err != nil {
+			return err
+		}
+		// A command an earlier session sent stays sent when that
+		// session's replica died before finish could put it back. This
+		// session delivers it again (after its Welcome): bcd answers an id
+		// it already ran with "replayed" and never runs it twice. A live
+		// older session elsewhere is superseded by ConnectNode; a command
+		// it sends meanwhile goes back when it ends.
+		requeued, err := tx.RequeueSentCommands(ctx, n.ID)
+		if err != nil {
 			return err
 		}
 		accept := false
@@ -521,6 +555,9 @@ func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv
 		data := map[string]any{
 			"nodeId": n.ID, "sessionId": c.id, "certSerial": a.cert.Serial, "identityGeneration": n.IdentityGeneration, "protocol": hello.GetProtocol(),
 			"bcdVersion": truncate(hello.GetBcdVersion(), 64), "peer": peer, "acceptanceQueued": accept,
+		}
+		if requeued > 0 {
+			data["commandsRequeued"] = requeued
 		}
 		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.connected", Subject: n.ID, Data: data}); err != nil {
 			return err

@@ -30,3 +30,6 @@ func WithBusyTimeout(c Config, d time.Duration) Config {
 
 // SetCommitTimeout sets the bound of a PostgreSQL COMMIT.
 func (db *DB) SetCommitTimeout(d time.Duration) { db.commitTimeout = d }
+
+// CommandsChannelFor is the commands channel of a schema (notify.go).
+var CommandsChannelFor = commandsChannel

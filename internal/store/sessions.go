@@ -112,6 +112,8 @@ func scanCommand(sc interface{ Scan(...any) error }) (Command, error) {
 }
 
 // InsertCommand queues a command; CreatedAt and ExpiresAt are the caller's.
+// Once the transaction commits, the node's session is told on whichever
+// replica holds it (notify.go).
 func (t *Tx) InsertCommand(ctx context.Context, c Command) error {
 	if len(c.Args) == 0 {
 		c.Args = []byte("{}")
@@ -121,7 +123,7 @@ func (t *Tx) InsertCommand(ctx context.Context, c Command) error {
 	if err != nil {
 		return fmt.Errorf("insert command: %w", err)
 	}
-	return nil
+	return t.commandsQueued(ctx, c.NodeID)
 }
 
 // GetCommand reads a command.

@@ -127,7 +127,9 @@ func (t *Tx) sessionStates(ctx context.Context, held []HeldSession, size int) ([
 // RequeueCommands puts a node's sent commands among ids back in the
 // queue: their session ended without an answer, and the next session
 // delivers them again (bcd runs a command id at most once, so a second
-// delivery of one it already ran is answered, not run).
+// delivery of one it already ran is answered, not run). When any went
+// back, the node's session is told once the transaction commits, on
+// whichever replica holds it (notify.go).
 func (t *Tx) RequeueCommands(ctx context.Context, nodeID string, ids []string) (int, error) {
 	total := 0
 	for len(ids) > 0 {
@@ -151,5 +153,35 @@ func (t *Tx) RequeueCommands(ctx context.Context, nodeID string, ids []string) (
 		}
 		total += int(n)
 	}
+	if total > 0 {
+		if err := t.commandsQueued(ctx, nodeID); err != nil {
+			return total, err
+		}
+	}
 	return total, nil
+}
+
+// RequeueSentCommands puts every command of the node that is still sent
+// back in the queue, and returns how many. A new session of the node calls
+// it: a command sent by an earlier session that never got an answer
+// stays sent when that session's replica died before it could put it
+// back (RequeueCommands), and would only expire. Delivering it again is
+// safe because bcd remembers, on disk, every command id it ran and
+// answers one it already ran with "replayed" instead of running it again;
+// one it is still running gets the running command's answer.
+func (t *Tx) RequeueSentCommands(ctx context.Context, nodeID string) (int, error) {
+	res, err := t.exec(ctx, "UPDATE commands SET state = 'queued', sent_ms = NULL WHERE node_id = ? AND state = 'sent'", nodeID)
+	if err != nil {
+		return 0, fmt.Errorf("requeue sent commands: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		if err := t.commandsQueued(ctx, nodeID); err != nil {
+			return int(n), err
+		}
+	}
+	return int(n), nil
 }

@@ -94,7 +94,11 @@ type DB struct {
 	// the caller's context (see commit).
 	commitTimeout time.Duration
 	// seq makes PostgreSQL events readable once committed (sequencer.go).
-	seq  *sequencer
+	seq *sequencer
+	// dsn and channel (PostgreSQL): the listener's connection string and
+	// the channel of command notifications (notify.go).
+	dsn, channel string
+
 	stmt sync.Map // query text -> rewritten text
 
 	// SQLite only: the prepared statements of each pool, by rewritten text.
@@ -231,11 +235,17 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 		p.Close()
 		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
 	}
-	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout}
+	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout, dsn: cfg.DSN}
 	if err := db.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
+	var schema string
+	if err := p.QueryRowContext(ctx, "SELECT COALESCE(current_schema(), '')").Scan(&schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("read the current schema: %w", err)
+	}
+	db.channel = commandsChannel(schema)
 	db.seq = newSequencer(db)
 	go db.seq.run()
 	return db, nil

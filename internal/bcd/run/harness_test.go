@@ -71,6 +71,7 @@ type harness struct {
 	site     *bcv1.Site
 	dir      string
 	n        int // machines made so far
+	gateways int // gateways started so far
 }
 
 // each runs fn against a fresh harness on SQLite and on PostgreSQL, each
@@ -130,30 +131,7 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	h.agentURL = agent.URL
 
 	// The gateway.
-	gwPEM, gwKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h.gwCert, err = tls.X509KeyPair(gwPEM, gwKey); err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, caFile := h.write(t, "gw.crt", gwPEM), h.write(t, "gw.key", gwKey), h.write(t, "ca.pem", pki.CertPEM(b.ServingCA))
-	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, APIURL: agent.URL, APICAFile: caFile},
-		gateway.Options{Log: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
-		defer c()
-		_ = g.Shutdown(sctx)
-	})
-	h.gwAddr = ln.Addr().String()
+	h.gwAddr, h.gwCert = h.startGateway(t, agent.URL)
 
 	// The controller, woken like the server wakes it.
 	sess := e.Server.Sessions()
@@ -179,6 +157,40 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	}
 	h.site = s.Msg
 	return h
+}
+
+// startGateway runs a real gateway in front of the agent listener at
+// apiURL and returns its address and its certificate.
+func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certificate) {
+	t.Helper()
+	b := h.e.Bundle
+	gwPEM, gwKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(gwPEM, gwKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.gateways++
+	name := "gw" + strconv.Itoa(h.gateways)
+	certFile, keyFile, caFile := h.write(t, name+".crt", gwPEM), h.write(t, name+".key", gwKey), h.write(t, name+"-ca.pem", pki.CertPEM(b.ServingCA))
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, APIURL: apiURL, APICAFile: caFile},
+		gateway.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		defer c()
+		_ = g.Shutdown(sctx)
+	})
+	return ln.Addr().String(), cert
 }
 
 func (h *harness) write(t testing.TB, name string, data []byte) string {
