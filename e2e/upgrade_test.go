@@ -328,7 +328,7 @@ request_timeout = "5s"
 	})
 	t.Logf("every node adopted %s after A (old) stopped", time.Since(stoppedA).Round(100*time.Millisecond))
 
-	checkStormInvariants(t, store.Config{Driver: "postgres", DSN: dsn, MaxConns: 2}, tenant, tokenID, ms)
+	checkStormInvariants(t, store.Config{Driver: "postgres", DSN: dsn, MaxConns: 2}, tenant, tokenID, ms, 0)
 	for _, p := range logs {
 		what := fmt.Sprintf("%s %s", p.cmd.Path, strings.Join(p.cmd.Args[1:], " "))
 		out := p.output()
