@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/better-compute/better-compute/internal/loadgen"
@@ -28,7 +27,7 @@ func main() {
 	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join or renewal (as real machines do)")
 	flag.StringVar(&cfg.Mode, "mode", "join", "join, or renew: join the machines (reused connections), then renew each of them")
 	flag.IntVar(&cfg.Renewals, "renewals", 1, "renew mode: renewals per machine, one after the other (without --new-connections over the machine's own connection)")
-	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235")
+	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235; api=1234+1240 sums two API replicas")
 	flag.BoolVar(&cfg.Verify, "verify", true, "check every answer as bcd does, after the timed phase")
 	flag.BoolVar(&cfg.MeasureFloor, "floor", true, "measure the crypto floor after the run and print the API's CPU as a multiple of it")
 	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
@@ -50,14 +49,8 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 	}
 	cfg.Token = strings.TrimSpace(string(b))
 	if pids != "" {
-		cfg.PIDs = map[string]int{}
-		for _, kv := range strings.Split(pids, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			n, err := strconv.Atoi(v)
-			if !ok || err != nil {
-				return fmt.Errorf("--pids: want name=pid, got %q", kv)
-			}
-			cfg.PIDs[k] = n
+		if cfg.PIDs, err = loadgen.ParsePIDs(pids); err != nil {
+			return err
 		}
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -97,7 +97,7 @@ func MeasureFloor() (Floor, error) {
 // cpuPerOp runs op floorIterations times and returns this process's CPU
 // milliseconds per run, read from /proc as for the servers.
 func cpuPerOp(op func() error) (float64, error) {
-	self := map[string]int{"self": os.Getpid()}
+	self := map[string][]int{"self": {os.Getpid()}}
 	before := cpuTimes(self)
 	for range floorIterations {
 		if err := op(); err != nil {

@@ -60,8 +60,9 @@ type Config struct {
 	// machines do; otherwise each worker reuses one connection.
 	NewConnections bool
 	// PIDs names processes whose CPU is accounted per join, e.g.
-	// {"api": 1234, "gateway": 1235}.
-	PIDs map[string]int
+	// {"api": {1234}, "gateway": {1235}}; a name with several processes
+	// (API replicas) gets their sum.
+	PIDs map[string][]int
 	// Verify checks every answer as bcd does (after the timed phase).
 	Verify bool
 	// Seed makes claims distinct across runs against one database.
@@ -329,10 +330,36 @@ func cpuPer(before, after map[string]float64, ops int) map[string]float64 {
 		return nil
 	}
 	out := map[string]float64{}
-	for name := range after {
-		out[name] = (after[name] - before[name]) * 1000 / float64(ops)
+	for name, a := range after {
+		if b, ok := before[name]; ok {
+			out[name] = (a - b) * 1000 / float64(ops)
+		}
 	}
 	return out
+}
+
+// ParsePIDs reads --pids: name=pid pairs separated by commas, where pid may
+// be several pids joined by + whose CPU is summed ("api=11+12,gateway=13":
+// two API replicas and a gateway).
+func ParsePIDs(s string) (map[string][]int, error) {
+	out := map[string][]int{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--pids: want name=pid[+pid...], got %q", kv)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("--pids: %q is named twice; join its pids with +", k)
+		}
+		for _, p := range strings.Split(v, "+") {
+			n, err := strconv.Atoi(p)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("--pids: want name=pid[+pid...], got %q", kv)
+			}
+			out[k] = append(out[k], n)
+		}
+	}
+	return out, nil
 }
 
 func prepare(i int, seed, token string, encKey *ecdsa.PublicKey) (*machine, error) {
@@ -360,26 +387,46 @@ func prepare(i int, seed, token string, encKey *ecdsa.PublicKey) (*machine, erro
 	return &machine{key: key, csr: csr, req: req}, nil
 }
 
-// cpuTimes reads utime+stime (seconds) of each process from /proc.
-func cpuTimes(pids map[string]int) map[string]float64 {
+// cpuTimes reads utime+stime (seconds) of each named set of processes from
+// /proc, summed over the set. A name whose processes cannot all be read is
+// left out, so a process that died mid-run gives no figure rather than a
+// wrong one.
+func cpuTimes(pids map[string][]int) map[string]float64 {
 	out := map[string]float64{}
-	for name, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
+	for name, set := range pids {
+		var sum float64
+		ok := len(set) > 0
+		for _, pid := range set {
+			t, err := cpuTime(pid)
+			if err != nil {
+				ok = false
+				break
+			}
+			sum += t
 		}
-		// Fields after the command name, which may contain spaces.
-		s := string(b)
-		rest := s[strings.LastIndexByte(s, ')')+2:]
-		f := strings.Fields(rest)
-		if len(f) < 13 {
-			continue
+		if ok {
+			out[name] = sum
 		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		out[name] = (ut + st) / clockTicks
 	}
 	return out
+}
+
+// cpuTime is one process's utime+stime in seconds.
+func cpuTime(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which may contain spaces.
+	s := string(b)
+	rest := s[strings.LastIndexByte(s, ')')+2:]
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / clockTicks, nil
 }
 
 // clockTicks is USER_HZ, 100 on Linux.

@@ -152,11 +152,16 @@ func TestJoinMode(t *testing.T) {
 		tg := newTarget(t, e, 20)
 		for _, fresh := range []bool{true, false} {
 			r, err := loadgen.Run(context.Background(), loadgen.Config{BCDConfig: tg.configPath, Token: tg.token, Machines: 8, Concurrency: 3,
-				NewConnections: fresh, Verify: true, PIDs: map[string]int{"self": os.Getpid()}}, nil)
+				NewConnections: fresh, Verify: true, PIDs: map[string][]int{"self": {os.Getpid()}, "twice": {os.Getpid(), os.Getpid()}, "gone": {os.Getpid(), 1 << 30}}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Joined != 8 || r.Verified != 8 || r.Failed+r.Refused != 0 || r.Renew != nil || r.CPUmsPerJoin["self"] <= 0 {
+			// A set of pids is summed (twice the same process: about
+			// twice its CPU); a set with a process that does not exist
+			// gives no figure.
+			_, gone := r.CPUmsPerJoin["gone"]
+			if r.Joined != 8 || r.Verified != 8 || r.Failed+r.Refused != 0 || r.Renew != nil || r.CPUmsPerJoin["self"] <= 0 ||
+				r.CPUmsPerJoin["twice"] < 1.5*r.CPUmsPerJoin["self"] || gone {
 				t.Fatalf("new connections %v: %+v", fresh, r)
 			}
 		}
@@ -175,7 +180,7 @@ func TestRenewMode(t *testing.T) {
 		}{{true, 1}, {false, 3}}
 		for _, c := range cases {
 			r, err := loadgen.Run(context.Background(), loadgen.Config{BCDConfig: tg.configPath, Token: tg.token, Machines: 6, Concurrency: 4,
-				NewConnections: c.fresh, Mode: "renew", Renewals: c.renewals, Verify: true, PIDs: map[string]int{"self": os.Getpid()}}, nil)
+				NewConnections: c.fresh, Mode: "renew", Renewals: c.renewals, Verify: true, PIDs: map[string][]int{"self": {os.Getpid()}}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -207,6 +212,18 @@ func TestRenewModeRejectsBadArguments(t *testing.T) {
 	} {
 		if _, err := loadgen.Run(context.Background(), cfg, nil); err == nil {
 			t.Errorf("%+v: accepted", cfg)
+		}
+	}
+}
+
+func TestParsePIDs(t *testing.T) {
+	got, err := loadgen.ParsePIDs("api=11+12,gateway=13")
+	if err != nil || len(got) != 2 || len(got["api"]) != 2 || got["api"][0] != 11 || got["api"][1] != 12 || len(got["gateway"]) != 1 || got["gateway"][0] != 13 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"api", "api=", "api=x", "api=1+", "=1", "api=1,api=2", "api=-1", "api=1,"} {
+		if _, err := loadgen.ParsePIDs(bad); err == nil {
+			t.Errorf("%q: no error", bad)
 		}
 	}
 }
