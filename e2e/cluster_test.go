@@ -20,8 +20,6 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
-	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
@@ -125,14 +123,7 @@ request_timeout = "10s"
 	tenant := b["tenantId"].(string)
 	apiKey := b["apiKey"].(string)
 	e := []string{"BETTER_COMPUTE_URL=http://" + replicas[0].api, "BETTER_COMPUTE_API_KEY=" + apiKey}
-	cli := func(args ...string) map[string]any {
-		t.Helper()
-		out, errOut, code := run(t, e, "", bc, append(args, "--json")...)
-		if code != 0 {
-			t.Fatalf("%v: %s", args, errOut)
-		}
-		return jsonOf(t, out)
-	}
+	cli := jsonCLI(t, bc, e)
 	site := cli("sites", "create", "cluster", "--tenant", tenant)["id"].(string)
 	pool := cli("pools", "create", "cluster", "--tenant", tenant, "--site", site)["id"].(string)
 	daemonToken := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(clusterDaemons))["token"].(string)
@@ -147,15 +138,8 @@ request_timeout = "10s"
 	ops := []*client.Client{replicas[0].op, replicas[1].op, replicas[2].op}
 
 	// The daemons: each a fake machine that joins, then holds its session.
-	confDir := filepath.Join(dir, "bcd")
-	must(t, os.MkdirAll(confDir, 0o700))
-	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(confDir, bcdconfig.EncryptionKeyFile), jwk, 0o644))
-	bcdConf := filepath.Join(confDir, "config.toml")
-	must(t, os.WriteFile(bcdConf, []byte(fmt.Sprintf(
-		"gateway_url = %q\nsite = %q\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n",
-		"https://"+daemonLB.addr, site, pins["servingCaPin"], pins["joinSigningKeyPin"], pins["joinEncryptionKeyPin"])), 0o600))
+	sb := newStormBCD(t, dir, "https://"+daemonLB.addr, site, pins)
+	bcdConf := sb.Conf
 	var nodes []string
 	for i := range clusterDaemons {
 		sys, data := filepath.Join(dir, fmt.Sprintf("sys-%d", i)), filepath.Join(dir, fmt.Sprintf("data-%d", i))
@@ -271,14 +255,7 @@ request_timeout = "10s"
 	}()
 
 	// The storm, paced so that both kills land in it.
-	bcfg, err := bcdconfig.Load(bcdConf)
-	must(t, err)
-	encKey, found, err := bcdconfig.LoadEncryptionKey(confDir, bcfg.JoinEncryptionKeyPin)
-	if err != nil || !found {
-		t.Fatalf("encryption key: %v (found %v)", err, found)
-	}
-	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
-	must(t, err)
+	bcfg, encKey, tlsConf := sb.Config, sb.EncKey, sb.TLS
 	ms := make([]*stormMachine, clusterMachines)
 	for i := range ms {
 		ms[i] = prepareMachine(t, i, stormToken, encKey)

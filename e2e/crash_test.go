@@ -17,9 +17,7 @@ import (
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
-	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storetest"
@@ -131,35 +129,14 @@ request_timeout = "5s"
 
 	e := []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
 	tenant := b["tenantId"].(string)
-	cli := func(args ...string) map[string]any {
-		t.Helper()
-		out, errOut, code := run(t, e, "", bc, append(args, "--json")...)
-		if code != 0 {
-			t.Fatalf("%v: %s", args, errOut)
-		}
-		return jsonOf(t, out)
-	}
+	cli := jsonCLI(t, bc, e)
 	site := cli("sites", "create", "crash", "--tenant", tenant)["id"].(string)
 	pool := cli("pools", "create", "crash", "--tenant", tenant, "--site", site)["id"].(string)
 	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(stormMachines))
 	token, tokenID := tok["token"].(string), tok["id"].(string)
 
-	bcdDir := filepath.Join(dir, "bcd")
-	must(t, os.MkdirAll(bcdDir, 0o700))
-	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(bcdDir, bcdconfig.EncryptionKeyFile), jwk, 0o644))
-	must(t, os.WriteFile(filepath.Join(bcdDir, "config.toml"), []byte(fmt.Sprintf(
-		"gateway_url = %q\nsite = %q\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n",
-		"https://"+gw, site, pins["servingCaPin"], pins["joinSigningKeyPin"], pins["joinEncryptionKeyPin"])), 0o600))
-	bcfg, err := bcdconfig.Load(filepath.Join(bcdDir, "config.toml"))
-	must(t, err)
-	encKey, found, err := bcdconfig.LoadEncryptionKey(bcdDir, bcfg.JoinEncryptionKeyPin)
-	if err != nil || !found {
-		t.Fatalf("encryption key: %v (found %v)", err, found)
-	}
-	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
-	must(t, err)
+	sb := newStormBCD(t, dir, "https://"+gw, site, pins)
+	bcfg, encKey, tlsConf := sb.Config, sb.EncKey, sb.TLS
 
 	ms := make([]*stormMachine, stormMachines)
 	for i := range ms {

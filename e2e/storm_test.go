@@ -2,9 +2,13 @@ package e2e
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/tls"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -136,4 +141,50 @@ func stormCounts(ms []*stormMachine) (refused, ambiguous int) {
 		}
 	}
 	return refused, ambiguous
+}
+
+// stormBCD is the bcd side of a storm: a bcd config in dir/bcd for
+// gatewayURL (the join encryption key from dir/pki beside it, as an
+// install writes it), loaded, with the key tokens are sealed to and the
+// TLS config pinned to the serving CA.
+type stormBCD struct {
+	Conf   string // dir/bcd/config.toml
+	Config *bcdconfig.Config
+	EncKey *ecdsa.PublicKey
+	TLS    *tls.Config
+}
+
+func newStormBCD(t *testing.T, dir, gatewayURL, site string, pins map[string]any) stormBCD {
+	t.Helper()
+	bcdDir := filepath.Join(dir, "bcd")
+	must(t, os.MkdirAll(bcdDir, 0o700))
+	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(bcdDir, bcdconfig.EncryptionKeyFile), jwk, 0o644))
+	conf := filepath.Join(bcdDir, "config.toml")
+	must(t, os.WriteFile(conf, []byte(fmt.Sprintf(
+		"gateway_url = %q\nsite = %q\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n",
+		gatewayURL, site, pins["servingCaPin"], pins["joinSigningKeyPin"], pins["joinEncryptionKeyPin"])), 0o600))
+	bcfg, err := bcdconfig.Load(conf)
+	must(t, err)
+	encKey, found, err := bcdconfig.LoadEncryptionKey(bcdDir, bcfg.JoinEncryptionKeyPin)
+	if err != nil || !found {
+		t.Fatalf("encryption key: %v (found %v)", err, found)
+	}
+	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
+	must(t, err)
+	return stormBCD{Conf: conf, Config: bcfg, EncKey: encKey, TLS: tlsConf}
+}
+
+// jsonCLI returns a runner of the CLI bc with env that adds --json, fails
+// the test on a non-zero exit and returns the parsed answer.
+func jsonCLI(t *testing.T, bc string, env []string) func(args ...string) map[string]any {
+	return func(args ...string) map[string]any {
+		t.Helper()
+		out, errOut, code := run(t, env, "", bc, append(args, "--json")...)
+		if code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+		return jsonOf(t, out)
+	}
 }

@@ -22,7 +22,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
 	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -151,35 +150,14 @@ request_timeout = "5s"
 
 	e := []string{"BETTER_COMPUTE_URL=" + apiA, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
 	tenant := b["tenantId"].(string)
-	cli := func(args ...string) map[string]any {
-		t.Helper()
-		out, errOut, code := run(t, e, "", old, append(args, "--json")...)
-		if code != 0 {
-			t.Fatalf("%v: %s", args, errOut)
-		}
-		return jsonOf(t, out)
-	}
+	cli := jsonCLI(t, old, e)
 	site := cli("sites", "create", "upgrade", "--tenant", tenant)["id"].(string)
 	pool := cli("pools", "create", "upgrade", "--tenant", tenant, "--site", site)["id"].(string)
 	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(upgradeMachines))
 	token, tokenID := tok["token"].(string), tok["id"].(string)
 
-	bcdDir := filepath.Join(dir, "bcd")
-	must(t, os.MkdirAll(bcdDir, 0o700))
-	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(bcdDir, bcdconfig.EncryptionKeyFile), jwk, 0o644))
-	must(t, os.WriteFile(filepath.Join(bcdDir, "config.toml"), []byte(fmt.Sprintf(
-		"gateway_url = %q\nsite = %q\nserving_ca_spki_pin = %q\njoin_signing_key_pin = %q\njoin_encryption_key_pin = %q\n",
-		gws[1], site, pins["servingCaPin"], pins["joinSigningKeyPin"], pins["joinEncryptionKeyPin"])), 0o600))
-	bcfg, err := bcdconfig.Load(filepath.Join(bcdDir, "config.toml"))
-	must(t, err)
-	encKey, found, err := bcdconfig.LoadEncryptionKey(bcdDir, bcfg.JoinEncryptionKeyPin)
-	if err != nil || !found {
-		t.Fatalf("encryption key: %v (found %v)", err, found)
-	}
-	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
-	must(t, err)
+	sb := newStormBCD(t, dir, gws[1], site, pins)
+	bcfg, encKey, tlsConf := sb.Config, sb.EncKey, sb.TLS
 	ms := make([]*stormMachine, upgradeMachines)
 	for i := range ms {
 		ms[i] = prepareMachine(t, i, token, encKey)
