@@ -170,6 +170,22 @@ func (t *Tx) ReclaimNode(ctx context.Context, n Node, fromGeneration int) (Node,
 	return out, notFound(err)
 }
 
+// AdoptNode moves an adopting node to adopted in one statement (R4.5) and
+// returns it as it was read by that statement; ok is false when the node
+// is gone or no longer adopting (nothing changed).
+func (t *Tx) AdoptNode(ctx context.Context, id string) (n Node, ok bool, err error) {
+	err = t.queryRow(ctx, `UPDATE nodes SET state = 'adopted', state_reason = '', updated_ms = compute_now()
+		WHERE id = ? AND state = 'adopting' RETURNING id, tenant_id, pool_id, identity_generation`, id).Scan(&n.ID, &n.TenantID, &n.PoolID, &n.IdentityGeneration)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Node{}, false, nil
+	}
+	if err != nil {
+		return Node{}, false, fmt.Errorf("adopt node: %w", err)
+	}
+	n.State = NodeAdopted
+	return n, true, nil
+}
+
 // SetNodeState changes a node's lifecycle state.
 func (t *Tx) SetNodeState(ctx context.Context, id, state, reason string) error {
 	_, err := t.exec(ctx, "UPDATE nodes SET state = ?, state_reason = ?, updated_ms = compute_now() WHERE id = ?", state, reason, id)
