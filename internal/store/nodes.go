@@ -120,15 +120,27 @@ func (t *Tx) InsertNode(ctx context.Context, n Node) (Node, error) {
 	if n.IdempotencyKey != "" {
 		key = n.IdempotencyKey
 	}
-	row := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
+	claims := claimsText(n.Claims)
+	// Only the database's clock is returned: every other column is what
+	// was written (or its default), so the row is built here rather than
+	// read back (a join's hottest statement; returning the whole row cost
+	// a name and a scan per column).
+	var created, updated int64
+	err := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
 			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, idempotency_key, created_ms, updated_ms)
-		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING `+nodeCols,
+		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING created_ms, updated_ms`,
 		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
-		n.Hostname, claimsText(n.Claims), n.JoinTokenID, key)
-	out, err := scanNode(row)
+		n.Hostname, claims, n.JoinTokenID, key).Scan(&created, &updated)
 	if err != nil {
 		return Node{}, fmt.Errorf("insert node: %w", err)
 	}
+	out := n
+	out.StateReason, out.Connection, out.LastSeen = "", "disconnected", nil
+	if len(out.HardwareKey) == 0 {
+		out.HardwareKey = nil
+	}
+	out.Claims = []byte(claims)
+	out.CreatedAt, out.UpdatedAt = fromMS(created), fromMS(updated)
 	return out, nil
 }
 
