@@ -88,6 +88,39 @@ func BenchmarkJoin(b *testing.B) {
 	})
 }
 
+// BenchmarkRenew renews distinct nodes once each through the in-process
+// JoinService (R13: the certificate and node check, the proof, the used
+// proof row, supersession, the new certificate, event, audit and the
+// signed answer), the connection's certificate being the renewed one. The
+// joins and the renewal requests are made before the timer starts.
+func BenchmarkRenew(b *testing.B) {
+	eachStore(b, func(b *testing.B, e *apitest.Env, f *fixture) {
+		svc := f.svc
+		ctx := context.Background()
+		b.Run("serial", func(b *testing.B) {
+			tok := f.token(b, &bcv1.CreateJoinTokenRequest{MaxUses: 100000})
+			reqs := make([]*agentv1.RenewRequest, b.N)
+			for i := range reqs {
+				m := jointest.NewMachine(b, jointest.Claims(int(machineSeq.Add(1))))
+				res, err := svc.Join(ctx, m.Request(b, e.Bundle, tok.Token, ""), join.Peer{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				j := m.Verify(b, e.Bundle, res, "")
+				reqs[i], _ = jointest.RenewRequest(b, m.Key, j.Body.GetCertChain(), j.Body.GetNodeId(), time.Now())
+			}
+			cpu := startCPU(b)
+			for _, r := range reqs {
+				if _, err := svc.Renew(ctx, r, join.Peer{Cert: r.Chain[0]}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu.report(b)
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "renewals/s")
+		})
+	})
+}
+
 // cpuMeter measures the process's CPU time (user and system, every
 // goroutine: the SQLite writer, GC) over a benchmark's timed loop. On a
 // shared machine wall time per op mostly measures the neighbours; CPU per
