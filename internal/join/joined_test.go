@@ -31,3 +31,32 @@ func TestJoinedDataEncodesAsTheMap(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewedDataEncodesAsTheMap: likewise for node.certificate-renewed.
+func TestRenewedDataEncodesAsTheMap(t *testing.T) {
+	d := renewedData{NodeID: "node_1", SiteID: "site_1", Role: "node", CertSerial: "0a", PreviousSerial: "0b",
+		IdentityGeneration: 2, NotAfter: "2026-12-01T00:00:00Z", Peer: "192.0.2.1:5"}
+	got, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := json.Marshal(map[string]any{
+		"nodeId": d.NodeID, "siteId": d.SiteID, "role": d.Role, "certSerial": d.CertSerial, "previousSerial": d.PreviousSerial,
+		"identityGeneration": d.IdentityGeneration, "notAfter": d.NotAfter, "peer": d.Peer,
+	})
+	if string(got) != string(want) {
+		t.Errorf("renewedData encodes as\n%s\nthe map as\n%s", got, want)
+	}
+	for _, c := range []struct {
+		in   string
+		want int
+	}{{"[]", 0}, {`["urn:bc:a","b"]`, 2}} {
+		l, err := stringList([]byte(c.in))
+		if err != nil || len(l) != c.want {
+			t.Errorf("stringList(%s) = %q, %v", c.in, l, err)
+		}
+	}
+	if _, err := stringList([]byte("{")); err == nil {
+		t.Error("stringList accepted bad JSON")
+	}
+}

@@ -285,6 +285,37 @@ func (t *Tx) GetNodeCert(ctx context.Context, serial string) (NodeCert, error) {
 	return c, notFound(err)
 }
 
+// certNodeCols are certCols of node_certs c then nodeCols of nodes n.
+const certNodeCols = `c.serial, c.node_id, c.identity_generation, c.role, c.spki_sha256, c.der, c.allowed_kinds, c.statements, c.not_before_ms,
+	c.not_after_ms, c.created_ms, c.revoked_ms, c.revoke_reason, c.superseded_ms,
+	n.id, n.tenant_id, n.site_id, n.pool_id, n.role, n.state, n.state_reason, n.connection, n.last_seen_ms, n.identity_generation,
+	n.hardware_key, n.hardware_key_trusted, n.node_key, n.attestor, n.hostname, n.claims, n.join_token_id, COALESCE(n.idempotency_key, ''),
+	n.created_ms, n.updated_ms`
+
+// GetNodeCertAndNode reads a certificate by serial together with its node,
+// in one statement (a presented certificate is always checked against
+// both).
+func (t *Tx) GetNodeCertAndNode(ctx context.Context, serial string) (NodeCert, Node, error) {
+	var c NodeCert
+	var n Node
+	var kinds, stmts, claims string
+	var nb, na, created, nCreated, nUpdated int64
+	var rev, sup, seen sql.NullInt64
+	err := t.queryRow(ctx, "SELECT "+certNodeCols+" FROM node_certs c JOIN nodes n ON n.id = c.node_id WHERE c.serial = ?", serial).Scan(
+		&c.Serial, &c.NodeID, &c.IdentityGeneration, &c.Role, &c.SPKISHA256, &c.DER, &kinds, &stmts, &nb, &na, &created, &rev, &c.RevokeReason, &sup,
+		&n.ID, &n.TenantID, &n.SiteID, &n.PoolID, &n.Role, &n.State, &n.StateReason, &n.Connection, &seen, &n.IdentityGeneration,
+		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &n.IdempotencyKey, &nCreated, &nUpdated)
+	if err != nil {
+		return NodeCert{}, Node{}, notFound(err)
+	}
+	c.SupersededAt = fromNullMS(sup)
+	c.AllowedKinds, c.Statements = []byte(kinds), []byte(stmts)
+	c.NotBefore, c.NotAfter, c.CreatedAt, c.RevokedAt = fromMS(nb), fromMS(na), fromMS(created), fromNullMS(rev)
+	n.LastSeen, n.Claims = fromNullMS(seen), []byte(claims)
+	n.CreatedAt, n.UpdatedAt = fromMS(nCreated), fromMS(nUpdated)
+	return c, n, nil
+}
+
 // ListNodeCerts lists a node's certificates, newest first.
 func (t *Tx) ListNodeCerts(ctx context.Context, nodeID string, limit int) ([]NodeCert, error) {
 	rows, err := t.query(ctx, "SELECT "+certCols+" FROM node_certs WHERE node_id = ? ORDER BY created_ms DESC, serial LIMIT ?", nodeID, limit)
