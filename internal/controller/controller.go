@@ -16,6 +16,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -115,7 +116,12 @@ func (c *Controller) Run(ctx context.Context) {
 			if err != nil && ctx.Err() == nil {
 				c.cfg.Log.Error("controller", "err", err)
 			}
-			if n == 0 || err != nil {
+			// A batch short of claimBatch took every item due when it
+			// claimed: claiming again at once would find nothing (one
+			// write transaction per pass for nothing, under a join storm
+			// one per group commit). Work queued since then woke c.wake,
+			// and work that comes due later is found by the ticker.
+			if n < claimBatch || err != nil {
 				break
 			}
 		}
@@ -190,6 +196,9 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 	return len(items), nil
 }
 
+// claimBatch is how many items one pass claims at most.
+const claimBatch = 50
+
 // claim renews this controller's lease and claims a batch, in one
 // transaction.
 func (c *Controller) claim(ctx context.Context) ([]store.WorkItem, error) {
@@ -199,7 +208,7 @@ func (c *Controller) claim(ctx context.Context) ([]store.WorkItem, error) {
 			return err
 		}
 		var err error
-		items, err = tx.ClaimWorkAs(ctx, c.cfg.ID, 50, claimLease)
+		items, err = tx.ClaimWorkAs(ctx, c.cfg.ID, claimBatch, claimLease)
 		return err
 	})
 	return items, err
@@ -275,24 +284,26 @@ func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem)
 
 // adopt moves an adopting node to adopted (R4.5, pools without acceptance).
 func (c *Controller) adopt(ctx context.Context, tx *store.Tx, nodeID string) error {
-	n, err := tx.GetNode(ctx, nodeID)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
+	// One statement reads and moves it: a node that is gone or no longer
+	// adopting (retired, reclaimed into acceptance) is left alone.
+	n, ok, err := tx.AdoptNode(ctx, nodeID)
+	if err != nil || !ok {
+		return err
 	}
+	// The event and the audit row carry the same data: encoded once, in
+	// the key order a map had.
+	data, err := json.Marshal(struct {
+		IdentityGeneration int    `json:"identityGeneration"`
+		NodeID             string `json:"nodeId"`
+		PoolID             string `json:"poolId"`
+	}{n.IdentityGeneration, n.ID, n.PoolID})
 	if err != nil {
+		return fmt.Errorf("marshal adoption: %w", err)
+	}
+	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
 		return err
 	}
-	if n.State != store.NodeAdopting {
-		return nil
-	}
-	if err := tx.SetNodeState(ctx, n.ID, store.NodeAdopted, ""); err != nil {
-		return err
-	}
-	data := map[string]any{"nodeId": n.ID, "poolId": n.PoolID, "identityGeneration": n.IdentityGeneration}
-	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: data}); err != nil {
-		return err
-	}
-	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.adopted", Resource: nodeResource(n.ID), Data: data})
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.adopted", Resource: nodeResource(n.ID), Data: json.RawMessage(data)})
 }
 
 // actor is who the controller's audit rows name.

@@ -30,7 +30,7 @@ type Event struct {
 	TenantID string
 	Type     string // e.g. security.join-token.created
 	Subject  string // the resource it is about, e.g. jt_…
-	Data     any    // marshalled as JSON
+	Data     any    // marshalled as JSON; a json.RawMessage is taken as encoded
 }
 
 // Hub wakes waiting readers after events commit. The zero value is not
@@ -94,8 +94,14 @@ func Audit(ctx context.Context, tx *store.Tx, a Entry) error {
 }
 
 func marshal(v any) ([]byte, error) {
-	if v == nil {
+	switch v := v.(type) {
+	case nil:
 		return []byte("{}"), nil
+	case json.RawMessage:
+		// Already encoded by the caller (json.Marshal), typically once
+		// for an event and its audit row: json.Marshal would only scan
+		// and copy it again.
+		return v, nil
 	}
 	return json.Marshal(v)
 }

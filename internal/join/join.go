@@ -438,21 +438,12 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			}
 		}
 		reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
-		joined := map[string]any{
-			"nodeId": n.ID, "poolId": pool.ID, "siteId": pool.SiteID, "role": d.Role, "attestor": att.Name(), "reclaim": reclaim,
-			"hardwareKeyTrusted": d.Trusted, "certSerial": issued.Cert.Serial, "nodeKey": adm.NodeKey, "identityGeneration": n.IdentityGeneration,
-			"joinTokenId": adm.JoinTokenID, "hostname": n.Hostname, "peer": peer.Addr,
-		}
-		if consume != "" {
-			joined["joinRequestId"] = consume
-		}
-		if d.Outcome == joinBind {
-			joined["madeAhead"] = true
-		}
-		if rejoin {
-			joined["rejoin"] = true
-		}
-		data, err := json.Marshal(joined)
+		data, err := json.Marshal(joinedData{
+			NodeID: n.ID, PoolID: pool.ID, SiteID: pool.SiteID, Role: d.Role, Attestor: att.Name(), Reclaim: reclaim,
+			HardwareKeyTrusted: d.Trusted, CertSerial: issued.Cert.Serial, NodeKey: adm.NodeKey, IdentityGeneration: n.IdentityGeneration,
+			JoinTokenID: adm.JoinTokenID, Hostname: n.Hostname, Peer: peer.Addr,
+			JoinRequestID: consume, MadeAhead: d.Outcome == joinBind, Rejoin: rejoin,
+		})
 		if err != nil {
 			return fmt.Errorf("marshal join event: %w", err)
 		}
@@ -517,6 +508,29 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		s.cfg.OnIdentityChanged(changed)
 	}
 	return res, nil
+}
+
+// joinedData is the data of a node.joined event and of its audit row. Its
+// fields are in the order of their JSON names, so it encodes exactly as
+// the map it replaces did (encoding/json sorts map keys); a struct's
+// encoder is built once, where a map was sorted and boxed on every join.
+type joinedData struct {
+	Attestor           string `json:"attestor"`
+	CertSerial         string `json:"certSerial"`
+	HardwareKeyTrusted bool   `json:"hardwareKeyTrusted"`
+	Hostname           string `json:"hostname"`
+	IdentityGeneration int    `json:"identityGeneration"`
+	JoinRequestID      string `json:"joinRequestId,omitempty"`
+	JoinTokenID        string `json:"joinTokenId"`
+	MadeAhead          bool   `json:"madeAhead,omitempty"`
+	NodeID             string `json:"nodeId"`
+	NodeKey            string `json:"nodeKey"`
+	Peer               string `json:"peer"`
+	PoolID             string `json:"poolId"`
+	Reclaim            bool   `json:"reclaim"`
+	Rejoin             bool   `json:"rejoin,omitempty"`
+	Role               string `json:"role"`
+	SiteID             string `json:"siteId"`
 }
 
 // storedAnswer returns the answer stored for a request digest, nil when

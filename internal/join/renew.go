@@ -123,11 +123,12 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		}
 		// R13.3/R13.4: the statements come from the stored row, never from
 		// the CSR, so a TPM-held key cannot be renewed into a software key.
-		var statements, kinds []string
-		if err := json.Unmarshal(row.Statements, &statements); err != nil {
+		statements, err := stringList(row.Statements)
+		if err != nil {
 			return fmt.Errorf("read the leaf's statements: %w", err)
 		}
-		if err := json.Unmarshal(row.AllowedKinds, &kinds); err != nil {
+		kinds, err := stringList(row.AllowedKinds)
+		if err != nil {
 			return fmt.Errorf("read the leaf's allowed kinds: %w", err)
 		}
 		for _, st := range statements {
@@ -173,9 +174,9 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if err != nil {
 			return err
 		}
-		data, err := json.Marshal(map[string]any{
-			"nodeId": n.ID, "siteId": n.SiteID, "role": row.Role, "certSerial": issued.Cert.Serial, "previousSerial": row.Serial,
-			"identityGeneration": n.IdentityGeneration, "notAfter": issued.Cert.Cert.NotAfter.UTC().Format(time.RFC3339), "peer": peer.Addr,
+		data, err := json.Marshal(renewedData{
+			NodeID: n.ID, SiteID: n.SiteID, Role: row.Role, CertSerial: issued.Cert.Serial, PreviousSerial: row.Serial,
+			IdentityGeneration: n.IdentityGeneration, NotAfter: issued.Cert.Cert.NotAfter.UTC().Format(time.RFC3339), Peer: peer.Addr,
 		})
 		if err != nil {
 			return fmt.Errorf("marshal renew event: %w", err)
@@ -197,4 +198,30 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		return nil, err
 	}
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
+}
+
+// renewedData is the data of a node.certificate-renewed event and of its
+// audit row, its fields in the order of their JSON names (the bytes of the
+// map it replaces).
+type renewedData struct {
+	CertSerial         string `json:"certSerial"`
+	IdentityGeneration int    `json:"identityGeneration"`
+	NodeID             string `json:"nodeId"`
+	NotAfter           string `json:"notAfter"`
+	Peer               string `json:"peer"`
+	PreviousSerial     string `json:"previousSerial"`
+	Role               string `json:"role"`
+	SiteID             string `json:"siteId"`
+}
+
+// stringList decodes a stored JSON array of strings; most are empty.
+func stringList(b []byte) ([]string, error) {
+	if string(b) == "[]" {
+		return nil, nil
+	}
+	var s []string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -90,17 +90,15 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 	if err != nil {
 		return nil, Refuse("cert-invalid", "")
 	}
-	row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
+	// The row and its node in one read (node_certs.node_id references
+	// nodes, so every row has its node).
+	row, n, err := tx.GetNodeCertAndNode(ctx, pki.SerialHex(leaf))
 	if errors.Is(err, store.ErrNotFound) || err == nil && !bytes.Equal(row.DER, p.DER) {
 		// Not a certificate JoinService issued, or a re-signed or altered
 		// copy of one.
 		return nil, Refuse("cert-unknown", "")
 	} else if err != nil {
-		return nil, err
-	}
-	n, err := tx.GetNode(ctx, row.NodeID)
-	if err != nil {
-		return nil, fmt.Errorf("read the certificate's node: %w", err)
+		return nil, fmt.Errorf("read the certificate and its node: %w", err)
 	}
 	proven := p.Proven
 	if p.Prove != nil {

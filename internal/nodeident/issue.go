@@ -87,11 +87,11 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
-	kinds, err := json.Marshal(nonNil(p.AllowedKinds))
+	kinds, err := jsonList(p.AllowedKinds)
 	if err != nil {
 		return nil, fmt.Errorf("marshal allowed kinds: %w", err)
 	}
-	stmts, err := json.Marshal(nonNil(p.Statements))
+	stmts, err := jsonList(p.Statements)
 	if err != nil {
 		return nil, fmt.Errorf("marshal statements: %w", err)
 	}
@@ -141,9 +141,14 @@ func signAnswer(b *pki.Bundle, body *agentv1.JoinResponseBody) (*agentv1.JoinRes
 	return &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
 }
 
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
+// emptyList is the JSON of no strings: most certificates have no
+// statements and no kind restriction.
+var emptyList = []byte("[]")
+
+// jsonList is the JSON array of s ("[]" for none).
+func jsonList(s []string) ([]byte, error) {
+	if len(s) == 0 {
+		return emptyList, nil
 	}
-	return s
+	return json.Marshal(s)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -33,3 +34,32 @@ func (db *DB) SetCommitTimeout(d time.Duration) { db.commitTimeout = d }
 
 // CommandsChannelFor is the commands channel of a schema (notify.go).
 var CommandsChannelFor = commandsChannel
+
+// NodesByHardwareKeySQL is NodesByHardwareKey's query text (plan tests).
+var NodesByHardwareKeySQL = nodesByHardwareKeySQL
+
+// QueryTexts runs q and returns the last column of each row as text (tests
+// only: query plans).
+func (t *Tx) QueryTexts(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := t.query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		for i := range vals {
+			vals[i] = new(any)
+		}
+		if err := rows.Scan(vals...); err != nil {
+			return nil, err
+		}
+		out = append(out, fmt.Sprint(*vals[len(vals)-1].(*any)))
+	}
+	return out, rows.Err()
+}
