@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -107,21 +106,12 @@ func TestGatewayOverReplicas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = g.Serve(ln) }()
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = g.Shutdown(sctx)
-		})
+		gwAddr := apitest.ServeGateway(t, g)
 		roots := x509.NewCertPool()
 		roots.AddCert(e.Bundle.ServingCA)
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
 		t.Cleanup(tr.CloseIdleConnections)
-		daemon := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+ln.Addr().String(), connect.WithGRPC())
+		daemon := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+gwAddr, connect.WithGRPC())
 		machine := 0
 		join := func(req *agentv1.JoinRequest) *agentv1.JoinResponse {
 			t.Helper()

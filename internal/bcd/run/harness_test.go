@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -180,17 +179,7 @@ func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certifi
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = g.Serve(ln) }()
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
-		defer c()
-		_ = g.Shutdown(sctx)
-	})
-	return ln.Addr().String(), cert
+	return apitest.ServeGateway(t, g), cert
 }
 
 func (h *harness) write(t testing.TB, name string, data []byte) string {
