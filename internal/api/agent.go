@@ -8,6 +8,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/hotpath"
 	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/wire"
 )
@@ -43,7 +44,9 @@ func (s *Server) AgentHandler() http.Handler {
 		connect.WithInterceptors(wire.Interceptor(s.log)),
 	)
 	mux := http.NewServeMux()
-	mux.Handle(path, h)
+	// Joins and renewals run on goroutines with grown stacks (hotpath);
+	// sessions are long-lived streams and keep their own.
+	mux.Handle(path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(h))
 	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10)))
 	// Gateways check each replica's readiness (its database) here.
 	mux.HandleFunc("GET /readyz", s.ready)

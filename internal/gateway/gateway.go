@@ -41,6 +41,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/hotpath"
 )
 
 const (
@@ -433,13 +434,13 @@ func (g *Gateway) joinHandler() (string, http.Handler) {
 			})
 		}, append(opts, connect.WithCodec(rawCodec{}))...)
 	}
-	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h, ok := raw[r.URL.Path]; ok && binaryCodec(r.Header.Get("Content-Type")) {
 			h.ServeHTTP(w, r)
 			return
 		}
 		typed.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // binaryCodec reports whether a request's content type names the binary
