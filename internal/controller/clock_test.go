@@ -111,3 +111,67 @@ func TestPollPrunesExpiredJoinAnswers(t *testing.T) {
 		}
 	})
 }
+
+// R13.2: renewal proofs are deleted by the controller's poll once they are
+// a minute past their window on its clock (renewals no longer delete
+// them); live ones, and ones expired more recently, stay.
+func TestPollPrunesExpiredRenewProofs(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := clock.NewFake(time.Now())
+		t0 := c.Now()
+		// After the advance below the controller's clock reads t0+1m:
+		// "old" expired at t0-2m, "recent" at t0+30s (within the grace),
+		// "live" at t0+2m.
+		must(db.WithTx(ctx, func(tx *store.Tx) error {
+			for _, p := range []struct {
+				proof string
+				used  time.Duration
+			}{{"old", -4 * time.Minute}, {"recent", -90 * time.Second}, {"live", 0}} {
+				if _, err := tx.UseRenewProof(ctx, []byte(p.proof), "node_x", t0.Add(p.used), join.RenewProofWindow); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		ctrl := controller.New(controller.Config{DB: db, Clock: c, Poll: time.Minute})
+		done := make(chan struct{})
+		go func() { ctrl.Run(ctx); close(done) }()
+		defer func() { cancel(); <-done }()
+		must(c.WaitArmed(ctx, 1))
+		c.Advance(time.Minute)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			left := 0
+			must(db.ReadTx(ctx, func(tx *store.Tx) error {
+				var err error
+				left, err = tx.CountRenewProofs(ctx)
+				return err
+			}))
+			if left == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d renew proofs left, want 2", left)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// The two left are "recent" and "live": both still refuse a replay
+		// at t0 (as the renewal of its time would see them).
+		must(db.WithTx(ctx, func(tx *store.Tx) error {
+			for _, p := range []string{"recent", "live"} {
+				if fresh, err := tx.UseRenewProof(ctx, []byte(p), "node_x", t0, join.RenewProofWindow); err != nil || fresh {
+					t.Errorf("proof %s after the prune: fresh %v, err %v; want a replay", p, fresh, err)
+				}
+			}
+			return nil
+		}))
+	})
+}

@@ -141,8 +141,9 @@ func (c *Controller) Run(ctx context.Context) {
 // pruneEvery is how often expired housekeeping rows are deleted.
 const pruneEvery = time.Minute
 
-// prune deletes join answers kept past their retention (join.AnswerRetention),
-// a bounded batch at most once a minute, outside any join's transaction.
+// prune deletes join answers kept past their retention (join.AnswerRetention)
+// and renewal proofs past their window, in bounded batches at most once a
+// minute, outside any join's or renewal's transaction.
 func (c *Controller) prune(ctx context.Context) {
 	now := c.cfg.Clock.Now()
 	if now.Sub(c.pruned) < pruneEvery {
@@ -156,7 +157,41 @@ func (c *Controller) prune(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		c.cfg.Log.Warn("prune expired join answers", "err", err)
 	}
+	// A renewal's replay check does not need expired proofs gone
+	// (store.UseRenewProof replaces an expired record), so this is only
+	// housekeeping: a proof goes renewProofGrace after it expired on this
+	// replica's clock, so a replica whose clock is behind by up to that
+	// still finds every proof it holds live. Renewals add up to a batch a
+	// second or more in a storm, hence batches until the expired ones are
+	// gone (bounded per pass).
+	before := now.Add(-renewProofGrace)
+	for range renewProofBatches {
+		var n int
+		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+			var err error
+			n, err = tx.DeleteExpiredRenewProofs(ctx, before, pruneBatch)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				c.cfg.Log.Warn("prune expired renew proofs", "err", err)
+			}
+			return
+		}
+		if n < pruneBatch {
+			return
+		}
+	}
 }
+
+// Renewal proofs' prune: rows per transaction, transactions per pass
+// (100,000 proofs a minute, more than the renewals a replica can make),
+// and how long past its expiry a proof is kept.
+const (
+	pruneBatch        = 1000
+	renewProofBatches = 100
+	renewProofGrace   = time.Minute
+)
 
 // RunOnce claims and processes one batch; it returns how many items it took.
 func (c *Controller) RunOnce(ctx context.Context) (int, error) {

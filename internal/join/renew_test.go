@@ -432,7 +432,7 @@ func TestRenewProofWindowR13_2(t *testing.T) {
 		}
 		next.VerifyRenewal(t, e.Bundle, res, pki.RoleNode)
 
-		// Past the window the proof is pruned; the request is refused all
+		// Past the window the proof's record expired; the request is refused all
 		// the same, its leaf being superseded by the renewal it made.
 		r.clk.Advance(join.RenewProofWindow + time.Second)
 		_, err = r.renew(req, n.leaf)

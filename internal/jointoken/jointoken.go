@@ -53,25 +53,39 @@ const (
 
 // State tells a stored token's state.
 func State(t store.JoinToken) string {
+	return state(t.RevokedAt != nil, t.UsesLeft > 0, t.Live)
+}
+
+// AdmissionState is State of a token as a join's admission reads it
+// (store.GetJoinTokenForJoin), in the same order of precedence.
+func AdmissionState(t store.AdmissionToken) string {
+	return state(t.Revoked, t.HasUses, !t.Revoked && !t.Expired && t.HasUses)
+}
+
+// state decides a token's state: revoked first, then used up, then expired.
+func state(revoked, hasUses, live bool) string {
 	switch {
-	case t.RevokedAt != nil:
+	case revoked:
 		return StateRevoked
-	case t.UsesLeft <= 0:
+	case !hasUses:
 		return StateUsedUp
-	case !t.Live:
+	case !live:
 		return StateExpired
 	}
 	return StateLive
 }
 
 // Expect decodes a stored token's binding.
-func Expect(t store.JoinToken) (hwid.Expect, error) {
+func Expect(t store.JoinToken) (hwid.Expect, error) { return ParseExpect(t.ID, t.Expect) }
+
+// ParseExpect decodes the stored binding of token id.
+func ParseExpect(id string, raw []byte) (hwid.Expect, error) {
 	var e hwid.Expect
-	if len(t.Expect) == 0 {
+	if len(raw) == 0 {
 		return e, nil
 	}
-	if err := json.Unmarshal(t.Expect, &e); err != nil {
-		return e, fmt.Errorf("parse expect of %s: %w", t.ID, err)
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return e, fmt.Errorf("parse expect of %s: %w", id, err)
 	}
 	return e, nil
 }

@@ -45,8 +45,9 @@ func (t *Tx) GetJoinAnswer(ctx context.Context, digest []byte) (JoinAnswer, erro
 // A live answer for the same digest makes it fail with a unique violation
 // (IsUniqueViolation): two transactions admitting one request race, and the
 // loser rolls back and reads the winner's answer. An expired answer for the
-// digest is replaced. On PostgreSQL the violation aborts the transaction:
-// the caller must end it, not carry on in it.
+// digest is replaced. The caller must end the transaction after a
+// violation, not carry on in it (on PostgreSQL a racing insert's violation
+// aborts it).
 func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {
 	switch {
 	case len(a.RequestDigest) == 0:
@@ -56,15 +57,24 @@ func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {
 	case a.Response == nil:
 		return errors.New("insert join answer: no response")
 	}
-	// An expired row would otherwise collide with its request sent anew.
-	if _, err := t.exec(ctx, "DELETE FROM join_answers WHERE request_digest = ? AND expires_ms <= compute_now()", a.RequestDigest); err != nil {
-		return fmt.Errorf("replace expired join answer: %w", err)
-	}
-	_, err := t.exec(ctx, `INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms)
-		VALUES (?, ?, ?, compute_now(), compute_now() + ?)`,
+	// One statement: an expired answer for the digest is replaced in place
+	// (the request sent anew), a live one is left alone and reported as the
+	// unique violation it would have been.
+	res, err := t.exec(ctx, `INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms)
+		VALUES (?, ?, ?, compute_now(), compute_now() + ?)
+		ON CONFLICT (request_digest) DO UPDATE SET node_id = excluded.node_id, response = excluded.response,
+			created_ms = excluded.created_ms, expires_ms = excluded.expires_ms
+		WHERE join_answers.expires_ms <= compute_now()`,
 		a.RequestDigest, a.NodeID, a.Response, a.TTL.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("insert join answer: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("insert join answer: %w", err)
+	}
+	if n != 1 {
+		return fmt.Errorf("insert join answer: %w", errUniqueViolation)
 	}
 	return nil
 }

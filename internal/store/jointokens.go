@@ -96,6 +96,45 @@ func (t *Tx) GetJoinToken(ctx context.Context, id string) (JoinToken, error) {
 	return j, notFound(err)
 }
 
+// AdmissionToken is what a join's admission reads of a token
+// (GetJoinTokenForJoin): no counts, no bookkeeping columns.
+type AdmissionToken struct {
+	ID           string
+	TenantID     string
+	PoolID       string
+	SiteID       string
+	Role         string
+	SecretSHA256 []byte
+	Expect       []byte // JSON of hwid.Expect
+	AllowReclaim bool
+	Hosted       string
+	Revoked      bool
+	// Expired is expiry at compute_now().
+	Expired bool
+	// HasUses reports that a slot has a use left; how many is not read.
+	HasUses bool
+}
+
+// GetJoinTokenForJoin reads a token for a join's admission. Where
+// GetJoinToken sums the token's slots (twice: the count and liveness), this
+// asks only whether one slot has a use left, once: admission refuses a used-up
+// token but never needs the count, and the spend (ConsumeJoinTokenUse)
+// checks the uses itself.
+func (t *Tx) GetJoinTokenForJoin(ctx context.Context, id string) (AdmissionToken, error) {
+	var j AdmissionToken
+	var expect string
+	err := t.queryRow(ctx, `SELECT tenant_id, pool_id, site_id, role, secret_sha256, expect, allow_reclaim, hosted,
+		revoked_ms IS NOT NULL, expires_ms <= compute_now(),
+		EXISTS (SELECT 1 FROM join_token_slots s WHERE s.token_id = join_tokens.id AND s.uses_left > 0)
+		FROM join_tokens WHERE id = ?`, id).Scan(&j.TenantID, &j.PoolID, &j.SiteID, &j.Role, &j.SecretSHA256, &expect, &j.AllowReclaim, &j.Hosted,
+		&j.Revoked, &j.Expired, &j.HasUses)
+	if err != nil {
+		return AdmissionToken{}, notFound(err)
+	}
+	j.ID, j.Expect = id, []byte(expect)
+	return j, nil
+}
+
 // GetJoinTokenByKey reads the tenant's token created with an idempotency key.
 func (t *Tx) GetJoinTokenByKey(ctx context.Context, tenantID, key string) (JoinToken, error) {
 	j, err := scanToken(t.queryRow(ctx, "SELECT "+tokenCols+" FROM join_tokens WHERE tenant_id = ? AND idempotency_key = ?", tenantID, key))

@@ -652,8 +652,15 @@ func retryable(err error) bool {
 	return false
 }
 
+// errUniqueViolation is a unique violation a statement detected itself
+// (an upsert that left a live row alone), not one the database raised.
+var errUniqueViolation = errors.New("unique violation")
+
 // IsUniqueViolation reports whether err is a unique-constraint violation.
 func IsUniqueViolation(err error) bool {
+	if errors.Is(err, errUniqueViolation) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code == "23505"

@@ -168,7 +168,7 @@ func TestConsumeIsExact(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				err := db.WithTx(ctx, func(tx *store.Tx) error {
-					if _, err := tx.GetJoinToken(ctx, tok.ID); err != nil {
+					if _, err := tx.GetJoinTokenForJoin(ctx, tok.ID); err != nil {
 						return err
 					}
 					spent, err := tx.ConsumeJoinTokenUse(ctx, tok.ID)
@@ -185,6 +185,85 @@ func TestConsumeIsExact(t *testing.T) {
 		wg.Wait()
 		if ok.Load() != 10 {
 			t.Fatalf("consumed %d uses, want 10", ok.Load())
+		}
+	})
+}
+
+// R4.4: admission's read of a token (GetJoinTokenForJoin) carries what
+// GetJoinToken does, bar the count: whether a use is left, revocation and
+// expiry at compute_now(), through each state and slot after slot.
+func TestGetJoinTokenForJoin(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		_, _, pl := fixture(t, db)
+		// Two uses in two slots: after one spend the first slot is empty,
+		// the second not.
+		tok := insertToken(t, db, pl, 2, "", time.Hour)
+		revoked := insertToken(t, db, pl, 1, "", time.Hour)
+		short := insertToken(t, db, pl, 1, "", time.Minute)
+		usedShort := insertToken(t, db, pl, 1, "", time.Minute)
+		check := func(id string, wantUses, wantRevoked, wantExpired bool) {
+			t.Helper()
+			err := db.ReadTx(ctx, func(tx *store.Tx) error {
+				full, err := tx.GetJoinToken(ctx, id)
+				if err != nil {
+					return err
+				}
+				got, err := tx.GetJoinTokenForJoin(ctx, id)
+				if err != nil {
+					return err
+				}
+				want := store.AdmissionToken{ID: full.ID, TenantID: full.TenantID, PoolID: full.PoolID, SiteID: full.SiteID, Role: full.Role,
+					SecretSHA256: full.SecretSHA256, Expect: full.Expect, AllowReclaim: full.AllowReclaim, Hosted: full.Hosted,
+					Revoked: wantRevoked, Expired: wantExpired, HasUses: wantUses}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("GetJoinTokenForJoin(%s) = %+v, want %+v", id, got, want)
+				}
+				if live := !got.Revoked && !got.Expired && got.HasUses; live != full.Live || got.HasUses != (full.UsesLeft > 0) {
+					t.Errorf("GetJoinTokenForJoin(%s) = %+v, GetJoinToken says live %v with %d uses", id, got, full.Live, full.UsesLeft)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		spend := func(id string) {
+			t.Helper()
+			err := db.WithTx(ctx, func(tx *store.Tx) error {
+				ok, err := tx.ConsumeJoinTokenUse(ctx, id)
+				if err == nil && !ok {
+					err = errors.New("no use spent")
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		check(tok.ID, true, false, false)
+		spend(tok.ID)
+		check(tok.ID, true, false, false)
+		spend(tok.ID)
+		check(tok.ID, false, false, false)
+		if err := db.WithTx(ctx, func(tx *store.Tx) error { _, err := tx.RevokeJoinToken(ctx, revoked.ID); return err }); err != nil {
+			t.Fatal(err)
+		}
+		check(revoked.ID, true, true, false)
+		spend(usedShort.ID)
+		if err := db.SetClockOffset(ctx, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		check(short.ID, true, false, true)
+		check(usedShort.ID, false, false, true)
+		err := db.ReadTx(ctx, func(tx *store.Tx) error {
+			if _, err := tx.GetJoinTokenForJoin(ctx, "jt_missing"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("missing token: err = %v", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	})
 }

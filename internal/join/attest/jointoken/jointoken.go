@@ -40,7 +40,8 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 		return nil, attest.Refuse("token-malformed", "")
 	}
 	// A plain read, no lock: Spend re-checks the token as it takes the use.
-	tok, err := tx.GetJoinToken(ctx, id)
+	// It asks whether a use is left, not how many: the spend counts.
+	tok, err := tx.GetJoinTokenForJoin(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		// Same work as a wrong secret, so timing says little about ids.
 		secret.Matches(plain, make([]byte, 32))
@@ -59,7 +60,7 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 	if tok.Role != in.Role {
 		return nil, attest.Refuse("token-role", tok.TenantID)
 	}
-	expect, err := tokens.Expect(tok)
+	expect, err := tokens.ParseExpect(tok.ID, tok.Expect)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +76,7 @@ func (*Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*at
 // uses, revocation and expiry itself: on PostgreSQL it waits for a
 // concurrent join holding the row and re-evaluates them on the row that join
 // committed, so a token never gives more uses than it has.
-func spend(ctx context.Context, tx *store.Tx, tok store.JoinToken) error {
+func spend(ctx context.Context, tx *store.Tx, tok store.AdmissionToken) error {
 	spent, err := tx.ConsumeJoinTokenUse(ctx, tok.ID)
 	if err != nil {
 		return err
@@ -84,7 +85,7 @@ func spend(ctx context.Context, tx *store.Tx, tok store.JoinToken) error {
 		return nil
 	}
 	// The token changed since the read: tell why.
-	now, err := tx.GetJoinToken(ctx, tok.ID)
+	now, err := tx.GetJoinTokenForJoin(ctx, tok.ID)
 	if err != nil {
 		return fmt.Errorf("read join token: %w", err)
 	}
@@ -97,8 +98,8 @@ func spend(ctx context.Context, tx *store.Tx, tok store.JoinToken) error {
 }
 
 // stateRefusal is the refusal reason for a token that is not live, or "".
-func stateRefusal(tok store.JoinToken) string {
-	switch tokens.State(tok) {
+func stateRefusal(tok store.AdmissionToken) string {
+	switch tokens.AdmissionState(tok) {
 	case tokens.StateRevoked:
 		return "token-revoked"
 	case tokens.StateUsedUp:
