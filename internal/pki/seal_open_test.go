@@ -69,6 +69,19 @@ func TestSealOpenInterop(t *testing.T) {
 		if err != nil || got != tok {
 			t.Fatalf("token of %d bytes: Open = %q, %v", n, got, err)
 		}
+		o, err := NewSealOpener(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := o.Open(sealed, csr, req, t0); err != nil || got != tok {
+			t.Fatalf("token of %d bytes: SealOpener.Open = %q, %v", n, got, err)
+		}
+	}
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	for name, k := range map[string]*ecdsa.PrivateKey{"nil": nil, "P-384": p384} {
+		if _, err := NewSealOpener(k); err == nil {
+			t.Errorf("NewSealOpener took a %s key", name)
+		}
 	}
 }
 
@@ -79,6 +92,10 @@ func TestOpenTampered(t *testing.T) {
 	csr := newCSR(t, newP256(t))
 	req := requestFor(csr, "a")
 	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opener, err := NewSealOpener(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +192,10 @@ func TestOpenTampered(t *testing.T) {
 			reason, ok := SealReason(err)
 			if !ok || reason != tt.reason || tok != "" {
 				t.Errorf("Open = %q, %v; want reason %s", tok, err, tt.reason)
+			}
+			tok, err = opener.Open(tt.seal, csr, req, t0)
+			if reason2, _ := SealReason(err); reason2 != tt.reason || tok != "" {
+				t.Errorf("SealOpener.Open = %q, %v; want reason %s", tok, err, tt.reason)
 			}
 		})
 	}

@@ -405,3 +405,42 @@ func BenchmarkOpen(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSealOpenerOpen is Open with the key converted once.
+func BenchmarkSealOpenerOpen(b *testing.B) {
+	key := newP256(b)
+	csr := newCSR(b, newP256(b))
+	req := requestFor(csr, "a")
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	o, err := NewSealOpener(key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := o.Open(sealed, csr, req, t0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOpenGoJose is Open as it was (go-jose decrypting), for
+// comparison.
+func BenchmarkOpenGoJose(b *testing.B) {
+	key := newP256(b)
+	csr := newCSR(b, newP256(b))
+	req := requestFor(csr, "a")
+	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := openGoJose(key, sealed, csr, req, t0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
