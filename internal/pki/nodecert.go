@@ -150,18 +150,7 @@ func ParseCSR(csrDER []byte) (*ecdsa.PublicKey, error) {
 	if len(csrDER) == 0 || len(csrDER) > maxCSRSize {
 		return nil, errs.Invalid("csr", "size outside 1..%d bytes", maxCSRSize)
 	}
-	csr, err := x509.ParseCertificateRequest(csrDER)
-	if err != nil {
-		return nil, errs.Invalid("csr", "not a PKCS#10 request")
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, errs.Invalid("csr", "the signature does not verify")
-	}
-	pub, ok := csr.PublicKey.(*ecdsa.PublicKey)
-	if !ok || !isP256(pub) {
-		return nil, errs.Invalid("csr", "the key must be ECDSA P-256")
-	}
-	return pub, nil
+	return parseCSR(csrDER)
 }
 
 // SignNodeCert issues a node client certificate from the node CA (ca,
