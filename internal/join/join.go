@@ -94,6 +94,9 @@ type Service struct {
 	core  *nodeident.Core
 	log   *slog.Logger
 	clock clock.Clock
+	// seals opens sealed tokens with the bundle's encryption key, converted
+	// for ECDH once.
+	seals *pki.SealOpener
 }
 
 // New returns JoinService.
@@ -113,7 +116,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
-	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock}, nil
+	seals, err := pki.NewSealOpener(cfg.Core.Bundle().JoinEncryptionKey)
+	if err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: seals}, nil
 }
 
 // Peer is what the gateway says about the daemon's connection.
@@ -239,7 +246,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	}
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
-		tok, err := pki.Open(s.core.Bundle().JoinEncryptionKey, sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
+		tok, err := s.seals.Open(sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
 		if err != nil {
 			reason, ok := pki.SealReason(err)
 			if !ok {

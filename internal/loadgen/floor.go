@@ -74,9 +74,14 @@ func MeasureFloor() (Floor, error) {
 		_, err = pki.SignResponse(b.JoinSigningKey, answer)
 		return err
 	}
+	// The API holds one opener for its key (join.Service), so does the floor.
+	seals, err := pki.NewSealOpener(b.JoinEncryptionKey)
+	if err != nil {
+		return Floor{}, err
+	}
 	var f Floor
 	if f.JoinMs, err = cpuPerOp(func() error {
-		if _, err := pki.Open(b.JoinEncryptionKey, seal, csr, digest[:], now); err != nil {
+		if _, err := seals.Open(seal, csr, digest[:], now); err != nil {
 			return err
 		}
 		return common()

@@ -1,8 +1,10 @@
 package loadgen
 
 import (
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The crypto floor runs the product's own join and renewal crypto (any
@@ -41,5 +43,25 @@ func TestSummary(t *testing.T) {
 				t.Error("more than one line")
 			}
 		})
+	}
+}
+
+// A named set of processes is accounted as the sum of its members: the same
+// process twice is twice its CPU (read from /proc, to one tick per read).
+func TestCPUTimesSumsASet(t *testing.T) {
+	self := os.Getpid()
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); {
+	} // some CPU of our own, many ticks
+	got := cpuTimes(map[string][]int{"self": {self}, "twice": {self, self}, "gone": {self, 1 << 30}})
+	after, err := cpuTime(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tick = 0.02 // seconds: one clock tick per read, generously
+	if got["self"] <= 0 || got["twice"] < 2*got["self"]-tick || got["twice"] > 2*after+tick {
+		t.Fatalf("cpuTimes %v, process CPU after %.3f s", got, after)
+	}
+	if _, ok := got["gone"]; ok {
+		t.Fatalf("a set with a missing process got a figure: %v", got)
 	}
 }

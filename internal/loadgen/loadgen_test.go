@@ -156,12 +156,12 @@ func TestJoinMode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// A set of pids is summed (twice the same process: about
-			// twice its CPU); a set with a process that does not exist
-			// gives no figure.
+			// A set with a process that does not exist gives no figure.
+			// (That a set is summed is TestCPUTimesSumsASet: 8 joins are
+			// a few of /proc's 10 ms ticks, too few to compare two sets.)
 			_, gone := r.CPUmsPerJoin["gone"]
 			if r.Joined != 8 || r.Verified != 8 || r.Failed+r.Refused != 0 || r.Renew != nil || r.CPUmsPerJoin["self"] <= 0 ||
-				r.CPUmsPerJoin["twice"] < 1.5*r.CPUmsPerJoin["self"] || gone {
+				r.CPUmsPerJoin["twice"] <= 0 || gone {
 				t.Fatalf("new connections %v: %+v", fresh, r)
 			}
 		}
