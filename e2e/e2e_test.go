@@ -76,14 +76,28 @@ func start(t *testing.T, env []string, name string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	pw.Close()
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			p.mu.Lock()
 			p.out.WriteString(sc.Text() + "\n")
 			p.mu.Unlock()
 		}
+	}()
+	// done means exited with its output read to the end: Wait alone can
+	// return before the reader has the last lines (a test then missed
+	// "joined as" printed just before exit). A descendant still holding
+	// the pipe does not hold done for more than a few seconds.
+	go func() {
+		err := p.cmd.Wait()
+		select {
+		case <-read:
+		case <-time.After(5 * time.Second):
+		}
+		p.err = err
+		close(p.done)
 	}()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(os.Interrupt)

@@ -95,7 +95,7 @@ type Service struct {
 	log   *slog.Logger
 	clock clock.Clock
 	// seals opens sealed tokens with the bundle's encryption key, converted
-	// for ECDH once.
+	// for ECDH once; nil when there is no bundle.
 	seals *pki.SealOpener
 }
 
@@ -116,9 +116,14 @@ func New(cfg Config) (*Service, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
-	seals, err := pki.NewSealOpener(cfg.Core.Bundle().JoinEncryptionKey)
-	if err != nil {
-		return nil, fmt.Errorf("join: %w", err)
+	// Without a bundle (the machine PKI not configured) joins are refused
+	// before any seal is opened (R4.8).
+	var seals *pki.SealOpener
+	if b := cfg.Core.Bundle(); b != nil {
+		var err error
+		if seals, err = pki.NewSealOpener(b.JoinEncryptionKey); err != nil {
+			return nil, fmt.Errorf("join: %w", err)
+		}
 	}
 	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: seals}, nil
 }
