@@ -93,22 +93,7 @@ func TestPollPrunesExpiredJoinAnswers(t *testing.T) {
 		c.Advance(time.Minute)
 		// GetJoinAnswer hides the expired one already; the row count says
 		// whether it was deleted.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			left := 0
-			must(db.ReadTx(ctx, func(tx *store.Tx) error {
-				var err error
-				left, err = tx.CountJoinAnswers(ctx)
-				return err
-			}))
-			if left == 1 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d join answers left, want the live one only", left)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitRows(t, db, "join answers (the live one only)", (*store.Tx).CountJoinAnswers, 1)
 	})
 }
 
@@ -147,22 +132,7 @@ func TestPollPrunesExpiredRenewProofs(t *testing.T) {
 		defer func() { cancel(); <-done }()
 		must(c.WaitArmed(ctx, 1))
 		c.Advance(time.Minute)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			left := 0
-			must(db.ReadTx(ctx, func(tx *store.Tx) error {
-				var err error
-				left, err = tx.CountRenewProofs(ctx)
-				return err
-			}))
-			if left == 2 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d renew proofs left, want 2", left)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitRows(t, db, "renew proofs", (*store.Tx).CountRenewProofs, 2)
 		// The two left are "recent" and "live": both still refuse a replay
 		// at t0 (as the renewal of its time would see them).
 		must(db.WithTx(ctx, func(tx *store.Tx) error {
@@ -174,4 +144,28 @@ func TestPollPrunesExpiredRenewProofs(t *testing.T) {
 			return nil
 		}))
 	})
+}
+
+// waitRows polls count until it reports want rows (10 s at most).
+func waitRows(t *testing.T, db *store.DB, what string, count func(*store.Tx, context.Context) (int, error), want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := 0
+		err := db.ReadTx(context.Background(), func(tx *store.Tx) error {
+			var err error
+			left, err = count(tx, context.Background())
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d %s left, want %d", left, what, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
