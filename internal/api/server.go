@@ -69,6 +69,9 @@ type Config struct {
 	Attestors []string
 	// TPMPools is the tpm attestor's EK trust per pool (R9.2).
 	TPMPools []tpmattest.Pool
+	// JoinRequestLimits bound the join requests unauthenticated callers
+	// can make (R15.4); zero fields take JoinService's defaults.
+	JoinRequestLimits join.RequestLimits
 	// DownloadsDir, when set, serves the bcd builds under
 	// {basePath}/downloads/ (R11.5; see downloads.go).
 	DownloadsDir string
@@ -141,7 +144,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll})
-	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub,
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits,
 		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err
 	}

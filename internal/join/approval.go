@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -38,7 +39,7 @@ type approved struct {
 //     refused;
 //   - otherwise the machine's one open request is recorded, or refreshed
 //     with this CSR, and the join waits: nothing is issued or spent.
-func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID, role string) (approved, error) {
+func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID, role, source string) (approved, error) {
 	a, tenant, now := adm.Approval, adm.TenantID, s.clock.Now()
 	open, err := tx.OpenJoinRequest(ctx, tenant, a.MachineKey)
 	found := err == nil
@@ -71,10 +72,25 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return approved{}, err
 	}
+	// R15.4: what an unauthenticated caller writes is bounded. A machine
+	// refreshes its request at most once per RefreshInterval (each refresh
+	// is an event and an audit row); a new request needs room in its pool
+	// and from its source.
+	if found {
+		recent, err := tx.JoinRequestRefreshedWithin(ctx, open.ID, s.cfg.Limits.RefreshInterval)
+		if err != nil {
+			return approved{}, err
+		}
+		if recent {
+			return approved{waiting: &open}, nil
+		}
+	} else if err := s.roomForRequest(ctx, tx, tenant, adm.PoolID, source); err != nil {
+		return approved{}, err
+	}
 	r := store.JoinRequest{
 		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: role, MachineKey: a.MachineKey,
 		Claims: claimsJSON, EKHash: a.EKHash, MAC: a.MAC, IP: a.IP, WorkflowID: a.WorkflowID, VouchedBy: a.VouchedBy,
-		BootLeaseEpoch: a.BootLeaseEpoch, CSRSHA256: in.CSRSHA256,
+		BootLeaseEpoch: a.BootLeaseEpoch, CSRSHA256: in.CSRSHA256, Source: source,
 	}
 	if in.Key.Trusted {
 		r.HardwareKey = in.Key.Hash[:]
@@ -111,4 +127,81 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	return approved{waiting: &r}, nil
+}
+
+// Join-request limits (R15.4).
+const (
+	DefaultMaxPendingPerPool   = 1000
+	DefaultMaxPendingPerSource = 20
+	DefaultRefreshInterval     = 30 * time.Second
+)
+
+// Refusal reasons of a join request the limits leave no room for.
+const (
+	ReasonPendingPoolLimit   = "join-requests-pool-limit"
+	ReasonPendingSourceLimit = "join-requests-source-limit"
+)
+
+// RequestLimits bound the join requests that callers nobody has
+// authenticated yet (an unknown EK, a vouched ramdisk) make the server
+// write (R15.4).
+type RequestLimits struct {
+	// MaxPendingPerPool is the most pending requests a pool holds; past
+	// it a new machine's deferred join is refused until a person decides.
+	MaxPendingPerPool int
+	// MaxPendingPerSource is the most pending requests, across pools, from
+	// one source address (the peer the gateway saw).
+	MaxPendingPerSource int
+	// RefreshInterval is the least time between two refreshes of one
+	// machine's request with a new CSR; a newer attempt within it waits on
+	// the request as it is, writing nothing.
+	RefreshInterval time.Duration
+}
+
+func (l RequestLimits) withDefaults() RequestLimits {
+	if l.MaxPendingPerPool <= 0 {
+		l.MaxPendingPerPool = DefaultMaxPendingPerPool
+	}
+	if l.MaxPendingPerSource <= 0 {
+		l.MaxPendingPerSource = DefaultMaxPendingPerSource
+	}
+	if l.RefreshInterval <= 0 {
+		l.RefreshInterval = DefaultRefreshInterval
+	}
+	return l
+}
+
+// roomForRequest refuses a new join request when its pool or its source
+// holds as many pending requests as the limits allow. The refusal is
+// recorded like any other, under the identity core's rate limit.
+func (s *Service) roomForRequest(ctx context.Context, tx *store.Tx, tenant, poolID, source string) error {
+	lim := s.cfg.Limits
+	n, err := tx.PendingJoinRequests(ctx, tenant, poolID, "", lim.MaxPendingPerPool)
+	if err != nil {
+		return err
+	}
+	if n >= lim.MaxPendingPerPool {
+		return attest.Refuse(ReasonPendingPoolLimit, tenant)
+	}
+	if source == "" {
+		// No address to count by (not relayed by a gateway): the pool's
+		// bound holds.
+		return nil
+	}
+	if n, err = tx.PendingJoinRequests(ctx, "", "", source, lim.MaxPendingPerSource); err != nil {
+		return err
+	}
+	if n >= lim.MaxPendingPerSource {
+		return attest.Refuse(ReasonPendingSourceLimit, tenant)
+	}
+	return nil
+}
+
+// peerSource is the source a join request is counted under: the peer's
+// address without its port.
+func peerSource(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }

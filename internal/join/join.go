@@ -85,6 +85,9 @@ type Config struct {
 	// RetryAfter is what a deferral tells the daemon to wait before it asks
 	// again; zero means DefaultRetryAfter.
 	RetryAfter time.Duration
+	// Limits bound the join requests unauthenticated callers can make
+	// (R15.4); zero fields take their defaults.
+	Limits RequestLimits
 }
 
 // Service is JoinService.
@@ -116,6 +119,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	// Without a bundle (the machine PKI not configured) joins are refused
 	// before any seal is opened (R4.8).
 	var seals *pki.SealOpener
@@ -201,7 +205,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 		role = pki.RoleNode
 	}
 	in := &attest.Input{Role: role, CSRSHA256: pki.CSRHash(req.GetCsr()), CSR: req.GetCsr(), RequestDigest: pki.JoinRequestDigest(req),
-		Evidence: req.GetEvidence(), KeyAttestation: req.GetKeyAttestation()}
+		Evidence: req.GetEvidence(), KeyAttestation: req.GetKeyAttestation(), RequestSig: req.GetRequestSig()}
 	if ev := req.GetX509Pop(); ev != nil && len(in.Evidence) == 0 {
 		// x509pop's evidence has a field of its own in the protocol; the
 		// attestor gets it opaque like any other.
@@ -358,7 +362,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// on a join request and nothing else is written.
 		var consume string
 		if a := adm.Approval; a != nil && !(a.OnlyUnknown && sit.Existing != nil) {
-			ap, err := s.approval(ctx, tx, adm, att.Name(), in, claimsJSON, pool.SiteID, d.Role)
+			ap, err := s.approval(ctx, tx, adm, att.Name(), in, claimsJSON, pool.SiteID, d.Role, peerSource(peer.Addr))
 			if err != nil {
 				return err
 			}

@@ -207,8 +207,19 @@ func TestJoinRequestLifecycle(t *testing.T) {
 		if again := d.mustDefer(t, d.svc, m, d.request(t, m, d.ramdisk, boot1, time.Time{})); again.GetRequestId() != df.GetRequestId() {
 			t.Fatalf("the same attempt made request %s, want %s", again.GetRequestId(), df.GetRequestId())
 		}
-		// R10.2: a newer attempt (a new key and CSR) refreshes it.
+		// R15.4: a newer attempt (a new key and CSR) within the refresh
+		// interval waits on the request as it is and writes nothing.
 		m2 := ramdiskMachine(t, boot1.mac)
+		if again := d.mustDefer(t, d.svc, m2, d.request(t, m2, d.ramdisk, boot1, time.Time{})); again.GetRequestId() != df.GetRequestId() {
+			t.Fatalf("a newer attempt made request %s, want the machine's one request %s", again.GetRequestId(), df.GetRequestId())
+		}
+		if rs := d.requests(t); len(rs) != 1 || string(rs[0].CSRSHA256) != string(pki.CSRHash(m.CSR)) {
+			t.Fatalf("requests %+v: want one, not yet refreshed", rs)
+		}
+		// R10.2: past it, the newer attempt refreshes it.
+		if err := e.DB.SetClockOffset(context.Background(), join.DefaultRefreshInterval+time.Second); err != nil {
+			t.Fatal(err)
+		}
 		if again := d.mustDefer(t, d.svc, m2, d.request(t, m2, d.ramdisk, boot1, time.Time{})); again.GetRequestId() != df.GetRequestId() {
 			t.Fatalf("a newer attempt made request %s, want the machine's one request %s", again.GetRequestId(), df.GetRequestId())
 		}

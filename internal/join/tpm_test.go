@@ -3,6 +3,7 @@ package join_test
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/x509"
 	"testing"
 	"time"
@@ -43,6 +44,12 @@ var tpmMachines = 500
 
 func newTPMEnv(t testing.TB, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool) *tpmEnv {
 	t.Helper()
+	return newTPMEnvWith(t, f, pools, nil)
+}
+
+// newTPMEnvWith is newTPMEnv with mod applied to JoinService's config.
+func newTPMEnvWith(t testing.TB, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TPM) []tpmattest.Pool, mod func(*join.Config)) *tpmEnv {
+	t.Helper()
 	sim := tpmtest.Start(t)
 	tp := sim.Open(t)
 	clk := clock.NewFake(time.Now())
@@ -59,7 +66,11 @@ func newTPMEnv(t testing.TB, f *fixture, pools func(sim *tpmtest.Sim, tp *tpm.TP
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := join.New(join.Config{DB: f.e.DB, Core: core, Attestors: reg, Clock: clk, Hub: f.e.Server.Hub()})
+	cfg := join.Config{DB: f.e.DB, Core: core, Attestors: reg, Clock: clk, Hub: f.e.Server.Hub()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	svc, err := join.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +84,15 @@ type tpmReq struct {
 	certifyOf []byte   // the CSR the certify is over (nil: the request's)
 	certifyBy *tpm.TPM // the TPM whose AK certifies (nil: this one)
 	answer    func([]byte) []byte
+	// role is the role the machine asks for and signs ("": none).
+	role string
+	// unsigned leaves request_sig out, as a bcd before R15.1 did.
+	unsigned bool
+	// relay, when set, changes what reaches JoinService on each leg (1,
+	// 2): the machine's own request, and its signature, stay as made.
+	relay func(leg int, req *agentv1.JoinRequest)
+	// peer is the address the gateway saw ("": 192.0.2.9:1).
+	peer string
 }
 
 // join runs both legs and returns the answer and the node key.
@@ -115,7 +135,10 @@ func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpm.Key, 
 	}
 	ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes(), EkCertificate: ek.Cert})
 	tpmMachines++
-	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Attestor: tpmattest.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka}
+	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Attestor: tpmattest.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka, Role: r.role}
+	if !r.unsigned {
+		signTPMRequest(t, key, req)
+	}
 	res, err := e.legs(t, req, r)
 	return res, key, err
 }
@@ -124,7 +147,11 @@ func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpm.Key, 
 func (e *tpmEnv) legs(t *testing.T, req *agentv1.JoinRequest, r tpmReq) (*agentv1.JoinResponse, error) {
 	t.Helper()
 	req.ChallengeResponse = nil
-	res, err := e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
+	peer := join.Peer{Addr: "192.0.2.9:1"}
+	if r.peer != "" {
+		peer.Addr = r.peer
+	}
+	res, err := e.svc.Join(context.Background(), relayed(req, r, 1), peer)
 	if err != nil || len(res.GetChallenge()) == 0 {
 		return res, err
 	}
@@ -140,7 +167,28 @@ func (e *tpmEnv) legs(t *testing.T, req *agentv1.JoinRequest, r tpmReq) (*agentv
 		secret = r.answer(secret)
 	}
 	req.ChallengeResponse, _ = proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
-	return e.svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:1"})
+	return e.svc.Join(context.Background(), relayed(req, r, 2), peer)
+}
+
+// relayed is what the relay forwards of leg: req itself, or a copy r.relay
+// changed.
+func relayed(req *agentv1.JoinRequest, r tpmReq, leg int) *agentv1.JoinRequest {
+	if r.relay == nil {
+		return req
+	}
+	c := proto.CloneOf(req)
+	r.relay(leg, c)
+	return c
+}
+
+// signTPMRequest signs req with its node key as bcd does (R15.1).
+func signTPMRequest(t testing.TB, key crypto.Signer, req *agentv1.JoinRequest) {
+	t.Helper()
+	sig, err := pki.SignJoinRequest(key, pki.JoinRequestDigest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.RequestSig = sig
 }
 
 func leafOf(t *testing.T, res *agentv1.JoinResponse) (*agentv1.JoinResponseBody, *x509.Certificate) {
@@ -328,7 +376,10 @@ func TestTPMUnknownEKR9_2(t *testing.T) {
 		ka, _ := tpmverify.Marshal(att)
 		ek, _ := env.tp.EK(tpm.EKP256)
 		ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes()})
+		jr := &agentv1.JoinRequest{Csr: csr, Attestor: tpmattest.Name, Evidence: ev, KeyAttestation: ka}
+		signTPMRequest(t, key, jr)
 		in := &attest.Input{Role: "node", CSR: csr, CSRSHA256: pki.CSRHash(csr), Evidence: ev, KeyAttestation: ka,
+			RequestDigest: pki.JoinRequestDigest(jr), RequestSig: jr.GetRequestSig(),
 			Challenge: func(_ context.Context, c []byte) ([]byte, error) {
 				var ch agentv1.TPMChallenge
 				_ = proto.Unmarshal(c, &ch)
@@ -372,6 +423,7 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		ek, _ := env.tp.EK(tpm.EKP256)
 		ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes()})
 		req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(9001), Attestor: tpmattest.Name, Protocol: 2, Evidence: ev, KeyAttestation: ka}
+		signTPMRequest(t, key, req)
 		m := &jointest.Machine{CSR: csr}
 		res, err := env.legs(t, req, tpmReq{kind: tpm.EKP256})
 		if err != nil {

@@ -1,8 +1,10 @@
 package pki
 
 import (
+	"crypto"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 )
@@ -18,8 +20,9 @@ const joinRequestDigestTag = "bc-join-request-v1"
 // It is also the key of the answer stored for the request (R4.9): the same
 // request arriving again gets that answer back.
 //
-// It covers every field of the request except the seal itself and
-// signatures that are made over it (x509pop's sig). The encoding is
+// It covers every field of the request except the seal itself, the
+// signatures that are made over it (x509pop's sig, request_sig) and the
+// answer to a challenge (see below). The encoding is
 // explicit (a tag, then each field length-prefixed, lists with their
 // count), not a protobuf serialization, so that two builds of bcd and the
 // server agree byte for byte whatever their protobuf library does. A field
@@ -47,7 +50,12 @@ func JoinRequestDigest(req *agentv1.JoinRequest) []byte {
 	}
 	b.u64(uint64(pop.GetClientTimeUnixMs()))
 	b.bytes(req.GetEvidence())
-	b.bytes(req.GetChallengeResponse())
+	// The challenge response's place, always empty: the answer is checked
+	// against the attestor's own challenge, which is bound to this digest,
+	// so an answer re-encoded by a relay must find the same stored answer
+	// (R15.1) rather than count as a new request. Requests without an answer
+	// hash as they always did.
+	b.bytes(nil)
 	b.bytes(req.GetKeyAttestation())
 	sum := sha256.Sum256(b.buf)
 	return sum[:]
@@ -74,3 +82,22 @@ func (d *digestBuilder) strs(v []string) {
 		d.str(s)
 	}
 }
+
+// SignJoinRequest is the tpm attestor's request binding (R15.1): the node
+// key (held in the TPM) signs the request digest under purpose tpm-join.
+func SignJoinRequest(key crypto.Signer, reqDigest []byte) ([]byte, error) {
+	if len(reqDigest) != sha256.Size {
+		return nil, errReqDigestSize
+	}
+	return SignPurpose(key, PurposeTPMJoin, reqDigest)
+}
+
+// VerifyJoinRequest checks a SignJoinRequest signature under pub.
+func VerifyJoinRequest(pub crypto.PublicKey, reqDigest, sig []byte) error {
+	if len(reqDigest) != sha256.Size {
+		return errReqDigestSize
+	}
+	return VerifyPurpose(pub, PurposeTPMJoin, reqDigest, sig)
+}
+
+var errReqDigestSize = errors.New("join request: the digest must be 32 bytes (JoinRequestDigest)")

@@ -22,6 +22,9 @@ const (
 	// PurposeX509Pop is the x509pop attestor's proof of possession of an
 	// expired node certificate's key (R10.5).
 	PurposeX509Pop = "x509pop"
+	// PurposeTPMJoin is a TPM-held node key's signature over a tpm join's
+	// request digest (R15.1).
+	PurposeTPMJoin = "tpm-join"
 )
 
 // ErrSignature is returned (wrapped) when a signature does not verify.

@@ -90,6 +90,14 @@ type JoinConfig struct {
 	Attestors []string `toml:"attestors"`
 	// TPM is the tpm attestor's EK trust (R9.2), [[join.tpm.pools]].
 	TPM TPMJoinConfig `toml:"tpm"`
+	// MaxPendingRequestsPerPool bounds the pending join requests (unknown
+	// EKs enrolling, network-booted machines waiting) of one pool (R15.4;
+	// default 1000). Past it a new machine's join is refused
+	// (join-requests-pool-limit) until someone decides the waiting ones.
+	MaxPendingRequestsPerPool int `toml:"max_pending_requests_per_pool"`
+	// MaxPendingRequestsPerSource bounds those from one peer address,
+	// across pools (default 20; join-requests-source-limit).
+	MaxPendingRequestsPerSource int `toml:"max_pending_requests_per_source"`
 }
 
 // TPMJoinConfig is the tpm attestor's EK trust, per pool (R9.2).
@@ -185,6 +193,9 @@ func (c *Config) validate() error {
 	}
 	if c.Agent.Listen != "" && (c.Agent.CertFile == "" || c.Agent.KeyFile == "" || c.PKI.Dir == "") {
 		return errs.New(errs.InvalidConfig, "config: agent.listen needs agent.cert_file, agent.key_file and pki.dir")
+	}
+	if c.Join.MaxPendingRequestsPerPool < 0 || c.Join.MaxPendingRequestsPerSource < 0 {
+		return errs.New(errs.InvalidConfig, "config: join.max_pending_requests_per_pool and _per_source: want a positive count (0: the default)")
 	}
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/controller"
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/join"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
@@ -90,7 +91,8 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	}
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
-		Attestors: cfg.Join.Attestors, TPMPools: tpmPools})
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
+		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
 	if err != nil {
 		return err
 	}

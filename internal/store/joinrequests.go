@@ -43,11 +43,14 @@ type JoinRequest struct {
 	ConsumedAt           *time.Time
 	// NodeID is the node whose join consumed the approval; "" until then.
 	NodeID string
+	// Source is the address the deferred join came from (the peer the
+	// gateway saw, without its port); "" when unknown.
+	Source string
 }
 
 const joinRequestCols = `id, tenant_id, pool_id, site_id, attestor, role, machine_key, claims, hardware_key, ek_hash,
 	mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, state, created_ms, updated_ms,
-	decided_ms, decided_by, reason, approved_until_ms, consumed_ms, node_id`
+	decided_ms, decided_by, reason, approved_until_ms, consumed_ms, node_id, source`
 
 // openStates is the SQL set of open request states.
 const openStates = `('pending', 'approved')`
@@ -59,7 +62,7 @@ func scanJoinRequest(sc interface{ Scan(...any) error }) (JoinRequest, error) {
 	var decided, until, consumed sql.NullInt64
 	if err := sc.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.SiteID, &r.Attestor, &r.Role, &r.MachineKey, &claims, &r.HardwareKey, &r.EKHash,
 		&r.MAC, &r.IP, &r.WorkflowID, &r.VouchedBy, &r.BootLeaseEpoch, &r.CSRSHA256, &r.State, &created, &updated,
-		&decided, &r.DecidedBy, &r.Reason, &until, &consumed, &r.NodeID); err != nil {
+		&decided, &r.DecidedBy, &r.Reason, &until, &consumed, &r.NodeID, &r.Source); err != nil {
 		return JoinRequest{}, err
 	}
 	r.Claims = []byte(claims)
@@ -99,10 +102,10 @@ func (t *Tx) JoinRequestByCSR(ctx context.Context, tenantID string, csrSHA256 []
 // roll back and retry.
 func (t *Tx) InsertJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest, error) {
 	row := t.queryRow(ctx, `INSERT INTO join_requests (id, tenant_id, pool_id, site_id, attestor, role, machine_key, claims, hardware_key, ek_hash,
-			mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, state, created_ms, updated_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', compute_now(), compute_now()) RETURNING `+joinRequestCols,
+			mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, source, state, created_ms, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', compute_now(), compute_now()) RETURNING `+joinRequestCols,
 		r.ID, r.TenantID, r.PoolID, r.SiteID, r.Attestor, r.Role, r.MachineKey, claimsText(r.Claims), nullBytes(r.HardwareKey), nullBytes(r.EKHash),
-		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256)
+		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source)
 	out, err := scanJoinRequest(row)
 	if err != nil {
 		return JoinRequest{}, fmt.Errorf("insert join request: %w", err)
@@ -112,17 +115,17 @@ func (t *Tx) InsertJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest,
 
 // RefreshJoinRequest records a newer attempt of the machine whose open
 // request is r.ID: it takes r's pool, site, attestor, role, claims,
-// hardware key, EK hash, MAC, IP, workflow id, vouched-by, boot lease epoch
-// and CSR hash, and puts the request back to pending, clearing any decision
+// hardware key, EK hash, MAC, IP, workflow id, vouched-by, boot lease epoch,
+// CSR hash and source, and puts the request back to pending, clearing any decision
 // (an approval admits the CSR it was given for, not a newer one). It fails
 // with ErrNotFound when the request is no longer open.
 func (t *Tx) RefreshJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest, error) {
 	row := t.queryRow(ctx, `UPDATE join_requests SET pool_id = ?, site_id = ?, attestor = ?, role = ?, claims = ?, hardware_key = ?, ek_hash = ?,
-			mac = ?, ip = ?, workflow_id = ?, vouched_by = ?, boot_lease_epoch = ?, csr_sha256 = ?, state = 'pending', updated_ms = compute_now(),
+			mac = ?, ip = ?, workflow_id = ?, vouched_by = ?, boot_lease_epoch = ?, csr_sha256 = ?, source = ?, state = 'pending', updated_ms = compute_now(),
 			decided_ms = NULL, decided_by = '', reason = '', approved_until_ms = NULL
 		WHERE id = ? AND state IN `+openStates+` RETURNING `+joinRequestCols,
 		r.PoolID, r.SiteID, r.Attestor, r.Role, claimsText(r.Claims), nullBytes(r.HardwareKey), nullBytes(r.EKHash),
-		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.ID)
+		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source, r.ID)
 	out, err := scanJoinRequest(row)
 	return out, notFound(err)
 }

@@ -504,6 +504,11 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 		if opts.Token != "" {
 			return "", "", errs.New(errs.InvalidArgument, "--attestor tpm takes no join token: the machine's TPM proves it instead")
 		}
+		if role != pki.RoleNode {
+			// R15.2: the control plane refuses any other role for a tpm
+			// join; site and ramdisk come only from their modules' tokens.
+			return "", "", errs.Invalid("--role", "--attestor tpm joins a node: leave --role out (site and ramdisk roles come only with their tokens)")
+		}
 		return role, identity.AttestorTPM, nil
 	default:
 		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), as a ramdisk its site booted with %s, or re-joins after its certificate expired with %s",

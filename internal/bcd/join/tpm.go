@@ -66,6 +66,11 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		Csr: csr, Claims: wireClaims(cl), Attestor: identity.AttestorTPM, Role: role, NodeId: opts.NodeID,
 		Protocol: version.ProtocolMax, Evidence: ev, KeyAttestation: att,
 	}
+	// R15.1: the node key, in the TPM, signs the whole request; both legs
+	// carry the same signature (the answer is outside the digest).
+	if req.RequestSig, err = pki.SignJoinRequest(signer, pki.JoinRequestDigest(req)); err != nil {
+		return nil, errs.New(errs.Unavailable, "the TPM cannot sign the join request with the node key: %v", err)
+	}
 	// Both legs make one attempt: a retry after a deferral (an unknown EK
 	// enrolling through a join request, R10.1) starts again at leg 1, so
 	// its challenge is always fresh. The key and CSR stay the same: the

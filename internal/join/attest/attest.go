@@ -39,6 +39,9 @@ type Input struct {
 	// KeyAttestation is the request's key attestation (a TPM2_Certify of
 	// the CSR key), when sent.
 	KeyAttestation []byte
+	// RequestSig is the request's request_sig: the node key's signature
+	// over RequestDigest (the tpm attestor's binding, R15.1).
+	RequestSig []byte
 	// Challenge sends challenge to the machine and returns its answer
 	// (SPIRE's Attest(payload, challengeFn) shape). An attestor that needs
 	// a second leg calls it; when the request carries no answer yet, it

@@ -153,8 +153,15 @@ type JoinRequest struct {
 	// For a node key held in a TPM: the AK's TPM2_Certify of the CSR's key
 	// over sha256(csr).
 	KeyAttestation []byte `protobuf:"bytes,11,opt,name=key_attestation,json=keyAttestation,proto3" json:"key_attestation,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The tpm attestor's binding of the whole request (R15.1): the node
+	// key's signature, purpose tpm-join, over the request digest
+	// (pki.JoinRequestDigest, which leaves out this field and
+	// challenge_response). The key is the CSR's, proven to live in the TPM by
+	// the certify and the credential activation, so a relay can change no
+	// field of either leg.
+	RequestSig    []byte `protobuf:"bytes,12,opt,name=request_sig,json=requestSig,proto3" json:"request_sig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinRequest) Reset() {
@@ -260,6 +267,13 @@ func (x *JoinRequest) GetChallengeResponse() []byte {
 func (x *JoinRequest) GetKeyAttestation() []byte {
 	if x != nil {
 		return x.KeyAttestation
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetRequestSig() []byte {
+	if x != nil {
+		return x.RequestSig
 	}
 	return nil
 }
@@ -1927,7 +1941,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0echassis_serial\x18\x04 \x01(\tR\rchassisSerial\x12\x12\n" +
 	"\x04macs\x18\x05 \x03(\tR\x04macs\x12\x1b\n" +
 	"\tgpu_uuids\x18\x06 \x03(\tR\bgpuUuids\x12\x1a\n" +
-	"\bhostname\x18\a \x01(\tR\bhostname\"\x8e\x03\n" +
+	"\bhostname\x18\a \x01(\tR\bhostname\"\xaf\x03\n" +
 	"\vJoinRequest\x12!\n" +
 	"\fsealed_token\x18\x01 \x01(\tR\vsealedToken\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x126\n" +
@@ -1940,7 +1954,9 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\bevidence\x18\t \x01(\fR\bevidence\x12-\n" +
 	"\x12challenge_response\x18\n" +
 	" \x01(\fR\x11challengeResponse\x12'\n" +
-	"\x0fkey_attestation\x18\v \x01(\fR\x0ekeyAttestation\"`\n" +
+	"\x0fkey_attestation\x18\v \x01(\fR\x0ekeyAttestation\x12\x1f\n" +
+	"\vrequest_sig\x18\f \x01(\fR\n" +
+	"requestSig\"`\n" +
 	"\aX509Pop\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\fR\x05chain\x12-\n" +
 	"\x13client_time_unix_ms\x18\x02 \x01(\x03R\x10clientTimeUnixMs\x12\x10\n" +

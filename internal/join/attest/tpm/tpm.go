@@ -10,11 +10,22 @@
 // statement urn:bc:tpm-ak:…; an unknown EK becomes a join request
 // (enrollment) in the first pool that allows it, and is otherwise refused.
 //
-// The challenge is stateless: its secret is an HMAC, under a key derived
-// from the join-encryption key, of leg 1 (role, CSR, claims, evidence and
-// key attestation) and its expiry, so it is bound to leg 1 and short-lived.
-// A leg 2 that arrives again gets the answer stored for its request digest
-// (R4.9).
+// SECURITY: what binds each field a relay could change (R15.1). The
+// request digest (pki.JoinRequestDigest: protocol, attestor, role, node id,
+// CSR, claims, evidence, key attestation; never the answer) is signed on
+// every leg by the node key (request_sig, purpose tpm-join), and the
+// certify and the activation prove that key lives, fixedTPM, in the EK's
+// TPM: a relay that changes any field of either leg, or both legs alike,
+// breaks that signature. The challenge is stateless: its secret is an
+// HMAC, under a key derived from the join-encryption key, of that same
+// digest and its expiry, so an answer admits only the request it was made
+// for, briefly. The answer itself is left out of the digest, so a leg 2
+// that arrives again, whatever encoding its answer has, gets the answer
+// stored for its request digest (R4.9) and never makes a second node.
+//
+// The role is the server's, never the machine's (R15.2): a tpm join makes
+// a node; a request for site or ramdisk is refused (role-not-allowed),
+// since those roles come only from tokens minted by the site's modules.
 package tpm
 
 import (
@@ -23,7 +34,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -57,7 +67,12 @@ const (
 	ReasonChallengeExpired = "challenge-expired"
 	ReasonActivation       = "activation-failed"
 	ReasonEKUnknown        = "ek-not-allowed"
+	ReasonRole             = "role-not-allowed"
+	ReasonRequestSig       = "request-signature"
 )
+
+// Role is the role of every tpm join's certificate (R15.2).
+const Role = pki.RoleNode
 
 // Pool is one pool's EK trust (the serve config's [[join.tpm.pools]]).
 type Pool struct {
@@ -103,6 +118,9 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	if in.Token != "" {
 		return nil, attest.Refuse(ReasonTokenPresent, "")
 	}
+	if in.Role != Role {
+		return nil, attest.Refuse(ReasonRole, "")
+	}
 	var ev agentv1.TPMEvidence
 	if len(in.Evidence) == 0 || proto.Unmarshal(in.Evidence, &ev) != nil {
 		return nil, attest.Refuse(ReasonEvidenceMissing, "")
@@ -126,10 +144,15 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	if err != nil {
 		return nil, refusal(err)
 	}
+	// R15.1: the node key binds the whole request, on this leg and the
+	// next.
+	if pki.VerifyJoinRequest(csrKey, in.RequestDigest, in.RequestSig) != nil {
+		return nil, attest.Refuse(ReasonRequestSig, "")
+	}
 
 	// The challenge leg: prove the AK is in the EK's TPM.
 	now := a.cfg.Clock.Now()
-	leg := legDigest(in)
+	leg := in.RequestDigest
 	expires := now.Add(ChallengeTTL).UnixMilli()
 	blob, encSecret, err := tpmverify.MakeCredential(nil, ek, akName, a.secret(leg, expires))
 	if err != nil {
@@ -192,7 +215,7 @@ func (a *Attestor) admission(ctx context.Context, tx *store.Tx, poolID string, i
 		approval.MachineKey = attest.MachineKeyFor(hwid.HardwareKey{}, approval.EKHash, site.ID, "")
 	}
 	return &attest.Admission{
-		TenantID: pool.OwnerTenantID, PoolID: pool.ID, SiteID: site.ID, Role: in.Role,
+		TenantID: pool.OwnerTenantID, PoolID: pool.ID, SiteID: site.ID, Role: Role,
 		NodeKey: NodeKeyTPM, Statements: []string{stmt}, Approval: approval,
 	}, nil
 }
@@ -205,25 +228,13 @@ func refusal(err error) error {
 	return err
 }
 
-// secret is the challenge's secret for leg 1 and an expiry.
+// secret is the challenge's secret for a request digest and an expiry.
 func (a *Attestor) secret(leg []byte, expiresMS int64) []byte {
 	m := hmac.New(sha256.New, a.cfg.ChallengeKey)
-	m.Write([]byte("better-compute tpm challenge v1\x00"))
+	m.Write([]byte("better-compute tpm challenge v2\x00"))
 	m.Write(leg)
 	m.Write(binary.BigEndian.AppendUint64(nil, uint64(expiresMS)))
 	return m.Sum(nil)
-}
-
-// legDigest hashes what leg 1 and leg 2 share: the role, the CSR, the
-// claims, the evidence and the key attestation.
-func legDigest(in *attest.Input) []byte {
-	claims, _ := json.Marshal(in.Claims.Claims())
-	h := sha256.New()
-	for _, b := range [][]byte{[]byte(in.Role), in.CSR, claims, in.Evidence, in.KeyAttestation} {
-		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(b))))
-		h.Write(b)
-	}
-	return h.Sum(nil)
 }
 
 // ChallengeKeyFrom derives the challenge key from the join-encryption
