@@ -296,27 +296,9 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	// The configuration: config.toml, or built from the well-known
-	// document (R11.3).
-	var (
-		cfg *config.Config
-		wk  *wellKnown
-	)
-	if j.cfg.BCD == nil {
-		if cfg, wk, err = j.buildConfig(ctx, opts); err != nil {
-			return nil, err
-		}
-	} else {
-		if opts.Bootstrap != nil {
-			return nil, errs.New(errs.InvalidArgument,
-				"%s exists: --site and the pin flags only build a configuration on a host without one", j.cfg.ConfigPath)
-		}
-		c := *j.cfg.BCD
-		c.ApplyDefaults()
-		if err := c.Validate(); err != nil {
-			return nil, err
-		}
-		cfg = &c
+	cfg, wk, err := j.joinConfig(ctx, opts)
+	if err != nil {
+		return nil, err
 	}
 
 	encKey, wk, err := j.encryptionKey(ctx, cfg, opts.Server, wk)
@@ -324,36 +306,9 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	// R4.9: the request of an earlier run that got no answer, when it was
-	// for this token, or a new one recorded before it is first sent.
-	want := pendingKey{tokenSHA256: TokenHash(opts.Token), attestor: wireAttestor, role: role, nodeID: opts.NodeID, site: cfg.Site}
-	evidence, err := bootEvidence(opts.Boot)
+	p, err := j.pendingRequest(cfg, opts, old, role, wireAttestor)
 	if err != nil {
 		return nil, err
-	}
-	p := j.takePending(want, old.identity(), func(r *agentv1.JoinRequest) bool {
-		// Another boot (a new lease) is another request.
-		return bytes.Equal(r.GetEvidence(), evidence)
-	})
-	if p != nil {
-		j.progress("sending the request of an earlier join that got no answer (%s) again…", j.pendingPath())
-	} else {
-		cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
-		if err != nil {
-			return nil, err
-		}
-		p = &pending{signer: signer, keyRecord: keyRecord, req: &agentv1.JoinRequest{
-			Csr:      csr,
-			Claims:   wireClaims(cl),
-			Attestor: wireAttestor,
-			Role:     role,
-			NodeId:   opts.NodeID,
-			Protocol: version.ProtocolMax,
-			Evidence: evidence,
-		}}
-		if err := j.writePending(p, want.tokenSHA256, cfg.Site); err != nil {
-			return nil, err
-		}
 	}
 	req := p.req
 
@@ -404,6 +359,60 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		}
 	}
 	return id, nil
+}
+
+// joinConfig is the configuration a token join uses: config.toml, or one
+// built from the well-known document (R11.3), with that document.
+func (j *Joiner) joinConfig(ctx context.Context, opts Options) (*config.Config, *wellKnown, error) {
+	if j.cfg.BCD == nil {
+		return j.buildConfig(ctx, opts)
+	}
+	if opts.Bootstrap != nil {
+		return nil, nil, errs.New(errs.InvalidArgument,
+			"%s exists: --site and the pin flags only build a configuration on a host without one", j.cfg.ConfigPath)
+	}
+	c := *j.cfg.BCD
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	return &c, nil, nil
+}
+
+// pendingRequest is the request a token join sends (R4.9): the one of an
+// earlier run that got no answer, when it was for this token, or a new one,
+// recorded before it is first sent.
+func (j *Joiner) pendingRequest(cfg *config.Config, opts Options, old *oldIdentity, role, wireAttestor string) (*pending, error) {
+	want := pendingKey{tokenSHA256: TokenHash(opts.Token), attestor: wireAttestor, role: role, nodeID: opts.NodeID, site: cfg.Site}
+	evidence, err := bootEvidence(opts.Boot)
+	if err != nil {
+		return nil, err
+	}
+	p := j.takePending(want, old.identity(), func(r *agentv1.JoinRequest) bool {
+		// Another boot (a new lease) is another request.
+		return bytes.Equal(r.GetEvidence(), evidence)
+	})
+	if p != nil {
+		j.progress("sending the request of an earlier join that got no answer (%s) again…", j.pendingPath())
+		return p, nil
+	}
+	cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p = &pending{signer: signer, keyRecord: keyRecord, req: &agentv1.JoinRequest{
+		Csr:      csr,
+		Claims:   wireClaims(cl),
+		Attestor: wireAttestor,
+		Role:     role,
+		NodeId:   opts.NodeID,
+		Protocol: version.ProtocolMax,
+		Evidence: evidence,
+	}}
+	if err := j.writePending(p, want.tokenSHA256, cfg.Site); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // sendFailed is the error of a failed send. A definite answer means the
