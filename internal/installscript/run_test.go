@@ -59,6 +59,9 @@ type scriptRun struct {
 	log    string // BCD_FAKE_LOG
 	script string
 	env    []string
+	// onStart, when set, is called with the shell's pid (the script's $$)
+	// once it has started.
+	onStart func(pid int)
 }
 
 type runResult struct {
@@ -81,7 +84,13 @@ func (r *scriptRun) run(stdin string, useStdin bool, args ...string) runResult {
 	} // else /dev/null
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		if r.onStart != nil {
+			r.onStart(cmd.Process.Pid)
+		}
+		err = cmd.Wait()
+	}
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
