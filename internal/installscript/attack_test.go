@@ -1,14 +1,30 @@
 package installscript
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // The attack review of the install script (R15, R11.5): what someone who can
@@ -241,6 +257,219 @@ func TestInstallScriptIgnoresPlantedStagingNamesR15(t *testing.T) {
 	for _, f := range files(t, r.root) {
 		if strings.Contains(f, ".install-bcd.") && !strings.HasSuffix(f, ".tmp") && !strings.Contains(f, ".bcd.install-bcd.") {
 			t.Errorf("left behind %s", f)
+		}
+	}
+}
+
+// localhostCA returns a certificate (its own CA) and key for localhost and
+// 127.0.0.1, and its PEM.
+func localhostCA(t *testing.T) (tls.Certificate, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "localhost"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		DNSNames:              []string{"localhost"},
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// localhostTLS serves h over TLS as https://localhost:PORT, on every
+// loopback address localhost names, and returns that URL and the CA's PEM.
+// The URL names a host rather than 127.0.0.1 because Debian's BusyBox wget
+// hands "IP:PORT" to openssl s_client -verify_ip, which then fails.
+func localhostTLS(t *testing.T, h http.Handler) (string, []byte) {
+	t.Helper()
+	cert, caPEM := localhostCA(t)
+	addrs, err := net.DefaultResolver.LookupHost(context.Background(), "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip != nil && ip.IsLoopback() && !slices.Contains(hosts, a) {
+			hosts = append(hosts, a)
+		}
+	}
+	if len(hosts) == 0 {
+		t.Fatalf("localhost names no loopback address: %v", addrs)
+	}
+	srv := &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}}
+	// One port on every address: the first picks it, the others may find
+	// it taken, then all start over.
+	for attempt := 0; ; attempt++ {
+		var lns []net.Listener
+		ln, err := net.Listen("tcp", net.JoinHostPort(hosts[0], "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		for _, h := range hosts[1:] {
+			if ln, err = net.Listen("tcp", net.JoinHostPort(h, port)); err != nil {
+				break
+			}
+			lns = append(lns, ln)
+		}
+		if err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
+			if attempt == 10 {
+				t.Fatalf("no port free on %v: %v", hosts, err)
+			}
+			continue
+		}
+		for _, ln := range lns {
+			go srv.Serve(tls.NewListener(ln, cfg))
+		}
+		t.Cleanup(func() { srv.Close() })
+		return "https://localhost:" + port, caPEM
+	}
+}
+
+// R15, R11.5: an https download URL whose server redirects to http, to a
+// build whose SHA-256 matches (so only the transport is at stake), is
+// refused with curl, GNU wget and BusyBox wget: the script says so, exits 1
+// and installs nothing. curl (--proto-redir =https) and GNU wget
+// (--max-redirect=0) never ask the http server. BusyBox wget has no option
+// to stop a redirect, so it fetches the http answer; the script sees the
+// redirect in the server's responses (-S) and throws that away. With wget
+// even an https redirect is refused (neither can be limited to https ones);
+// curl follows that one.
+func TestInstallScriptRefusesHTTPRedirectR15(t *testing.T) {
+	bin := fakeBCD("v1")
+	const path = "/api/compute/downloads/bcd/0.1.0/linux-"
+	plain := &downloads{files: map[string][]byte{}}
+	final := &downloads{files: map[string][]byte{}}
+	for _, a := range Arches {
+		plain.files[path+a] = bin
+		final.files["/final"+path+a] = bin
+	}
+	plainSrv := httptest.NewServer(plain)
+	t.Cleanup(plainSrv.Close)
+	// Where the server redirects: the subtests set it, one at a time.
+	var (
+		mu   sync.Mutex
+		to   string
+		base string
+	)
+	base, caPEM := localhostTLS(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		target := plainSrv.URL
+		if to == "https" {
+			target = base + "/final"
+		}
+		mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/final/") {
+			final.ServeHTTP(w, r)
+			return
+		}
+		http.Redirect(w, r, target+r.URL.Path, http.StatusFound)
+	}))
+	url := base + path + runtime.GOARCH
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	type tool struct {
+		name string
+		path func(t *testing.T) (dir string, env []string, withCA bool)
+	}
+	tools := []tool{{"curl", func(t *testing.T) (string, []string, bool) { return toolPath(t, "curl"), nil, true }}}
+	for name, argv := range wgets(t) {
+		argv := argv
+		tools = append(tools, tool{name, func(t *testing.T) (string, []string, bool) {
+			dir := wgetOnly(t, argv, filepath.Join(t.TempDir(), "wget-calls"))
+			if name == "GNU wget" {
+				return dir, nil, true
+			}
+			// Debian's BusyBox wget talks TLS through openssl s_client
+			// (which verifies against SSL_CERT_FILE); it takes no
+			// --ca-certificate.
+			o, err := exec.LookPath("openssl")
+			if err != nil {
+				if os.Getenv("CI") != "" {
+					t.Fatal("openssl is not installed; .ci/run installs it")
+				}
+				t.Skip("no openssl for busybox wget's https")
+			}
+			if err := os.Symlink(o, filepath.Join(dir, "openssl")); err != nil {
+				t.Fatal(err)
+			}
+			return dir, []string{"SSL_CERT_FILE=" + caFile}, false
+		}})
+	}
+	slices.SortFunc(tools, func(a, b tool) int { return strings.Compare(a.name, b.name) })
+
+	for _, tl := range tools {
+		for _, redirect := range []string{"http", "https"} {
+			t.Run(tl.name+" to "+redirect, func(t *testing.T) {
+				mu.Lock()
+				to = redirect
+				mu.Unlock()
+				dir, env, withCA := tl.path(t)
+				p := validParams(t)
+				p.BaseURL = base
+				p.SHA256 = map[string]string{"amd64": sum(bin), "arm64": sum(bin)}
+				if withCA {
+					p.DownloadCA = caPEM
+				}
+				r := newRun(t, p)
+				r.env = append([]string{"PATH=" + dir, "BCD_ALLOW_HTTP=0"}, env...)
+				plain.mu.Lock()
+				plain.asked = nil
+				plain.mu.Unlock()
+
+				res := r.run(newToken(t)+"\n", true)
+				if tl.name == "curl" && redirect == "https" {
+					if res.code != 0 {
+						t.Fatalf("curl, an https redirect: exit %d: %s", res.code, res.stderr)
+					}
+					if got := readFile(t, filepath.Join(r.root, "usr/local/bin/bcd")); got != string(bin) {
+						t.Fatalf("binary %q", got)
+					}
+					return
+				}
+				var want string
+				switch {
+				case tl.name == "curl":
+					want = "could not download " + url + ": curl refused to follow a redirect to a protocol other than https"
+				default:
+					loc := plainSrv.URL + path + runtime.GOARCH
+					if redirect == "https" {
+						loc = base + "/final" + path + runtime.GOARCH
+					}
+					want = "refusing the download: " + url + " redirects (to " + loc + "), and with wget this script follows no redirect"
+				}
+				if res.code != 1 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "nothing was installed") {
+					t.Fatalf("exit %d, output %q; want exit 1 and %q", res.code, res.stderr, want)
+				}
+				r.nothingInstalled()
+				plain.mu.Lock()
+				asked := len(plain.asked)
+				plain.mu.Unlock()
+				if tl.name != "busybox wget" && asked != 0 {
+					t.Errorf("%s asked the http server: the redirect was followed", tl.name)
+				}
+				t.Logf("the http server was asked %d times", asked)
+			})
 		}
 	}
 }
