@@ -473,3 +473,42 @@ func TestInstallScriptRefusesHTTPRedirectR15(t *testing.T) {
 		}
 	}
 }
+
+// R15, R11.5: the download waits in $TMPDIR, which sudo -E keeps, so that
+// may be a directory another user owns and can swap files in. A sha256sum
+// that replaces the download right after its check stands in for that user:
+// the script checks the copy it installs as well, refuses it, and no binary
+// is installed.
+func TestInstallScriptRechecksTheCopyItInstallsR15(t *testing.T) {
+	_, _, p := setup(t)
+	dir := toolPath(t, "curl")
+	real, err := exec.LookPath("sha256sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(t.TempDir(), "swapped")
+	wrapper := "#!/bin/sh\nout=$(" + Quote(real) + " \"$@\") || exit\nprintf '%s\\n' \"$out\"\n" +
+		"if [ ! -e " + Quote(marker) + " ]; then : >" + Quote(marker) + "; printf '#!/bin/sh\\necho swapped\\n' >\"$1\"; fi\n"
+	os.Remove(filepath.Join(dir, "sha256sum"))
+	if err := os.WriteFile(filepath.Join(dir, "sha256sum"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := newRun(t, p)
+	r.env = []string{"PATH=" + dir}
+	res := r.run(newToken(t)+"\n", true)
+	want := "the copy of the download to install does not match its SHA-256"
+	if res.code != 1 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "nothing was installed") {
+		t.Fatalf("exit %d, output %q; want exit 1 and %q", res.code, res.stderr, want)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the download was not swapped: %v", err)
+	}
+	for _, f := range files(t, r.root) {
+		if st, err := os.Lstat(filepath.Join(r.root, f)); err == nil && !st.IsDir() {
+			t.Errorf("installed %s", f)
+		}
+	}
+	if f := files(t, r.log); len(f) != 0 {
+		t.Errorf("bcd ran: %v", f)
+	}
+}
