@@ -178,7 +178,7 @@ func TestGenerateSyntax(t *testing.T) {
 	}
 	s := string(out)
 	for _, want := range []string{
-		"#!/bin/sh\n", "set -eu\n",
+		"#!/bin/sh\n", "set -euC\n",
 		"BCD_VERSION='0.1.0'\n",
 		"BCD_SITE='" + p.Site + "'\n",
 		"BCD_URL_PREFIX='https://compute.example.com/api/compute/downloads/bcd/0.1.0/linux-'\n",
