@@ -268,30 +268,50 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	return in, pub, nil
 }
 
-// admit runs the admission transaction: the stored answer if this request
-// was answered before; else the attestor's admission, the reads decide
-// needs, decide, then the writes. Its statements are ordered for the hot
-// token row (PostgreSQL): reads and checks, the node, the certificate,
-// events, and the attestor's spend last, so the token row is locked only
-// from the spend to the commit.
+// admission is one join's work inside the admission transaction: what the
+// gather phase read, and what the later phases need of the request.
+type admission struct {
+	att        attest.Attestor
+	adm        *attest.Admission
+	in         *attest.Input
+	pub        *ecdsa.PublicKey
+	peer       Peer
+	claims     hwid.Claims
+	claimsJSON []byte
+	spki       []byte
+	sit        situation
+	// elsewhere are other tenants' nodes with the same hardware key.
+	elsewhere []store.Node
+}
+
+// admitted is what the admission transaction decided: an answer, or a
+// join request to wait on, and the node whose identity changed.
+type admitted struct {
+	res      *agentv1.JoinResponse
+	changed  string             // a reclaimed or re-joined node
+	waiting  *store.JoinRequest // the join request a deferred join waits on
+	waitRole string
+}
+
+// admit runs the admission transaction in phases: the attestor's
+// admission, gather (the reads decide needs), decide (pure), the approval
+// check of a deferred join, apply (the node and its certificate), record
+// (events, audit, the stored answer), and the attestor's spend last. Its
+// statements are ordered for the hot token row (PostgreSQL): the spend
+// locks it, so it is held only from the spend to the commit.
 func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, pub *ecdsa.PublicKey, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
 	// Neither depends on the transaction, and a retried transaction reuses
 	// them.
-	claims := in.Claims.Claims()
-	claimsJSON, err := json.Marshal(claims)
-	if err != nil {
+	a := &admission{att: att, in: in, pub: pub, peer: peer, claims: in.Claims.Claims()}
+	var err error
+	if a.claimsJSON, err = json.Marshal(a.claims); err != nil {
 		return nil, fmt.Errorf("marshal claims: %w", err)
 	}
-	spki, err := pki.PublicKeySPKIHash(pub)
-	if err != nil {
+	if a.spki, err = pki.PublicKeySPKIHash(pub); err != nil {
 		return nil, err
 	}
-	var res *agentv1.JoinResponse
-	var changed string             // a reclaimed or re-joined node
-	var waiting *store.JoinRequest // the join request a deferred join waits on
-	var waitRole string
+	var out admitted
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
-		res, changed, waiting = nil, "", nil
 		// R4.9: the same request again gets the answer stored for it and
 		// spends nothing. It is not looked up here: an answer is stored in
 		// this very transaction, before anything is spent, under a unique
@@ -299,204 +319,46 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// commit again; it fails (a refusal, a race, or the digest's
 		// unique violation) and the failure path below finds its answer.
 		// The usual join pays no extra read.
-		adm, err := att.Admit(ctx, tx, in)
-		if err != nil {
+		var err error
+		out = admitted{}
+		if a.adm, err = att.Admit(ctx, tx, in); err != nil {
 			return err
 		}
-		pool, site, err := tx.GetPoolWithSite(ctx, adm.PoolID)
-		if err != nil {
-			return fmt.Errorf("read pool: %w", err)
-		}
-		policy, err := tenancy.ParsePolicy(pool.Policy)
-		if err != nil {
+		if err := s.gather(ctx, tx, a, req.GetNodeId()); err != nil {
 			return err
 		}
-		root, err := s.core.RootTenant(ctx, tx)
-		if err != nil {
-			return err
-		}
-		sit := situation{Attestor: att.Name(), Adm: adm, Pool: pool, Site: site, Policy: policy, Root: root,
-			Claims: in.Claims, Key: in.Key, RequestedNodeID: req.GetNodeId()}
-		if id := req.GetNodeId(); id != "" && adm.NodeID == "" {
-			// R11.3: a node made ahead of its machine (nodes.create).
-			switch n, err := tx.GetNode(ctx, id); {
-			case err == nil && n.State == store.NodePending:
-				sit.Requested = &n
-			case err != nil && !errors.Is(err, store.ErrNotFound):
-				return err
-			}
-		}
-		var elsewhere []store.Node
-		switch {
-		case adm.NodeID != "":
-			n, err := tx.GetNode(ctx, adm.NodeID)
-			if err != nil {
-				return fmt.Errorf("read the re-joining node: %w", err)
-			}
-			sit.Existing = &n
-		case in.Key.Trusted && !in.Key.PlaceholderHardware():
-			// Hardware keys are matched within the token's tenant: another
-			// tenant's node never makes this a reclaim (nor refuses it).
-			same, err := tx.NodesByHardwareKey(ctx, in.Key.Hash[:], 5)
-			if err != nil {
-				return err
-			}
-			for i := range same {
-				if same[i].TenantID == adm.TenantID {
-					sit.Existing = &same[i]
-				} else {
-					elsewhere = append(elsewhere, same[i])
-				}
-			}
-		}
-		if sit.Existing != nil {
-			if sit.KeyIssued, err = tx.NodeKeyIssued(ctx, sit.Existing.ID, spki); err != nil {
-				return err
-			}
-		}
-		d, reason := decide(sit)
+		d, reason := decide(a.sit)
 		if reason != "" {
-			return attest.Refuse(reason, adm.TenantID)
+			return attest.Refuse(reason, a.adm.TenantID)
 		}
 		// R10.1: a deferred join needs its approval; without one it waits
 		// on a join request and nothing else is written.
 		var consume string
-		if a := adm.Approval; a != nil && !(a.OnlyUnknown && sit.Existing != nil) {
-			ap, err := s.approval(ctx, tx, adm, att.Name(), in, claimsJSON, pool.SiteID, d.Role, peerSource(peer.Addr))
+		if ap := a.adm.Approval; ap != nil && !(ap.OnlyUnknown && a.sit.Existing != nil) {
+			got, err := s.approval(ctx, tx, a.adm, att.Name(), in, a.claimsJSON, a.sit.Pool.SiteID, d.Role, peerSource(peer.Addr))
 			if err != nil {
 				return err
 			}
-			if ap.waiting != nil {
-				waiting, waitRole = ap.waiting, d.Role
+			if got.waiting != nil {
+				out.waiting, out.waitRole = got.waiting, d.Role
 				return nil
 			}
-			consume = ap.consume
+			consume = got.consume
 		}
-		tenant := adm.TenantID
-		n := store.Node{
-			TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: store.NodeAdopting,
-			HardwareKeyTrusted: d.Trusted, HardwareKey: d.HardwareKey, NodeKey: adm.NodeKey, Attestor: att.Name(),
-			Hostname: claims.Hostname, Claims: claimsJSON, JoinTokenID: adm.JoinTokenID,
-		}
-		var revoked []string
-		revokeReason := "reclaimed"
-		if d.Outcome == joinRejoin {
-			revokeReason = "rejoined"
-		}
-		switch d.Outcome {
-		case joinNew:
-			n.ID, n.IdentityGeneration = ids.New(ids.Node, s.clock.Now()), 1
-			if n, err = tx.InsertNode(ctx, n); err != nil {
-				if store.IsUniqueViolation(err) {
-					return errRace
-				}
-				return err
-			}
-		case joinBind:
-			n.ID = d.NodeID
-			if n, err = tx.BindPendingNode(ctx, n); errors.Is(err, store.ErrNotFound) || store.IsUniqueViolation(err) {
-				return errRace
-			} else if err != nil {
-				return err
-			}
-		default:
-			n.ID = d.NodeID
-			if n, err = tx.ReclaimNode(ctx, n, sit.Existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
-				return errRace
-			} else if err != nil {
-				return err
-			}
-			if revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, revokeReason); err != nil {
-				return err
-			}
-			changed = n.ID
-		}
-		if consume != "" {
-			// R10.3: the approval admits exactly this one join.
-			if err := tx.ConsumeJoinRequest(ctx, consume, n.ID, s.clock.Now()); errors.Is(err, store.ErrNotFound) {
-				return attest.Refuse("join-request-consumed", tenant)
-			} else if err != nil {
-				return err
-			}
-		}
-		issued, err := s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: pub, CSRSHA256: in.CSRSHA256, Node: n, Role: d.Role,
-			Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL})
+		w, err := s.apply(ctx, tx, a, d, consume)
 		if err != nil {
 			return err
 		}
-		if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {
-			return err
-		}
-		// R4.5: without acceptance checks the controllers adopt the node now;
-		// with them, its first Hello starts acceptance.
-		if policy.Acceptance == nil {
-			if err := tx.EnqueueWork(ctx, WorkAdopt, n.ID); err != nil {
-				return err
-			}
-		}
-		for _, serial := range revoked {
-			if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.certificate-revoked", Subject: n.ID,
-				Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": revokeReason}}); err != nil {
-				return err
-			}
-		}
-		if len(elsewhere) > 0 && root != "" {
-			// SECURITY: claims are self-reported, so a collision across
-			// tenants says nothing either tenant may learn; the root
-			// tenant (the platform) sees it.
-			others := make([]map[string]string, len(elsewhere))
-			for i, o := range elsewhere {
-				others[i] = map[string]string{"nodeId": o.ID, "tenantId": o.TenantID}
-			}
-			if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: root, Type: "security.hardware-key.conflict", Subject: n.ID,
-				Data: map[string]any{"nodeId": n.ID, "tenantId": tenant, "hardwareKey": in.Key.Hex(), "others": others}}); err != nil {
-				return err
-			}
-		}
-		reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
-		data, err := json.Marshal(joinedData{
-			NodeID: n.ID, PoolID: pool.ID, SiteID: pool.SiteID, Role: d.Role, Attestor: att.Name(), Reclaim: reclaim,
-			HardwareKeyTrusted: d.Trusted, CertSerial: issued.Cert.Serial, NodeKey: adm.NodeKey, IdentityGeneration: n.IdentityGeneration,
-			JoinTokenID: adm.JoinTokenID, Hostname: n.Hostname, Peer: peer.Addr,
-			JoinRequestID: consume, MadeAhead: d.Outcome == joinBind, Rejoin: rejoin,
-		})
-		if err != nil {
-			return fmt.Errorf("marshal join event: %w", err)
-		}
-		// The event and the audit row carry the same data: marshal it once.
-		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
-			return err
-		}
-		action := "node.joined"
-		switch {
-		case reclaim:
-			action = "node.reclaimed"
-		case rejoin:
-			action = "node.rejoined"
-		}
-		if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
-			return err
-		}
-		raw, err := proto.Marshal(issued.Response)
-		if err != nil {
-			return fmt.Errorf("marshal join answer: %w", err)
-		}
-		if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: in.RequestDigest, NodeID: n.ID, Response: raw, TTL: AnswerRetention}); err != nil {
-			if store.IsUniqueViolation(err) {
-				// The same request was answered before, or is being
-				// answered concurrently: admit's failure path returns
-				// that answer.
-				return errRace
-			}
+		if err := s.record(ctx, tx, a, d, w); err != nil {
 			return err
 		}
 		// Last: spending may lock the token row until the commit.
-		if adm.Spend != nil {
-			if err := adm.Spend(ctx, tx); err != nil {
+		if a.adm.Spend != nil {
+			if err := a.adm.Spend(ctx, tx); err != nil {
 				return err
 			}
 		}
-		res = issued.Response
+		out.res, out.changed = w.issued.Response, w.changed
 		return nil
 	})
 	if err != nil {
@@ -515,15 +377,219 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	if s.cfg.AfterCommit != nil {
 		s.cfg.AfterCommit()
 	}
-	if waiting != nil {
+	if out.waiting != nil {
 		// R10.1: a signed deferral, never stored as the request's answer:
 		// the same request asks again until a person decided.
-		return s.core.Defer(in.CSRSHA256, waiting.SiteID, waitRole, waiting.ID, s.cfg.RetryAfter)
+		return s.core.Defer(in.CSRSHA256, out.waiting.SiteID, out.waitRole, out.waiting.ID, s.cfg.RetryAfter)
 	}
-	if changed != "" && s.cfg.OnIdentityChanged != nil {
-		s.cfg.OnIdentityChanged(changed)
+	if out.changed != "" && s.cfg.OnIdentityChanged != nil {
+		s.cfg.OnIdentityChanged(out.changed)
 	}
-	return res, nil
+	return out.res, nil
+}
+
+// gather reads what decide needs (the gather phase): the pool, its site
+// and policy, the root tenant, a node made ahead that the request names,
+// and the node this machine already is.
+func (s *Service) gather(ctx context.Context, tx *store.Tx, a *admission, requestedNodeID string) error {
+	adm, in := a.adm, a.in
+	pool, site, err := tx.GetPoolWithSite(ctx, adm.PoolID)
+	if err != nil {
+		return fmt.Errorf("read pool: %w", err)
+	}
+	policy, err := tenancy.ParsePolicy(pool.Policy)
+	if err != nil {
+		return err
+	}
+	root, err := s.core.RootTenant(ctx, tx)
+	if err != nil {
+		return err
+	}
+	a.sit = situation{Attestor: a.att.Name(), Adm: adm, Pool: pool, Site: site, Policy: policy, Root: root,
+		Claims: in.Claims, Key: in.Key, RequestedNodeID: requestedNodeID}
+	a.elsewhere = nil
+	if id := requestedNodeID; id != "" && adm.NodeID == "" {
+		// R11.3: a node made ahead of its machine (nodes.create).
+		switch n, err := tx.GetNode(ctx, id); {
+		case err == nil && n.State == store.NodePending:
+			a.sit.Requested = &n
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+	}
+	switch {
+	case adm.NodeID != "":
+		n, err := tx.GetNode(ctx, adm.NodeID)
+		if err != nil {
+			return fmt.Errorf("read the re-joining node: %w", err)
+		}
+		a.sit.Existing = &n
+	case in.Key.Trusted && !in.Key.PlaceholderHardware():
+		// Hardware keys are matched within the token's tenant: another
+		// tenant's node never makes this a reclaim (nor refuses it).
+		same, err := tx.NodesByHardwareKey(ctx, in.Key.Hash[:], 5)
+		if err != nil {
+			return err
+		}
+		for i := range same {
+			if same[i].TenantID == adm.TenantID {
+				a.sit.Existing = &same[i]
+			} else {
+				a.elsewhere = append(a.elsewhere, same[i])
+			}
+		}
+	}
+	if a.sit.Existing != nil {
+		if a.sit.KeyIssued, err = tx.NodeKeyIssued(ctx, a.sit.Existing.ID, a.spki); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// written is what the apply phase wrote.
+type written struct {
+	node    store.Node
+	issued  *nodeident.Issued
+	revoked []string
+	// revokeReason is why older certificates were revoked.
+	revokeReason string
+	// consumed is the join request the join consumed, "" when none.
+	consumed string
+	changed  string
+}
+
+// apply writes the decision (the apply phase): the node (new, bound,
+// reclaimed or re-joined, revoking its older certificates), the approval it
+// consumes, its certificate, its authorization row, and the adoption work.
+func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decision, consume string) (written, error) {
+	adm, pool, tenant := a.adm, a.sit.Pool, a.adm.TenantID
+	w := written{revokeReason: "reclaimed", consumed: consume}
+	if d.Outcome == joinRejoin {
+		w.revokeReason = "rejoined"
+	}
+	n := store.Node{
+		TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: store.NodeAdopting,
+		HardwareKeyTrusted: d.Trusted, HardwareKey: d.HardwareKey, NodeKey: adm.NodeKey, Attestor: a.att.Name(),
+		Hostname: a.claims.Hostname, Claims: a.claimsJSON, JoinTokenID: adm.JoinTokenID,
+	}
+	var err error
+	switch d.Outcome {
+	case joinNew:
+		n.ID, n.IdentityGeneration = ids.New(ids.Node, s.clock.Now()), 1
+		if n, err = tx.InsertNode(ctx, n); err != nil {
+			if store.IsUniqueViolation(err) {
+				return w, errRace
+			}
+			return w, err
+		}
+	case joinBind:
+		n.ID = d.NodeID
+		if n, err = tx.BindPendingNode(ctx, n); errors.Is(err, store.ErrNotFound) || store.IsUniqueViolation(err) {
+			return w, errRace
+		} else if err != nil {
+			return w, err
+		}
+	default:
+		n.ID = d.NodeID
+		if n, err = tx.ReclaimNode(ctx, n, a.sit.Existing.IdentityGeneration); errors.Is(err, store.ErrNotFound) {
+			return w, errRace
+		} else if err != nil {
+			return w, err
+		}
+		if w.revoked, err = tx.RevokeNodeCerts(ctx, n.ID, n.IdentityGeneration, w.revokeReason); err != nil {
+			return w, err
+		}
+		w.changed = n.ID
+	}
+	w.node = n
+	if consume != "" {
+		// R10.3: the approval admits exactly this one join.
+		if err := tx.ConsumeJoinRequest(ctx, consume, n.ID, s.clock.Now()); errors.Is(err, store.ErrNotFound) {
+			return w, attest.Refuse("join-request-consumed", tenant)
+		} else if err != nil {
+			return w, err
+		}
+	}
+	if w.issued, err = s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: a.pub, CSRSHA256: a.in.CSRSHA256, Node: n, Role: d.Role,
+		Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL}); err != nil {
+		return w, err
+	}
+	if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {
+		return w, err
+	}
+	// R4.5: without acceptance checks the controllers adopt the node now;
+	// with them, its first Hello starts acceptance.
+	if a.sit.Policy.Acceptance == nil {
+		if err := tx.EnqueueWork(ctx, WorkAdopt, n.ID); err != nil {
+			return w, err
+		}
+	}
+	return w, nil
+}
+
+// record writes what the join says about itself (the record phase): the
+// revocations, a cross-tenant hardware-key conflict for the root tenant,
+// the node.joined event and its audit row, and the answer stored for the
+// request digest (R4.9).
+func (s *Service) record(ctx context.Context, tx *store.Tx, a *admission, d decision, w written) error {
+	n, pool, tenant, root := w.node, a.sit.Pool, a.adm.TenantID, a.sit.Root
+	for _, serial := range w.revoked {
+		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.certificate-revoked", Subject: n.ID,
+			Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": w.revokeReason}}); err != nil {
+			return err
+		}
+	}
+	if len(a.elsewhere) > 0 && root != "" {
+		// SECURITY: claims are self-reported, so a collision across
+		// tenants says nothing either tenant may learn; the root
+		// tenant (the platform) sees it.
+		others := make([]map[string]string, len(a.elsewhere))
+		for i, o := range a.elsewhere {
+			others[i] = map[string]string{"nodeId": o.ID, "tenantId": o.TenantID}
+		}
+		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: root, Type: "security.hardware-key.conflict", Subject: n.ID,
+			Data: map[string]any{"nodeId": n.ID, "tenantId": tenant, "hardwareKey": a.in.Key.Hex(), "others": others}}); err != nil {
+			return err
+		}
+	}
+	reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
+	data, err := json.Marshal(joinedData{
+		NodeID: n.ID, PoolID: pool.ID, SiteID: pool.SiteID, Role: d.Role, Attestor: a.att.Name(), Reclaim: reclaim,
+		HardwareKeyTrusted: d.Trusted, CertSerial: w.issued.Cert.Serial, NodeKey: a.adm.NodeKey, IdentityGeneration: n.IdentityGeneration,
+		JoinTokenID: a.adm.JoinTokenID, Hostname: n.Hostname, Peer: a.peer.Addr,
+		JoinRequestID: w.consumed, MadeAhead: d.Outcome == joinBind, Rejoin: rejoin,
+	})
+	if err != nil {
+		return fmt.Errorf("marshal join event: %w", err)
+	}
+	// The event and the audit row carry the same data: marshal it once.
+	if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
+		return err
+	}
+	action := "node.joined"
+	switch {
+	case reclaim:
+		action = "node.reclaimed"
+	case rejoin:
+		action = "node.rejoined"
+	}
+	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
+		return err
+	}
+	raw, err := proto.Marshal(w.issued.Response)
+	if err != nil {
+		return fmt.Errorf("marshal join answer: %w", err)
+	}
+	if err := tx.InsertJoinAnswer(ctx, store.JoinAnswer{RequestDigest: a.in.RequestDigest, NodeID: n.ID, Response: raw, TTL: AnswerRetention}); err != nil {
+		if store.IsUniqueViolation(err) {
+			// The same request was answered before, or is being answered
+			// concurrently: admit's failure path returns that answer.
+			return errRace
+		}
+		return err
+	}
+	return nil
 }
 
 // joinedData is the data of a node.joined event and of its audit row. Its
