@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/backoff"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -125,11 +126,7 @@ func (l *Listener) Run(ctx context.Context) {
 
 // backoff is the wait before attempt n (1-based) after a failure.
 func (l *Listener) backoff(n int) time.Duration {
-	d := l.cfg.MinBackoff
-	for i := 1; i < n && d < l.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, l.cfg.MaxBackoff)
+	return backoff.Policy{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff}.Delay(n)
 }
 
 // bounded returns ctx ended after d on the injected clock as well.

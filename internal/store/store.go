@@ -46,6 +46,8 @@ import (
 	"github.com/pressly/goose/v3"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/better-compute/better-compute/internal/backoff"
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
@@ -518,10 +520,16 @@ func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
 			return err
 		}
 		db.log.Debug("retrying transaction", "attempt", attempt, "err", err)
-		time.Sleep(time.Duration(attempt*attempt) * 5 * time.Millisecond)
+		if txRetry.Wait(ctx, clock.Real{}, attempt) != nil {
+			return err
+		}
 	}
 	return err
 }
+
+// txRetry spaces the retries of a transaction that failed to serialize:
+// 5 ms doubling, so the last of maxAttempts waits well under a second.
+var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisecond}
 
 // ReadTx runs fn in a read-only transaction that is always rolled back.
 func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {

@@ -45,12 +45,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/wire"
-
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/backoff"
 	"github.com/better-compute/better-compute/internal/bcd/claims"
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
@@ -60,6 +59,7 @@ import (
 	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/version"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // Retries of one join request (R4.9).
@@ -743,7 +743,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 // JoinBackoff is the wait after the n-th failed attempt (n ≥ 1):
 // JoinMinBackoff doubling up to JoinMaxBackoff.
 func JoinBackoff(n int) time.Duration {
-	return min(JoinMinBackoff<<min(n-1, 8), JoinMaxBackoff)
+	return backoff.Policy{Min: JoinMinBackoff, Max: JoinMaxBackoff}.Delay(n)
 }
 
 func isPinError(err error) bool {

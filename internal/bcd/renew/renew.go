@@ -31,6 +31,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/backoff"
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
 	"github.com/better-compute/better-compute/internal/bcd/join"
@@ -150,13 +151,7 @@ func (r *Renewer) NextRenewal(id *identity.Identity) time.Time {
 
 // Backoff is the wait after the n-th failed attempt in a row (n ≥ 1):
 // MinBackoff doubling up to MaxBackoff.
-func Backoff(n int) time.Duration {
-	d := MinBackoff
-	for i := 1; i < n && d < MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, MaxBackoff)
-}
+func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
 
 // Loop renews the certificate whenever it is due, until ctx ends: it
 // sleeps until NextRenewal, renews, and after a failure retries with

@@ -47,6 +47,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/backoff"
 	"github.com/better-compute/better-compute/internal/bcd/config"
 	"github.com/better-compute/better-compute/internal/bcd/doctor"
 	"github.com/better-compute/better-compute/internal/bcd/identity"
@@ -195,12 +196,7 @@ func (d *Daemon) load() (*identity.Identity, error) {
 
 // Backoff is the wait before reconnect attempt n (1-based) before jitter:
 // 1 s doubling to 60 s.
-func Backoff(n int) time.Duration {
-	if n < 1 {
-		n = 1
-	}
-	return min(MinBackoff<<min(n-1, 6), MaxBackoff)
-}
+func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
 
 // Run keeps the session up until ctx ends (SIGTERM), then returns nil. It
 // returns an error at once when the identity cannot be used (not joined,
