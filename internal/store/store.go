@@ -98,6 +98,8 @@ type DB struct {
 	// dsn and channel (PostgreSQL): the listener's connection string and
 	// the channel of command notifications (notify.go).
 	dsn, channel string
+	// streamKey seals event and audit cursors (streamkey.go).
+	streamKey StreamKey
 
 	stmt sync.Map // query text -> rewritten text
 
@@ -218,6 +220,10 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 		return nil, err
 	}
 	go db.writer()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return db, nil
 }
 
@@ -255,6 +261,10 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 	db.channel = commandsChannel(schema)
 	db.seq = newSequencer(db)
 	go db.seq.run()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return db, nil
 }
 
