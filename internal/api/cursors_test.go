@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"context"
+	"database/sql"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/apitest"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
 var (
@@ -224,4 +227,96 @@ func TestLongPollOnlyOwnEvents(t *testing.T) {
 			t.Fatal("acme's poll did not answer its event")
 		}
 	})
+}
+
+// upgradedDB opens a database as the first replica of this version finds
+// one an earlier version ran: rows, and no stream key yet (which opens the
+// legacy window for decimal cursors).
+func upgradedDB(t *testing.T, dialect string) *store.DB {
+	t.Helper()
+	ctx := context.Background()
+	cfg := store.Config{Driver: dialect}
+	driver, source := "pgx", ""
+	if dialect == "sqlite" {
+		cfg.Path = filepath.Join(t.TempDir(), "bc.db")
+		driver, source = "sqlite", cfg.Path
+	} else {
+		cfg.DSN = storetest.PostgresDSN(t)
+		source = cfg.DSN
+	}
+	old, err := store.Open(ctx, cfg, nil)
+	mustOK(t, err)
+	mustOK(t, old.WithTx(ctx, func(tx *store.Tx) error { return tx.InsertEvent(ctx, "tn_old", "test.event", "s", []byte("{}")) }))
+	mustOK(t, old.Close())
+	raw, err := sql.Open(driver, source)
+	mustOK(t, err)
+	_, err = raw.Exec("DELETE FROM stream_key")
+	mustOK(t, err)
+	mustOK(t, raw.Close())
+	db, err := store.Open(ctx, cfg, nil)
+	mustOK(t, err)
+	t.Cleanup(func() { db.Close() })
+	if db.StreamKey().LegacyUntil.IsZero() {
+		t.Fatal("no legacy window on a database with rows")
+	}
+	return db
+}
+
+// R14.3, rolling upgrades: a decimal cursor an older replica handed out
+// reads on at a new one, which answers with sealed cursors; a decimal
+// cursor naming another tenant's row is refused.
+func TestDecimalCursorsAfterUpgrade(t *testing.T) {
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			e := apitest.Start(t, upgradedDB(t, dialect), apitest.Options{NoJoin: true})
+			w := newWorld(t, e)
+			ctx := context.Background()
+			mkToken(t, w.acmeAdmin, &bcv1.CreateJoinTokenRequest{TenantId: w.acme, PoolId: w.acmePool.Id})
+			evs, end := eventsAfter(t, e.Admin, w.root, "", isEvent("pool.created", w.noAgent.Id))
+			rows := storeEvents(t, e.DB, w.root)
+			if len(rows) != len(evs) || len(rows) < 2 {
+				t.Fatalf("%d events in the store, %d through the API", len(rows), len(evs))
+			}
+			res, err := e.Admin.Events.ListEvents(ctx, rq(&bcv1.ListEventsRequest{TenantId: w.root, Cursor: rows[0].Cursor()}))
+			mustOK(t, err)
+			if len(res.Msg.Events) != len(evs)-1 || res.Msg.Events[0].Id != evs[1].Id || res.Msg.NextCursor != end {
+				t.Fatalf("after decimal %s: %d events, next %q; want %d, %q", rows[0].Cursor(), len(res.Msg.Events), res.Msg.NextCursor, len(evs)-1, end)
+			}
+			last := rows[len(rows)-1].Cursor()
+			res, err = e.Admin.Events.ListEvents(ctx, rq(&bcv1.ListEventsRequest{TenantId: w.root, Cursor: last}))
+			mustOK(t, err)
+			if len(res.Msg.Events) != 0 || res.Msg.NextCursor != end {
+				t.Fatalf("at the end, decimal %s: %v, next %q; want none and %q", last, res.Msg.Events, res.Msg.NextCursor, end)
+			}
+			acmeRows := storeEvents(t, e.DB, w.acme)
+			_, err = e.Admin.Events.ListEvents(ctx, rq(&bcv1.ListEventsRequest{TenantId: w.root, Cursor: acmeRows[0].Cursor()}))
+			wantErrOf(t, func() error { return err })
+
+			audit := auditAll(t, e.Admin, w.root)
+			var first []store.AuditEntry
+			mustOK(t, e.DB.ReadTx(ctx, func(tx *store.Tx) error {
+				var err error
+				first, err = tx.ListAuditAfter(ctx, w.root, 0, 1)
+				return err
+			}))
+			ares, err := e.Admin.Events.ListAudit(ctx, rq(&bcv1.ListAuditRequest{TenantId: w.root, Cursor: strconv.FormatInt(first[0].ID, 10)}))
+			mustOK(t, err)
+			if len(ares.Msg.Items) != len(audit)-1 || ares.Msg.Items[0].Id != audit[1].Id || ares.Msg.NextCursor != audit[len(audit)-1].Cursor {
+				t.Fatalf("audit after decimal %d: %d rows; want %d", first[0].ID, len(ares.Msg.Items), len(audit)-1)
+			}
+		})
+	}
+}
+
+// storeEvents reads the tenant's events through the store.
+func storeEvents(t *testing.T, db *store.DB, tenant string) []store.Event {
+	t.Helper()
+	mustOK(t, db.WaitEventsVisible(context.Background(), tenant, 10*time.Second))
+	var rows []store.Event
+	mustOK(t, db.ReadTx(context.Background(), func(tx *store.Tx) error {
+		var err error
+		rows, err = tx.ListEvents(context.Background(), tenant, 0, 0, "", 10000)
+		return err
+	}))
+	return rows
 }
