@@ -367,7 +367,10 @@ func (o *operator) waitEvents(ctx context.Context, tenant string, txo, id int64,
 	}
 	clk := o.s.cfg.Clock
 	if len(items) > 0 || !wait || !clk.Now().Before(deadline) {
-		return append([]store.Event{}, items...), nil
+		if items == nil {
+			items = []store.Event{}
+		}
+		return items, nil
 	}
 	t := clk.NewTimer(min(deadline.Sub(clk.Now()), time.Second))
 	defer t.Stop()
