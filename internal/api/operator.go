@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -299,16 +298,13 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 		return nil, err
 	}
 	m := req.Msg
-	if err := p.Require(m.GetTenantId(), authz.EventsRead, authz.TenantResource(m.GetTenantId())); err != nil {
+	tenant := m.GetTenantId()
+	if err := p.Require(tenant, authz.EventsRead, authz.TenantResource(tenant)); err != nil {
 		return nil, err
 	}
 	limit, err := page("limit", m.GetLimit())
 	if err != nil {
 		return nil, err
-	}
-	txo, id, ok := store.ParseEventCursor(m.GetCursor())
-	if !ok {
-		return nil, errs.Invalid("cursor", "not a cursor from this API")
 	}
 	if len(m.GetTypePrefix()) > 100 {
 		return nil, errs.Invalid("typePrefix", "at most 100 characters")
@@ -317,88 +313,115 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 	if wait < 0 || wait > maxWait {
 		return nil, errs.Invalid("waitSeconds", "0 to 30")
 	}
+	// R14.3: positions leave the API sealed for the tenant (events,
+	// cursor.go); a cursor of another tenant is refused as malformed.
+	txo, id, err := o.s.cursors.EventPosition(ctx, o.s.db, tenant, m.GetCursor())
+	if err != nil {
+		return nil, err
+	}
+	next := m.GetCursor()
+	if next != "" {
+		// The same string for a sealed cursor; a decimal one of an
+		// earlier version comes back sealed.
+		next = o.s.cursors.EventCursor(tenant, txo, id)
+	}
 	clk := o.s.cfg.Clock
 	deadline := clk.Now().Add(wait)
 	for {
-		wake := o.s.hub.Wait()
-		var items []store.Event
-		err := o.s.db.ReadTx(ctx, func(tx *store.Tx) error {
-			var err error
-			items, err = tx.ListEvents(ctx, m.GetTenantId(), txo, id, m.GetTypePrefix(), limit)
-			return err
-		})
+		items, err := o.waitEvents(ctx, tenant, txo, id, m.GetTypePrefix(), limit, wait > 0, deadline)
 		if err != nil {
 			return nil, err
 		}
-		if len(items) > 0 || wait == 0 || !clk.Now().Before(deadline) {
-			out := &bcv1.ListEventsResponse{NextCursor: m.GetCursor()}
-			for _, e := range items {
-				out.Events = append(out.Events, &bcv1.Event{Id: strconv.FormatInt(e.ID, 10), TenantId: e.TenantID, Type: e.Type, Subject: e.Subject,
-					Time: ts(e.CreatedAt), Data: jsonStruct(e.Data), Cursor: e.Cursor()})
-				out.NextCursor = e.Cursor()
-			}
-			return connect.NewResponse(out), nil
+		if items == nil {
+			continue
 		}
-		// Wake on a local commit, or poll: other replicas publish too.
-		t := clk.NewTimer(min(deadline.Sub(clk.Now()), time.Second))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-wake:
-		case <-t.C():
+		out := &bcv1.ListEventsResponse{NextCursor: next}
+		for _, e := range items {
+			c := o.s.cursors.EventCursor(tenant, e.TxOrder, e.ID)
+			out.Events = append(out.Events, &bcv1.Event{Id: c, TenantId: e.TenantID, Type: e.Type, Subject: e.Subject,
+				Time: ts(e.CreatedAt), Data: jsonStruct(e.Data), Cursor: c})
+			out.NextCursor = c
 		}
-		t.Stop()
+		return connect.NewResponse(out), nil
 	}
 }
 
+// waitEvents reads the tenant's events after (txo, id) once. When there are
+// none and the caller waits until deadline, it then waits for the tenant's
+// next event on this replica, at most a second (other replicas publish too:
+// it polls), and answers nil to be called again; else it answers what it
+// read, empty but not nil when there was nothing.
+func (o *operator) waitEvents(ctx context.Context, tenant string, txo, id int64, prefix string, limit int, wait bool, deadline time.Time) ([]store.Event, error) {
+	// Taken before the read, so an event committed after it wakes us.
+	// SECURITY: only this tenant's events wake this reader (R14.3).
+	wake, release := o.s.hub.WaitTenant(tenant)
+	defer release()
+	var items []store.Event
+	err := o.s.db.ReadTx(ctx, func(tx *store.Tx) error {
+		var err error
+		items, err = tx.ListEvents(ctx, tenant, txo, id, prefix, limit)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	clk := o.s.cfg.Clock
+	if len(items) > 0 || !wait || !clk.Now().Before(deadline) {
+		if items == nil {
+			items = []store.Event{}
+		}
+		return items, nil
+	}
+	t := clk.NewTimer(min(deadline.Sub(clk.Now()), time.Second))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-wake:
+	case <-t.C():
+	}
+	return nil, nil
+}
+
 // ListAudit reads a tenant's audit rows oldest first with a cursor, in the
-// order events are read (issue 8 point 8).
+// order events are read (issue 8 point 8). Ids and cursors are sealed as
+// events' are (R14.3).
 func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.ListAuditRequest]) (*connect.Response[bcv1.ListAuditResponse], error) {
 	p, err := principal(ctx)
 	if err != nil {
 		return nil, err
 	}
 	m := req.Msg
-	if err := p.Require(m.GetTenantId(), authz.AuditRead, authz.TenantResource(m.GetTenantId())); err != nil {
+	tenant := m.GetTenantId()
+	if err := p.Require(tenant, authz.AuditRead, authz.TenantResource(tenant)); err != nil {
 		return nil, err
 	}
 	limit, err := page("pageSize", m.GetPageSize())
 	if err != nil {
 		return nil, err
 	}
-	after, ok := parseAuditCursor(m.GetCursor())
-	if !ok {
-		return nil, errs.Invalid("cursor", "not a cursor from this API")
+	after, err := o.s.cursors.AuditPosition(ctx, o.s.db, tenant, m.GetCursor())
+	if err != nil {
+		return nil, err
 	}
 	var items []store.AuditEntry
 	err = o.s.db.ReadTx(ctx, func(tx *store.Tx) error {
 		var err error
-		items, err = tx.ListAuditAfter(ctx, m.GetTenantId(), after, limit)
+		items, err = tx.ListAuditAfter(ctx, tenant, after, limit)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	out := &bcv1.ListAuditResponse{NextCursor: m.GetCursor()}
+	if after > 0 {
+		out.NextCursor = o.s.cursors.AuditCursor(tenant, after)
+	}
 	for _, a := range items {
-		id := strconv.FormatInt(a.ID, 10)
-		out.Items = append(out.Items, &bcv1.AuditEntry{Id: id, TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
-			Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data), Cursor: id})
-		out.NextCursor = id
+		c := o.s.cursors.AuditCursor(tenant, a.ID)
+		out.Items = append(out.Items, &bcv1.AuditEntry{Id: c, TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
+			Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data), Cursor: c})
+		out.NextCursor = c
 	}
 	return connect.NewResponse(out), nil
-}
-
-// parseAuditCursor reads an audit cursor: the id of the last row read
-// ("" is the start).
-func parseAuditCursor(c string) (int64, bool) {
-	if c == "" {
-		return 0, true
-	}
-	if len(c) > 19 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(c, 10, 64)
-	return n, err == nil && n > 0 && strconv.FormatInt(n, 10) == c
 }

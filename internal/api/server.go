@@ -102,6 +102,8 @@ type Server struct {
 	handler  http.Handler
 	// procedures is the bounded set of operator procedures (RouteLabel).
 	procedures map[string]bool
+	// cursors seals the ids and cursors of events and audit rows (R14.3).
+	cursors *events.Codec
 }
 
 // New builds the API server.
@@ -123,8 +125,12 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	hub := events.NewHub()
+	cursors, err := events.NewCodec(cfg.DB.StreamKey())
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub,
+		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub, cursors: cursors,
 		tenancy:  tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:    authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:   jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),

@@ -939,6 +939,12 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 		if r := w.cli(t, "events", "list", "--tenant", w.root, "--cursor", cursor, "--json").ok(t); strings.Contains(r.stdout, tok.Id) {
 			t.Fatalf("events after the cursor:\n%s", r.stdout)
 		}
+		// R14.3: the cursor is sealed for its tenant: no number in it, and
+		// another tenant's stream refuses it.
+		if !strings.HasPrefix(cursor, "ev_") || strings.ContainsAny(cursor, ".") {
+			t.Fatalf("printed cursor %q: want a sealed one", cursor)
+		}
+		w.cli(t, "events", "list", "--tenant", w.acme, "--cursor", cursor).fails(t, "INVALID_ARGUMENT", "cursor")
 
 		// Issue 8 point 9: the table shows readable columns and a summary
 		// of the data, not raw JSON.

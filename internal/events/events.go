@@ -12,6 +12,12 @@
 // horizon or a per-tenant counter row). The Hub is woken after that
 // numbering, so a woken reader finds the event.
 //
+// What a tenant sees of positions reveals nothing of other tenants (R14.3):
+// ids and cursors are positions sealed for the tenant (cursor.go says how,
+// why not per-tenant counters, and what happens to the decimal cursors of
+// earlier versions), and a tenant's long-poll reader is woken only by that
+// tenant's events (Hub.WaitTenant).
+//
 // Importers: domain packages that publish (tenancy, jointoken, join, nodes,
 // session, commands, controller) and the API that reads.
 package events
@@ -35,26 +41,71 @@ type Event struct {
 
 // Hub wakes waiting readers after events commit. The zero value is not
 // usable; use NewHub.
+//
+// SECURITY: a tenant's reader waits with WaitTenant and is woken only by
+// its own tenant's events (R14.3). Were it woken by every commit, each
+// wake would make it read again, and the moments it reads (and, near its
+// deadline, when it answers) would follow other tenants' joins. Wait, woken
+// by any tenant's events, is for in-process consumers that serve every
+// tenant (the controller), never for an answer to a tenant.
 type Hub struct {
-	mu sync.Mutex
+	mu      sync.Mutex
+	all     chan struct{}
+	tenants map[string]*tenantWait
+}
+
+// tenantWait is the channel a tenant's readers wait on and how many wait.
+type tenantWait struct {
 	ch chan struct{}
+	n  int
 }
 
 // NewHub returns a Hub.
-func NewHub() *Hub { return &Hub{ch: make(chan struct{})} }
+func NewHub() *Hub { return &Hub{all: make(chan struct{}), tenants: map[string]*tenantWait{}} }
 
-// Wait returns a channel closed at the next commit that published events.
+// Wait returns a channel closed at the next commit that published events,
+// of any tenant.
 func (h *Hub) Wait() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.ch
+	return h.all
 }
 
-func (h *Hub) wake() {
+// WaitTenant returns a channel closed once an event of the tenant committed
+// after the call can be read, and a release the caller must call when it
+// stops waiting (it frees the channel when nobody else waits on it).
+func (h *Hub) WaitTenant(tenantID string) (<-chan struct{}, func()) {
 	h.mu.Lock()
-	close(h.ch)
-	h.ch = make(chan struct{})
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	w := h.tenants[tenantID]
+	if w == nil {
+		w = &tenantWait{ch: make(chan struct{})}
+		h.tenants[tenantID] = w
+	}
+	w.n++
+	var once sync.Once
+	return w.ch, func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			w.n--
+			if w.n == 0 && h.tenants[tenantID] == w {
+				delete(h.tenants, tenantID)
+			}
+		})
+	}
+}
+
+// wake wakes the tenant's readers and every Wait.
+func (h *Hub) wake(tenantID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	close(h.all)
+	h.all = make(chan struct{})
+	if w := h.tenants[tenantID]; w != nil {
+		close(w.ch)
+		delete(h.tenants, tenantID)
+	}
 }
 
 // Publish appends e to its tenant's stream inside tx. A nil hub is allowed.
@@ -70,7 +121,8 @@ func Publish(ctx context.Context, tx *store.Tx, hub *Hub, e Event) error {
 		// Not AfterCommit: on PostgreSQL a committed event is readable
 		// only once the sequencer numbered it, and a reader woken before
 		// that would find nothing and sleep until its next poll.
-		tx.AfterEventsVisible(hub.wake)
+		tenant := e.TenantID
+		tx.AfterEventsVisible(func() { hub.wake(tenant) })
 	}
 	return nil
 }

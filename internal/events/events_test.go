@@ -99,3 +99,68 @@ func TestHubWaitsForSequencer(t *testing.T) {
 		t.Fatal("woken, but the event cannot be read")
 	}
 }
+
+// R14.3: a tenant's reader is woken by its own tenant's events only. The
+// other tenant's reader being woken is the moment its event was handled;
+// the first tenant's channel is still open then. Wait wakes on either.
+func TestHubWakesOnlyTheTenant(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		hub := events.NewHub()
+		publish := func(tenant string) {
+			t.Helper()
+			if err := db.WithTx(ctx, func(tx *store.Tx) error {
+				return events.Publish(ctx, tx, hub, events.Event{TenantID: tenant, Type: "test.event", Subject: "s"})
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitClosed := func(ch <-chan struct{}, what string) {
+			t.Helper()
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s never woke", what)
+			}
+		}
+		a, releaseA := hub.WaitTenant("tn_a")
+		defer releaseA()
+		a2, releaseA2 := hub.WaitTenant("tn_a")
+		defer releaseA2()
+		for i := range 5 {
+			b, releaseB := hub.WaitTenant("tn_b")
+			all := hub.Wait()
+			publish("tn_b")
+			waitClosed(b, "tn_b's reader")
+			waitClosed(all, "Wait")
+			releaseB()
+			for _, ch := range []<-chan struct{}{a, a2} {
+				select {
+				case <-ch:
+					t.Fatalf("event %d of tn_b woke tn_a's reader", i)
+				default:
+				}
+			}
+		}
+		publish("tn_a")
+		waitClosed(a, "tn_a's reader")
+		waitClosed(a2, "tn_a's second reader")
+	})
+}
+
+// A reader that stops waiting (release) without being woken frees what it
+// waited on, and a release after a wake, or twice, does no harm.
+func TestHubRelease(t *testing.T) {
+	hub := events.NewHub()
+	_, r1 := hub.WaitTenant("tn_a")
+	_, r2 := hub.WaitTenant("tn_a")
+	r1()
+	r1()
+	if n := events.HubWaiting(hub); n != 1 {
+		t.Fatalf("%d tenants waiting after one of two readers left, want 1", n)
+	}
+	r2()
+	if n := events.HubWaiting(hub); n != 0 {
+		t.Fatalf("%d tenants waiting after every reader left, want 0", n)
+	}
+}

@@ -63,3 +63,12 @@ func (t *Tx) QueryTexts(ctx context.Context, q string, args ...any) ([]string, e
 	}
 	return out, rows.Err()
 }
+
+// RemakeStreamKey deletes the stream key and loads a new one, as on the
+// first start of this version on a database an earlier version ran.
+func (db *DB) RemakeStreamKey(ctx context.Context) error {
+	if err := db.WithTx(ctx, func(tx *Tx) error { return tx.ExecRaw(ctx, "DELETE FROM stream_key") }); err != nil {
+		return err
+	}
+	return db.loadStreamKey(ctx)
+}

@@ -100,6 +100,8 @@ type DB struct {
 	// dsn and channel (PostgreSQL): the listener's connection string and
 	// the channel of command notifications (notify.go).
 	dsn, channel string
+	// streamKey seals event and audit cursors (streamkey.go).
+	streamKey StreamKey
 
 	stmt sync.Map // query text -> rewritten text
 
@@ -220,6 +222,10 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 		return nil, err
 	}
 	go db.writer()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return db, nil
 }
 
@@ -257,6 +263,10 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 	db.channel = commandsChannel(schema)
 	db.seq = newSequencer(db)
 	go db.seq.run()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return db, nil
 }
 
