@@ -126,7 +126,7 @@ func TestDaemonInstallScript(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{
-		"#!/bin/sh\n", "set -eu\n",
+		"#!/bin/sh\n", "set -euC\n",
 		"BCD_POOL=" + installscript.Quote(pool) + "\n",
 		"BCD_URL_PREFIX='https://compute.example.com/compute/downloads/bcd/0.1.0/linux-'\n",
 		"BCD_SHA256_AMD64='" + a + "'\n", "BCD_SHA256_ARM64='" + b + "'\n",
