@@ -110,7 +110,7 @@ func TestKeyTrust(t *testing.T) {
 		stable                 bool
 		identifiers, kinds     int
 		hasUUIDOrSerial        bool
-		placeholderHardwareR62 bool
+		placeholderHardwareR6_2 bool
 	}{
 		{"R6.1 uuid and serial: trusted, stable", Claims{ProductUUID: uuidA, ProductSerial: serialA},
 			true, true, true, 2, 2, true, false},
@@ -156,8 +156,8 @@ func TestKeyTrust(t *testing.T) {
 				t.Errorf("got %+v, want present=%v trusted=%v stable=%v identifiers=%d kinds=%d hasUUIDOrSerial=%v",
 					k, tc.present, tc.trusted, tc.stable, tc.identifiers, tc.kinds, tc.hasUUIDOrSerial)
 			}
-			if got := k.PlaceholderHardware(); got != tc.placeholderHardwareR62 {
-				t.Errorf("R6.2 PlaceholderHardware = %v, want %v", got, tc.placeholderHardwareR62)
+			if got := k.PlaceholderHardware(); got != tc.placeholderHardwareR6_2 {
+				t.Errorf("R6.2 PlaceholderHardware = %v, want %v", got, tc.placeholderHardwareR6_2)
 			}
 			if !k.Present {
 				if k.Hash != [32]byte{} || k.Hex() != "" || k.String() != "none" {
