@@ -251,7 +251,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	// document and the bcd config, and --gateway-listen may pick a port.
 	gwLn, err := net.Listen("tcp", o.gwListen)
 	if err != nil {
-		return errs.New(errs.InvalidConfig, "gateway listen %s: %v", o.gwListen, err)
+		return errs.Wrap(err, errs.InvalidConfig, "gateway listen %s: %v", o.gwListen, err)
 	}
 	defer gwLn.Close()
 	gwURL := "https://" + gwLn.Addr().String()

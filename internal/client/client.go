@@ -70,7 +70,7 @@ func New(cfg Config) (*Client, error) {
 		if cfg.CAFile != "" {
 			pem, err := os.ReadFile(cfg.CAFile)
 			if err != nil {
-				return nil, errs.New(errs.InvalidConfig, "read CA file: %v", err)
+				return nil, errs.Wrap(err, errs.InvalidConfig, "read CA file: %v", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {

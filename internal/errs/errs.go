@@ -37,9 +37,23 @@ type E struct {
 	Code    Code
 	Message string
 	Field   string
+	// Cause is the error this one reports, kept for errors.Is and
+	// errors.As and for the server's own logs; it never reaches the
+	// caller (the wire sends only Code, Message and Field).
+	Cause error
 }
 
 func (e *E) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Unwrap returns the cause.
+func (e *E) Unwrap() error { return e.Cause }
+
+// Wrap returns an error with code c and a caller-safe message that keeps
+// cause as its cause. The message is the format's alone: to show the cause
+// to the caller, format it in as before.
+func Wrap(cause error, c Code, format string, args ...any) *E {
+	return &E{Code: c, Message: fmt.Sprintf(format, args...), Cause: cause}
+}
 
 // New returns an error with code c and a caller-safe message.
 func New(c Code, format string, args ...any) *E {

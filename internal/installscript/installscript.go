@@ -386,7 +386,7 @@ func Generate(p Params) ([]byte, error) {
 	}
 	var buf bytes.Buffer
 	if err := tmpl.Execute(&buf, data); err != nil {
-		return nil, errs.New(errs.Internal, "render the install script: %v", err)
+		return nil, errs.Wrap(err, errs.Internal, "render the install script: %v", err)
 	}
 	return buf.Bytes(), nil
 }

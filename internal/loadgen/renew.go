@@ -233,7 +233,7 @@ func renewOne(ctx context.Context, client agentv1connect.JoinServiceClient, n *n
 	// answer's body now, check the signature later.
 	var body agentv1.JoinResponseBody
 	if err := proto.Unmarshal(res.Msg.GetBody(), &body); err != nil || len(body.GetCertChain()) == 0 {
-		rn.err = errs.New(errs.Internal, "renewal answer without a certificate: %v", err)
+		rn.err = errs.Wrap(err, errs.Internal, "renewal answer without a certificate: %v", err)
 		return false
 	}
 	leaf, err := x509.ParseCertificate(body.GetCertChain()[0])

@@ -112,7 +112,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 			return exit.code
 		}
 		if _, ok := errs.As(err); !ok && !a.started {
-			err = errs.New(errs.InvalidArgument, "%v", err)
+			err = errs.Wrap(err, errs.InvalidArgument, "%v", err)
 		}
 		fmt.Fprintf(env.Stderr, "Error: %s\n", errorLine(err))
 		return 1
@@ -156,7 +156,7 @@ then check the identity with 'bcd status'.`,
 		},
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return errs.New(errs.InvalidArgument, "%v", err)
+		return errs.Wrap(err, errs.InvalidArgument, "%v", err)
 	})
 	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.fakeMachineCmd(), a.siteCmd(), a.versionCmd())
 	return root

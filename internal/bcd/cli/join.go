@@ -330,7 +330,7 @@ func (a *app) readToken(tokenFile string) (token string, cleanup func() (string,
 	// --yes </dev/null, a service without input) means "no token".
 	data, err := io.ReadAll(io.LimitReader(a.env.Stdin, tokeninput.MaxSize+1))
 	if err != nil {
-		return "", nil, errs.New(errs.InvalidArgument, "cannot read the join token from standard input: %v", err)
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "cannot read the join token from standard input: %v", err)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return "", nil, nil

@@ -137,7 +137,7 @@ func Load(path string) (*Config, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w: %w", errs.New(errs.InvalidConfig, "no bcd config at %s: install bcd with its install script, or join with bcd join --server", path), fs.ErrNotExist)
 		}
-		return nil, errs.New(errs.InvalidConfig, "cannot read the bcd config: %v", err)
+		return nil, errs.Wrap(err, errs.InvalidConfig, "cannot read the bcd config: %v", err)
 	}
 	c, err := Parse(data)
 	if err != nil {
@@ -154,7 +154,7 @@ func Parse(data []byte) (*Config, error) {
 	if err != nil {
 		// The parse error says where (line, column); the file holds no
 		// secrets, so it may be shown.
-		return nil, errs.New(errs.InvalidConfig, "not valid TOML: %v", err)
+		return nil, errs.Wrap(err, errs.InvalidConfig, "not valid TOML: %v", err)
 	}
 	if undecoded := md.Undecoded(); len(undecoded) > 0 {
 		keys := make([]string, len(undecoded))

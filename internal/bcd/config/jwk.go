@@ -39,7 +39,7 @@ func LoadEncryptionKey(dir, pin string) (key *ecdsa.PublicKey, found bool, err e
 		return nil, true, errs.New(errs.InvalidConfig, "%s: %v; %s", path, err, fixRotatedKey)
 	}
 	if err != nil {
-		return nil, true, errs.New(errs.InvalidConfig, "cannot read %s: %v", path, err)
+		return nil, true, errs.Wrap(err, errs.InvalidConfig, "cannot read %s: %v", path, err)
 	}
 	pub, err := pki.ParseEncryptionJWK(data)
 	if err != nil {

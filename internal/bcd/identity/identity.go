@@ -138,7 +138,7 @@ func NewIdentity(chainPEM []byte, attestor string, joinedAt time.Time) (*Identit
 	leaf := chain[0]
 	ni, err := pki.NodeIdentityOf(leaf)
 	if err != nil {
-		return nil, errs.New(errs.InvalidArgument, "the node certificate is not a node certificate: %v", err)
+		return nil, errs.Wrap(err, errs.InvalidArgument, "the node certificate is not a node certificate: %v", err)
 	}
 	if attestor == "" {
 		attestor = AttestorJoinToken

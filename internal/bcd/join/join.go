@@ -704,7 +704,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	}
 	tlsConfig, err := PinnedTLSConfig(cfg.ServingCASPKIPin, serverName, j.clock.Now)
 	if err != nil {
-		return nil, false, errs.New(errs.InvalidConfig, "%v", err)
+		return nil, false, errs.Wrap(err, errs.InvalidConfig, "%v", err)
 	}
 	if !j.waiting {
 		j.progress("joining through %s…", u.Host)
@@ -735,7 +735,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 		j.progress("no answer through %s (%s); sending the same request again in %s (attempt %d of %d)…",
 			u.Host, errText(out), wait, attempt+1, JoinAttempts)
 		if err := j.sleep(ctx, wait); err != nil {
-			return nil, false, errs.New(errs.Unavailable, "cannot join through %s: stopped while waiting to retry: %v", u.Host, err)
+			return nil, false, errs.Wrap(err, errs.Unavailable, "cannot join through %s: stopped while waiting to retry: %v", u.Host, err)
 		}
 	}
 }
@@ -775,7 +775,7 @@ func (j *Joiner) callError(err error, gateway string) (out error, transient bool
 	}
 	e, ok := errs.As(wire.FromWire(err))
 	if !ok {
-		return errs.New(errs.Unavailable, "cannot join through %s: %v", gateway, err), true
+		return errs.Wrap(err, errs.Unavailable, "cannot join through %s: %v", gateway, err), true
 	}
 	switch e.Code {
 	case errs.AccessDenied:

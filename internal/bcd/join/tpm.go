@@ -56,11 +56,11 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	j.progress("certifying the node key with the TPM's attestation key…")
 	att, _, err := keys.AttestKey(signer, csr)
 	if err != nil {
-		return nil, errs.New(errs.Unavailable, "the TPM cannot certify the node key: %v", err)
+		return nil, errs.Wrap(err, errs.Unavailable, "the TPM cannot certify the node key: %v", err)
 	}
 	ev, kind, err := keys.Evidence()
 	if err != nil {
-		return nil, errs.New(errs.Unavailable, "%v", err)
+		return nil, errs.Wrap(err, errs.Unavailable, "%v", err)
 	}
 	req := &agentv1.JoinRequest{
 		Csr: csr, Claims: wireClaims(cl), Attestor: identity.AttestorTPM, Role: role, NodeId: opts.NodeID,
@@ -69,7 +69,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	// R15.1: the node key, in the TPM, signs the whole request; both legs
 	// carry the same signature (the answer is outside the digest).
 	if req.RequestSig, err = pki.SignJoinRequest(signer, pki.JoinRequestDigest(req)); err != nil {
-		return nil, errs.New(errs.Unavailable, "the TPM cannot sign the join request with the node key: %v", err)
+		return nil, errs.Wrap(err, errs.Unavailable, "the TPM cannot sign the join request with the node key: %v", err)
 	}
 	// Both legs make one attempt: a retry after a deferral (an unknown EK
 	// enrolling through a join request, R10.1) starts again at leg 1, so
@@ -86,7 +86,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		}
 		answer, aerr := keys.Answer(kind, res.GetChallenge())
 		if aerr != nil {
-			return nil, true, errs.New(errs.Unavailable, "the TPM cannot activate the control plane's challenge: %v", aerr)
+			return nil, true, errs.Wrap(aerr, errs.Unavailable, "the TPM cannot activate the control plane's challenge: %v", aerr)
 		}
 		req.ChallengeResponse = answer
 		return j.send(ctx, &cfg, req, nil)

@@ -89,7 +89,7 @@ func (j *Joiner) fetchWellKnown(ctx context.Context, server, encPin, sigPin stri
 	req.Header.Set("Accept", "application/json")
 	res, err := j.httpClient(nil).Do(req)
 	if err != nil {
-		return nil, errs.New(errs.Unavailable, "cannot fetch %s: %v", u, err)
+		return nil, errs.Wrap(err, errs.Unavailable, "cannot fetch %s: %v", u, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
@@ -97,7 +97,7 @@ func (j *Joiner) fetchWellKnown(ctx context.Context, server, encPin, sigPin stri
 	}
 	data, err := io.ReadAll(io.LimitReader(res.Body, maxWellKnownSize+1))
 	if err != nil {
-		return nil, errs.New(errs.Unavailable, "cannot read %s: %v", u, err)
+		return nil, errs.Wrap(err, errs.Unavailable, "cannot read %s: %v", u, err)
 	}
 	if len(data) > maxWellKnownSize {
 		return nil, errs.New(errs.InvalidConfig, "%s is larger than %d bytes: not a better-compute well-known document", u, maxWellKnownSize)

@@ -311,7 +311,7 @@ func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byt
 	}
 	tlsConfig, err := join.PinnedTLSConfig(r.bcd.ServingCASPKIPin, serverName, r.clock.Now)
 	if err != nil {
-		return nil, errs.New(errs.InvalidConfig, "%v", err)
+		return nil, errs.Wrap(err, errs.InvalidConfig, "%v", err)
 	}
 	// The caller's mTLS identity (R13.2). The gateway only requests a
 	// client certificate, naming no CAs, so it is offered unconditionally.
@@ -335,7 +335,7 @@ func callError(err error, gateway string) error {
 	}
 	e, ok := errs.As(wire.FromWire(err))
 	if !ok {
-		return errs.New(errs.Unavailable, "cannot renew through %s: %v", gateway, err)
+		return errs.Wrap(err, errs.Unavailable, "cannot renew through %s: %v", gateway, err)
 	}
 	switch e.Code {
 	case errs.AccessDenied:

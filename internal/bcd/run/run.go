@@ -263,7 +263,7 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 	}
 	tc, err := join.PinnedTLSConfig(d.cfg.BCD.ServingCASPKIPin, serverName, d.clock.Now)
 	if err != nil {
-		return nil, "", errs.New(errs.InvalidConfig, "%v", err)
+		return nil, "", errs.Wrap(err, errs.InvalidConfig, "%v", err)
 	}
 	chain := make([][]byte, len(id.Chain))
 	for i, c := range id.Chain {

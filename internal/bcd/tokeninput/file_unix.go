@@ -37,14 +37,14 @@ func osLookupEnv(k string) (string, bool) { return os.LookupEnv(k) }
 func FromFile(path string) (token string, cleanup func() (warning string, err error), err error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return "", nil, errs.New(errs.InvalidArgument, "--token-file: bad path: %v", err)
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: bad path: %v", err)
 	}
 	lst, err := os.Lstat(abs)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return "", nil, errs.New(errs.InvalidArgument, "--token-file: no file at %s", abs)
 		}
-		return "", nil, errs.New(errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
 	}
 	target := abs
 	if lst.Mode()&fs.ModeSymlink != 0 {
@@ -65,20 +65,20 @@ func FromFile(path string) (token string, cleanup func() (warning string, err er
 	// is a swap. O_NONBLOCK: opening a FIFO must not hang the join.
 	fd, err := syscall.Open(target, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, errs.New(errs.InvalidArgument, "--token-file: cannot open %s: %v", abs, err)
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot open %s: %v", abs, err)
 	}
 	f := os.NewFile(uintptr(fd), target)
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return "", nil, errs.New(errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
 	}
 	if err := checkFile(abs, st); err != nil {
 		return "", nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
 	if err != nil {
-		return "", nil, errs.New(errs.InvalidArgument, "--token-file: cannot read %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot read %s: %v", abs, pathErr(err))
 	}
 	if len(data) > MaxSize {
 		return "", nil, errs.New(errs.InvalidArgument, "--token-file: %s holds more than %d bytes; a token file holds only the token", abs, MaxSize)
@@ -122,7 +122,7 @@ func checkFile(name string, st fs.FileInfo) error {
 func containedTarget(link string) (string, error) {
 	dir, err := filepath.EvalSymlinks(filepath.Dir(link))
 	if err != nil {
-		return "", errs.New(errs.InvalidArgument, "--token-file: cannot resolve %s: %v", filepath.Dir(link), pathErr(err))
+		return "", errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot resolve %s: %v", filepath.Dir(link), pathErr(err))
 	}
 	target, err := filepath.EvalSymlinks(link)
 	if err != nil {

@@ -73,7 +73,7 @@ func validID(id string) bool {
 func FromStdin(r io.Reader) (string, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
-		return "", errs.New(errs.InvalidArgument, "cannot read the join token from standard input: %v", err)
+		return "", errs.Wrap(err, errs.InvalidArgument, "cannot read the join token from standard input: %v", err)
 	}
 	if len(data) > MaxSize {
 		return "", errs.New(errs.InvalidArgument, "standard input holds more than %d bytes; %s", MaxSize, shapeHelp)

@@ -41,7 +41,7 @@ func Open(cfg config.TPM) (*Keys, error) {
 	t, err := tpm.Open(tpm.Config{Device: cfg.Device, Simulator: cfg.Simulator})
 	if err != nil {
 		if cfg.Mode == config.TPMRequired {
-			return nil, errs.New(errs.InvalidConfig, "tpm.mode is required, but the TPM does not open: %v", err)
+			return nil, errs.Wrap(err, errs.InvalidConfig, "tpm.mode is required, but the TPM does not open: %v", err)
 		}
 		return nil, nil
 	}
@@ -65,7 +65,7 @@ func (k *Keys) GenerateKey() (crypto.Signer, []byte, error) {
 func (k *Keys) LoadKey(recordPEM []byte) (crypto.Signer, error) {
 	key, err := k.TPM.LoadKey(recordPEM)
 	if err != nil {
-		return nil, errs.New(errs.InvalidState, "the node key in node.key does not load into %s (was the TPM cleared or replaced?): %v; join again: bcd join --reset --yes, then bcd join --attestor tpm", k.TPM, err)
+		return nil, errs.Wrap(err, errs.InvalidState, "the node key in node.key does not load into %s (was the TPM cleared or replaced?): %v; join again: bcd join --reset --yes, then bcd join --attestor tpm", k.TPM, err)
 	}
 	return key, nil
 }
