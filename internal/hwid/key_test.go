@@ -104,12 +104,12 @@ func key(t *testing.T, c Claims) HardwareKey {
 // R6.1, R6.2: which keys are present and trusted.
 func TestKeyTrust(t *testing.T) {
 	for _, tc := range []struct {
-		name                   string
-		in                     Claims
-		present, trusted       bool
-		stable                 bool
-		identifiers, kinds     int
-		hasUUIDOrSerial        bool
+		name                    string
+		in                      Claims
+		present, trusted        bool
+		stable                  bool
+		identifiers, kinds      int
+		hasUUIDOrSerial         bool
 		placeholderHardwareR6_2 bool
 	}{
 		{"R6.1 uuid and serial: trusted, stable", Claims{ProductUUID: uuidA, ProductSerial: serialA},
