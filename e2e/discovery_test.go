@@ -16,51 +16,22 @@ import (
 // other with the CLI. The approved bcd finishes on its own; the rejected
 // one exits non-zero and says so.
 func TestDiscoveryJoinWaitsForApproval(t *testing.T) {
-	bc, bcd := binaries(t)
-	dir := t.TempDir()
-	data := filepath.Join(dir, "bc-dev")
-	siteConf := filepath.Join(data, "site", "config.toml")
-	ramdiskConf := filepath.Join(data, "ramdisk", "config.toml")
-	env := startDev(t, bc, data, ramdiskConf)
-	e := envList(env)
-	secret := func(name string) string {
-		path := filepath.Join(data, "secrets", name)
-		st, err := os.Stat(path)
-		if err != nil || st.Mode().Perm() != 0o600 {
-			t.Fatalf("secret %s: %v %v, want a 0600 file (R2.7)", path, st, err)
-		}
-		b, err := os.ReadFile(path)
-		must(t, err)
-		return string(b)
-	}
-
-	// The site agent.
-	out, errOut, code := run(t, nil, secret("site.token"), bcd, "join", "--config", siteConf, "--role", "site", "--json")
-	if code != 0 {
-		t.Fatalf("site agent join: %s %s", out, errOut)
-	}
-	agentID, _ := jsonOf(t, out)["node_id"].(string)
-	start(t, nil, bcd, "run", "--config", siteConf)
+	s := startDiscoverySite(t)
+	bc, bcd, dir, env, e, ramdiskConf, agentID := s.bc, s.bcd, s.dir, s.env, s.e, s.ramdiskConf, s.agentID
+	var out, errOut string
+	var code int
 
 	// The boot module's word on two machines, then their ramdisks join.
+	// Every daemon of the test reaches dev's gateway from loopback, and a
+	// ramdisk is admitted only from the address its site vouched for
+	// (R10.4), so the boots are on 127.0.0.1.
 	const mac1, mac2 = "00:1b:21:0a:0b:0c", "00:1b:21:0a:0b:0d"
-	for _, m := range []struct{ mac, ip string }{{mac1, "10.0.0.7"}, {mac2, "10.0.0.8"}} {
-		if _, errOut, code := run(t, nil, "", bcd, "site", "vouch", "--config", siteConf, "--mac", m.mac, "--ip", m.ip, "--lease-epoch", "1"); code != 0 {
-			t.Fatalf("bcd site vouch: %s", errOut)
-		}
-	}
-	waitFor(t, "the site agent's vouches", 30*time.Second, func() bool {
-		out, _, _ := run(t, e, "", bc, "events", "list", "--tenant", env["TENANT"], "--json")
-		return strings.Count(out, "site.machines-vouched") > 0 && strings.Contains(out, mac2)
-	})
+	s.vouch(t, mac1, loopback)
+	s.vouch(t, mac2, loopback)
 	sys2 := filepath.Join(dir, "sys-2")
 	fakeSysfs(t, sys2, "PXE-8", "4c4c4544-0042-3510-8052-c7c04f5a0008", mac2)
-	ramdisk := func(args ...string) *proc {
-		return start(t, []string{"BCD_JOIN_TOKEN=" + strings.TrimSpace(secret("ramdisk.token"))}, bcd, append([]string{"join", "--config", ramdiskConf,
-			"--attestor", "discovery", "--role", "ramdisk", "--boot-lease-epoch", "1"}, args...)...)
-	}
-	approved := ramdisk("--boot-mac", mac1, "--boot-ip", "10.0.0.7")
-	rejected := ramdisk("--boot-mac", mac2, "--boot-ip", "10.0.0.8", "--data-dir", filepath.Join(dir, "ramdisk-2"), "--sysfs-root", sys2)
+	approved := s.ramdisk(t, "--boot-mac", mac1, "--boot-ip", loopback)
+	rejected := s.ramdisk(t, "--boot-mac", mac2, "--boot-ip", loopback, "--data-dir", filepath.Join(dir, "ramdisk-2"), "--sysfs-root", sys2)
 
 	id1, id2 := waitingRequest(t, approved), waitingRequest(t, rejected)
 
@@ -105,6 +76,197 @@ func TestDiscoveryJoinWaitsForApproval(t *testing.T) {
 			t.Errorf("event %s missing from the stream", want)
 		}
 	}
+}
+
+// R15.3, R10.4 with real processes: the take-over a holder of the ramdisk
+// token can try. Machine Y is a node of dev's pool, its bcd run holding a
+// session; the site booted machine X and vouched for it. A bcd whose fake
+// machine has Y's product UUID and serial and X's MAC (bcd fake-machine)
+// joins with the ramdisk token as X's ramdisk: it waits on a join request
+// instead of reclaiming Y, and Y's node keeps its generation, its
+// certificate and its session. X's own ramdisk is admitted on the vouch
+// (approved), and then an approval of the forged request admits nothing:
+// the vouch admitted X (vouch-used). A ramdisk whose vouched address is not
+// the one it connects from is refused (vouch-peer).
+func TestDiscoveryTakeoverRefused(t *testing.T) {
+	s := startDiscoverySite(t)
+	tenant, pool := s.env["TENANT"], s.env["POOL"]
+	const yUUID, ySerial, yMAC = "4c4c4544-0042-3510-8052-c7c04f5a0a01", "SN-Y-0001", "3c:ec:ef:0a:00:01"
+	const xMAC = "00:1b:21:0a:0b:0c" // dev's network-booted machine (bc-dev/ramdisk)
+	fake := func(dir, mac string) {
+		if _, errOut, code := run(t, nil, "", s.bcd, "fake-machine", "--out", dir, "--serial", ySerial, "--product-uuid", yUUID, "--mac", mac); code != 0 {
+			t.Fatalf("bcd fake-machine: %s", errOut)
+		}
+	}
+
+	// Y: a node of the pool, joined with a node token, its session up.
+	sysY := filepath.Join(s.dir, "sys-y")
+	fake(sysY, yMAC)
+	tokFile := filepath.Join(s.dir, "token-y")
+	if _, errOut, code := run(t, s.e, "", s.bc, "join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--out", tokFile); code != 0 {
+		t.Fatalf("join-tokens create: %s", errOut)
+	}
+	tok, err := os.ReadFile(tokFile)
+	must(t, err)
+	yConf := filepath.Join(s.data, "bcd", "config.toml")
+	out, errOut, code := run(t, nil, string(tok), s.bcd, "join", "--config", yConf, "--sysfs-root", sysY, "--json")
+	if code != 0 {
+		t.Fatalf("Y's bcd join: %s %s", out, errOut)
+	}
+	y := nodeIDOf(t, out)
+	yRun := start(t, nil, s.bcd, "run", "--config", yConf)
+	yNode := func() map[string]any {
+		out, errOut, code := run(t, s.e, "", s.bc, "nodes", "get", y, "--tenant", tenant, "--json")
+		if code != 0 {
+			t.Fatalf("nodes get %s: %s", y, errOut)
+		}
+		return jsonOf(t, out)
+	}
+	waitFor(t, "Y's session", 30*time.Second, func() bool { return yNode()["connection"] == "connected" })
+	untouched := func(when string) {
+		t.Helper()
+		n := yNode()
+		certs, _ := n["certs"].([]any)
+		if n["identityGeneration"] != float64(1) || len(certs) != 1 || certs[0].(map[string]any)["revokedAt"] != nil || n["connection"] != "connected" {
+			t.Fatalf("%s: Y's node changed: %v", when, n)
+		}
+		select {
+		case <-yRun.done:
+			t.Fatalf("%s: Y's bcd run exited:\n%s", when, yRun.output())
+		default:
+		}
+	}
+
+	// The forged ramdisk, from the vouched address: it waits for a person.
+	s.vouch(t, xMAC, loopback)
+	sysForged := filepath.Join(s.dir, "sys-forged")
+	fake(sysForged, xMAC)
+	forged := s.ramdisk(t, "--boot-mac", xMAC, "--boot-ip", loopback, "--sysfs-root", sysForged, "--data-dir", filepath.Join(s.dir, "forged"))
+	forgedReq := waitingRequest(t, forged)
+	untouched("while the forged ramdisk waits")
+
+	approve := func(id string) {
+		t.Helper()
+		if _, errOut, code := run(t, s.e, "", s.bc, "join-requests", "approve", id, "--tenant", tenant, "--pool", pool, "--ttl", "900", "--reason", "e2e"); code != 0 {
+			t.Fatalf("approve %s: %s", id, errOut)
+		}
+	}
+	// X's own ramdisk (an unknown machine: it waits too) is approved and
+	// joins on the vouch.
+	x := s.ramdisk(t, "--boot-mac", xMAC, "--boot-ip", loopback)
+	approve(waitingRequest(t, x))
+	if code := x.exited(t, 60*time.Second); code != 0 || !strings.Contains(x.output(), "joined as node_") || strings.Contains(x.output(), y) {
+		t.Fatalf("X's ramdisk exited %d:\n%s", code, x.output())
+	}
+	// A person approves the forged request too: the vouch admitted X.
+	approve(forgedReq)
+	if code := forged.exited(t, 60*time.Second); code == 0 || strings.Contains(forged.output(), "joined as") {
+		t.Fatalf("the forged ramdisk exited %d:\n%s", code, forged.output())
+	}
+	s.refused(t, "discovery:vouch-used")
+	untouched("after the forged request was approved")
+
+	// A boot vouched for at 10.0.0.9 whose ramdisk connects from loopback.
+	const zMAC = "00:1b:21:0a:0b:0e"
+	s.vouch(t, zMAC, "10.0.0.9")
+	sysZ := filepath.Join(s.dir, "sys-z")
+	fakeSysfs(t, sysZ, "PXE-9", "4c4c4544-0042-3510-8052-c7c04f5a0009", zMAC)
+	z := s.ramdisk(t, "--boot-mac", zMAC, "--boot-ip", "10.0.0.9", "--sysfs-root", sysZ, "--data-dir", filepath.Join(s.dir, "ramdisk-z"))
+	if code := z.exited(t, 60*time.Second); code == 0 {
+		t.Fatalf("the ramdisk from another address joined:\n%s", z.output())
+	}
+	s.refused(t, "discovery:vouch-peer")
+}
+
+// refused waits for a security.join.refused event with reason in dev's
+// tenant.
+func (s *discoverySite) refused(t *testing.T, reason string) {
+	t.Helper()
+	waitFor(t, "a refusal "+reason, 30*time.Second, func() bool {
+		out, _, _ := run(t, s.e, "", s.bc, "events", "list", "--tenant", s.env["TENANT"], "--type", "security.join.refused", "--json")
+		return strings.Contains(out, `"`+reason+`"`)
+	})
+}
+
+// loopback is where every daemon of an e2e test reaches dev's gateway
+// from, so the boots its site vouches for are there.
+const loopback = "127.0.0.1"
+
+// discoverySite is better-compute dev with its site agent joined and
+// running (bcd join --role site, bcd run).
+type discoverySite struct {
+	bc, bcd, dir, data    string
+	env                   map[string]string
+	e                     []string
+	siteConf, ramdiskConf string
+	agentID               string
+}
+
+func startDiscoverySite(t *testing.T) *discoverySite {
+	t.Helper()
+	s := &discoverySite{dir: t.TempDir()}
+	s.bc, s.bcd = binaries(t)
+	s.data = filepath.Join(s.dir, "bc-dev")
+	s.siteConf = filepath.Join(s.data, "site", "config.toml")
+	s.ramdiskConf = filepath.Join(s.data, "ramdisk", "config.toml")
+	s.env = startDev(t, s.bc, s.data, s.ramdiskConf)
+	s.e = envList(s.env)
+	out, errOut, code := run(t, nil, s.secret(t, "site.token"), s.bcd, "join", "--config", s.siteConf, "--role", "site", "--json")
+	if code != 0 {
+		t.Fatalf("site agent join: %s %s", out, errOut)
+	}
+	s.agentID = nodeIDOf(t, out)
+	start(t, nil, s.bcd, "run", "--config", s.siteConf)
+	return s
+}
+
+// nodeIDOf is the node id in bcd join --json's output.
+func nodeIDOf(t *testing.T, out string) string {
+	t.Helper()
+	joined := jsonOf(t, out)
+	id, _ := joined["node_id"].(string)
+	if id == "" {
+		id, _ = joined["nodeId"].(string)
+	}
+	if !strings.HasPrefix(id, "node_") {
+		t.Fatalf("bcd join --json printed no node id: %s", out)
+	}
+	return id
+}
+
+// secret reads one of the tokens dev minted as the site module, checking
+// it is a 0600 file (R2.7).
+func (s *discoverySite) secret(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join(s.data, "secrets", name)
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("secret %s: %v %v, want a 0600 file (R2.7)", path, st, err)
+	}
+	b, err := os.ReadFile(path)
+	must(t, err)
+	return string(b)
+}
+
+// vouch is the boot module's word on a boot of mac at ip (lease epoch 1),
+// through the running site agent; it waits until the vouch is recorded.
+func (s *discoverySite) vouch(t *testing.T, mac, ip string) {
+	t.Helper()
+	if _, errOut, code := run(t, nil, "", s.bcd, "site", "vouch", "--config", s.siteConf, "--mac", mac, "--ip", ip, "--lease-epoch", "1"); code != 0 {
+		t.Fatalf("bcd site vouch: %s", errOut)
+	}
+	waitFor(t, "the site agent's vouch for "+mac, 30*time.Second, func() bool {
+		out, _, _ := run(t, s.e, "", s.bc, "events", "list", "--tenant", s.env["TENANT"], "--type", "site.machines-vouched", "--json")
+		return strings.Contains(out, mac)
+	})
+}
+
+// ramdisk starts a network-booted machine's bcd join with the site's
+// ramdisk token (lease epoch 1).
+func (s *discoverySite) ramdisk(t *testing.T, args ...string) *proc {
+	t.Helper()
+	return start(t, []string{"BCD_JOIN_TOKEN=" + strings.TrimSpace(s.secret(t, "ramdisk.token"))}, s.bcd, append([]string{"join", "--config", s.ramdiskConf,
+		"--attestor", "discovery", "--role", "ramdisk", "--boot-lease-epoch", "1"}, args...)...)
 }
 
 var waitingRE = regexp.MustCompile(`join request (jreq_[0-9a-z]+) is waiting for approval`)

@@ -166,6 +166,7 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 		s.refused(ctx, ref)
 		return nil, errRefused
 	}
+	in.PeerAddr = peer.Addr
 	att := s.cfg.Attestors[attestorName(req.GetAttestor())]
 	res, err := s.admit(ctx, att, in, pub, req, peer)
 	var r *nodeident.Refusal
@@ -334,7 +335,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// R10.1: a deferred join needs its approval; without one it waits
 		// on a join request and nothing else is written.
 		var consume string
-		if ap := a.adm.Approval; ap != nil && !(ap.OnlyUnknown && a.sit.Existing != nil) {
+		if ap := a.adm.Approval; ap != nil && (!ap.OnlyReclaims || a.sit.Existing != nil) {
 			got, err := s.approval(ctx, tx, a.adm, att.Name(), in, a.claimsJSON, a.sit.Pool.SiteID, d.Role, peerSource(peer.Addr))
 			if err != nil {
 				return err
@@ -351,6 +352,13 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		if err := s.record(ctx, tx, a, d, w); err != nil {
 			return err
+		}
+		// R15.3: what the admission used (a vouch) now admits only this
+		// node.
+		if a.adm.Bind != nil {
+			if err := a.adm.Bind(ctx, tx, w.node.ID); err != nil {
+				return err
+			}
 		}
 		// Last: spending may lock the token row until the commit.
 		if a.adm.Spend != nil {

@@ -3,6 +3,7 @@ package join_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -124,8 +125,25 @@ func (d *disco) request(t testing.TB, m *jointest.Machine, token string, b boot,
 	return req
 }
 
+// joinWith sends req as an honest ramdisk does: from its boot address, as
+// the gateway saw it (R10.4).
 func (d *disco) joinWith(svc *join.Service, req *agentv1.JoinRequest) (*agentv1.JoinResponse, error) {
-	return svc.Join(context.Background(), req, join.Peer{Addr: "192.0.2.9:40000"})
+	return d.joinFrom(svc, req, bootPeer(req, "192.0.2.9:40000"))
+}
+
+// joinFrom sends req as if the gateway saw it come from peer.
+func (d *disco) joinFrom(svc *join.Service, req *agentv1.JoinRequest, peer string) (*agentv1.JoinResponse, error) {
+	return svc.Join(context.Background(), req, join.Peer{Addr: peer})
+}
+
+// bootPeer is the address the gateway sees an honest ramdisk connect from,
+// its boot IP; fallback for a request that is not a discovery join.
+func bootPeer(req *agentv1.JoinRequest, fallback string) string {
+	var ev agentv1.DiscoveryEvidence
+	if req.GetAttestor() != discovery.Name || proto.Unmarshal(req.GetEvidence(), &ev) != nil || ev.GetIp() == "" {
+		return fallback
+	}
+	return net.JoinHostPort(ev.GetIp(), "40000")
 }
 
 func (d *disco) requestRow(t testing.TB, id string) store.JoinRequest {
@@ -382,7 +400,8 @@ func TestApprovalExpires(t *testing.T) {
 }
 
 // R10.4: the vouch must come from a site agent of the token's site, for
-// this boot's lease epoch and address, for a NIC the machine claims; only
+// this boot's lease epoch and address, used from that address as the
+// gateway saw it, for a NIC the machine claims; only
 // ramdisks join through discovery, with a ramdisk token.
 func TestDiscoveryVouchRefusals(t *testing.T) {
 	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
@@ -400,36 +419,53 @@ func TestDiscoveryVouchRefusals(t *testing.T) {
 		for _, tc := range []struct {
 			name, reason string
 			req          func(t *testing.T) *agentv1.JoinRequest
+			peer         string // "" : the boot address (bootPeer)
 		}{
 			{"a vouch from another site", "vouch-site", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, elsewhere), d.ramdisk, boot{elsewhere, "10.0.0.1", 1}, time.Time{})
-			}},
+			}, ""},
 			{"an older lease epoch", "vouch-epoch", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, older), d.ramdisk, boot{older, "10.0.0.2", 4}, time.Time{})
-			}},
+			}, ""},
 			{"no vouch", "vouch-missing", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, unknown), d.ramdisk, boot{unknown, "10.0.0.3", 1}, time.Time{})
-			}},
+			}, ""},
 			{"another address", "vouch-ip", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, boot1.mac), d.ramdisk, boot{boot1.mac, "10.0.0.99", boot1.epoch}, time.Time{})
-			}},
+			}, ""},
+			// R10.4: boot_ip is the machine's own word; the address the
+			// gateway saw must be the vouched one.
+			{"the vouched address from another peer", "vouch-peer", func(t *testing.T) *agentv1.JoinRequest {
+				return d.request(t, ramdiskMachine(t, boot1.mac), d.ramdisk, boot1, time.Time{})
+			}, "192.0.2.9:40000"},
+			{"no peer address", "vouch-peer", func(t *testing.T) *agentv1.JoinRequest {
+				return d.request(t, ramdiskMachine(t, boot1.mac), d.ramdisk, boot1, time.Time{})
+			}, "-"},
 			{"a NIC the machine does not claim", "discovery-mac", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, unknown), d.ramdisk, boot1, time.Time{})
-			}},
+			}, ""},
 			{"a node token", "token-role", func(t *testing.T) *agentv1.JoinRequest {
 				return d.request(t, ramdiskMachine(t, boot1.mac), nodeTok.Token, boot1, time.Time{})
-			}},
+			}, ""},
 			{"the node role", "discovery-role", func(t *testing.T) *agentv1.JoinRequest {
 				m := ramdiskMachine(t, boot1.mac)
 				req := d.request(t, m, d.ramdisk, boot1, time.Time{})
 				req.Role = pki.RoleNode
 				req.SealedToken = jointest.Seal(t, e.Bundle, d.ramdisk, req)
 				return req
-			}},
+			}, ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				d.refusedOnce(t, d.root, "discovery:"+tc.reason, func() error {
-					_, err := d.joinWith(d.svc, tc.req(t))
+					req := tc.req(t)
+					peer := tc.peer
+					switch peer {
+					case "":
+						peer = bootPeer(req, "")
+					case "-":
+						peer = ""
+					}
+					_, err := d.joinFrom(d.svc, req, peer)
 					return err
 				})
 			})
@@ -437,9 +473,11 @@ func TestDiscoveryVouchRefusals(t *testing.T) {
 		if n, left := len(d.nodes(t, d.root)), d.usesLeft(t, d.tokenID); n != 0 || left != 1000 {
 			t.Fatalf("%d nodes and %d uses left after refusals, want 0 and 1000", n, left)
 		}
-		// The vouched boot itself is admitted at once (approval never).
+		// The vouched boot itself is admitted at once (approval never),
+		// also from the IPv4-mapped form of its address (a dual-stack
+		// gateway listener).
 		m := ramdiskMachine(t, boot1.mac)
-		res, err := d.joinWith(d.svc, d.request(t, m, d.ramdisk, boot1, time.Time{}))
+		res, err := d.joinFrom(d.svc, d.request(t, m, d.ramdisk, boot1, time.Time{}), "[::ffff:"+boot1.ip+"]:40000")
 		if err != nil {
 			t.Fatalf("the vouched boot: %v", err)
 		}
@@ -449,39 +487,54 @@ func TestDiscoveryVouchRefusals(t *testing.T) {
 	})
 }
 
-// R10.4: unknown-machines admits a machine whose trusted hardware key is
-// already a node (its ramdisk reclaims it) and defers an unknown one;
-// always defers both.
+// R10.4, R15.3: in every approval mode a machine that is already a node
+// (its trusted hardware key) waits for a person before its ramdisk reclaims
+// the node, and its node is untouched while it waits; an unknown machine
+// waits in "unknown-machines" and "always" and is admitted in "never". The
+// approved reclaim keeps the node's id at its next generation.
 func TestDiscoveryApprovalModes(t *testing.T) {
 	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
 		f := newFixture(t, e)
-		for i, mode := range []string{tenancy.ApprovalUnknownMachines, tenancy.ApprovalAlways} {
-			t.Run(mode, func(t *testing.T) {
-				d := newDiscoIn(t, f, mode)
+		for i, tc := range []struct {
+			mode         string
+			unknownWaits bool
+		}{
+			{tenancy.ApprovalUnknownMachines, true},
+			{tenancy.ApprovalAlways, true},
+			{tenancy.ApprovalNever, false},
+		} {
+			t.Run(tc.mode, func(t *testing.T) {
+				d := newDiscoIn(t, f, tc.mode)
 				// A known machine: joined the pool with a node token.
 				claims := jointest.Claims(7 + i)
-				mac := claims.Macs[0]
-				known := jointest.NewMachine(t, claims)
+				b := boot{claims.Macs[0], fmt.Sprintf("10.0.1.%d", 7+i), 1}
 				tok := d.token(t, &bcv1.CreateJoinTokenRequest{TenantId: d.root, PoolId: d.pool.Id})
-				node := d.mustJoin(t, known, tok.Token, pki.RoleNode).Body.NodeId
-				d.vouch(t, d.site.Id, mac, "10.0.1.7", 1)
+				node := d.mustJoin(t, jointest.NewMachine(t, claims), tok.Token, pki.RoleNode).Body.NodeId
+				d.vouch(t, d.site.Id, b.mac, b.ip, b.epoch)
 				rd := jointest.NewMachine(t, claims)
-				res, err := d.joinWith(d.svc, d.request(t, rd, d.ramdisk, boot{mac, "10.0.1.7", 1}, time.Time{}))
+				df := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+				d.untouched(t, node, "while its machine waits for approval")
+				d.decide(t, df.GetRequestId(), 15*time.Minute, time.Now())
+				res, err := d.joinWith(d.svc, d.request(t, rd, d.ramdisk, b, time.Time{}))
 				if err != nil {
-					t.Fatalf("join: %v", err)
+					t.Fatalf("the approved reclaim: %v", err)
 				}
-				if mode == tenancy.ApprovalAlways {
-					rd.Deferral(t, e.Bundle, res)
-					return
+				if got := rd.Verify(t, e.Bundle, res, pki.RoleRamdisk); got.Body.NodeId != node || got.Body.IdentityGeneration != 2 {
+					t.Fatalf("the approved ramdisk joined as %s generation %d, want its machine's node %s at generation 2", got.Body.NodeId, got.Body.IdentityGeneration, node)
 				}
-				got := rd.Verify(t, e.Bundle, res, pki.RoleRamdisk)
-				if got.Body.NodeId != node {
-					t.Fatalf("the ramdisk joined as %s, want its machine's node %s (a reclaim)", got.Body.NodeId, node)
-				}
-				// An unknown machine waits.
+				// An unknown machine.
 				um := ramdiskMachine(t, boot1.mac)
 				d.vouch(t, d.site.Id, boot1.mac, boot1.ip, boot1.epoch)
-				d.mustDefer(t, d.svc, um, d.request(t, um, d.ramdisk, boot1, time.Time{}))
+				req := d.request(t, um, d.ramdisk, boot1, time.Time{})
+				if tc.unknownWaits {
+					d.mustDefer(t, d.svc, um, req)
+					return
+				}
+				res, err = d.joinWith(d.svc, req)
+				if err != nil {
+					t.Fatalf("an unknown machine in mode never: %v", err)
+				}
+				um.Verify(t, e.Bundle, res, pki.RoleRamdisk)
 			})
 		}
 	})

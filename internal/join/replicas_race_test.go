@@ -105,7 +105,8 @@ func (p replicaPair) race(t *testing.T, reqs []*agentv1.JoinRequest) []raceOutco
 			<-start
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			out[i].res, out[i].err = p.svcs[i%2].Join(ctx, req, join.Peer{Addr: fmt.Sprintf("192.0.2.%d:40000", 10+i%2)})
+			// A ramdisk connects from its boot address (R10.4).
+			out[i].res, out[i].err = p.svcs[i%2].Join(ctx, req, join.Peer{Addr: bootPeer(req, fmt.Sprintf("192.0.2.%d:40000", 10+i%2))})
 		})
 	}
 	ready.Wait()

@@ -229,6 +229,10 @@ type SiteVouch struct {
 	VouchedBy, WorkflowID string
 	// UpdatedAt is read back (compute_now() of the last change).
 	UpdatedAt time.Time
+	// BoundNodeID is the node this vouch admitted (BindSiteVouch), read
+	// back; "" while it admitted none. A binding made under an older
+	// lease epoch does not count: a newer boot of the NIC is a new vouch.
+	BoundNodeID string
 }
 
 // UpsertSiteVouch records a vouch, replacing the site's vouch for the MAC
@@ -254,7 +258,8 @@ func (t *Tx) UpsertSiteVouch(ctx context.Context, v SiteVouch) (bool, error) {
 // SiteVouchesByMAC lists every site's vouch for the MAC in the tenant, in
 // site order.
 func (t *Tx) SiteVouchesByMAC(ctx context.Context, tenantID, mac string) ([]SiteVouch, error) {
-	rows, err := t.query(ctx, `SELECT tenant_id, site_id, mac, ip, lease_epoch, vouched_by, workflow_id, updated_ms FROM site_vouches
+	rows, err := t.query(ctx, `SELECT tenant_id, site_id, mac, ip, lease_epoch, vouched_by, workflow_id, updated_ms,
+			CASE WHEN bound_lease_epoch = lease_epoch THEN bound_node_id ELSE '' END FROM site_vouches
 		WHERE tenant_id = ? AND mac = ? ORDER BY site_id`, tenantID, mac)
 	if err != nil {
 		return nil, fmt.Errorf("find site vouches: %w", err)
@@ -264,11 +269,36 @@ func (t *Tx) SiteVouchesByMAC(ctx context.Context, tenantID, mac string) ([]Site
 	for rows.Next() {
 		var v SiteVouch
 		var updated int64
-		if err := rows.Scan(&v.TenantID, &v.SiteID, &v.MAC, &v.IP, &v.LeaseEpoch, &v.VouchedBy, &v.WorkflowID, &updated); err != nil {
+		var bound sql.NullString
+		if err := rows.Scan(&v.TenantID, &v.SiteID, &v.MAC, &v.IP, &v.LeaseEpoch, &v.VouchedBy, &v.WorkflowID, &updated, &bound); err != nil {
 			return nil, err
 		}
+		v.BoundNodeID = bound.String
 		v.UpdatedAt = fromMS(updated)
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// BindSiteVouch binds the site's vouch for the MAC, at this lease epoch, to
+// the node a join admitted on it (R15.3: a vouch admits only the machine it
+// vouched for). The first admission binds it and the same node again keeps
+// it; it reports false, changing nothing, when the vouch is bound to
+// another node for this epoch or is no longer at this epoch. Run inside the
+// admission transaction: on PostgreSQL the row stays locked until the
+// commit, so of two joins on one vouch the second waits and then finds it
+// bound.
+func (t *Tx) BindSiteVouch(ctx context.Context, tenantID, siteID, mac string, leaseEpoch int64, nodeID string) (bool, error) {
+	res, err := t.exec(ctx, `UPDATE site_vouches SET bound_node_id = ?, bound_lease_epoch = lease_epoch
+		WHERE tenant_id = ? AND site_id = ? AND mac = ? AND lease_epoch = ?
+			AND (bound_lease_epoch IS NULL OR bound_lease_epoch <> lease_epoch OR bound_node_id = ?)`,
+		nodeID, tenantID, siteID, mac, leaseEpoch, nodeID)
+	if err != nil {
+		return false, fmt.Errorf("bind site vouch: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("bind site vouch: %w", err)
+	}
+	return n == 1, nil
 }

@@ -38,14 +38,17 @@ type Policy struct {
 }
 
 // Discovery approval modes (R10.4): which machines a site agent vouched for
-// still wait for a person.
+// still wait for a person. In every mode a machine that is already a node
+// of the tenant waits (R15.3: a vouch proves a boot, not which machine's
+// claims came with it, so only a person lets a ramdisk reclaim a node).
 const (
 	// ApprovalUnknownMachines defers machines without a trusted hardware
-	// key that matches a node of the tenant. The default.
+	// key that matches a node of the tenant, and, like every mode, those
+	// with one. The default.
 	ApprovalUnknownMachines = "unknown-machines"
 	// ApprovalAlways defers every machine.
 	ApprovalAlways = "always"
-	// ApprovalNever admits every vouched machine.
+	// ApprovalNever admits a vouched machine that is not yet a node.
 	ApprovalNever = "never"
 )
 

@@ -833,7 +833,9 @@ type DiscoveryPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "unknown-machines" (the default when empty): machines without a trusted
 	// hardware key matching a node wait for approval; "always": every
-	// machine waits; "never": every vouched machine is admitted.
+	// machine waits; "never": a vouched machine that is not yet a node is
+	// admitted. In every mode a machine that is already a node waits: a
+	// ramdisk reclaims a node only with a person's approval (R15.3).
 	Approval      string `protobuf:"bytes,1,opt,name=approval,proto3" json:"approval,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -51,6 +51,12 @@ type Input struct {
 	Challenge func(ctx context.Context, challenge []byte) ([]byte, error)
 	Claims    hwid.Normalized
 	Key       hwid.HardwareKey
+	// PeerAddr is the daemon's address as the gateway saw it (ip:port,
+	// join.Peer.Addr), "" when none was forwarded. SECURITY: it is the
+	// gateway's word, trusted because the agent listener authenticates
+	// the gateway; it is not covered by the request digest, and a
+	// compromised gateway can lie about it.
+	PeerAddr string
 }
 
 // ChallengeError ends a join leg with a challenge for the machine.
@@ -95,6 +101,12 @@ type Admission struct {
 	// whole join. It returns a *Refusal when nothing is left to spend (the
 	// transaction then rolls back, as for any refusal).
 	Spend func(ctx context.Context, tx *store.Tx) error
+	// Bind, when not nil, ties what the admission used to the node it
+	// admitted (discovery: the vouch admits only this node, R15.3).
+	// JoinService runs it with the node's id once the node is written,
+	// just before Spend, so a lock it takes is held only to the commit. It
+	// returns a *Refusal when what it binds is already another node's.
+	Bind func(ctx context.Context, tx *store.Tx, nodeID string) error
 	// Approval, when set, makes this join wait for a person (R10.1): the
 	// attestor admits the machine only through an approved join request.
 	// JoinService then admits the join that presents the approved CSR and
@@ -115,10 +127,11 @@ type Approval struct {
 	WorkflowID     string
 	VouchedBy      string
 	BootLeaseEpoch int64
-	// OnlyUnknown defers only a machine that is not already a node: one
-	// without a trusted hardware key matching a node of the tenant
-	// (discovery's "unknown-machines" mode).
-	OnlyUnknown bool
+	// OnlyReclaims defers only a join that would take a node that already
+	// exists (a trusted hardware key matching a node of the tenant), and
+	// admits a new machine at once: discovery's "never" mode, where an
+	// unknown machine needs no person but a reclaim still does (R15.3).
+	OnlyReclaims bool
 }
 
 // Refusal is a refused join. Reason is recorded server-side as

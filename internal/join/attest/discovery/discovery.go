@@ -2,20 +2,29 @@
 // role ramdisk, booted over the network) joins with the site's ramdisk
 // token and the boot it was given (MAC, address, lease epoch), and a site
 // agent of the token's site must have vouched for exactly that boot over
-// its session. The pool's approval mode then decides whether the machine
-// waits for a person (a join request, R10.1): "unknown-machines" defers
-// machines that are not already a node of the tenant, "always" defers
-// every one, "never" admits every vouched machine.
+// its session, from the address the gateway saw it connect from. The
+// pool's approval mode then decides whether a new machine waits for a
+// person (a join request, R10.1): "unknown-machines" and "always" defer
+// it, "never" admits it. A machine that is already a node always waits
+// (R15.3): the vouch proves a boot of a NIC, not which machine's claims
+// came with it, so only a person lets a ramdisk reclaim a node.
 //
-// SECURITY: the token proves the caller is software the site booted; the
-// vouch ties it to one NIC and one lease. A vouch from another site, from
-// an older lease, or for another address is refused, so a ramdisk token
-// copied out of one boot image cannot join a machine the site did not
-// just boot.
+// SECURITY: the token proves the caller is software the site booted (it is
+// in every boot image, so it proves little); the vouch ties the join to
+// one NIC, one lease and one address, and admits one node: the first
+// admitted on it binds it (vouch-used for any other). A vouch from another
+// site, from an older lease, for another address, or used from another
+// peer address is refused, so a ramdisk token copied out of a boot image
+// cannot join a machine the site did not just boot, and cannot take over
+// an existing node without an approval. The peer address is the gateway's
+// word: a compromised gateway can present a ramdisk from elsewhere, still
+// only with a ramdisk token and a live, unbound vouch, and still not
+// reclaim without an approval.
 package discovery
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -76,34 +85,22 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	tenant := adm.TenantID
 	// A machine that is already a node of the tenant (its trusted hardware
 	// key) and that the site network-booted is being provisioned again:
-	// the ramdisk reclaims its node (R6.3), on the site's vouch below.
+	// the ramdisk may reclaim its node (R6.3), but only through a join
+	// request a person approved (the Approval below, R15.3).
 	adm.AllowReclaim = true
 	ev, reason := Evidence(in.Evidence, in.Claims)
 	if reason != "" {
 		return nil, attest.Refuse(reason, tenant)
 	}
-	vouches, err := tx.SiteVouchesByMAC(ctx, tenant, ev.GetMac())
+	v, reason, err := vouchFor(ctx, tx, tenant, adm.SiteID, ev)
 	if err != nil {
 		return nil, err
 	}
-	var v *store.SiteVouch
-	for i := range vouches {
-		if vouches[i].SiteID == adm.SiteID {
-			v = &vouches[i]
-		}
+	if reason == "" {
+		reason = peerReason(in.PeerAddr, v.IP)
 	}
-	switch {
-	case v == nil && len(vouches) > 0:
-		return nil, attest.Refuse("vouch-site", tenant)
-	case v == nil:
-		return nil, attest.Refuse("vouch-missing", tenant)
-	case ev.GetBootLeaseEpoch() < v.LeaseEpoch:
-		// A newer boot of this NIC was vouched for: this is an old one.
-		return nil, attest.Refuse("vouch-epoch", tenant)
-	case ev.GetBootLeaseEpoch() > v.LeaseEpoch:
-		return nil, attest.Refuse("vouch-missing", tenant)
-	case ev.GetIp() != v.IP:
-		return nil, attest.Refuse("vouch-ip", tenant)
+	if reason != "" {
+		return nil, attest.Refuse(reason, tenant)
 	}
 	pool, err := tx.GetPool(ctx, adm.PoolID)
 	if err != nil {
@@ -113,12 +110,70 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	if err != nil {
 		return nil, err
 	}
-	if mode := policy.ApprovalMode(); mode != tenancy.ApprovalNever {
-		adm.Approval = &attest.Approval{
-			MachineKey: attest.MachineKeyFor(in.Key, nil, adm.SiteID, ev.GetMac()),
-			MAC:        ev.GetMac(), IP: ev.GetIp(), WorkflowID: ev.GetWorkflowId(), VouchedBy: v.VouchedBy, BootLeaseEpoch: v.LeaseEpoch,
-			OnlyUnknown: mode == tenancy.ApprovalUnknownMachines,
+	// R15.3: every mode defers a reclaim; "never" admits a new machine.
+	adm.Approval = &attest.Approval{
+		MachineKey: attest.MachineKeyFor(in.Key, nil, adm.SiteID, ev.GetMac()),
+		MAC:        ev.GetMac(), IP: ev.GetIp(), WorkflowID: ev.GetWorkflowId(), VouchedBy: v.VouchedBy, BootLeaseEpoch: v.LeaseEpoch,
+		OnlyReclaims: policy.ApprovalMode() == tenancy.ApprovalNever,
+	}
+	// R15.3: the vouch admits one node, the first admitted on it.
+	site, mac, epoch := adm.SiteID, v.MAC, v.LeaseEpoch
+	adm.Bind = func(ctx context.Context, tx *store.Tx, nodeID string) error {
+		switch ok, err := tx.BindSiteVouch(ctx, tenant, site, mac, epoch, nodeID); {
+		case err != nil:
+			return err
+		case !ok:
+			return attest.Refuse("vouch-used", tenant)
 		}
+		return nil
 	}
 	return adm, nil
+}
+
+// vouchFor finds the token's site's vouch for the boot in ev, or the
+// reason there is none that fits.
+func vouchFor(ctx context.Context, tx *store.Tx, tenant, siteID string, ev *agentv1.DiscoveryEvidence) (*store.SiteVouch, string, error) {
+	vouches, err := tx.SiteVouchesByMAC(ctx, tenant, ev.GetMac())
+	if err != nil {
+		return nil, "", err
+	}
+	var v *store.SiteVouch
+	for i := range vouches {
+		if vouches[i].SiteID == siteID {
+			v = &vouches[i]
+		}
+	}
+	switch {
+	case v == nil && len(vouches) > 0:
+		return nil, "vouch-site", nil
+	case v == nil:
+		return nil, "vouch-missing", nil
+	case ev.GetBootLeaseEpoch() < v.LeaseEpoch:
+		// A newer boot of this NIC was vouched for: this is an old one.
+		return nil, "vouch-epoch", nil
+	case ev.GetBootLeaseEpoch() > v.LeaseEpoch:
+		return nil, "vouch-missing", nil
+	case ev.GetIp() != v.IP:
+		return nil, "vouch-ip", nil
+	}
+	return v, "", nil
+}
+
+// peerReason is "" when the address the gateway saw the daemon connect
+// from (ip:port, or a bare IP) is the vouched IP, else "vouch-peer": the
+// boot_ip in the request is the machine's own word, the peer address is
+// what binds the join to the booted machine's network position. No
+// address (a gateway that forwarded none) is refused too.
+func peerReason(peerAddr, vouchedIP string) string {
+	var peer netip.Addr
+	if ap, err := netip.ParseAddrPort(peerAddr); err == nil {
+		peer = ap.Addr()
+	} else if a, err := netip.ParseAddr(peerAddr); err == nil {
+		peer = a
+	}
+	want, err := netip.ParseAddr(vouchedIP)
+	if !peer.IsValid() || err != nil || peer.Unmap().WithZone("") != want.Unmap() {
+		return "vouch-peer"
+	}
+	return ""
 }
