@@ -1,6 +1,7 @@
 package join_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -10,8 +11,10 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/ids"
 	"github.com/better-compute/better-compute/internal/join/jointest"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
@@ -191,6 +194,32 @@ func TestVouchAdmitsOneAcrossReplicasR15_3(t *testing.T) {
 			if r != "discovery:vouch-used" {
 				t.Errorf("refusal reason %q, want discovery:vouch-used", r)
 			}
+		}
+	})
+}
+
+// R15.3, R11.3: a ramdisk naming a node made ahead for some machine takes
+// it only through a person's approval, even in mode never: the ramdisk
+// token and a vouch prove a boot, not which node the machine is.
+func TestDiscoveryMadeAheadNeedsApprovalR15_3(t *testing.T) {
+	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
+		d := newDisco(t, e, tenancy.ApprovalNever)
+		d.vouch(t, d.site.Id, boot1.mac, boot1.ip, boot1.epoch)
+		ahead := ids.New(ids.Node, time.Now())
+		if err := e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
+			_, err := tx.InsertNode(context.Background(), store.Node{ID: ahead, TenantID: d.pool.OwnerTenantId, SiteID: d.pool.SiteId, PoolID: d.pool.Id,
+				Role: pki.RoleNode, State: store.NodePending, Hostname: "made-ahead"})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		m := ramdiskMachine(t, boot1.mac)
+		req := d.request(t, m, d.ramdisk, boot1, time.Time{})
+		req.NodeId = ahead
+		req.SealedToken = jointest.Seal(t, e.Bundle, d.ramdisk, req)
+		d.mustDefer(t, d.svc, m, req)
+		if n := d.node(t, ahead); n.State != store.NodePending || n.IdentityGeneration != 0 {
+			t.Fatalf("the node made ahead was taken without approval: %+v", n)
 		}
 	})
 }

@@ -128,9 +128,10 @@ type Approval struct {
 	VouchedBy      string
 	BootLeaseEpoch int64
 	// OnlyReclaims defers only a join that would take a node that already
-	// exists (a trusted hardware key matching a node of the tenant), and
-	// admits a new machine at once: discovery's "never" mode, where an
-	// unknown machine needs no person but a reclaim still does (R15.3).
+	// exists (a trusted hardware key matching a node of the tenant, or a
+	// node made ahead that the request names), and admits a new machine at
+	// once: discovery's "never" mode, where an unknown machine needs no
+	// person but taking a node still does (R15.3).
 	OnlyReclaims bool
 }
 
