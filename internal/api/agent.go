@@ -39,15 +39,21 @@ func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 // AgentTLSConfig); requests without a verified client certificate are
 // refused here too, so mounting it elsewhere by mistake exposes nothing.
 func (s *Server) AgentHandler() http.Handler {
+	// SECURITY: no request decompression on this listener either (see
+	// New): connect-go inflates a compressed message to its end before it
+	// refuses it as too large, and the gateway relaying here is not
+	// trusted. Gateways never compress toward the API.
+	noGzip := connect.WithCompression("gzip", nil, nil)
 	path, h := agentv1connect.NewJoinServiceHandler(&agent{s: s},
 		connect.WithReadMaxBytes(64<<10),
+		noGzip,
 		connect.WithInterceptors(wire.Interceptor(s.log)),
 	)
 	mux := http.NewServeMux()
 	// Joins and renewals run on goroutines with grown stacks (hotpath);
 	// sessions are long-lived streams and keep their own.
 	mux.Handle(path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(h))
-	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10)))
+	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10), noGzip))
 	// Gateways check each replica's readiness (its database) here.
 	mux.HandleFunc("GET /readyz", s.ready)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

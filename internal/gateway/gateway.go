@@ -47,10 +47,14 @@ import (
 const (
 	// shutdownGrace bounds a graceful shutdown in Run.
 	shutdownGrace = 15 * time.Second
-	// compressMinBytes: join and renew answers (a few KiB) are sent as
-	// they are; gzip would cost more CPU than the bytes it saves.
-	compressMinBytes = 16 << 10
 )
+
+// noCompression unregisters gzip from a handler, both ways. SECURITY:
+// connect-go inflates a compressed message to its end before it refuses it
+// as larger than ReadMaxBytes, so a 64 KiB gzip body from anyone who can
+// reach the gateway would cost inflating ~64 MiB; bcd never compresses
+// (and answers, a few KiB, gained nothing from gzip).
+var noCompression = connect.WithCompression("gzip", nil, nil)
 
 // Options are the process-level inputs that do not belong in the file.
 type Options struct {
@@ -422,7 +426,7 @@ func (g *Gateway) joinHandler() (string, http.Handler) {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
 		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
-		connect.WithCompressMinBytes(compressMinBytes),
+		noCompression,
 		connect.WithInterceptors(g.limit()),
 	}
 	path, typed := agentv1connect.NewJoinServiceHandler(&relay{g: g}, opts...)

@@ -44,7 +44,7 @@ func (g *Gateway) sessionHandler() (string, http.Handler) {
 	path, h := agentv1connect.NewSessionServiceHandler(&sessionRelay{g: g},
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
 		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
-		connect.WithCompressMinBytes(compressMinBytes),
+		noCompression,
 	)
 	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A session outlives the server's per-request timeouts by design.
