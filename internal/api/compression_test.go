@@ -1,17 +1,13 @@
 package api_test
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store/storetest"
 	"github.com/better-compute/better-compute/internal/wire/wiretest"
 )
@@ -71,18 +67,7 @@ func TestAgentListenerRefusesGzipBomb(t *testing.T) {
 	db := storetest.OpenSQLite(t)
 	e := apitest.Start(t, db, apitest.Options{})
 	bomb := wiretest.GzipBomb(t, 60<<20)
-	certPEM, keyPEM, err := pki.IssueGateway(e.Bundle, []string{"gw.test"}, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(e.Bundle.ServingCA)
-	hc := &http.Client{Transport: &http.Transport{ForceAttemptHTTP2: true,
-		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{gw}}}}
+	hc := &http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}
 	for _, path := range []string{agentv1connect.JoinServiceJoinProcedure, agentv1connect.SessionServiceConnectProcedure} {
 		t.Run(path, func(t *testing.T) {
 			h, read := wiretest.CountBody(e.Server.AgentHandler())

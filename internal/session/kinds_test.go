@@ -5,8 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net/http"
@@ -102,18 +100,7 @@ func nodeCert(t *testing.T, b *pki.Bundle, db *store.DB, n store.Node, kinds str
 // Hello.
 func hello(t *testing.T, b *pki.Bundle, url, nodeID string, der []byte, key *ecdsa.PrivateKey) (*agentv1.SessionServerMessage, error) {
 	t.Helper()
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(b.ServingCA)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{gw}}, ForceAttemptHTTP2: true}
-	defer tr.CloseIdleConnections()
+	tr := apitest.GatewayTransport(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr}, url, connect.WithGRPC()).Connect(ctx)
