@@ -938,5 +938,5 @@ func (s *Service) fail(ctx context.Context, procedure, peer string, err error) e
 func (s *Service) refused(ctx context.Context, r *refusal) {
 	s.cfg.Core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindSession,
 		Refusal: &nodeident.Refusal{Reason: r.reason, TenantID: r.tenantID, NodeID: r.nodeID, Serial: r.serial},
-		Data:    map[string]any{"peer": r.peer}})
+		Data:    map[string]any{"peer": r.peer}, Peer: r.peer})
 }
