@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/ratelimit"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -41,6 +42,10 @@ const DefaultBasePath = wire.DefaultBasePath
 
 // DefaultMaxBodyBytes bounds request bodies.
 const DefaultMaxBodyBytes = 1 << 20
+
+// LinesPerMinute is how many lines of each kind an unauthenticated request
+// can make the API write per minute (R15.4).
+const LinesPerMinute = 10
 
 // GatewayInfo is what the well-known document says about the gateway.
 type GatewayInfo struct {
@@ -80,9 +85,12 @@ type Config struct {
 
 // Server is the API.
 type Server struct {
-	cfg     Config
-	db      *store.DB
-	log     *slog.Logger
+	cfg Config
+	db  *store.DB
+	log *slog.Logger
+	// lines writes what an unauthenticated request can cause (a failed key
+	// lookup, readiness, downloads) rate-limited: LinesPerMinute per kind.
+	lines   *ratelimit.Logger
 	hub     *events.Hub
 	tenancy *tenancy.Service
 	authz   *authz.Service
@@ -122,6 +130,7 @@ func New(cfg Config) (*Server, error) {
 	hub := events.NewHub()
 	s := &Server{
 		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub,
+		lines:    ratelimit.NewLogger(cfg.Log, ratelimit.New(cfg.Clock, LinesPerMinute, time.Minute)),
 		tenancy:  tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:    authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:   jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
@@ -206,7 +215,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2e9)
 	defer cancel()
 	if err := s.db.Ping(ctx); err != nil {
-		s.log.Warn("not ready", "err", err)
+		s.lines.Log(slog.LevelWarn, "not-ready", "not ready", "err", err)
 		http.Error(w, "database unavailable\n", http.StatusServiceUnavailable)
 		return
 	}
@@ -228,7 +237,14 @@ func (s *Server) authenticateFirst(h http.Handler, errw *connect.ErrorWriter) ht
 		}
 		p, err := s.authenticate(r.Context(), r.Header.Get("Authorization"))
 		if err != nil {
-			_ = errw.Write(w, r, wire.ToWire(s.log, r.URL.Path, err))
+			log := s.log
+			if _, ok := errs.As(err); !ok {
+				// The store failed: no key vouches for the caller, so
+				// the line is rate-limited and ToWire writes none.
+				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, "peer", r.RemoteAddr, "err", err)
+				log = discard
+			}
+			_ = errw.Write(w, r, wire.ToWire(log, r.URL.Path, err))
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(authz.WithPrincipal(r.Context(), p)))
@@ -242,6 +258,8 @@ func (s *Server) authenticate(ctx context.Context, header string) (authz.Princip
 	}
 	return authz.Authenticate(ctx, s.db, bearer)
 }
+
+var discard = slog.New(slog.DiscardHandler)
 
 var errUnauthenticated = errs.New(errs.Unauthenticated, "a valid API key is required (Authorization: Bearer bck_…)")
 

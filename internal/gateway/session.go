@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -72,7 +73,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	select {
 	case g.held <- struct{}{}:
 	default:
-		g.log.Warn("gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
+		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
 		return wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 	}
 	defer func() { <-g.held }()
