@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/nodeident"
 	"github.com/better-compute/better-compute/internal/nodes"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/ratelimit"
 	"github.com/better-compute/better-compute/internal/session"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -41,6 +42,10 @@ const DefaultBasePath = wire.DefaultBasePath
 
 // DefaultMaxBodyBytes bounds request bodies.
 const DefaultMaxBodyBytes = 1 << 20
+
+// LinesPerMinute is how many lines of each kind an unauthenticated request
+// can make the API write per minute (R15.4).
+const LinesPerMinute = 10
 
 // GatewayInfo is what the well-known document says about the gateway.
 type GatewayInfo struct {
@@ -83,9 +88,12 @@ type Config struct {
 
 // Server is the API.
 type Server struct {
-	cfg     Config
-	db      *store.DB
-	log     *slog.Logger
+	cfg Config
+	db  *store.DB
+	log *slog.Logger
+	// lines writes what an unauthenticated request can cause (a failed key
+	// lookup, readiness, downloads) rate-limited: LinesPerMinute per kind.
+	lines   *ratelimit.Logger
 	hub     *events.Hub
 	tenancy *tenancy.Service
 	authz   *authz.Service
@@ -131,6 +139,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, db: cfg.DB, log: cfg.Log, hub: hub, cursors: cursors,
+		lines:    ratelimit.NewLogger(cfg.Log, ratelimit.New(cfg.Clock, LinesPerMinute, time.Minute)),
 		tenancy:  tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:    authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:   jointoken.New(jointoken.Config{DB: cfg.DB, Hub: hub}),
@@ -162,8 +171,15 @@ func New(cfg Config) (*Server, error) {
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),
 		connect.WithReadMaxBytes(cfg.MaxBodyBytes),
+		// SECURITY: no request decompression. connect-go inflates a
+		// compressed message to its end to report its size, past
+		// ReadMaxBytes (a 1 MB gzip body inflating to 1 GiB cost a second
+		// of CPU); no client of ours compresses requests. Answers are not
+		// compressed either (connect registers both directions together).
+		connect.WithCompression("gzip", nil, nil),
 		connect.WithInterceptors(wire.Interceptor(cfg.Log), s.authInterceptor()),
 	}
+	errw := connect.NewErrorWriter(opts...)
 	for _, mount := range []func() (string, http.Handler){
 		func() (string, http.Handler) { return bcv1connect.NewTenantServiceHandler(op, opts...) },
 		func() (string, http.Handler) { return bcv1connect.NewSiteServiceHandler(op, opts...) },
@@ -176,7 +192,7 @@ func New(cfg Config) (*Server, error) {
 		func() (string, http.Handler) { return bcv1connect.NewCommandServiceHandler(op, opts...) },
 	} {
 		path, h := mount()
-		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, h))
+		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, s.authenticateFirst(h, errw)))
 	}
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
 	s.mountDownloads()
@@ -208,27 +224,63 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2e9)
 	defer cancel()
 	if err := s.db.Ping(ctx); err != nil {
-		s.log.Warn("not ready", "err", err)
+		s.lines.Log(slog.LevelWarn, "not-ready", "not ready", "err", err)
 		http.Error(w, "database unavailable\n", http.StatusServiceUnavailable)
 		return
 	}
 	w.Write([]byte("ok\n"))
 }
 
-// authInterceptor authenticates every operator call by its bearer API key.
+// authenticateFirst authenticates an operator call by its bearer API key
+// before h reads a byte of its body, and passes the principal on in the
+// request's context. SECURITY: an unauthenticated caller costs one key
+// lookup, never the parsing of its (up to MaxBodyBytes) message
+// (R15.4); the refusal is written in the call's protocol by errw. A
+// procedure the schema does not have goes to h unauthenticated: connect
+// answers it 404 without reading the body.
+func (s *Server) authenticateFirst(h http.Handler, errw *connect.ErrorWriter) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.procedures[r.URL.Path] {
+			h.ServeHTTP(w, r)
+			return
+		}
+		p, err := s.authenticate(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			log := s.log
+			if _, ok := errs.As(err); !ok {
+				// The store failed: no key vouches for the caller, so
+				// the line is rate-limited and ToWire writes none.
+				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, "peer", r.RemoteAddr, "err", err)
+				log = discard
+			}
+			_ = errw.Write(w, r, wire.ToWire(log, r.URL.Path, err))
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(authz.WithPrincipal(r.Context(), p)))
+	})
+}
+
+func (s *Server) authenticate(ctx context.Context, header string) (authz.Principal, error) {
+	bearer, ok := strings.CutPrefix(header, "Bearer ")
+	if !ok {
+		return authz.Principal{}, errUnauthenticated
+	}
+	return authz.Authenticate(ctx, s.db, bearer)
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+var errUnauthenticated = errs.New(errs.Unauthenticated, "a valid API key is required (Authorization: Bearer bck_…)")
+
+// authInterceptor refuses an operator call that authenticateFirst did not
+// authenticate (a handler mounted without it).
 func (s *Server) authInterceptor() connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			h := req.Header().Get("Authorization")
-			bearer, ok := strings.CutPrefix(h, "Bearer ")
-			if !ok {
-				return nil, errs.New(errs.Unauthenticated, "a valid API key is required (Authorization: Bearer bck_…)")
+			if _, ok := authz.From(ctx); !ok {
+				return nil, errUnauthenticated
 			}
-			p, err := authz.Authenticate(ctx, s.db, bearer)
-			if err != nil {
-				return nil, err
-			}
-			return next(authz.WithPrincipal(ctx, p), req)
+			return next(ctx, req)
 		}
 	}
 }

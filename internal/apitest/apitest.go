@@ -49,6 +49,8 @@ type Options struct {
 	// A clock.Fake lets session tests move the session service's checks,
 	// polls and timeouts instead of sleeping.
 	Clock clock.Clock
+	// Log is the API's log (api.Config.Log); nil discards it.
+	Log *slog.Logger
 }
 
 // Start runs the API on db.
@@ -67,7 +69,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock})
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log})
 	if err != nil {
 		t.Fatalf("api.New: %v", err)
 	}
@@ -136,4 +138,26 @@ func StartAgent(t testing.TB, h http.Handler, b *pki.Bundle) *httptest.Server {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// GatewayTransport is a transport with a gateway's client certificate from
+// b's serving CA, trusting the serving CA: what a gateway dials the agent
+// listener (StartAgent) with. Its idle connections close when the test
+// ends.
+func GatewayTransport(t testing.TB, b *pki.Bundle) *http.Transport {
+	t.Helper()
+	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(b.ServingCA)
+	tr := &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{gw}}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
 }

@@ -168,6 +168,19 @@ func From(ctx context.Context) (Principal, bool) {
 // Authenticate resolves a bearer API key. Every failure is the same
 // UNAUTHENTICATED, whatever was wrong.
 func Authenticate(ctx context.Context, db *store.DB, bearer string) (Principal, error) {
+	return authenticate(ctx, db, bearer, secret.Matches)
+}
+
+// unknownKeySum is what a secret is verified against when its key id is
+// unknown (see authenticate): the hash of no secret Mint can return.
+var unknownKeySum = secret.Hash("")
+
+// authenticate is Authenticate with the secret check as a parameter (tests
+// count it). SECURITY: an unknown key id costs the same verification as a
+// known one with a wrong secret (against unknownKeySum), and both fail
+// before anything else is read, so the answer's timing does not tell a
+// caller which key ids exist.
+func authenticate(ctx context.Context, db *store.DB, bearer string, verify func(plain string, sum []byte) bool) (Principal, error) {
 	unauth := errs.New(errs.Unauthenticated, "a valid API key is required (Authorization: Bearer bck_…)")
 	id, plain, ok := secret.Parse(KeyScheme, bearer)
 	if !ok || !ids.Valid(ids.APIKey, id) {
@@ -176,10 +189,14 @@ func Authenticate(ctx context.Context, db *store.DB, bearer string) (Principal, 
 	var p Principal
 	err := db.ReadTx(ctx, func(tx *store.Tx) error {
 		a, err := tx.GetAPIKeyAuth(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			verify(plain, unknownKeySum)
+			return err
+		}
 		if err != nil {
 			return err
 		}
-		if !secret.Matches(plain, a.Key.SecretSHA256) || !a.Live {
+		if !verify(plain, a.Key.SecretSHA256) || !a.Live {
 			return store.ErrNotFound
 		}
 		root, err := tx.RootTenantID(ctx)

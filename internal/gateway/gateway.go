@@ -42,15 +42,24 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/hotpath"
+	"github.com/better-compute/better-compute/internal/ratelimit"
 )
 
 const (
 	// shutdownGrace bounds a graceful shutdown in Run.
 	shutdownGrace = 15 * time.Second
-	// compressMinBytes: join and renew answers (a few KiB) are sent as
-	// they are; gzip would cost more CPU than the bytes it saves.
-	compressMinBytes = 16 << 10
+	// LinesPerMinute is how many lines of each kind a caller can make the
+	// gateway write per minute (R15.4); each says how many of its kind were
+	// suppressed since the last.
+	LinesPerMinute = 10
 )
+
+// noCompression unregisters gzip from a handler, both ways. SECURITY:
+// connect-go inflates a compressed message to its end before it refuses it
+// as larger than ReadMaxBytes, so a 64 KiB gzip body from anyone who can
+// reach the gateway would cost inflating ~64 MiB; bcd never compresses
+// (and answers, a few KiB, gained nothing from gzip).
+var noCompression = connect.WithCompression("gzip", nil, nil)
 
 // Options are the process-level inputs that do not belong in the file.
 type Options struct {
@@ -77,6 +86,9 @@ type Gateway struct {
 	stopped context.Context
 	stop    context.CancelFunc
 	sem     chan struct{}
+	// lines writes the lines a caller can cause (net/http's handshake
+	// failures, busy and relay warnings) rate-limited (LinesPerMinute).
+	lines   *ratelimit.Logger
 	handler http.Handler
 	hs      *http.Server
 }
@@ -94,6 +106,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.clock == nil {
 		g.clock = clock.Real{}
 	}
+	g.lines = ratelimit.NewLogger(g.log, ratelimit.New(g.clock, LinesPerMinute, time.Minute))
 	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
 	if err != nil {
 		return nil, badKey("cert_file", "load the gateway certificate and key: %v", err)
@@ -171,7 +184,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		WriteTimeout:   cfg.RequestTimeout + 10*time.Second,
 		IdleTimeout:    120 * time.Second,
 		MaxHeaderBytes: 32 << 10,
-		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+		ErrorLog:       g.lines.ErrorLog(slog.LevelWarn, "gateway"),
 		// Pings find daemons that vanished without closing their connection.
 		// 16 KiB frames (the HTTP/2 minimum): a daemon's client holds a
 		// scratch buffer of this size while its session's body is open.
@@ -308,7 +321,7 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 			select {
 			case g.sem <- struct{}{}:
 			default:
-				g.log.Warn("gateway busy: call refused", "procedure", req.Spec().Procedure, "max_concurrent", g.cfg.MaxConcurrent)
+				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, "peer", peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
 				return nil, wire.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 			}
 			defer func() { <-g.sem }()
@@ -373,7 +386,7 @@ func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string,
 		if !again {
 			return nil, g.upstreamError(procedure, p, start, err)
 		}
-		g.log.Info("relay retried on another API replica", "procedure", procedure, "peer", p.addr, "api_url", u.base, "err", err)
+		g.lines.Log(slog.LevelInfo, "retried\x1f"+procedure, "relay retried on another API replica", "procedure", procedure, "peer", p.addr, "api_url", u.base, "err", err)
 	}
 }
 
@@ -422,7 +435,7 @@ func (g *Gateway) joinHandler() (string, http.Handler) {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
 		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
-		connect.WithCompressMinBytes(compressMinBytes),
+		noCompression,
 		connect.WithInterceptors(g.limit()),
 	}
 	path, typed := agentv1connect.NewJoinServiceHandler(&relay{g: g}, opts...)
@@ -467,7 +480,7 @@ func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err e
 		}
 		return out
 	}
-	g.log.Warn("relay to the API failed", "procedure", procedure, "peer", p.addr,
+	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, "peer", p.addr,
 		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
 	return wire.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
 }

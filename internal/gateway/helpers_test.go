@@ -269,7 +269,13 @@ func droppingListener(t testing.TB) string {
 // startGateway serves a gateway on 127.0.0.1 and returns its address.
 func startGateway(t testing.TB, cfg Config) (*Gateway, string) {
 	t.Helper()
-	g, err := New(cfg, Options{Log: quietLog()})
+	return startGatewayWith(t, cfg, Options{Log: quietLog()})
+}
+
+// startGatewayWith is startGateway with o (its log and clock).
+func startGatewayWith(t testing.TB, cfg Config, o Options) (*Gateway, string) {
+	t.Helper()
+	g, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -44,7 +45,7 @@ func (g *Gateway) sessionHandler() (string, http.Handler) {
 	path, h := agentv1connect.NewSessionServiceHandler(&sessionRelay{g: g},
 		connect.WithReadMaxBytes(g.cfg.MaxBodyBytes),
 		connect.WithSendMaxBytes(g.cfg.MaxBodyBytes),
-		connect.WithCompressMinBytes(compressMinBytes),
+		noCompression,
 	)
 	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A session outlives the server's per-request timeouts by design.
@@ -72,7 +73,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	select {
 	case g.held <- struct{}{}:
 	default:
-		g.log.Warn("gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
+		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
 		return wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 	}
 	defer func() { <-g.held }()

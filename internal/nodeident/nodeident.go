@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/ratelimit"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -65,7 +66,15 @@ type Config struct {
 	// Limiter bounds refusal events: 60 per tenant, kind, attestor and
 	// reason per minute by default.
 	Limiter *events.Limiter
+	// LogLimiter bounds refusal log lines, by the same key: 10 per minute
+	// by default (LogLinesPerMinute).
+	LogLimiter *ratelimit.Limiter
 }
+
+// LogLinesPerMinute is how many log lines a refusal key (tenant, kind,
+// attestor and reason) writes per minute by default; each line says how
+// many of the key's were suppressed since the last.
+const LogLinesPerMinute = 10
 
 // Core is the identity core. Build it with New; one is shared by
 // JoinService and SessionService so refusals share one limiter.
@@ -75,6 +84,8 @@ type Core struct {
 	log     *slog.Logger
 	clock   clock.Clock
 	limiter *events.Limiter
+	// lines writes refusal log lines (rate-limited, naming the peer).
+	lines *ratelimit.Logger
 	// root caches the root tenant's id: it never changes once bootstrap
 	// set it.
 	root atomic.Pointer[string]
@@ -100,7 +111,11 @@ func New(cfg Config) (*Core, error) {
 	if cfg.Limiter == nil {
 		cfg.Limiter = events.NewLimiter(cfg.Clock, 60, time.Minute)
 	}
-	return &Core{cfg: cfg, db: cfg.DB, log: cfg.Log, clock: cfg.Clock, limiter: cfg.Limiter}, nil
+	if cfg.LogLimiter == nil {
+		cfg.LogLimiter = ratelimit.New(cfg.Clock, LogLinesPerMinute, time.Minute)
+	}
+	return &Core{cfg: cfg, db: cfg.DB, log: cfg.Log, clock: cfg.Clock, limiter: cfg.Limiter,
+		lines: ratelimit.NewLogger(cfg.Log, cfg.LogLimiter)}, nil
 }
 
 // Bundle returns the machine PKI (nil when none is configured).

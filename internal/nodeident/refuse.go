@@ -2,6 +2,7 @@ package nodeident
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 
 	"github.com/better-compute/better-compute/internal/events"
@@ -26,6 +27,30 @@ type Refused struct {
 	// Data adds fields to the event (role, csrSha256, hardwareKey, peer,
 	// ...): hashes and names only, never a secret.
 	Data map[string]any
+	// Peer is the caller's address for the log line; empty: the one
+	// WithPeer put in the context.
+	Peer string
+}
+
+type peerKey struct{}
+
+// WithPeer returns ctx naming the caller's address (as the gateway
+// forwarded it), for the log line of a refusal recorded under ctx.
+func WithPeer(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, peerKey{}, addr)
+}
+
+// peer is the address for the log line, at most 64 bytes: it is what the
+// gateway forwarded, not something the API checked.
+func (r Refused) peer(ctx context.Context) string {
+	p := r.Peer
+	if p == "" {
+		p, _ = ctx.Value(peerKey{}).(string)
+	}
+	if len(p) > 64 {
+		p = p[:64]
+	}
+	return p
 }
 
 // Refused records a refusal (R4.7, R13.5) as a security.<kind>.refused
@@ -38,8 +63,13 @@ type Refused struct {
 // each event's `suppressed` counts that key's events dropped
 // since its last one. SECURITY: the key includes the tenant, so refusals
 // one tenant causes never suppress, hide or count another tenant's.
+//
+// Log lines are rate-limited by the same key in this process (LogLimiter:
+// 10 a minute by default, R15.4): a flood of refusals is a few lines, each
+// naming the peer and saying how many of the key's lines were suppressed.
 func (c *Core) Refused(ctx context.Context, r Refused) {
 	ctx = context.WithoutCancel(ctx)
+	peer := r.peer(ctx)
 	tenant := r.TenantID
 	if tenant == "" {
 		err := c.db.ReadTx(ctx, func(tx *store.Tx) error {
@@ -48,12 +78,12 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 			return err
 		})
 		if err != nil {
-			c.log.Error("record refusal: read the root tenant", "err", err)
+			c.lines.Log(slog.LevelError, "\x1froot-tenant", "record refusal: read the root tenant", "err", err)
 			return
 		}
 		if tenant == "" {
 			// Before bootstrap there is no tenant to tell.
-			c.log.Info(r.Kind+" refused", "reason", r.Reason, "recorded", false)
+			c.lines.Log(slog.LevelInfo, "\x1f"+r.Kind+"\x1f"+r.Reason, r.Kind+" refused", "reason", r.Reason, "peer", peer, "recorded", false)
 			return
 		}
 	}
@@ -63,8 +93,12 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 	}
 	// \x1f, not NUL: PostgreSQL text cannot hold NUL.
 	key := tenant + "\x1f" + r.Kind + "\x1f" + reason
+	line := func(recorded bool) {
+		c.lines.Log(slog.LevelInfo, key, r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
+			"peer", peer, "recorded", recorded)
+	}
 	if c.limiter.Drop(key) {
-		c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial, "recorded", false)
+		line(false)
 		return
 	}
 	var ok bool
@@ -94,9 +128,8 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 		}
 		return events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: tenant, Type: "security." + r.Kind + ".refused", Subject: subject, Data: data})
 	})
-	c.log.Info(r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
-		"suppressed", suppressed, "recorded", ok && err == nil)
+	line(ok && err == nil)
 	if err != nil {
-		c.log.Error("record refusal", "kind", r.Kind, "err", err)
+		c.lines.Log(slog.LevelError, key+"\x1ferror", "record refusal", "kind", r.Kind, "err", err)
 	}
 }

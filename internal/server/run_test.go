@@ -52,12 +52,13 @@ func start(t *testing.T, cfg Config, o Options) *running {
 	return r
 }
 
-// The API serves over TLS with health, readiness, the well-known document
-// and Prometheus metrics on their own listener, and shuts down gracefully
-// when its context ends (issue 2, item 4; R11.6).
-func TestRunTLSMetricsShutdown(t *testing.T) {
-	dir := t.TempDir()
-	secret := []byte(secretpkg.GenerateStrong())
+// tlsFixture makes a machine PKI under dir/pki (encrypted with secret) and
+// a serving certificate for 127.0.0.1 from its serving CA in certFile and
+// keyFile.
+func tlsFixture(t *testing.T) (dir string, secret []byte, b *pki.Bundle, certFile, keyFile string) {
+	t.Helper()
+	dir = t.TempDir()
+	secret = []byte(secretpkg.GenerateStrong())
 	b, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", secret, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -66,13 +67,20 @@ func TestRunTLSMetricsShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	for p, data := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return dir, secret, b, certFile, keyFile
+}
+
+// The API serves over TLS with health, readiness, the well-known document
+// and Prometheus metrics on their own listener, and shuts down gracefully
+// when its context ends (issue 2, item 4; R11.6).
+func TestRunTLSMetricsShutdown(t *testing.T) {
+	dir, secret, b, certFile, keyFile := tlsFixture(t)
 	cfg := Config{
 		Listen: "127.0.0.1:0", RootTenant: "root",
 		TLS:     TLSConfig{CertFile: certFile, KeyFile: keyFile},

@@ -68,6 +68,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/rand"
@@ -329,6 +330,26 @@ func (c *conn) kickNow() {
 	}
 }
 
+// reasonKindsUnreadable refuses a session whose certificate's allowed kinds
+// the server cannot read (a corrupt node_certs.allowed_kinds).
+const reasonKindsUnreadable = "allowed-kinds-unreadable"
+
+// allowedKinds reads a certificate's allowed kinds (node_certs.allowed_kinds,
+// R7.5). Absent (no bytes, JSON null) and [] are no restriction; a value
+// that is not a JSON array of strings is an error. SECURITY: it fails
+// closed, as the command queue does on the same column: a corrupt value
+// must refuse the session, never lift the certificate's restriction.
+func allowedKinds(raw []byte) ([]string, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	var kinds []string
+	if err := json.Unmarshal(raw, &kinds); err != nil {
+		return nil, fmt.Errorf("read allowed kinds: %w", err)
+	}
+	return kinds, nil
+}
+
 // auth is an authenticated session's certificate and node.
 type auth struct {
 	node store.Node
@@ -376,8 +397,10 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	if reason != "" {
 		return s.fail(ctx, procedure, peer, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
 	}
-	var kinds []string
-	_ = json.Unmarshal(a.cert.AllowedKinds, &kinds)
+	kinds, err := allowedKinds(a.cert.AllowedKinds)
+	if err != nil {
+		return s.fail(ctx, procedure, peer, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
+	}
 	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
 		nodeKey: key, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
@@ -915,5 +938,5 @@ func (s *Service) fail(ctx context.Context, procedure, peer string, err error) e
 func (s *Service) refused(ctx context.Context, r *refusal) {
 	s.cfg.Core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindSession,
 		Refusal: &nodeident.Refusal{Reason: r.reason, TenantID: r.tenantID, NodeID: r.nodeID, Serial: r.serial},
-		Data:    map[string]any{"peer": r.peer}})
+		Data:    map[string]any{"peer": r.peer}, Peer: r.peer})
 }

@@ -183,6 +183,9 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 			return nil, fmt.Errorf("create database directory: %w", err)
 		}
 	}
+	if err := ownerOnly(cfg.Path); err != nil {
+		return nil, err
+	}
 	busy := cfg.busyTimeout
 	if busy <= 0 {
 		busy = 10 * time.Second
@@ -227,6 +230,29 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 		return nil, err
 	}
 	return db, nil
+}
+
+// ownerOnly makes the SQLite database file, and its -wal and -shm files when
+// they exist, readable by their owner only (0600). SECURITY: the database
+// holds API key and token hashes, the audit trail and every node's
+// identity; a file the driver creates takes the umask (0644 by default).
+// The file is created before the driver opens it, and SQLite gives the WAL
+// and SHM files it creates the database file's mode; files an older
+// version left 0644 are tightened at every open.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create database file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create database file: %w", err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("make the database file owner-only: %w", err)
+		}
+	}
+	return nil
 }
 
 func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
