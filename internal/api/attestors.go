@@ -12,11 +12,12 @@ import (
 	tpmattest "github.com/better-compute/better-compute/internal/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/nodeident"
+	"github.com/better-compute/better-compute/internal/wire"
 )
 
 // KnownAttestors are the attestor names a server can configure (the
 // `[join] attestors` list).
-var KnownAttestors = []string{jtattest.Name, x509pop.Name, discovery.Name, tpmattest.Name}
+var KnownAttestors = wire.Attestors
 
 // DefaultAttestors are configured when Config.Attestors is empty.
 var DefaultAttestors = []string{jtattest.Name}

@@ -4,6 +4,7 @@
 package fsutil
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -85,4 +86,14 @@ func SyncDir(dir string) {
 		_ = d.Sync()
 		_ = d.Close()
 	}
+}
+
+// WithoutPath drops *fs.PathError's repetition of the path, for messages
+// that name the path already; the errno stays, so errors.Is still works.
+func WithoutPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

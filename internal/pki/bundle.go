@@ -445,6 +445,16 @@ func isP256(pub crypto.PublicKey) bool {
 	return ok && k.Curve == elliptic.P256()
 }
 
+// ChainPEM is a chain of DER certificates as PEM "CERTIFICATE" blocks, in
+// order.
+func ChainPEM(ders [][]byte) []byte {
+	var out []byte
+	for _, d := range ders {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: d})...)
+	}
+	return out
+}
+
 // CertPEM returns cert as a PEM "CERTIFICATE" block.
 func CertPEM(cert *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})

@@ -23,7 +23,7 @@ import (
 const AgentBCD = "bcd"
 
 // Attestors a pool policy may name.
-var Attestors = []string{wire.AttestorJoinToken, wire.AttestorTPM, wire.AttestorDiscovery, wire.AttestorX509Pop}
+var Attestors = wire.Attestors
 
 // Policy is a pool's policy.
 type Policy struct {

@@ -9,3 +9,7 @@ const (
 	AttestorTPM       = "tpm"
 	AttestorDiscovery = "discovery"
 )
+
+// Attestors are every attestor name, in the order messages list them: what
+// a server's [join] attestors and a pool policy's joinAttestors may name.
+var Attestors = []string{AttestorJoinToken, AttestorX509Pop, AttestorDiscovery, AttestorTPM}

@@ -28,6 +28,7 @@ import (
 	"strings"
 
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/fsutil"
 	"github.com/better-compute/better-compute/internal/hwid"
 )
 
@@ -257,12 +258,12 @@ func readTrimmed(path string) (string, error) {
 func readBounded(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, unwrapPathError(err))
+		return nil, fmt.Errorf("%s: %w", path, fsutil.WithoutPath(err))
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, unwrapPathError(err))
+		return nil, fmt.Errorf("%s: %w", path, fsutil.WithoutPath(err))
 	}
 	if len(data) > maxFileSize {
 		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxFileSize)
@@ -270,14 +271,4 @@ func readBounded(path string) ([]byte, error) {
 	return data, nil
 }
 
-// unwrapPathError drops *fs.PathError's repetition of the path, keeping the
-// errno so errors.Is still works.
-func unwrapPathError(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
-func errText(err error) string { return unwrapPathError(err).Error() }
+func errText(err error) string { return fsutil.WithoutPath(err).Error() }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/fsutil"
 	"github.com/better-compute/better-compute/internal/hwid"
 )
 
@@ -146,10 +147,10 @@ func fakeRoot(root, flag string, owned []string) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if err := os.MkdirAll(root, 0o755); err != nil {
-			return errs.Invalid(flag, "cannot create %s: %v", root, unwrapPathError(err))
+			return errs.Invalid(flag, "cannot create %s: %v", root, fsutil.WithoutPath(err))
 		}
 	case err != nil:
-		return errs.Invalid(flag, "%s: %v", root, unwrapPathError(err))
+		return errs.Invalid(flag, "%s: %v", root, fsutil.WithoutPath(err))
 	case len(entries) > 0:
 		if st, err := os.Lstat(filepath.Join(root, FakeMarker)); err != nil || !st.Mode().IsRegular() {
 			return errs.New(errs.AlreadyExists, "%s is not empty and was not written by bcd fake-machine: nothing was changed; choose a new directory for %s", root, flag)

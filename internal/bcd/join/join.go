@@ -33,7 +33,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -824,8 +823,8 @@ func (j *Joiner) clockNote(err error) string {
 // step and kept aside (identity.Store.Replace); aside is its directory. Once
 // the identity is saved, join.pending has done its work and goes.
 func (j *Joiner) install(body *agentv1.JoinResponseBody, keyRecord []byte, attestor string, replace bool) (saved *identity.Identity, aside string, err error) {
-	chainPEM := derToPEM(body.GetCertChain())
-	bundlePEM := derToPEM(body.GetCommandBundle())
+	chainPEM := pki.ChainPEM(body.GetCertChain())
+	bundlePEM := pki.ChainPEM(body.GetCommandBundle())
 	id, err := identity.NewIdentity(chainPEM, attestor, j.clock.Now())
 	if err != nil {
 		return nil, "", err
@@ -847,14 +846,6 @@ func (j *Joiner) install(body *agentv1.JoinResponseBody, keyRecord []byte, attes
 		return nil, aside, fmt.Errorf("reload the saved identity: %w", err)
 	}
 	return saved, aside, nil
-}
-
-func derToPEM(ders [][]byte) []byte {
-	var buf bytes.Buffer
-	for _, d := range ders {
-		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: d})
-	}
-	return buf.Bytes()
 }
 
 // wireClaims converts the collected claims to the wire message.

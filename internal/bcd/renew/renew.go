@@ -19,7 +19,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -276,7 +275,7 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	chainPEM, bundlePEM := derToPEM(body.GetCertChain()), derToPEM(body.GetCommandBundle())
+	chainPEM, bundlePEM := pki.ChainPEM(body.GetCertChain()), pki.ChainPEM(body.GetCommandBundle())
 	next, err := identity.NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
 	if err != nil {
 		return nil, err
@@ -345,12 +344,4 @@ func callError(err error, gateway string) error {
 		return errs.New(errs.Unavailable, "cannot renew through %s: %s", gateway, e.Message)
 	}
 	return e
-}
-
-func derToPEM(ders [][]byte) []byte {
-	var buf bytes.Buffer
-	for _, d := range ders {
-		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: d})
-	}
-	return buf.Bytes()
 }

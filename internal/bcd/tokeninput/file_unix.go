@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/fsutil"
 )
 
 func osLookupEnv(k string) (string, bool) { return os.LookupEnv(k) }
@@ -44,7 +45,7 @@ func FromFile(path string) (token string, cleanup func() (warning string, err er
 		if errors.Is(err, fs.ErrNotExist) {
 			return "", nil, errs.New(errs.InvalidArgument, "--token-file: no file at %s", abs)
 		}
-		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, fsutil.WithoutPath(err))
 	}
 	target := abs
 	if lst.Mode()&fs.ModeSymlink != 0 {
@@ -71,14 +72,14 @@ func FromFile(path string) (token string, cleanup func() (warning string, err er
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot stat %s: %v", abs, fsutil.WithoutPath(err))
 	}
 	if err := checkFile(abs, st); err != nil {
 		return "", nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
 	if err != nil {
-		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot read %s: %v", abs, pathErr(err))
+		return "", nil, errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot read %s: %v", abs, fsutil.WithoutPath(err))
 	}
 	if len(data) > MaxSize {
 		return "", nil, errs.New(errs.InvalidArgument, "--token-file: %s holds more than %d bytes; a token file holds only the token", abs, MaxSize)
@@ -122,7 +123,7 @@ func checkFile(name string, st fs.FileInfo) error {
 func containedTarget(link string) (string, error) {
 	dir, err := filepath.EvalSymlinks(filepath.Dir(link))
 	if err != nil {
-		return "", errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot resolve %s: %v", filepath.Dir(link), pathErr(err))
+		return "", errs.Wrap(err, errs.InvalidArgument, "--token-file: cannot resolve %s: %v", filepath.Dir(link), fsutil.WithoutPath(err))
 	}
 	target, err := filepath.EvalSymlinks(link)
 	if err != nil {
@@ -143,16 +144,7 @@ func remove(path string, rm func(string) error) (string, error) {
 		return "", nil
 	case errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EBUSY),
 		errors.Is(err, fs.ErrPermission):
-		return fmt.Sprintf("could not delete the token file %s (%v); delete it, or the Secret that provides it, yourself", path, pathErr(err)), nil
+		return fmt.Sprintf("could not delete the token file %s (%v); delete it, or the Secret that provides it, yourself", path, fsutil.WithoutPath(err)), nil
 	}
 	return "", fmt.Errorf("delete the token file %s: %w", path, err)
-}
-
-// pathErr drops *fs.PathError's repetition of the path.
-func pathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
