@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/authz"
-	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/server"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -41,19 +40,10 @@ again to mint another admin key; each needs its own --name).`,
 			if err != nil {
 				return err
 			}
-			var key string
-			err = db.WithTx(ctx, func(tx *store.Tx) error {
-				now, err := tx.Now(ctx)
-				if err != nil {
-					return err
-				}
-				row, k, err := authz.NewKey(ctx, tx, root.ID, name, authz.Admin, 0, now)
-				if err != nil {
-					return err
-				}
-				key = k
-				return events.Audit(ctx, tx, events.Entry{TenantID: root.ID, Actor: "bootstrap", Action: "api-key.created", Resource: "compute-api-key/" + row.ID, Data: map[string]any{"name": name, "grants": authz.Admin}})
-			})
+			// The same path as the API's CreateApiKey: the key, its event and
+			// its audit row, by the bootstrap principal of the root tenant.
+			boot := authz.Principal{ID: "bootstrap", TenantID: root.ID, Name: "bootstrap", Grants: authz.Admin, Root: true}
+			_, key, err := authz.New(authz.Config{DB: db}).CreateKey(ctx, boot, root.ID, name, authz.Admin, 0)
 			if err != nil {
 				return err
 			}

@@ -513,15 +513,8 @@ func devBootstrap(ctx context.Context, ten *tenancy.Service, db *store.DB, envPa
 		}
 	}
 	if st.key == "" {
-		err := db.WithTx(ctx, func(tx *store.Tx) error {
-			now, err := tx.Now(ctx)
-			if err != nil {
-				return err
-			}
-			_, st.key, err = authz.NewKey(ctx, tx, root, fmt.Sprintf("dev-admin-%d", now.Unix()), authz.Admin, 0, now)
-			return err
-		})
-		if err != nil {
+		// The API's own path: the key, its event and its audit row.
+		if _, st.key, err = authz.New(authz.Config{DB: db}).CreateKey(ctx, sys, root, fmt.Sprintf("dev-admin-%d", time.Now().Unix()), authz.Admin, 0); err != nil {
 			return st, err
 		}
 	}
