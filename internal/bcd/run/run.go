@@ -289,6 +289,9 @@ func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 	return &http.Client{Transport: tr}, tr.CloseIdleConnections
 }
 
+// sessionStream is the session's bidi stream.
+type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]
+
 // session runs one session until it fails, ctx ends, or the identity on
 // disk changes. Commands it receives run under runCtx (Run's), so one that
 // outlives the session is answered on the next.
@@ -310,127 +313,12 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	// written): the end of the session closes the request body too, so a
 	// Receive in progress returns. Safe alongside a Send.
 	defer context.AfterFunc(ctx, func() { _ = stream.CloseRequest() })()
-	// The API speaks first: open the stream without a message and read
-	// its Challenge.
-	if err := stream.Send(nil); err != nil {
-		return d.streamError(host, stream, err)
-	}
-	first, err := stream.Receive()
+	nonce, beat, err := d.handshake(stream, id, host)
 	if err != nil {
-		return d.streamError(host, stream, err)
+		return err
 	}
-	nonce := first.GetChallenge().GetNonce()
-	if len(nonce) != pki.SessionNonceSize {
-		return fmt.Errorf("the gateway %s opened the session without the control plane's challenge", host)
-	}
-	// R12.1: prove the node key is here, for this certificate and this
-	// session's nonce.
-	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw)
-	if err != nil {
-		return fmt.Errorf("sign the session proof: %w", err)
-	}
-	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
-		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof}}}); err != nil {
-		return d.streamError(host, stream, err)
-	}
-	welcome, err := stream.Receive()
-	if err != nil {
-		return d.streamError(host, stream, err)
-	}
-	w := welcome.GetWelcome()
-	if w == nil || w.GetNodeId() != id.NodeID {
-		return fmt.Errorf("the gateway answered Hello without this node's Welcome")
-	}
-	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
-	if beat <= 0 {
-		beat = defaultHeartbeat
-	}
-	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
-	if !d.ready {
-		d.ready = true
-		d.notify("READY=1")
-	}
-	if d.cfg.OnWelcome != nil {
-		d.cfg.OnWelcome(id.NodeID)
-	}
-
-	// One goroutine sends: heartbeats and results, each signed by this
-	// session's node key (heartbeats over the nonce and a sequence number,
-	// so no relay can keep the session alive without this daemon).
-	go func() {
-		t := d.clock.NewTicker(beat)
-		defer t.Stop()
-		// R10.4: a site agent reports the machines its site booted.
-		var booted <-chan time.Time
-		var reports *siteReports
-		if id.Role == pki.RoleSite {
-			bt := d.clock.NewTicker(d.cfg.BootedCheck)
-			defer bt.Stop()
-			booted, reports = bt.C(), &siteReports{file: d.cfg.BootedFile, sent: map[string]site.Machine{}}
-		}
-		var seq uint64
-		for {
-			var m *agentv1.SessionClientMessage
-			var res *answer
-			select {
-			case <-ctx.Done():
-				return
-			case <-booted:
-				r, err := reports.next(id, nonce, d.log)
-				if err != nil {
-					cancel(err)
-					return
-				}
-				if r == nil {
-					continue
-				}
-				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
-			case <-t.C():
-				seq++
-				sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
-				if err != nil {
-					cancel(fmt.Errorf("sign a heartbeat: %w", err))
-					return
-				}
-				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
-			case res = <-d.results:
-				signed, err := d.sign(id, res)
-				if err != nil {
-					d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
-					d.sent(res)
-					continue
-				}
-				m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: signed}}
-			}
-			if err := stream.Send(m); err != nil {
-				if res != nil {
-					d.requeueResult(res) // for the next session
-				}
-				cancel(fmt.Errorf("send: %w", err))
-				return
-			}
-			if res != nil {
-				d.sent(res)
-			}
-		}
-	}()
-	// Notice a renewal: the identity on disk has another serial.
-	go func() {
-		t := d.clock.NewTicker(d.cfg.IdentityCheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C():
-				cur, err := d.cfg.Store.Load()
-				if err == nil && cur.Serial != id.Serial {
-					cancel(errIdentityChanged)
-					return
-				}
-			}
-		}
-	}()
+	go d.sendLoop(ctx, cancel, stream, id, nonce, beat)
+	go d.watchIdentity(ctx, cancel, id)
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -454,6 +342,136 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 				d.sent(res)
 			}
 		}()
+	}
+}
+
+// handshake opens the session (R12.1): the API speaks first with its
+// Challenge, bcd answers Hello with its proof over the nonce, and the API
+// welcomes this node. It returns the nonce and the heartbeat interval.
+func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host string) ([]byte, time.Duration, error) {
+	// Open the stream without a message and read the Challenge.
+	if err := stream.Send(nil); err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	first, err := stream.Receive()
+	if err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	nonce := first.GetChallenge().GetNonce()
+	if len(nonce) != pki.SessionNonceSize {
+		return nil, 0, fmt.Errorf("the gateway %s opened the session without the control plane's challenge", host)
+	}
+	// R12.1: prove the node key is here, for this certificate and this
+	// session's nonce.
+	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw)
+	if err != nil {
+		return nil, 0, fmt.Errorf("sign the session proof: %w", err)
+	}
+	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
+		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof}}}); err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	welcome, err := stream.Receive()
+	if err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	w := welcome.GetWelcome()
+	if w == nil || w.GetNodeId() != id.NodeID {
+		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
+	}
+	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
+	if beat <= 0 {
+		beat = defaultHeartbeat
+	}
+	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
+	if !d.ready {
+		d.ready = true
+		d.notify("READY=1")
+	}
+	if d.cfg.OnWelcome != nil {
+		d.cfg.OnWelcome(id.NodeID)
+	}
+	return nonce, beat, nil
+}
+
+// sendLoop is the session's one sender: heartbeats, site reports and
+// command results, each signed by this session's node key (heartbeats over
+// the nonce and a sequence number, so no relay can keep the session alive
+// without this daemon). A failure ends the session through cancel.
+func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, nonce []byte, beat time.Duration) {
+	t := d.clock.NewTicker(beat)
+	defer t.Stop()
+	// R10.4: a site agent reports the machines its site booted.
+	var booted <-chan time.Time
+	var reports *siteReports
+	if id.Role == pki.RoleSite {
+		bt := d.clock.NewTicker(d.cfg.BootedCheck)
+		defer bt.Stop()
+		booted, reports = bt.C(), &siteReports{file: d.cfg.BootedFile, sent: map[string]site.Machine{}}
+	}
+	var seq uint64
+	for {
+		var m *agentv1.SessionClientMessage
+		var res *answer
+		select {
+		case <-ctx.Done():
+			return
+		case <-booted:
+			r, err := reports.next(id, nonce, d.log)
+			if err != nil {
+				cancel(err)
+				return
+			}
+			if r == nil {
+				continue
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
+		case <-t.C():
+			seq++
+			sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
+			if err != nil {
+				cancel(fmt.Errorf("sign a heartbeat: %w", err))
+				return
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+		case res = <-d.results:
+			signed, err := d.sign(id, res)
+			if err != nil {
+				d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+				d.sent(res)
+				continue
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: signed}}
+		}
+		if err := stream.Send(m); err != nil {
+			if res != nil {
+				d.requeueResult(res) // for the next session
+			}
+			cancel(fmt.Errorf("send: %w", err))
+			return
+		}
+		if res != nil {
+			d.sent(res)
+		}
+	}
+}
+
+// watchIdentity ends the session when the identity on disk has another
+// serial (a renewal), so the next session uses the new certificate.
+func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFunc, id *identity.Identity) {
+	t := d.clock.NewTicker(d.cfg.IdentityCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			cur, err := d.cfg.Store.Load()
+			if err == nil && cur.Serial != id.Serial {
+				cancel(errIdentityChanged)
+				return
+			}
+		}
 	}
 }
 
