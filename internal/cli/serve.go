@@ -195,38 +195,9 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		return err
 	}
 	pkiDir := filepath.Join(dir, "pki")
-	if _, err := os.Stat(filepath.Join(pkiDir, pki.FileManifest)); errors.Is(err, fs.ErrNotExist) {
-		if _, err := pki.Init(pkiDir, o.td, sec, time.Now()); err != nil {
-			return err
-		}
-		log.Info("wrote the machine PKI", "dir", pkiDir, "trust_domain", o.td)
-	}
-	bundle, err := pki.Load(pkiDir, sec)
+	bundle, caFile, err := devPKI(dir, pkiDir, o.td, sec, log)
 	if err != nil {
 		return err
-	}
-	// The serving certificates of the gateway, the API agent listener and
-	// the API itself, for loopback; made once.
-	for _, name := range []string{"gateway", "agent", "api"} {
-		crt, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-		if _, err := os.Stat(crt); err == nil {
-			continue
-		}
-		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost", "::1"}, time.Now(), 365*24*time.Hour)
-		if err != nil {
-			return err
-		}
-		_ = os.Remove(key)
-		if err := writeNew(key, keyPEM, 0o600); err != nil {
-			return err
-		}
-		if err := writeNew(crt, certPEM, 0o644); err != nil {
-			return err
-		}
-	}
-	caFile := filepath.Join(dir, devCAFile)
-	if err := fsutil.WriteFileAtomic(caFile, pki.CertPEM(bundle.ServingCA), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", caFile, err)
 	}
 
 	// The bcd the install script downloads. Its absence only costs that
@@ -277,11 +248,10 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
 		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment}}
 	}
-	gwErr := make(chan error, 1)
-	gwDone := make(chan struct{})
-	gwStarted := false
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
+	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
 	err = server.Run(runCtx, cfg, server.Options{
 		Log:    log,
 		Secret: sec,
@@ -289,74 +259,149 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			_, err := mintDevSiteTokens(ctx, s, db, dir, st)
 			return err
 		},
-		AgentReady: func(addr string) {
-			glog := log.With("process", "gateway")
-			g, err := gateway.New(gateway.Config{
-				Listen: gwLn.Addr().String(), CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
-				APIURL: "https://" + addr, APICAFile: filepath.Join(pkiDir, pki.FileServingCACert),
-			}, gateway.Options{Log: glog})
-			if err != nil {
-				gwErr <- err
-				cancel()
-				return
-			}
-			gwStarted = true
-			go func() {
-				defer close(gwDone)
-				errc := make(chan error, 1)
-				go func() { errc <- g.Serve(gwLn) }()
-				glog.Info("gateway listening", "addr", gwLn.Addr().String())
-				select {
-				case err := <-errc:
-					if err != nil {
-						gwErr <- err
-						cancel()
-					}
-					return
-				case <-runCtx.Done():
-				}
-				sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer scancel()
-				_ = g.Shutdown(sctx)
-			}()
-		},
-		Ready: func(addr string) {
-			url := "https://" + addr
-			if err := writeDevEnv(envPath, url, caFile, st); err != nil {
-				log.Error("write dev.env", "err", err)
-				return
-			}
-			bcdConf, err := writeDevBCD(dir, gwURL, st.site, bundle, o.tpmSimulator)
-			if err != nil {
-				log.Error("write the bcd config", "err", err)
-				return
-			}
-			siteConf, ramdiskConf, err := writeDevSiteConfigs(dir, gwURL, st.site, bundle)
-			if err != nil {
-				log.Error("write the site agent's and the booted machine's bcd configs", "err", err)
-				return
-			}
-			ttl := o.certTTL
-			if ttl == 0 {
-				ttl = devMaxCertTTL
-			}
-			fmt.Fprint(a.env.Stdout, devBanner(devBannerData{
-				URL: url, Dir: dir, GatewayURL: gwURL, EnvPath: envPath, BCDConf: bcdConf, CAFile: caFile, CertTTL: ttl,
-				Download: dl,
-			}))
-			fmt.Fprint(a.env.Stdout, devDiscoveryBanner(dir, siteConf, ramdiskConf))
-		},
+		AgentReady: func(addr string) { gw.start(runCtx, addr) },
+		Ready:      ready.print,
 	})
 	cancel()
-	if gwStarted {
-		<-gwDone
-	}
-	select {
-	case gerr := <-gwErr:
+	if gerr := gw.wait(); gerr != nil {
 		return fmt.Errorf("gateway: %w", gerr)
-	default:
 	}
 	return err
+}
+
+// devPKI makes (once) and loads dev's machine PKI, and the loopback
+// serving certificates of the gateway, the agent listener and the API; it
+// writes the CA that verifies them (ca.pem) and returns its path.
+func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*pki.Bundle, string, error) {
+	if _, err := os.Stat(filepath.Join(pkiDir, pki.FileManifest)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := pki.Init(pkiDir, td, sec, time.Now()); err != nil {
+			return nil, "", err
+		}
+		log.Info("wrote the machine PKI", "dir", pkiDir, "trust_domain", td)
+	}
+	bundle, err := pki.Load(pkiDir, sec)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, name := range []string{"gateway", "agent", "api"} {
+		crt, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+		if _, err := os.Stat(crt); err == nil {
+			continue
+		}
+		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost", "::1"}, time.Now(), 365*24*time.Hour)
+		if err != nil {
+			return nil, "", err
+		}
+		_ = os.Remove(key)
+		if err := writeNew(key, keyPEM, 0o600); err != nil {
+			return nil, "", err
+		}
+		if err := writeNew(crt, certPEM, 0o644); err != nil {
+			return nil, "", err
+		}
+	}
+	caFile := filepath.Join(dir, devCAFile)
+	if err := fsutil.WriteFileAtomic(caFile, pki.CertPEM(bundle.ServingCA), 0o644); err != nil {
+		return nil, "", fmt.Errorf("write %s: %w", caFile, err)
+	}
+	return bundle, caFile, nil
+}
+
+// devGateway is dev's gateway: started on its listener once the agent
+// listener is up, stopped when dev stops; a failure stops dev.
+type devGateway struct {
+	ln          net.Listener
+	dir, pkiDir string
+	log         *slog.Logger
+	cancel      context.CancelFunc
+	errc        chan error
+	done        chan struct{}
+	started     bool
+}
+
+// start runs the gateway in front of the agent listener at addr until ctx
+// ends.
+func (g *devGateway) start(ctx context.Context, addr string) {
+	gw, err := gateway.New(gateway.Config{
+		Listen: g.ln.Addr().String(), CertFile: filepath.Join(g.dir, "gateway.crt"), KeyFile: filepath.Join(g.dir, "gateway.key"),
+		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, pki.FileServingCACert),
+	}, gateway.Options{Log: g.log})
+	if err != nil {
+		g.errc <- err
+		g.cancel()
+		return
+	}
+	g.started = true
+	go func() {
+		defer close(g.done)
+		served := make(chan error, 1)
+		go func() { served <- gw.Serve(g.ln) }()
+		g.log.Info("gateway listening", "addr", g.ln.Addr().String())
+		select {
+		case err := <-served:
+			if err != nil {
+				g.errc <- err
+				g.cancel()
+			}
+			return
+		case <-ctx.Done():
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		_ = gw.Shutdown(sctx)
+	}()
+}
+
+// wait waits for a started gateway to stop and returns its failure, if any.
+func (g *devGateway) wait() error {
+	if g.started {
+		<-g.done
+	}
+	select {
+	case err := <-g.errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// devReady writes what a person needs once the API listens (dev.env, the
+// bcd configs) and prints the banner.
+type devReady struct {
+	a                           *app
+	log                         *slog.Logger
+	o                           devOptions
+	dir, envPath, caFile, gwURL string
+	st                          devState
+	bundle                      *pki.Bundle
+	dl                          *devDownload
+}
+
+func (r devReady) print(addr string) {
+	url := "https://" + addr
+	if err := writeDevEnv(r.envPath, url, r.caFile, r.st); err != nil {
+		r.log.Error("write dev.env", "err", err)
+		return
+	}
+	bcdConf, err := writeDevBCD(r.dir, r.gwURL, r.st.site, r.bundle, r.o.tpmSimulator)
+	if err != nil {
+		r.log.Error("write the bcd config", "err", err)
+		return
+	}
+	siteConf, ramdiskConf, err := writeDevSiteConfigs(r.dir, r.gwURL, r.st.site, r.bundle)
+	if err != nil {
+		r.log.Error("write the site agent's and the booted machine's bcd configs", "err", err)
+		return
+	}
+	ttl := r.o.certTTL
+	if ttl == 0 {
+		ttl = devMaxCertTTL
+	}
+	fmt.Fprint(r.a.env.Stdout, devBanner(devBannerData{
+		URL: url, Dir: r.dir, GatewayURL: r.gwURL, EnvPath: r.envPath, BCDConf: bcdConf, CAFile: r.caFile, CertTTL: ttl,
+		Download: r.dl,
+	}))
+	fmt.Fprint(r.a.env.Stdout, devDiscoveryBanner(r.dir, siteConf, ramdiskConf))
 }
 
 type devBannerData struct {
