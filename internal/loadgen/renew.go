@@ -164,6 +164,19 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 	elapsed := time.Since(start)
 	after := cpuTimes(cfg.PIDs)
 
+	r := tallyRenewals(cfg, nodes, elapsed)
+	r.CPUmsPerRenewal = cpuPer(before, after, r.Renewed)
+	if cfg.Verify {
+		progress("checking every renewal answer as bcd does…")
+		if err := verifyRenewals(tg, first, nodes, r); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// tallyRenewals sums the timed phase's outcomes and latencies.
+func tallyRenewals(cfg Config, nodes []*node, elapsed time.Duration) *RenewResult {
 	r := &RenewResult{Machines: len(nodes), RenewalsPerMachine: cfg.Renewals, Concurrency: cfg.Concurrency, NewConnections: cfg.NewConnections,
 		Seconds: elapsed.Seconds(), Errors: map[string]int{}}
 	var lat []time.Duration
@@ -186,28 +199,30 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 	r.RenewalsPerSecond = float64(r.Renewed) / elapsed.Seconds()
 	st := statsOf(lat)
 	r.P50ms, r.P90ms, r.P99ms, r.MaxMs = st.p50, st.p90, st.p99, st.max
-	r.CPUmsPerRenewal = cpuPer(before, after, r.Renewed)
-	if cfg.Verify {
-		progress("checking every renewal answer as bcd does…")
-		for i := range first {
-			cur := first[i]
-			for k, rn := range nodes[i].renewals {
-				if rn.res == nil {
-					break
-				}
-				body, err := bcdjoin.VerifyRenewResponse(rn.res, bcdjoin.RenewExpectation{
-					SigningPin: tg.bc.JoinSigningKeyPin, CSRHash: pki.CSRHash(rn.csr), NodeKey: rn.key.Public(),
-					TrustDomain: cur.trustDomain, SiteID: cur.site, NodeID: cur.id, Role: cur.role,
-				})
-				if err != nil {
-					return r, fmt.Errorf("renewal %d of node %s: %w", k+1, cur.id, err)
-				}
-				cur.trustDomain, cur.site, cur.role = body.GetTrustDomain(), body.GetSiteId(), body.GetRole()
-				r.Verified++
+	return r
+}
+
+// verifyRenewals checks every renewal answer as bcd does, replaying each
+// node's chain of renewals from its joined identity (first).
+func verifyRenewals(tg *target, first []node, nodes []*node, r *RenewResult) error {
+	for i := range first {
+		cur := first[i]
+		for k, rn := range nodes[i].renewals {
+			if rn.res == nil {
+				break
 			}
+			body, err := bcdjoin.VerifyRenewResponse(rn.res, bcdjoin.RenewExpectation{
+				SigningPin: tg.bc.JoinSigningKeyPin, CSRHash: pki.CSRHash(rn.csr), NodeKey: rn.key.Public(),
+				TrustDomain: cur.trustDomain, SiteID: cur.site, NodeID: cur.id, Role: cur.role,
+			})
+			if err != nil {
+				return fmt.Errorf("renewal %d of node %s: %w", k+1, cur.id, err)
+			}
+			cur.trustDomain, cur.site, cur.role = body.GetTrustDomain(), body.GetSiteId(), body.GetRole()
+			r.Verified++
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // renewOne sends one renewal as bcd's RenewOnce does and, on success,
