@@ -30,7 +30,11 @@ func parseTTL(s string) (int32, error) {
 
 func (a *app) joinTokensCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "join-tokens", Short: "Mint, list and revoke join tokens for a pool"}
+	cmd.AddCommand(a.joinTokensCreateCmd(), a.joinTokensListCmd(), a.joinTokensRevokeCmd())
+	return cmd
+}
 
+func (a *app) joinTokensCreateCmd() *cobra.Command {
 	var (
 		tenant, pool, ttl, key, out, hosted string
 		maxUses                             int32
@@ -100,23 +104,10 @@ a new one).`,
 			}
 			t := res.Msg
 			if out != "" {
-				if t.Token == "" {
-					return errs.New(errs.InvalidState, "idempotency key %q was already used for token %s, and its secret is never shown again; revoke it (better-compute join-tokens revoke %s --tenant %s --pool %s) and create a new one", key, t.Id, t.Id, tenant, pool)
+				if err := saveToken(t, f, out, key, tenant, pool); err != nil {
+					return err
 				}
-				_, werr := f.WriteString(t.Token + "\n")
-				if werr == nil {
-					werr = f.Sync()
-				}
-				if werr == nil {
-					werr = f.Close()
-					if werr == nil {
-						f = nil // saved: keep the file
-					}
-				}
-				if werr != nil {
-					return fmt.Errorf("write %s: %w (token %s was minted: revoke it)", out, werr, t.Id)
-				}
-				t.Token = "" // written to the file, not the terminal
+				f = nil // saved: keep the file
 			}
 			if a.wantJSON() {
 				return a.printJSON(t)
@@ -147,6 +138,31 @@ a new one).`,
 	f.StringVar(&key, "key", "", "idempotency key: the same key again returns the same token, without its secret")
 	f.StringVar(&out, "out", "", "write the token to this new file (0600) instead of printing it")
 
+	return create
+}
+
+// saveToken writes a minted token's secret to f, the new --out file, and
+// clears it from t (it goes to the file, not the terminal). A token minted
+// before (the idempotency key was used) has no secret to save.
+func saveToken(t *bcv1.JoinToken, f *os.File, out, key, tenant, pool string) error {
+	if t.Token == "" {
+		return errs.New(errs.InvalidState, "idempotency key %q was already used for token %s, and its secret is never shown again; revoke it (better-compute join-tokens revoke %s --tenant %s --pool %s) and create a new one", key, t.Id, t.Id, tenant, pool)
+	}
+	_, werr := f.WriteString(t.Token + "\n")
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if werr == nil {
+		werr = f.Close()
+	}
+	if werr != nil {
+		return fmt.Errorf("write %s: %w (token %s was minted: revoke it)", out, werr, t.Id)
+	}
+	t.Token = ""
+	return nil
+}
+
+func (a *app) joinTokensListCmd() *cobra.Command {
 	var lTenant, lPool string
 	var all bool
 	list := &cobra.Command{
@@ -183,6 +199,10 @@ a new one).`,
 	list.Flags().StringVar(&lPool, "pool", "", "pool id (pool_…)")
 	list.Flags().BoolVar(&all, "all", false, "include revoked, expired and used-up tokens")
 
+	return list
+}
+
+func (a *app) joinTokensRevokeCmd() *cobra.Command {
 	var rTenant, rPool string
 	revoke := &cobra.Command{
 		Use: "revoke TOKEN_ID --tenant T --pool P", Short: "Revoke a token at once (revoking twice is fine)", Args: cobra.ExactArgs(1),
@@ -214,8 +234,7 @@ a new one).`,
 	}
 	revoke.Flags().StringVar(&rTenant, "tenant", "", "tenant id (tn_…)")
 	revoke.Flags().StringVar(&rPool, "pool", "", "pool id (pool_…)")
-	cmd.AddCommand(create, list, revoke)
-	return cmd
+	return revoke
 }
 
 func (a *app) showTokens(ts ...*bcv1.JoinToken) {
