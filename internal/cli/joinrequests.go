@@ -55,7 +55,11 @@ retry must present.
 approve admits exactly one join of that machine, within --ttl seconds; reject
 makes its retry fail. Both need a reason, kept in the audit log.`,
 	}
+	cmd.AddCommand(a.joinRequestsListCmd(), a.joinRequestsApproveCmd(), a.joinRequestsRejectCmd())
+	return cmd
+}
 
+func (a *app) joinRequestsListCmd() *cobra.Command {
 	var lTenant, lPool, lState string
 	list := &cobra.Command{
 		Use:   "list --tenant T --pool P [--state all]",
@@ -109,7 +113,10 @@ field of each request.`,
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
 	list.Flags().StringVar(&lPool, "pool", "", "pool id (pool_…)")
 	list.Flags().StringVar(&lState, "state", "", "all, or states separated by commas (default pending)")
+	return list
+}
 
+func (a *app) joinRequestsApproveCmd() *cobra.Command {
 	var aTenant, aPool, aTTL, aReason string
 	approve := &cobra.Command{
 		Use:   "approve JOIN_REQUEST_ID --tenant T --pool P --ttl SECONDS --reason TEXT",
@@ -145,7 +152,10 @@ attempt of the machine (another CSR) puts the request back to pending.`,
 	approve.Flags().StringVar(&aPool, "pool", "", "pool id (pool_…)")
 	approve.Flags().StringVar(&aTTL, "ttl", "", "seconds the approval admits the retry, 60 to 86400")
 	approve.Flags().StringVar(&aReason, "reason", "", "why (kept in the audit log)")
+	return approve
+}
 
+func (a *app) joinRequestsRejectCmd() *cobra.Command {
 	var rTenant, rPool, rReason string
 	reject := &cobra.Command{
 		Use:   "reject JOIN_REQUEST_ID --tenant T --pool P --reason TEXT",
@@ -173,8 +183,7 @@ bcd stops waiting with an error.`,
 	reject.Flags().StringVar(&rTenant, "tenant", "", "tenant id (tn_…)")
 	reject.Flags().StringVar(&rPool, "pool", "", "pool id (pool_…)")
 	reject.Flags().StringVar(&rReason, "reason", "", "why (kept in the audit log)")
-	cmd.AddCommand(list, approve, reject)
-	return cmd
+	return reject
 }
 
 // checkDecision checks what approve and reject need before anything is

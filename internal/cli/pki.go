@@ -42,6 +42,11 @@ func (a *app) pkiDir(flag string) string {
 
 func (a *app) pkiCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pki", Short: "The machine PKI: CAs, JoinService keys, gateway certificates, pins"}
+	cmd.AddCommand(a.pkiInitCmdCmd(), a.pkiIssueCmd(), a.pkiPinsCmd(), a.pkiGenCmd())
+	return cmd
+}
+
+func (a *app) pkiInitCmdCmd() *cobra.Command {
 	var dir, td string
 	initCmd := &cobra.Command{
 		Use:   "init --trust-domain D [--dir DIR]",
@@ -84,7 +89,10 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 	}
 	initCmd.Flags().StringVar(&dir, "dir", "", "bundle directory (default $BETTER_COMPUTE_PKI_DIR or "+DefaultPKIDir+")")
 	initCmd.Flags().StringVar(&td, "trust-domain", "", "SPIFFE trust domain, e.g. compute.example.com")
+	return initCmd
+}
 
+func (a *app) pkiIssueCmd() *cobra.Command {
 	var gDir, certOut, keyOut string
 	var sans []string
 	var ttl time.Duration
@@ -135,26 +143,10 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 	issue.Flags().StringVar(&certOut, "cert-out", "gateway.crt", "certificate chain file to create")
 	issue.Flags().StringVar(&keyOut, "key-out", "gateway.key", "private key file to create (0600)")
 	issue.Flags().DurationVar(&ttl, "ttl", 365*24*time.Hour, "certificate lifetime")
+	return issue
+}
 
-	gen := &cobra.Command{
-		Use:   "generate-secret",
-		Short: "Print a new BETTER_COMPUTE_SECRET (256 random bits)",
-		Long: `Print a new secret for BETTER_COMPUTE_SECRET: 256 random bits, base64url
-(43 characters), on one line. pki init refuses a secret estimated below 128
-bits of entropy; a generated one always passes. Keep it in your secret
-manager: it is the only way to decrypt the bundle's keys.`,
-		Example: `  export BETTER_COMPUTE_SECRET="$(better-compute pki generate-secret)"`,
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s := secret.GenerateStrong()
-			if a.wantJSON() {
-				return a.printJSON(map[string]string{"secret": s})
-			}
-			_, err := fmt.Fprintln(a.env.Stdout, s)
-			return err
-		},
-	}
-
+func (a *app) pkiPinsCmd() *cobra.Command {
 	var pDir string
 	pins := &cobra.Command{
 		Use:   "pins [--dir DIR]",
@@ -181,8 +173,29 @@ $BETTER_COMPUTE_SECRET.`,
 		},
 	}
 	pins.Flags().StringVar(&pDir, "dir", "", "bundle directory")
-	cmd.AddCommand(initCmd, issue, pins, gen)
-	return cmd
+	return pins
+}
+
+func (a *app) pkiGenCmd() *cobra.Command {
+	gen := &cobra.Command{
+		Use:   "generate-secret",
+		Short: "Print a new BETTER_COMPUTE_SECRET (256 random bits)",
+		Long: `Print a new secret for BETTER_COMPUTE_SECRET: 256 random bits, base64url
+(43 characters), on one line. pki init refuses a secret estimated below 128
+bits of entropy; a generated one always passes. Keep it in your secret
+manager: it is the only way to decrypt the bundle's keys.`,
+		Example: `  export BETTER_COMPUTE_SECRET="$(better-compute pki generate-secret)"`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s := secret.GenerateStrong()
+			if a.wantJSON() {
+				return a.printJSON(map[string]string{"secret": s})
+			}
+			_, err := fmt.Fprintln(a.env.Stdout, s)
+			return err
+		},
+	}
+	return gen
 }
 
 func pinsJSON(p pki.Pins) map[string]string {

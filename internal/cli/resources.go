@@ -229,6 +229,11 @@ func parseBytes(s string) (int64, error) {
 
 func (a *app) poolsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pools", Short: "Create, list and configure pools"}
+	cmd.AddCommand(a.poolsCreateCmd(), a.poolsGetCmd(), a.poolsListCmd(), a.poolsSetPolicyCmd())
+	return cmd
+}
+
+func (a *app) poolsCreateCmd() *cobra.Command {
 	var tenant, site, agent string
 	var pf policyFlags
 	create := &cobra.Command{
@@ -259,7 +264,10 @@ func (a *app) poolsCmd() *cobra.Command {
 	create.Flags().StringVar(&site, "site", "", "site id (site_…)")
 	create.Flags().StringVar(&agent, "agent", "bcd", "the pool's agent: bcd when machines run the daemon, anything else for none")
 	pf.add(create)
+	return create
+}
 
+func (a *app) poolsGetCmd() *cobra.Command {
 	var gTenant string
 	get := &cobra.Command{
 		Use: "get POOL_ID --tenant T", Short: "Show a pool and its policy", Args: cobra.ExactArgs(1),
@@ -279,7 +287,10 @@ func (a *app) poolsCmd() *cobra.Command {
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
+	return get
+}
 
+func (a *app) poolsListCmd() *cobra.Command {
 	var lTenant, lSite string
 	list := &cobra.Command{
 		Use: "list --tenant T [--site S]", Short: "List the tenant's pools", Args: cobra.NoArgs,
@@ -309,7 +320,10 @@ func (a *app) poolsCmd() *cobra.Command {
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
 	list.Flags().StringVar(&lSite, "site", "", "only pools of this site")
+	return list
+}
 
+func (a *app) poolsSetPolicyCmd() *cobra.Command {
 	var sTenant string
 	var spf policyFlags
 	clears := map[string]*bool{}
@@ -382,8 +396,7 @@ concurrent changes of other fields are kept.`,
 		clears[f.clear] = new(bool)
 		setPolicy.Flags().BoolVar(clears[f.clear], f.clear, false, f.clearHelp)
 	}
-	cmd.AddCommand(create, get, list, setPolicy)
-	return cmd
+	return setPolicy
 }
 
 // policyFields maps set-policy's flags to the update mask's paths (issue 8
