@@ -3,14 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
-	"math"
 )
-
-// RevokeAllNodeCerts revokes every unrevoked certificate of a node, of any
-// identity generation, and returns their serials (retiring a node).
-func (t *Tx) RevokeAllNodeCerts(ctx context.Context, nodeID, reason string) ([]string, error) {
-	return t.RevokeNodeCerts(ctx, nodeID, math.MaxInt32, reason)
-}
 
 // FailPendingCommands fails a node's queued and sent commands with errText
 // and returns their ids.
