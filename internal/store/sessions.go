@@ -59,27 +59,6 @@ func (t *Tx) TouchNode(ctx context.Context, nodeID, sessionID string, generation
 	return n == 1, err
 }
 
-// EnqueueWorkOnce queues work unless an item of that kind for the node is
-// already queued; an existing item is made due now. It reports whether it
-// inserted a new item.
-func (t *Tx) EnqueueWorkOnce(ctx context.Context, kind, nodeID string) (bool, error) {
-	res, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() WHERE kind = ? AND node_id = ?", kind, nodeID)
-	if err != nil {
-		return false, fmt.Errorf("enqueue %s: %w", kind, err)
-	}
-	if n, err := res.RowsAffected(); err != nil || n > 0 {
-		return false, err
-	}
-	return true, t.EnqueueWork(ctx, kind, nodeID)
-}
-
-// WakeNodeWork makes a node's queued work items due now (a command result
-// arrived).
-func (t *Tx) WakeNodeWork(ctx context.Context, nodeID string) error {
-	_, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() WHERE node_id = ?", nodeID)
-	return err
-}
-
 // Command is a commands row.
 type Command struct {
 	ID                 string
@@ -202,22 +181,4 @@ func (t *Tx) FinishCommand(ctx context.Context, id, state string, result []byte,
 func (t *Tx) ExpireCommands(ctx context.Context, nodeID string, now time.Time) error {
 	_, err := t.exec(ctx, "UPDATE commands SET state = 'expired', finished_ms = compute_now() WHERE node_id = ? AND state IN ('queued', 'sent') AND expires_ms <= ?", nodeID, ms(now))
 	return err
-}
-
-// NodeWork lists a node's queued work items (tests, diagnostics).
-func (t *Tx) NodeWork(ctx context.Context, nodeID string) ([]WorkItem, error) {
-	rows, err := t.query(ctx, "SELECT id, kind, node_id, attempts FROM work_queue WHERE node_id = ? ORDER BY id", nodeID)
-	if err != nil {
-		return nil, fmt.Errorf("node work: %w", err)
-	}
-	defer rows.Close()
-	var out []WorkItem
-	for rows.Next() {
-		var w WorkItem
-		if err := rows.Scan(&w.ID, &w.Kind, &w.NodeID, &w.Attempts); err != nil {
-			return nil, err
-		}
-		out = append(out, w)
-	}
-	return out, rows.Err()
 }
