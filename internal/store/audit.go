@@ -2,8 +2,62 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"time"
 )
+
+// AuditEntry is an audit row. Data is JSON.
+type AuditEntry struct {
+	ID        int64
+	TenantID  string
+	Actor     string
+	Action    string
+	Resource  string
+	Data      []byte
+	CreatedAt time.Time
+}
+
+// InsertAudit writes an audit row in the current transaction.
+func (t *Tx) InsertAudit(ctx context.Context, a AuditEntry) error {
+	err := t.execLater(ctx, "INSERT INTO audit (tenant_id, actor, action, resource, data, created_ms) VALUES (?, ?, ?, ?, ?, compute_now())",
+		a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
+	if err != nil {
+		return fmt.Errorf("insert audit: %w", err)
+	}
+	return nil
+}
+
+// ListAudit reads a tenant's audit rows, newest first, with ids below
+// `before` (0: from the newest).
+func (t *Tx) ListAudit(ctx context.Context, tenantID string, before int64, limit int) ([]AuditEntry, error) {
+	rows, err := t.query(ctx, `SELECT `+auditCols+` FROM audit
+		WHERE tenant_id = ? AND (? = 0 OR id < ?) ORDER BY id DESC LIMIT ?`, tenantID, before, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list audit: %w", err)
+	}
+	return scanAudit(rows)
+}
+
+// auditCols are the columns scanAudit reads, in its order.
+const auditCols = "id, tenant_id, actor, action, resource, data, created_ms"
+
+// scanAudit reads every audit row of rows and closes them.
+func scanAudit(rows *sql.Rows) ([]AuditEntry, error) {
+	defer rows.Close()
+	var out []AuditEntry
+	for rows.Next() {
+		var a AuditEntry
+		var data string
+		var created int64
+		if err := rows.Scan(&a.ID, &a.TenantID, &a.Actor, &a.Action, &a.Resource, &data, &created); err != nil {
+			return nil, err
+		}
+		a.Data, a.CreatedAt = []byte(data), fromMS(created)
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
 
 // ListAuditAfter reads a tenant's audit rows with ids above after (0: from
 // the oldest), oldest first: the order events are read in, so one cursor

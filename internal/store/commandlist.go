@@ -5,15 +5,6 @@ import (
 	"fmt"
 )
 
-// CurrentNodeCert returns the newest unrevoked certificate of a node's
-// identity generation: the one whose allowed kinds decide what may be
-// queued for the node (R7.5).
-func (t *Tx) CurrentNodeCert(ctx context.Context, nodeID string, generation int) (NodeCert, error) {
-	c, err := scanCert(t.queryRow(ctx, "SELECT "+certCols+" FROM node_certs WHERE node_id = ? AND identity_generation = ? AND revoked_ms IS NULL ORDER BY created_ms DESC, serial DESC LIMIT 1",
-		nodeID, generation))
-	return c, notFound(err)
-}
-
 // ListCommands lists a tenant's commands, optionally of one node, newest
 // first; after is the last id of the previous page.
 func (t *Tx) ListCommands(ctx context.Context, tenantID, nodeID, after string, limit int) ([]Command, error) {

@@ -72,17 +72,3 @@ func (t *Tx) CountRenewProofs(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
-
-// RevokeNodeCert revokes one certificate by serial, unless it already is
-// revoked. It reports whether it revoked it.
-func (t *Tx) RevokeNodeCert(ctx context.Context, serial, reason string) (bool, error) {
-	res, err := t.exec(ctx, "UPDATE node_certs SET revoked_ms = compute_now(), revoke_reason = ? WHERE serial = ? AND revoked_ms IS NULL", reason, serial)
-	if err != nil {
-		return false, fmt.Errorf("revoke node cert: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("revoke node cert: %w", err)
-	}
-	return n == 1, nil
-}

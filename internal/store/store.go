@@ -7,8 +7,9 @@
 //
 // The SQL is written once, with ? placeholders and compute_now(), and
 // rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
-// for compute_now() on SQLite. storetest holds the conformance suite that
-// runs against both.
+// for compute_now() on SQLite; string literals, quoted identifiers and
+// comments are left as written (rewrite.go). storetest holds the conformance
+// suite that runs against both.
 //
 // A write transaction's outcome is reported truthfully (WithTx): a caller's
 // context interrupts its statements but never its COMMIT, so a commit that
@@ -18,6 +19,22 @@
 // touching another's work. PostgreSQL events are numbered after they commit
 // by a sequencer (sequencer.go), so no foreign transaction can stall a
 // stream.
+//
+// Files by concern. The machinery: store.go (opening, migrating, Tx and
+// WithTx), rewrite.go (the per-dialect SQL), groupcommit.go (SQLite's
+// shared commits), pipeline.go (PostgreSQL's held-back writes),
+// sequencer.go (numbering PostgreSQL events), notify.go (command
+// notifications), helpers.go (ErrNotFound and value conversions). The
+// tables: tenancy.go (tenants, sites, pools) and poollock.go; apikeys.go;
+// jointokens.go; joinrequests.go and joinrequestlimits.go; joinanswers.go;
+// nodes.go (nodes rows); nodecerts.go (node_certs: issuing, reading,
+// superseding, revoking); nodeauthz.go (the authorization projection);
+// renew.go (renewal proofs); sessions.go (a node's connection);
+// sessionstate.go (what replicas holding sessions read and put back);
+// commands.go and commandlist.go (commands, and listing them);
+// workqueue.go (the controllers' work queue) and workowners.go (its owner
+// leases and owned claims); events.go; audit.go; limits.go (rate-limit
+// counters); streamkey.go (the cursor-sealing key).
 //
 // Importers: domain packages and the API (through DB, Tx and their typed
 // methods), mains and tests. The gateway and bcd never import it.
@@ -35,7 +52,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -345,37 +361,6 @@ func (db *DB) Close() error {
 func (db *DB) Ping(ctx context.Context) error {
 	var one int
 	return db.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
-}
-
-// sqliteNow is compute_now() on SQLite: wall time in milliseconds plus the
-// test offset.
-const sqliteNow = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + (SELECT offset_ms FROM compute_clock WHERE id = 1))"
-
-// rewrite turns the one SQL text into the dialect's, caching the result.
-func (db *DB) rewrite(q string) string {
-	if v, ok := db.stmt.Load(q); ok {
-		return v.(string)
-	}
-	var out string
-	switch db.dialect {
-	case SQLite:
-		out = strings.ReplaceAll(q, "compute_now()", sqliteNow)
-	case Postgres:
-		var b strings.Builder
-		n := 0
-		for i := 0; i < len(q); i++ {
-			if q[i] == '?' {
-				n++
-				b.WriteByte('$')
-				b.WriteString(strconv.Itoa(n))
-				continue
-			}
-			b.WriteByte(q[i])
-		}
-		out = b.String()
-	}
-	db.stmt.Store(q, out)
-	return out
 }
 
 // Tx is a database transaction. Its typed methods (in the other files of this

@@ -3,14 +3,9 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
-
-// ErrNotFound is returned by single-row reads that find nothing.
-var ErrNotFound = errors.New("not found")
 
 // Tenant is a tenants row.
 type Tenant struct {
@@ -39,33 +34,6 @@ type Pool struct {
 	Policy        []byte
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
-}
-
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }
-
-func fromNullMS(v sql.NullInt64) *time.Time {
-	if !v.Valid {
-		return nil
-	}
-	t := fromMS(v.Int64)
-	return &t
-}
-
-// nullBytes stores an empty byte slice as NULL.
-func nullBytes(b []byte) any {
-	if len(b) == 0 {
-		return nil
-	}
-	return b
-}
-
-func notFound(err error) error {
-	if errors.Is(err, sql.ErrNoRows) {
-		return ErrNotFound
-	}
-	return err
 }
 
 // RootTenantID returns the deployment's root tenant, or "" before bootstrap.
@@ -207,14 +175,6 @@ func (t *Tx) GetPool(ctx context.Context, id string) (Pool, error) {
 
 // poolSiteCols are poolCols and then siteCols, of pools p joined to sites s.
 var poolSiteCols = qualify("p", poolCols) + ", " + qualify("s", siteCols)
-
-func qualify(alias, cols string) string {
-	names := strings.Split(cols, ", ")
-	for i, c := range names {
-		names[i] = alias + "." + c
-	}
-	return strings.Join(names, ", ")
-}
 
 // GetPoolWithSite reads a pool and its site in one statement.
 func (t *Tx) GetPoolWithSite(ctx context.Context, id string) (Pool, Site, error) {
