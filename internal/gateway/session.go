@@ -117,27 +117,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	}()
 
 	// daemon -> API. When the daemon ends its side, so does the relay.
-	go func() {
-		for {
-			m, err := down.Receive()
-			if err != nil {
-				if errors.Is(err, io.EOF) {
-					sendMu.Lock()
-					_ = up.CloseRequest()
-					sendMu.Unlock()
-				} else {
-					// The daemon vanished: end the upstream stream too.
-					cancel()
-				}
-				return
-			}
-			if err := send(m); err != nil {
-				// The upstream stream ended; the handler's Receive sees
-				// how (the API's refusal, say) and tells the daemon.
-				return
-			}
-		}
-	}()
+	go relayUp(down, up, &sendMu, send, cancel)
 	// API -> daemon.
 	var (
 		welcomed bool
@@ -183,6 +163,33 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 		}
 		if err := down.Send(m); err != nil {
 			return nil
+		}
+	}
+}
+
+// relayUp relays a session's daemon -> API direction until either side
+// ends: the daemon's end of its side closes the upstream request; the
+// daemon vanishing ends the whole session.
+func relayUp(down *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage],
+	up *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage],
+	sendMu *sync.Mutex, send func(*agentv1.SessionClientMessage) error, cancel context.CancelFunc) {
+	for {
+		m, err := down.Receive()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				sendMu.Lock()
+				_ = up.CloseRequest()
+				sendMu.Unlock()
+			} else {
+				// The daemon vanished: end the upstream stream too.
+				cancel()
+			}
+			return
+		}
+		if err := send(m); err != nil {
+			// The upstream stream ended; the handler's Receive sees how
+			// (the API's refusal, say) and tells the daemon.
+			return
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/ecdsa"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -131,27 +132,8 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if err != nil {
 			return fmt.Errorf("read the leaf's allowed kinds: %w", err)
 		}
-		for _, st := range statements {
-			if !tpmverify.IsStatement(st) {
-				continue
-			}
-			// R13.3: the leaf names the TPM attestation key that holds the
-			// node key; the new key must be certified by that very AK, or
-			// the renewal is refused (never downgraded).
-			if len(req.GetKeyAttestation()) == 0 {
-				return ref(ReasonKeyAttestationMissing)
-			}
-			ka, err := tpmverify.ParseKeyAttestation(req.GetKeyAttestation())
-			if err != nil {
-				return ref(tpmverify.ReasonOf(err))
-			}
-			akName, err := tpmverify.Verify(ka, req.GetCsr(), pub)
-			if err != nil {
-				return ref(tpmverify.ReasonOf(err))
-			}
-			if want, ok := tpmverify.ParseStatement(st); !ok || !bytes.Equal(akName, want) {
-				return ref(ReasonKeyAttestationAK)
-			}
+		if reason := checkKeyAttestation(statements, req, pub); reason != "" {
+			return ref(reason)
 		}
 		fresh, err := tx.UseRenewProof(ctx, proof[:], n.ID, now, RenewProofWindow)
 		if err != nil {
@@ -174,17 +156,7 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if err != nil {
 			return err
 		}
-		data, err := json.Marshal(renewedData{
-			NodeID: n.ID, SiteID: n.SiteID, Role: row.Role, CertSerial: issued.Cert.Serial, PreviousSerial: row.Serial,
-			IdentityGeneration: n.IdentityGeneration, NotAfter: issued.Cert.Cert.NotAfter.UTC().Format(time.RFC3339), Peer: peer.Addr,
-		})
-		if err != nil {
-			return fmt.Errorf("marshal renew event: %w", err)
-		}
-		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.certificate-renewed", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
-			return err
-		}
-		if err := events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "node:" + n.ID, Action: "node.certificate-renewed", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
+		if err := s.recordRenewal(ctx, tx, n, row, issued, peer); err != nil {
 			return err
 		}
 		res = issued.Response
@@ -198,6 +170,49 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		return nil, err
 	}
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
+}
+
+// checkKeyAttestation is R13.3: a leaf that names the TPM attestation key
+// holding the node key renews only a new key certified by that very AK
+// (never downgraded to a software key). It returns the refusal reason, ""
+// when the request may renew.
+func checkKeyAttestation(statements []string, req *agentv1.RenewRequest, pub *ecdsa.PublicKey) string {
+	for _, st := range statements {
+		if !tpmverify.IsStatement(st) {
+			continue
+		}
+		if len(req.GetKeyAttestation()) == 0 {
+			return ReasonKeyAttestationMissing
+		}
+		ka, err := tpmverify.ParseKeyAttestation(req.GetKeyAttestation())
+		if err != nil {
+			return tpmverify.ReasonOf(err)
+		}
+		akName, err := tpmverify.Verify(ka, req.GetCsr(), pub)
+		if err != nil {
+			return tpmverify.ReasonOf(err)
+		}
+		if want, ok := tpmverify.ParseStatement(st); !ok || !bytes.Equal(akName, want) {
+			return ReasonKeyAttestationAK
+		}
+	}
+	return ""
+}
+
+// recordRenewal writes the node.certificate-renewed event and its audit
+// row, in the renewal's transaction.
+func (s *Service) recordRenewal(ctx context.Context, tx *store.Tx, n store.Node, row store.NodeCert, issued *nodeident.Issued, peer Peer) error {
+	data, err := json.Marshal(renewedData{
+		NodeID: n.ID, SiteID: n.SiteID, Role: row.Role, CertSerial: issued.Cert.Serial, PreviousSerial: row.Serial,
+		IdentityGeneration: n.IdentityGeneration, NotAfter: issued.Cert.Cert.NotAfter.UTC().Format(time.RFC3339), Peer: peer.Addr,
+	})
+	if err != nil {
+		return fmt.Errorf("marshal renew event: %w", err)
+	}
+	if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.certificate-renewed", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
+		return err
+	}
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "node:" + n.ID, Action: "node.certificate-renewed", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)})
 }
 
 // renewedData is the data of a node.certificate-renewed event and of its

@@ -137,19 +137,8 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 		return nil, want.bad(CheckCSR, "it answers another certificate request")
 	}
 	if d := body.GetDeferral(); d != nil {
-		// A signed deferral: for this CSR, site and role, naming a join
-		// request, and carrying nothing else.
-		switch {
-		case !want.allowDeferral:
-			return nil, want.bad(CheckDeferral, "it defers to a join request, which only a join's answer may do")
-		case !ids.Valid(ids.JoinRequest, d.GetRequestId()):
-			return nil, want.bad(CheckDeferral, "the join request id %q is not valid", d.GetRequestId())
-		case body.GetSiteId() != want.siteID:
-			return nil, want.bad(CheckDeferral, "it defers a join to site %s, not this machine's site %s", body.GetSiteId(), want.siteID)
-		case body.GetRole() != want.role:
-			return nil, want.bad(CheckDeferral, "it defers a join for role %q, not the requested %q", body.GetRole(), want.role)
-		case body.GetNodeId() != "" || len(body.GetCertChain()) > 0:
-			return nil, want.bad(CheckDeferral, "it defers the join and carries a certificate")
+		if err := checkDeferral(&body, d, want); err != nil {
+			return nil, err
 		}
 		return &body, nil
 	}
@@ -173,33 +162,9 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 	}
 
 	// (4) The SPIFFE SAN.
-	ni, err := pki.NodeIdentityOf(leaf)
+	ni, err := checkSPIFFEID(&body, leaf, want)
 	if err != nil {
-		return nil, want.bad(CheckSPIFFEID, "its certificate is not a node certificate: %v", err)
-	}
-	switch {
-	case pki.ValidateTrustDomain(body.GetTrustDomain()) != nil:
-		return nil, want.bad(CheckSPIFFEID, "the trust domain %q is not valid", body.GetTrustDomain())
-	case ni.TrustDomain != body.GetTrustDomain():
-		return nil, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not the answer's %s", ni.TrustDomain, body.GetTrustDomain())
-	case want.trustDomain != "" && ni.TrustDomain != want.trustDomain:
-		return nil, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not this node's %s", ni.TrustDomain, want.trustDomain)
-	case body.GetSiteId() != want.siteID:
-		return nil, want.bad(CheckSPIFFEID, "it places the node in site %s, not in this machine's site %s", body.GetSiteId(), want.siteID)
-	case ni.SiteID != want.siteID:
-		return nil, want.bad(CheckSPIFFEID, "the certificate names site %s, not this machine's site %s", ni.SiteID, want.siteID)
-	case !ids.Valid(ids.Node, body.GetNodeId()):
-		return nil, want.bad(CheckSPIFFEID, "the node id %q is not valid", body.GetNodeId())
-	case ni.NodeID != body.GetNodeId():
-		return nil, want.bad(CheckSPIFFEID, "the certificate names node %s, the answer %s", ni.NodeID, body.GetNodeId())
-	case want.nodeID != "" && body.GetNodeId() != want.nodeID:
-		if want.renewal {
-			return nil, want.bad(CheckSPIFFEID, "it renews node %s, not this node %s", body.GetNodeId(), want.nodeID)
-		}
-		if want.rejoin {
-			return nil, want.bad(CheckSPIFFEID, "it joined node %s, not this node %s", body.GetNodeId(), want.nodeID)
-		}
-		return nil, want.bad(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
+		return nil, err
 	}
 
 	// (5) The role.
@@ -227,6 +192,59 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 		}
 	}
 	return &body, nil
+}
+
+// checkDeferral is verifySigned's check of a signed deferral: for this
+// CSR (checked before), site and role, naming a join request, and carrying
+// nothing else.
+func checkDeferral(body *agentv1.JoinResponseBody, d *agentv1.JoinDeferral, want expectation) error {
+	switch {
+	case !want.allowDeferral:
+		return want.bad(CheckDeferral, "it defers to a join request, which only a join's answer may do")
+	case !ids.Valid(ids.JoinRequest, d.GetRequestId()):
+		return want.bad(CheckDeferral, "the join request id %q is not valid", d.GetRequestId())
+	case body.GetSiteId() != want.siteID:
+		return want.bad(CheckDeferral, "it defers a join to site %s, not this machine's site %s", body.GetSiteId(), want.siteID)
+	case body.GetRole() != want.role:
+		return want.bad(CheckDeferral, "it defers a join for role %q, not the requested %q", body.GetRole(), want.role)
+	case body.GetNodeId() != "" || len(body.GetCertChain()) > 0:
+		return want.bad(CheckDeferral, "it defers the join and carries a certificate")
+	}
+	return nil
+}
+
+// checkSPIFFEID is verifySigned's check of the leaf's SPIFFE ID against
+// the answer and what this machine expects: trust domain, site, node.
+func checkSPIFFEID(body *agentv1.JoinResponseBody, leaf *x509.Certificate, want expectation) (pki.NodeIdentity, error) {
+	ni, err := pki.NodeIdentityOf(leaf)
+	if err != nil {
+		return ni, want.bad(CheckSPIFFEID, "its certificate is not a node certificate: %v", err)
+	}
+	switch {
+	case pki.ValidateTrustDomain(body.GetTrustDomain()) != nil:
+		return ni, want.bad(CheckSPIFFEID, "the trust domain %q is not valid", body.GetTrustDomain())
+	case ni.TrustDomain != body.GetTrustDomain():
+		return ni, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not the answer's %s", ni.TrustDomain, body.GetTrustDomain())
+	case want.trustDomain != "" && ni.TrustDomain != want.trustDomain:
+		return ni, want.bad(CheckSPIFFEID, "the certificate's trust domain %s is not this node's %s", ni.TrustDomain, want.trustDomain)
+	case body.GetSiteId() != want.siteID:
+		return ni, want.bad(CheckSPIFFEID, "it places the node in site %s, not in this machine's site %s", body.GetSiteId(), want.siteID)
+	case ni.SiteID != want.siteID:
+		return ni, want.bad(CheckSPIFFEID, "the certificate names site %s, not this machine's site %s", ni.SiteID, want.siteID)
+	case !ids.Valid(ids.Node, body.GetNodeId()):
+		return ni, want.bad(CheckSPIFFEID, "the node id %q is not valid", body.GetNodeId())
+	case ni.NodeID != body.GetNodeId():
+		return ni, want.bad(CheckSPIFFEID, "the certificate names node %s, the answer %s", ni.NodeID, body.GetNodeId())
+	case want.nodeID != "" && body.GetNodeId() != want.nodeID:
+		if want.renewal {
+			return ni, want.bad(CheckSPIFFEID, "it renews node %s, not this node %s", body.GetNodeId(), want.nodeID)
+		}
+		if want.rejoin {
+			return ni, want.bad(CheckSPIFFEID, "it joined node %s, not this node %s", body.GetNodeId(), want.nodeID)
+		}
+		return ni, want.bad(CheckSPIFFEID, "it joined node %s, not the node %s that --node-id names", body.GetNodeId(), want.nodeID)
+	}
+	return ni, nil
 }
 
 // Expectation is what a join answer must match, for callers outside bcd
