@@ -42,7 +42,7 @@ var (
 	heldRE       = regexp.MustCompile(`(?m)^bc_sessions_held (\d+)`)
 )
 
-// Issue 12: the production shape on one machine. Three API replicas on one
+// the production shape on one machine. Three API replicas on one
 // PostgreSQL, two gateways (each with every replica in api_urls) behind a
 // TCP balancer, real bcd daemons holding sessions, a join storm, and
 // commands enqueued all along. One replica is killed with SIGKILL mid-storm,

@@ -30,8 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// Issue 12 (docs/operations.md, "Rolling upgrades: expand, then
-// contract"): a rolling upgrade rehearsed with real processes on one
+// docs/operations.md, "Rolling upgrades: expand, then contract": a rolling upgrade rehearsed with real processes on one
 // PostgreSQL. Replica A runs the release before the newest migration (built
 // from the git history), B the binary under test; machines join through
 // gateways the whole time:

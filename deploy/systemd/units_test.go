@@ -91,7 +91,7 @@ var units = []struct {
 	{"better-compute-gateway.service", "gateway"},
 }
 
-// Every unit: the hardening and restart policy issue 12 asks for, and an
+// Every unit: the hardening and restart policy of a production unit, and an
 // ExecStart that the CLI itself accepts (a renamed subcommand or flag fails
 // here, not on a production host).
 func TestUnits(t *testing.T) {

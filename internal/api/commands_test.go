@@ -237,7 +237,7 @@ func TestCommandsReadAndAuthz(t *testing.T) {
 				_, err := poolReader.Commands.ListCommands(ctx, rq(&bcv1.ListCommandsRequest{TenantId: w.root, NodeId: a.id}))
 				return err
 			}, ""},
-			// R1.2 (issue 8 point 3): a node the caller cannot see is
+			// R1.2: a node the caller cannot see is
 			// answered like a missing one.
 			{"pool grant: another pool's node", func() error {
 				_, err := poolReader.Commands.GetCommand(ctx, rq(&bcv1.GetCommandRequest{TenantId: w.root, CommandId: cb.Msg.Id}))

@@ -173,7 +173,7 @@ func TestJoinTokenEvents(t *testing.T) {
 			}
 		})
 		t.Run("audit", func(t *testing.T) {
-			// R14.2: who, what, when, on what. Issue 8 point 8: oldest
+			// R14.2: who, what, when, on what. oldest
 			// first with a cursor, the order events are read in.
 			var tokenRows []*bcv1.AuditEntry
 			for _, a := range auditAll(t, e.Admin, w.root) {

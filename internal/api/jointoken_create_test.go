@@ -228,7 +228,7 @@ func TestCreateJoinTokenIdempotency(t *testing.T) {
 				}
 			})
 		}
-		// Issue 8 point 4: keys are per tenant, so the same key in another
+		// keys are per tenant, so the same key in another
 		// pool is a CONFLICT, but one that names nothing of the other pool:
 		// a caller allowed only on pool2 must not learn the token id (or
 		// the pool) of a token it cannot see. Even the admin, who could

@@ -34,7 +34,7 @@ func operatorProcedures() map[string]bool {
 // SECURITY: the label is decided before authentication, so it must come
 // from a bounded set: labelling by the raw path let unauthenticated
 // requests to 100,000 distinct paths grow the API from 39 MB to 302 MB of
-// metric series (issue 8 point 1). Nothing the caller writes becomes a
+// metric series. Nothing the caller writes becomes a
 // label.
 func (s *Server) RouteLabel(r *http.Request) string {
 	if rest, ok := strings.CutPrefix(r.URL.Path, s.cfg.BasePath); ok && s.procedures[rest] {

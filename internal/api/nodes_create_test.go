@@ -10,7 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
-// Issue 9 point 6: nodes.create makes a node ahead of its machine: pending
+// nodes.create makes a node ahead of its machine: pending
 // at identity generation 0, listed and read like any node, decided on the
 // pool (compute:nodes:create), with node.created and an audit row;
 // idempotent by key; NOT_FOUND across tenants.

@@ -10,7 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
-// R1.2, issue 8 point 3: NodeService tells a caller without rights nothing
+// R1.2: NodeService tells a caller without rights nothing
 // about which nodes (or pools) exist: a node it may not read answers
 // exactly as a missing one, NOT_FOUND "node <id> not found", for get and
 // retire; a pool it may not see answers as a missing pool for list. A

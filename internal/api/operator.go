@@ -384,7 +384,7 @@ func (o *operator) waitEvents(ctx context.Context, tenant string, txo, id int64,
 }
 
 // ListAudit reads a tenant's audit rows oldest first with a cursor, in the
-// order events are read (issue 8 point 8). Ids and cursors are sealed as
+// order events are read. Ids and cursors are sealed as
 // events' are (R14.3).
 func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.ListAuditRequest]) (*connect.Response[bcv1.ListAuditResponse], error) {
 	p, err := principal(ctx)

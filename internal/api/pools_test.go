@@ -17,7 +17,7 @@ import (
 
 func mask(paths ...string) *fieldmaskpb.FieldMask { return &fieldmaskpb.FieldMask{Paths: paths} }
 
-// Issue 8 point 7: UpdatePoolPolicy with an update mask changes the named
+// UpdatePoolPolicy with an update mask changes the named
 // fields only (an unset value clears one); without a mask it replaces the
 // policy. Masks are checked.
 func TestUpdatePoolPolicyMask(t *testing.T) {
@@ -81,7 +81,7 @@ func TestUpdatePoolPolicyMask(t *testing.T) {
 	})
 }
 
-// Issue 8 point 7: concurrent changes of different fields all land (the
+// concurrent changes of different fields all land (the
 // merge reads the stored policy under a row lock in the transaction that
 // writes it; a read-modify-write across calls would lose some).
 func TestUpdatePoolPolicyConcurrentFields(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// Issue 8 point 10: the CA that verifies the control plane comes from
+// the CA that verifies the control plane comes from
 // --ca-file or, without the flag, from BETTER_COMPUTE_CA_FILE (documented in
 // --help). The API is served over real TLS by a CA the system does not
 // trust.

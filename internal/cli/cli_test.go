@@ -783,7 +783,7 @@ func TestResourcesSmoke(t *testing.T) {
 		if r := w.cli(t, "pools", "list", "--tenant", w.root).ok(t); !regexp.MustCompile(`(?m)^` + p.Id + `\s+cpu\s+` + s.Id + `\s+bcd\s+join-token,tpm\s+false\s+true\s*$`).MatchString(r.stdout) {
 			t.Fatalf("pools table:\n%s", r.stdout)
 		}
-		// Issue 8 point 7: set-policy changes the flags given, and only
+		// set-policy changes the flags given, and only
 		// those; --clear-FLAG removes one; each step starts from the last.
 		for _, step := range []struct {
 			name      string
@@ -946,7 +946,7 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 		}
 		w.cli(t, "events", "list", "--tenant", w.acme, "--cursor", cursor).fails(t, "INVALID_ARGUMENT", "cursor")
 
-		// Issue 8 point 9: the table shows readable columns and a summary
+		// the table shows readable columns and a summary
 		// of the data, not raw JSON.
 		row := regexp.MustCompile(`(?m)^\S+Z\s+security\.join-token\.created\s+` + tok.Id + `\s+(.*)$`).FindStringSubmatch(r.stdout)
 		if !strings.HasPrefix(r.stdout, "TIME ") || !strings.Contains(r.stdout, "SUMMARY") || row == nil {
@@ -959,7 +959,7 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 			t.Fatalf("summary %q: want key=value pairs, at most 80 characters", sum)
 		}
 
-		// Issue 8 point 8: audit list reads oldest first with a cursor, one
+		// audit list reads oldest first with a cursor, one
 		// JSON object per line like events.
 		auditRows := func(args ...string) []*bcv1.AuditEntry {
 			t.Helper()
@@ -1023,7 +1023,7 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 func TestPKI(t *testing.T) {
 	base := t.TempDir()
 	dir := filepath.Join(base, "pki")
-	// Issue 8 point 5: the secret comes from pki generate-secret; a weak
+	// the secret comes from pki generate-secret; a weak
 	// one is refused before anything is written.
 	gen := run(t, nil, "pki", "generate-secret").ok(t).stdout
 	if !regexp.MustCompile(`^[A-Za-z0-9_-]{43}\n$`).MatchString(gen) || gen == run(t, nil, "pki", "generate-secret").ok(t).stdout {
@@ -1098,7 +1098,7 @@ func TestPKI(t *testing.T) {
 		}
 		// The dir also comes from BETTER_COMPUTE_PKI_DIR.
 		run(t, map[string]string{"BETTER_COMPUTE_PKI_DIR": dir}, "pki", "pins").ok(t)
-		// Issue 8 point 10: pins are public; printing them needs no secret,
+		// pins are public; printing them needs no secret,
 		// and a wrong one is never read.
 		for name, e := range map[string]map[string]string{"no secret": noSecret, "wrong secret": {"BETTER_COMPUTE_SECRET": "wrong"}} {
 			var got map[string]string

@@ -111,7 +111,7 @@ func TestDaemonInstallScript(t *testing.T) {
 	if _, _, stderr := daemonRun(map[string]string{}, args(map[string]string{"--bcd-version": "x"})...); !strings.Contains(stderr, "INVALID_ARGUMENT: --bcd-version") {
 		t.Fatalf("stderr %q", stderr)
 	}
-	// Issue 8 point 10: the script holds only public values, and making
+	// the script holds only public values, and making
 	// it needs no secret.
 	if code, noSecretScript, stderr := daemonRun(map[string]string{}, args(nil)...); code != 0 || !strings.Contains(noSecretScript, pins["joinEncryptionKeyPin"]) {
 		t.Fatalf("without a secret: exit %d %q", code, stderr)

@@ -27,8 +27,8 @@ var summaryFirst = []string{"reason", "error", "state", "previousState", "kind",
 // come before the long ones.
 const summaryShort = 24
 
-// summary renders an event's or audit row's data for a table (issue 8
-// point 9): key=value pairs, the fields of summaryFirst first, then short
+// summary renders an event's or audit row's data for a table:
+// key=value pairs, the fields of summaryFirst first, then short
 // values, then long ones, each group in key order; a value equal to skip
 // (the subject or resource already in its own column), false and empty
 // values are left out; nested objects and lists are shortened; the whole is

@@ -11,7 +11,7 @@ import (
 
 var nodeIDLine = regexp.MustCompile(`^node_[0-9a-z]{26}\n$`)
 
-// Issue 9 point 6, R3.6: nodes create prints the new node's id alone (for
+// R3.6: nodes create prints the new node's id alone (for
 // a script to capture), --json the node; --key replays; the node lists as
 // pending; refusals print the code.
 func TestNodesCreate(t *testing.T) {

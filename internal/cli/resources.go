@@ -399,8 +399,7 @@ concurrent changes of other fields are kept.`,
 	return setPolicy
 }
 
-// policyFields maps set-policy's flags to the update mask's paths (issue 8
-// point 7): a flag given changes its field; --clear-FLAG clears it; any
+// policyFields maps set-policy's flags to the update mask's paths: a flag given changes its field; --clear-FLAG clears it; any
 // other field is kept.
 var policyFields = []struct {
 	flag, clear, path, clearHelp string

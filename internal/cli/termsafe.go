@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// Terminal safety (issue 8 point 2). Much of what the CLI prints is text a
+// Terminal safety. Much of what the CLI prints is text a
 // node controls: a command's error and output, hostnames, claims, event
 // data. A terminal acts on control characters: ESC sequences retitle the
 // window, clear the screen, move the cursor or rewrite what was printed;

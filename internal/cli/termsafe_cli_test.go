@@ -32,7 +32,7 @@ func rawControl(s string) (rune, bool) {
 	return 0, false
 }
 
-// Issue 8 point 2: node-controlled text (a command's error and output,
+// node-controlled text (a command's error and output,
 // event data) never reaches the terminal raw, in tables, in plain text, in
 // error lines and in JSON; JSON keeps the exact value.
 func TestNodeTextEscaped(t *testing.T) {

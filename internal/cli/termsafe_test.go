@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// Issue 8 point 2: escape makes every control character visible.
+// escape makes every control character visible.
 func TestEscape(t *testing.T) {
 	tests := []struct {
 		name, in     string

@@ -73,7 +73,7 @@ func TestExpirySweepRunsOnTheClock(t *testing.T) {
 	})
 }
 
-// Issue 12, R12.3: every command ends. The sweep expires a command nobody
+// R12.3: every command ends. The sweep expires a command nobody
 // delivered (queued) and one delivered that nobody answered (sent: its
 // session's replica died, and its node did not come back before the
 // expiry), each saying which; a command not yet due, or finished, is left

@@ -121,7 +121,7 @@ func (f *fleet) audit(t *testing.T, action string) []map[string]any {
 	return out
 }
 
-// R14.2, issue 8 point 11: the controller's acceptance writes an audit row
+// R14.2: the controller's acceptance writes an audit row
 // (who, what, when, on what) for each change it makes: the acceptance.check
 // it sends, its expiry, and the result.
 func TestAcceptanceAudit(t *testing.T) {

@@ -29,7 +29,7 @@ func nodeState(t *testing.T, db *store.DB, id string) string {
 	return n.State
 }
 
-// Issue 12, R4.5: a replica's controller claims five adoptions and is
+// R4.5: a replica's controller claims five adoptions and is
 // killed before it processes them. The other replica's controller leaves
 // them alone while the dead one's lease (3 s on the database's clock) is
 // live, and adopts all five at its first poll after the lease expired, not
@@ -75,7 +75,7 @@ func TestLeaseMovesFromDeadReplica(t *testing.T) {
 	})
 }
 
-// Issue 12: a controller that stops cleanly releases its lease, so what it
+// a controller that stops cleanly releases its lease, so what it
 // had claimed moves at once, with no clock moved.
 func TestStoppedControllerReleasesLease(t *testing.T) {
 	eachReplicaPair(t, func(t *testing.T, dbA, dbB *store.DB) {

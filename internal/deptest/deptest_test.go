@@ -34,7 +34,7 @@ var rules = []struct {
 	},
 }
 
-// Issue 7, DESIGN rule 10: the gateway and bcd never import the store, a
+// DESIGN rule 10: the gateway and bcd never import the store, a
 // SQL driver or the API's identity core.
 func TestDependencyRules(t *testing.T) {
 	if testing.Short() {

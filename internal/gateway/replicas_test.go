@@ -58,7 +58,7 @@ func startReplica(t *testing.T, srv *api.Server, b *pki.Bundle) *replica {
 	return r
 }
 
-// Issue 12, R4.9: a gateway over two real API replicas (two api.Servers on
+// R4.9: a gateway over two real API replicas (two api.Servers on
 // one database) spreads joins over both; when one stops, every join still
 // succeeds (a join that met the dead replica is retried on the other,
 // which is safe because a join asked again gets its stored answer), the

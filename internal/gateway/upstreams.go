@@ -16,7 +16,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 )
 
-// Several API replicas behind one gateway (issue 12). The gateway holds
+// Several API replicas behind one gateway. The gateway holds
 // one upstream per api_urls entry, each with its own connections, and:
 //   - spreads joins, renewals and new sessions over the healthy ones in
 //     turn;

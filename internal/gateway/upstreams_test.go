@@ -10,7 +10,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 )
 
-// Issue 12, R4.9: a call that failed on one replica goes to another only
+// R4.9: a call that failed on one replica goes to another only
 // where that is idempotent: a join always (asked again it gets its stored
 // answer), a renewal only when it never reached a replica.
 func TestRetryableOnAnotherReplica(t *testing.T) {
@@ -32,7 +32,7 @@ func TestRetryableOnAnotherReplica(t *testing.T) {
 	}
 }
 
-// Issue 12: api_url or api_urls, each an https URL, none twice.
+// api_url or api_urls, each an https URL, none twice.
 func TestConfigAPIURLs(t *testing.T) {
 	base := Config{CertFile: "c", KeyFile: "k", APICAFile: "ca"}
 	for _, c := range []struct {

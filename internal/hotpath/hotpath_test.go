@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// The pool is a performance seam under the agent listener and the gateway
-// (issue 11): these tests check that it changes nothing a handler can see.
+// The pool is a performance seam under the agent listener and the gateway:
+// these tests check that it changes nothing a handler can see.
 
 func TestRunRunsAndWaits(t *testing.T) {
 	p := New(4, 0)

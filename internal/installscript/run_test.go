@@ -436,7 +436,7 @@ func TestInstallScriptOtherSite(t *testing.T) {
 // wgets lists the wget implementations on this machine: GNU wget and
 // BusyBox's (the one small images have). In CI (.ci/run installs both) a
 // missing one fails the test instead of skipping it, so the wget path is
-// tested for real there (issue 8 point 6).
+// tested for real there.
 func wgets(t *testing.T) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}

@@ -43,7 +43,7 @@ func (f *fixture) tenant(t testing.TB, name string) *tenantEnv {
 	return &tenantEnv{id: tn.Msg.Id, admin: admin, pool: mkPool(t, admin, tn.Msg.Id, site.Id, name+"-pool", nil)}
 }
 
-// Issue 7, R6.3: hardware keys are matched within a tenant. A machine that
+// R6.3: hardware keys are matched within a tenant. A machine that
 // tenant acme registered first (claims are self-reported: acme may only
 // know its serial and UUID) still joins globex, as globex's own node; the
 // collision is recorded for the root tenant only, and neither tenant
@@ -94,7 +94,7 @@ func TestHardwareKeyPerTenantR6_3(t *testing.T) {
 	})
 }
 
-// Issue 7, R4.7: the refusal limiter is keyed by tenant: 70 refusals of
+// R4.7: the refusal limiter is keyed by tenant: 70 refusals of
 // acme leave globex's 5 all recorded, unsuppressed, and acme's next event
 // counts only acme's dropped ones.
 func TestRefusalLimiterPerTenantR4_7(t *testing.T) {
@@ -139,7 +139,7 @@ func TestRefusalLimiterPerTenantR4_7(t *testing.T) {
 	})
 }
 
-// Issue 7, R4.9: a join request that arrives again gets the answer stored
+// R4.9: a join request that arrives again gets the answer stored
 // for it and changes nothing: the answer is byte for byte the same, one
 // node, one use spent, no generation moved, even with a multi-use
 // allowReclaim token (the replay that used to reclaim the node). A request
@@ -185,7 +185,7 @@ func TestJoinReplayGetsStoredAnswerR4_9(t *testing.T) {
 	})
 }
 
-// Issue 7, R4.9 and R4.8: the answer to a join whose caller timed out after
+// R4.9 and R4.8: the answer to a join whose caller timed out after
 // the commit is not lost: the retry of the same request gets the
 // certificate instead of being refused as a reclaim.
 func TestJoinAnswerLostAfterCommitR4_9(t *testing.T) {
@@ -218,7 +218,7 @@ func TestJoinAnswerLostAfterCommitR4_9(t *testing.T) {
 	})
 }
 
-// Issue 7, R6.3: a reclaim needs a key never issued to the node. The
+// R6.3: a reclaim needs a key never issued to the node. The
 // machine's current key, in a new request (so no stored answer), is
 // refused and spends nothing; a new key reclaims.
 func TestReclaimNeedsNewKeyR6_3(t *testing.T) {

@@ -376,7 +376,7 @@ func TestReclaimR6_3(t *testing.T) {
 			tok := f.token(t, &bcv1.CreateJoinTokenRequest{TenantId: f.root, PoolId: pool2.Id, AllowReclaim: true})
 			f.refusedOnce(t, f.root, reason("reclaim"), func() error { _, err := f.join(t, jointest.NewMachine(t, claims), tok.Token, ""); return err })
 		})
-		// Issue 7: hardware keys are matched within a tenant. Another
+		// hardware keys are matched within a tenant. Another
 		// tenant's token admits the machine as that tenant's new node
 		// (TestHardwareKeyPerTenant has the whole story).
 		t.Run("allowReclaim token of another tenant", func(t *testing.T) {

@@ -238,7 +238,7 @@ func TestRenewRefusalsR13_2(t *testing.T) {
 				r.clk.Advance(59 * time.Second)
 				return setup{req, n.leaf, n.id}
 			}},
-			// Issue 7: a renewal supersedes its parent; a fresh proof from
+			// a renewal supersedes its parent; a fresh proof from
 			// the parent renews nothing (20 renewals from one certificate
 			// left 21 valid certificates).
 			{"R13.2 renewal from a superseded certificate", "cert-superseded", true, func(t *testing.T, r *renewEnv) setup {
@@ -492,7 +492,7 @@ func mustParse(t testing.TB, der []byte) *x509.Certificate {
 	return c
 }
 
-// R13.2 (issue 7): a renewal supersedes its parent. The parent renews
+// R13.2: a renewal supersedes its parent. The parent renews
 // nothing more, but still serves as the caller's mTLS identity for
 // nodeident.SessionOverlap, so a session held on it is not cut while bcd
 // moves to the new certificate; after the overlap it is refused there too.

@@ -27,7 +27,7 @@ import (
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
-// Issue 12: the races that decide a single winner (a token's last use, an
+// the races that decide a single winner (a token's last use, an
 // approval, a node's reclaim) run through two API replicas at once. Each
 // replica is a JoinService of its own, with its own identity core and
 // refusal limiter: on SQLite both share the one store handle (SQLite
@@ -126,7 +126,7 @@ func isRace(t testing.TB, err error) bool {
 	return true
 }
 
-// Issue 12, R4.4, R4.7: a token's last uses race through two replicas.
+// R4.4, R4.7: a token's last uses race through two replicas.
 // 24 distinct machines join at once, half on each replica, with a token of
 // 1 use and with a token of 5 uses: exactly that many are admitted, every
 // other one is refused with the uniform refusal (reason token-used-up), no
@@ -244,7 +244,7 @@ func wantOneApprovedNode(t *testing.T, d *disco, reqID, node string) {
 	}
 }
 
-// Issue 12, R10.3, R4.9: an approval raced through two replicas admits
+// R10.3, R4.9: an approval raced through two replicas admits
 // exactly one join.
 //   - The approved machine's very request retried 24 times at once (bcd
 //     and the gateway retrying it on both replicas): one admission
@@ -457,7 +457,7 @@ func wantReclaimed(t *testing.T, f *fixture, id string, tok *bcv1.JoinToken, won
 	}
 }
 
-// Issue 12, R6.3, R4.8, R4.9: one machine's reclaim raced through two
+// R6.3, R4.8, R4.9: one machine's reclaim raced through two
 // replicas, with an allowReclaim token of 30 uses, after the machine
 // joined (generation 1).
 //   - Its reclaim request (a new key) retried 24 times at once, half on

@@ -14,7 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// Issue 12, R4.7: the refusal limit holds across replicas. Three
+// R4.7: the refusal limit holds across replicas. Three
 // JoinServices, each on its own store handle of one PostgreSQL (three API
 // replicas, each with its own limiter), refuse 100 joins each at once: 60
 // events are recorded, not 180, and the events of the next minute carry

@@ -331,7 +331,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 				n.relay = true
 				return n
 			}},
-		// Issue 7: a key from a backup taken before a renewal re-joins
+		// a key from a backup taken before a renewal re-joins
 		// nothing while the node holds a newer certificate.
 		{name: "older key while a newer certificate exists", expired: time.Hour, reason: "x509pop:cert-superseded",
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {

@@ -234,8 +234,8 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 // is a CONFLICT), but the caller is authorized only for the pool it names.
 // A key first used in another pool therefore answers CONFLICT without
 // naming that token, its pool or what differs: a caller with rights on one
-// pool must not learn token ids of a pool it cannot see by guessing keys
-// (issue 8 point 4). Only a key used in the same pool names the token.
+// pool must not learn token ids of a pool it cannot see by guessing keys.
+// Only a key used in the same pool names the token.
 func sameRequest(prev store.JoinToken, r CreateRequest, expectJSON []byte) error {
 	if prev.PoolID != r.PoolID {
 		return errs.New(errs.Conflict, "idempotency key %q is already used in this tenant for another request; choose another key", r.IdempotencyKey)

@@ -25,7 +25,7 @@ type CreateRequest struct {
 	IdempotencyKey string
 }
 
-// Create makes a node ahead of its machine (issue 9 point 6): a deploy
+// Create makes a node ahead of its machine: a deploy
 // creates it, then puts its id in the machine's user data for bcd join
 // --node-id, which binds the machine to it (store.BindPendingNode). The
 // node is pending at identity generation 0, with no hardware key, no
@@ -58,7 +58,7 @@ func (s *Service) Create(ctx context.Context, p authz.Principal, r CreateRequest
 				prev, err := tx.NodeByIdempotencyKey(ctx, r.TenantID, r.IdempotencyKey)
 				if err == nil {
 					// SECURITY: as for join tokens, a key used in another
-					// pool names nothing of it (issue 8 point 4).
+					// pool names nothing of it.
 					if prev.PoolID != pool.ID {
 						return errs.New(errs.Conflict, "idempotency key %q is already used in this tenant for another request; choose another key", r.IdempotencyKey)
 					}

@@ -67,7 +67,7 @@ func (s *Service) Get(ctx context.Context, p authz.Principal, tenantID, nodeID s
 		}
 		if !canSee(p, n) {
 			// R1.2: the answer a missing node gets, so a caller without
-			// rights cannot tell which node ids exist (issue 8 point 3).
+			// rights cannot tell which node ids exist.
 			return errs.New(errs.NotFound, "node %s not found", nodeID)
 		}
 		d.Node = n

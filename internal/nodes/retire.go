@@ -50,7 +50,7 @@ func (s *Service) Retire(ctx context.Context, p authz.Principal, tenantID, nodeI
 		res := Resource(n.ID)
 		if !p.Allowed(authz.NodesUpdate, res) && !p.Allowed(authz.NodesUpdate, authz.PoolResource(n.PoolID)) {
 			if p.TenantID != tenantID || !canSee(p, n) {
-				// R1.2: no existence leak (issue 8 point 3).
+				// R1.2: no existence leak.
 				return errs.New(errs.NotFound, "node %s not found", nodeID)
 			}
 			return errs.New(errs.AccessDenied, "%s is not allowed on %s", authz.NodesUpdate, res)

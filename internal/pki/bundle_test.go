@@ -158,7 +158,7 @@ func TestInitRefusals(t *testing.T) {
 		msg    string
 	}{
 		{"no secret", filepath.Join(base, "a"), testTD, "", errs.InvalidConfig, "BETTER_COMPUTE_SECRET"},
-		// Issue 8 point 5: a weak secret makes nothing.
+		// a weak secret makes nothing.
 		{"weak secret", filepath.Join(base, "i"), testTD, "a", errs.InvalidConfig, "BETTER_COMPUTE_SECRET is too weak (an estimated 0 bits; at least 128 are required)"},
 		{"weak phrase", filepath.Join(base, "j"), testTD, "correct horse battery staple", errs.InvalidConfig, "generate one with better-compute pki generate-secret"},
 		{"existing bundle", existing, testTD, strong, errs.AlreadyExists, "never overwrites"},

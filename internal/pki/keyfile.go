@@ -52,7 +52,7 @@ const (
 
 // CheckSecret refuses a BETTER_COMPUTE_SECRET too weak to encrypt keys with:
 // empty, or estimated below secret.MinStrongBits (128) bits by
-// secret.EstimateBits (issue 8 point 5). Every key is encrypted through
+// secret.EstimateBits. Every key is encrypted through
 // it, so no new key file is made under a weak secret; decrypting does not
 // check, so key files made before the rule still open (the server warns).
 func CheckSecret(sec []byte) error {

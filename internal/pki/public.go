@@ -13,8 +13,7 @@ import (
 )
 
 // Public is the public half of a bundle: what `pki pins` and `daemon
-// install-script` publish. Reading it needs no BETTER_COMPUTE_SECRET (issue
-// 8 point 10): pins are hashes of public keys, and asking for the secret to
+// install-script` publish. Reading it needs no BETTER_COMPUTE_SECRET: pins are hashes of public keys, and asking for the secret to
 // print them would spread the secret to every place that only needs pins.
 //
 // SECURITY: without the secret, LoadPublic cannot check that

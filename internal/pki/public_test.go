@@ -9,7 +9,7 @@ import (
 	"github.com/better-compute/better-compute/internal/errs"
 )
 
-// Issue 8 point 10: the public half of a bundle (pins, the encryption key)
+// the public half of a bundle (pins, the encryption key)
 // is read without the secret and without touching a private key file.
 func TestLoadPublic(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")

@@ -14,7 +14,7 @@ import (
 // testSecret is a generated secret (secret.GenerateStrong's form).
 var testSecret = []byte("lH3f2xq0m1U8cYt7bVQ2r9nK5sJwE6aZpD4gL0oTyXc")
 
-// Issue 8 point 5: a weak BETTER_COMPUTE_SECRET encrypts nothing; a
+// a weak BETTER_COMPUTE_SECRET encrypts nothing; a
 // generated one does.
 func TestCheckSecret(t *testing.T) {
 	tests := []struct {
@@ -49,7 +49,7 @@ func TestCheckSecret(t *testing.T) {
 	}
 }
 
-// Issue 8 point 5: every key file records its KDF parameters (scrypt N, r,
+// every key file records its KDF parameters (scrypt N, r,
 // p and salt) beside the ciphertext, bound to it as AES-GCM additional
 // data, so the parameters can be raised for new keys while older files,
 // with the parameters they were written with, still open.

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Issue 8 point 5: BETTER_COMPUTE_SECRET=a was accepted. The estimate
+// BETTER_COMPUTE_SECRET=a was accepted. The estimate
 // refuses short, repetitive and sequential passphrases and passes
 // generated ones.
 func TestEstimateBits(t *testing.T) {

@@ -78,7 +78,7 @@ func tlsFixture(t *testing.T) (dir string, secret []byte, b *pki.Bundle, certFil
 
 // The API serves over TLS with health, readiness, the well-known document
 // and Prometheus metrics on their own listener, and shuts down gracefully
-// when its context ends (issue 2, item 4; R11.6).
+// when its context ends (R11.6).
 func TestRunTLSMetricsShutdown(t *testing.T) {
 	dir, secret, b, certFile, keyFile := tlsFixture(t)
 	cfg := Config{
@@ -146,7 +146,7 @@ func TestRunNeedsSecret(t *testing.T) {
 
 var requestsSeries = regexp.MustCompile(`(?m)^bc_api_requests_total\{code="(\d+)",path="([^"]*)"\} (\d+)$`)
 
-// Issue 8 point 1: metric labels come from a bounded set. Unauthenticated
+// metric labels come from a bounded set. Unauthenticated
 // requests to thousands of distinct paths (and unknown procedures of a
 // real service) all count under "other"; a real procedure and a real route
 // keep their own label.

@@ -192,8 +192,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // instrument counts and times requests by route. The label comes from
 // label (api.Server.RouteLabel): a bounded set decided by the route table,
-// never the raw path, because it is taken before authentication (issue 8
-// point 1). The status code is bounded by http.Server (three digits).
+// never the raw path, because it is taken before authentication. The status code is bounded by http.Server (three digits).
 func instrument(h http.Handler, label func(*http.Request) string, reqs *prometheus.CounterVec, dur *prometheus.HistogramVec) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -349,7 +348,7 @@ func loadBundle(cfg Config, o Options, log *slog.Logger) (*pki.Bundle, error) {
 		return nil, err
 	}
 	if err := pki.CheckSecret(o.Secret); err != nil {
-		// Key files made before the rule still open (issue 8 point 5);
+		// Key files made before the rule still open;
 		// the operator learns the secret is weak at every start.
 		log.Warn("the PKI's keys are encrypted with a weak secret: move to a generated one (better-compute pki generate-secret) by making a new bundle", "err", err)
 	}

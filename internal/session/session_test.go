@@ -36,7 +36,7 @@ func TestEnded(t *testing.T) {
 		{"certificate not the node's", func(s *store.SessionState) { s.CertFound = false }, EndRevoked},
 		{"a newer session elsewhere", func(s *store.SessionState) { s.SessionID = "sess_2" }, endReplaced},
 		{"failed acceptance is still a session", func(s *store.SessionState) { s.State = store.NodeFailed }, ""},
-		// Issue 7: a renewal supersedes the session's certificate; it
+		// a renewal supersedes the session's certificate; it
 		// serves for the overlap, then bcd moves to its new one.
 		{"superseded within the overlap", func(s *store.SessionState) {
 			at := now.Add(-nodeident.SessionOverlap + time.Second)

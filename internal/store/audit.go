@@ -61,7 +61,7 @@ func scanAudit(rows *sql.Rows) ([]AuditEntry, error) {
 
 // ListAuditAfter reads a tenant's audit rows with ids above after (0: from
 // the oldest), oldest first: the order events are read in, so one cursor
-// loop reads both (issue 8 point 8).
+// loop reads both.
 //
 // On SQLite the one writer makes id order commit order. On PostgreSQL ids
 // come from a sequence and can commit out of order, so a reader that pages

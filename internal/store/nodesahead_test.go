@@ -19,7 +19,7 @@ func pendingNode(pl store.Pool, hostname, key string) store.Node {
 		State: store.NodePending, Hostname: hostname, IdempotencyKey: key}
 }
 
-// Issue 9 point 6: a node made ahead is pending at generation 0 with no
+// a node made ahead is pending at generation 0 with no
 // hardware key; one join binds it (generation 1, the machine's facts), a
 // second finds it bound; a retired one cannot be bound; idempotency keys
 // are unique per tenant.

@@ -12,7 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// Issue 12, R12.3: every statement that makes a command queued (a new
+// R12.3: every statement that makes a command queued (a new
 // command, sent ones put back by a session that ended, every sent one put
 // back by a new session) notifies the commands channel from inside its
 // transaction, so a listener on another replica learns the node id when,

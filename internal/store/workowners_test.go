@@ -10,7 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// Issue 12: one owner per work item. A live owner's items are nobody
+// one owner per work item. A live owner's items are nobody
 // else's; once its lease expired on the database's clock another owner
 // takes them at once (not when their one-minute claim ends), and the first
 // owner can no longer finish or fail them.

@@ -184,7 +184,7 @@ func containsSub(list []string, sub string) bool {
 }
 
 // R4.3: unreadable DMI files (product_uuid is root-only on most distros)
-// are warnings, not failures. Issue 8 point 6: CI runs as root, which
+// are warnings, not failures. CI runs as root, which
 // reads a mode-0000 file, so the case that runs everywhere is a file no one
 // can read as a file: a directory (EISDIR) and a socket (ENXIO) where the
 // DMI file should be. The mode-0000 case runs as well when not root.

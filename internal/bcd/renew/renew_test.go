@@ -432,7 +432,7 @@ func TestLoopBacksOffR13_1(t *testing.T) {
 		s := newStack(t, e)
 		// A gateway that is down: it drops every connection. The listener
 		// stays open until the test ends, so no other process can take the
-		// port (issue 8 point 6: never close a listener and dial its port).
+		// port (never close a listener and dial its port).
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

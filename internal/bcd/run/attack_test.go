@@ -23,7 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// The attacks of issue 7 point 2, each against the real API (and, where a
+// Attacks by a relay or a stolen credential, each against the real API (and, where a
 // relay is the attacker, with the gateway's own certificate and client
 // identity).
 

@@ -15,7 +15,7 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// R12.1 (issue 8 point 5): a session ends within a second of a
+// R12.1: a session ends within a second of a
 // retirement, reclaim, revocation or a newer session, made by another
 // replica (straight in the database here, so no EndNode reaches this
 // one): one check interval of the API's clock (500 ms) ends it, with no

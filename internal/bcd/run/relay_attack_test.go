@@ -25,7 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/wire"
 )
 
-// Attacks by a compromised gateway (issue 7; docs/security.md): it holds
+// Attacks by a compromised gateway (docs/security.md): it holds
 // the gateway's client credentials to the API's agent listener and sees
 // every byte a machine sends through it. It may change or replay what it
 // relays; it must gain nothing.
@@ -241,7 +241,7 @@ func TestRenewFromSupersededRefusedR13_2(t *testing.T) {
 	})
 }
 
-// R10.5 (issue 7): x509pop accepts only the node's newest certificate. The
+// R10.5: x509pop accepts only the node's newest certificate. The
 // key of a certificate from before a renewal (a backup) re-joins nothing
 // through the real gateway, and the live node keeps its generation and
 // certificate.

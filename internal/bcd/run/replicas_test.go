@@ -19,7 +19,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storetest"
 )
 
-// Issue 12: commands across API replicas. The harness is replica A (its
+// commands across API replicas. The harness is replica A (its
 // operator API, commands service, controller, and gateway); replicaB is a
 // second api.Server on its own store handle of the same PostgreSQL schema,
 // with its own agent listener, a real gateway in front of it, and its
@@ -102,7 +102,7 @@ func wantFacts(t *testing.T, h *harness, id string, cpus string) {
 	}
 }
 
-// Issue 12, R12.3: a command enqueued through replica A reaches the
+// R12.3: a command enqueued through replica A reaches the
 // node's session on replica B at once, by the PostgreSQL notification
 // alone: B's poll is a day and B's clock never moves. After B's listening
 // connection is killed, a command enqueued while nobody listened (its
@@ -152,7 +152,7 @@ func TestR12_3CommandReachesSessionOnAnotherReplica(t *testing.T) {
 	})
 }
 
-// Issue 12, R12.3: on SQLite (one process) nothing listens: the
+// R12.3: on SQLite (one process) nothing listens: the
 // listener returns at once, and a command enqueued through the operator
 // API reaches the session by the in-process Notify, the API's clock never
 // moving.
@@ -178,7 +178,7 @@ func TestR12_3InProcessNotifyOnSQLite(t *testing.T) {
 	wantFacts(t, h, h.enqueue(t, m.nodeID), "2")
 }
 
-// Issue 12, R12.3: replica A sends a command into a node's session and
+// R12.3: replica A sends a command into a node's session and
 // dies before its session could put the command back or mark the node
 // disconnected, so the command stays sent. When the node connects to
 // replica B, B puts it back in the queue and delivers it: a command that
