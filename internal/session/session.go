@@ -64,7 +64,6 @@
 // (pki.CommandResultMessage): a result that does not verify is not stored
 // and ends the session (reason result-signature). Results finish the row,
 // with an audit row, and wake the node's work items.
-
 package session
 
 import (
