@@ -639,25 +639,11 @@ func storedAnswer(ctx context.Context, tx *store.Tx, digest []byte) (*agentv1.Jo
 	return &res, nil
 }
 
-// answerFor reads the stored answer of a request in a transaction of its
-// own.
-//
-// On SQLite it reads through the writer, not a read transaction: a join
-// that failed because of its twin (the same request, a retry) may have
-// failed inside the twin's group commit, before that batch committed (a
-// participant that fails is told at once), and a read transaction would
-// not see the twin's answer yet, turning a retry into "Join refused". The
-// writer runs this read in the batch still open or after it, and reports
-// it only once what it read committed. On PostgreSQL a join fails because
-// of another only once that one committed (it saw its rows or waited on
-// its locks), so a read transaction sees the answer.
+// answerFor reads the stored answer of a request (R4.9) so that it sees
+// the answer of the twin that made this attempt fail (store.ReadLatest).
 func (s *Service) answerFor(ctx context.Context, digest []byte) (*agentv1.JoinResponse, error) {
-	read := s.db.ReadTx
-	if s.db.Dialect() == store.SQLite {
-		read = s.db.WithTx
-	}
 	var res *agentv1.JoinResponse
-	err := read(ctx, func(tx *store.Tx) error {
+	err := s.db.ReadLatest(ctx, func(tx *store.Tx) error {
 		var err error
 		res, err = storedAnswer(ctx, tx, digest)
 		return err

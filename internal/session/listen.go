@@ -102,7 +102,7 @@ func (l *Listener) Status() ListenerStatus {
 
 // Run listens until ctx ends; on SQLite it returns at once.
 func (l *Listener) Run(ctx context.Context) {
-	if l.cfg.DB.Dialect() != store.Postgres {
+	if !l.cfg.DB.CanListen() {
 		return
 	}
 	failures := 0

@@ -82,6 +82,10 @@ type CommandListener struct {
 	channel string
 }
 
+// CanListen says whether ListenCommands works here: PostgreSQL tells every
+// replica of a queued command; SQLite (one process) tells in-process only.
+func (db *DB) CanListen() bool { return db.dialect == Postgres }
+
 // ListenCommands opens a dedicated connection to the database and LISTENs
 // on its commands channel. Close it when done.
 func (db *DB) ListenCommands(ctx context.Context) (*CommandListener, error) {

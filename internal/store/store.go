@@ -552,6 +552,22 @@ func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
 // 5 ms doubling, so the last of maxAttempts waits well under a second.
 var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisecond}
 
+// ReadLatest runs fn, which only reads, so that it sees whatever a
+// transaction that made a concurrent one fail had written. On SQLite it
+// runs through the writer, not a read transaction: a participant of a
+// group commit that fails is told at once, before the batch committed,
+// and a read transaction would not see its peers' rows yet; the writer
+// runs fn in the batch still open or after it, and reports only once what
+// fn read committed. On PostgreSQL a transaction fails because of another
+// only once that one committed (it saw its rows or waited on its locks),
+// so a read transaction sees them.
+func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
+	if db.dialect == SQLite {
+		return db.WithTx(ctx, fn)
+	}
+	return db.ReadTx(ctx, fn)
+}
+
 // ReadTx runs fn in a read-only transaction that is always rolled back.
 func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
 	return db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn)
