@@ -175,7 +175,7 @@ func (t *Tx) ConsumeJoinTokenUse(ctx context.Context, id string) (bool, error) {
 			return ok, err
 		}
 		var left int
-		if err := t.queryRow(ctx, "SELECT COALESCE(SUM(uses_left), 0) FROM join_token_slots WHERE token_id = ?", id).Scan(&left); err != nil {
+		if err := t.queryRow(ctx, "SELECT COALESCE(SUM(s.uses_left), 0) FROM join_token_slots s JOIN join_tokens j ON j.id = s.token_id WHERE s.token_id = ? AND j.revoked_ms IS NULL AND j.expires_ms > compute_now()", id).Scan(&left); err != nil {
 			return false, fmt.Errorf("read join token uses: %w", err)
 		}
 		if left == 0 {
