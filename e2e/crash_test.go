@@ -17,11 +17,11 @@ import (
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/bcd/identity"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/store"
-	"github.com/better-compute/better-compute/internal/store/storetest"
-	"github.com/better-compute/better-compute/internal/version"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/version"
 )
 
 // A join storm through a real gateway while the API is killed with SIGKILL

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/store/storetest"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
 
 // The page's token join against `better-compute dev`, the way a new user

@@ -17,11 +17,11 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
-	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/wire"
+	bcdconfig "github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/enroll"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
 // stormConfig describes a join storm: machines (prepareMachine) joining
@@ -90,7 +90,7 @@ func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
 					res, err := client.Join(ctx, connect.NewRequest(m.req))
 					if err == nil {
 						sum := sha256.Sum256(m.csr)
-						body, verr := bcdjoin.VerifyResponse(res.Msg, bcdjoin.Expectation{SigningPin: cfg.SigningPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: cfg.Site, Role: pki.RoleNode})
+						body, verr := enroll.VerifyResponse(res.Msg, enroll.Expectation{SigningPin: cfg.SigningPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: cfg.Site, Role: pki.RoleNode})
 						if verr != nil {
 							t.Errorf("machine %s: answer fails bcd's checks: %v", m.host, verr)
 							break
@@ -171,7 +171,7 @@ func newStormBCD(t *testing.T, dir, gatewayURL, site string, pins map[string]any
 	if err != nil || !found {
 		t.Fatalf("encryption key: %v (found %v)", err, found)
 	}
-	tlsConf, err := bcdjoin.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
+	tlsConf, err := enroll.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
 	must(t, err)
 	return stormBCD{Conf: conf, Config: bcfg, EncKey: encKey, TLS: tlsConf}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/tpm/tpmtest"
+	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 )
 
 // R9.1, R9.2, R10.1 with real processes: better-compute dev running the tpm

@@ -22,12 +22,12 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	bcdjoin "github.com/better-compute/better-compute/internal/bcd/join"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/store"
-	"github.com/better-compute/better-compute/internal/store/storetest"
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/node/enroll"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
 // docs/operations.md, "Rolling upgrades: expand, then contract": a rolling upgrade rehearsed with real processes on one
@@ -197,7 +197,7 @@ request_timeout = "5s"
 					res, err := client.Join(ctx, connect.NewRequest(m.req))
 					if err == nil {
 						sum := sha256.Sum256(m.csr)
-						body, verr := bcdjoin.VerifyResponse(res.Msg, bcdjoin.Expectation{SigningPin: bcfg.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: site, Role: pki.RoleNode})
+						body, verr := enroll.VerifyResponse(res.Msg, enroll.Expectation{SigningPin: bcfg.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: site, Role: pki.RoleNode})
 						if verr != nil {
 							t.Errorf("gateway %d machine %d: answer fails bcd's checks: %v", gw, i, verr)
 							break
@@ -373,13 +373,13 @@ func previousRelease(t *testing.T) (rev, why string) {
 	if _, err := git("rev-parse", "--show-toplevel"); err != nil {
 		return "", "not a git checkout"
 	}
-	migs, err := filepath.Glob(filepath.Join("..", "internal", "store", "migrations", "postgres", "*.sql"))
+	migs, err := filepath.Glob(filepath.Join("..", "internal", "controlplane", "store", "migrations", "postgres", "*.sql"))
 	if err != nil || len(migs) == 0 {
 		t.Fatalf("no PostgreSQL migrations found (%v)", err)
 	}
 	slices.Sort(migs)
 	newest := filepath.ToSlash(strings.TrimPrefix(migs[len(migs)-1], ".."+string(filepath.Separator)))
-	added, err := git("log", "--diff-filter=A", "--format=%H", "--", newest)
+	added, err := git("log", "--follow", "--diff-filter=A", "--format=%H", "--", newest)
 	if err != nil {
 		return "", fmt.Sprintf("git log: %v", err)
 	}

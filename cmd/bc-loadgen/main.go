@@ -1,5 +1,5 @@
 // Command bc-loadgen joins many simulated machines through a gateway, and
-// with --mode renew then renews each of them; see internal/loadgen and
+// with --mode renew then renews each of them; see internal/tools/loadgen and
 // docs/performance.md.
 package main
 
@@ -13,7 +13,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/better-compute/better-compute/internal/loadgen"
+	"github.com/better-compute/better-compute/internal/tools/loadgen"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-// Command bcd is the better-compute node daemon; see internal/bcd/cli.
+// Command bcd is the better-compute node daemon; see internal/node/bcdcmd.
 package main
 
 import (
@@ -7,12 +7,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/better-compute/better-compute/internal/bcd/cli"
+	"github.com/better-compute/better-compute/internal/node/bcdcmd"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], cli.Env{})
+	code := bcdcmd.Main(ctx, os.Args[1:], bcdcmd.Env{})
 	stop()
 	os.Exit(code)
 }

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/cli"
+	"github.com/better-compute/better-compute/internal/controlplane/server"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/server"
 )
 
 // unit is a parsed unit file: section -> key -> values in file order

@@ -6,10 +6,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/authz"
-	"github.com/better-compute/better-compute/internal/server"
-	"github.com/better-compute/better-compute/internal/store"
-	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/server"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 )
 
 func (a *app) bootstrapCmd() *cobra.Command {

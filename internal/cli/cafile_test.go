@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/store/storetest"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
 
 // the CA that verifies the control plane comes from

@@ -20,9 +20,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/apitest"
 	"github.com/better-compute/better-compute/internal/cli"
-	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
 )
 
 // result is one run of the CLI.

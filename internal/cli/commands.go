@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/client"
-	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 // waitPoll is how often `commands enqueue --wait` reads the command.

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/join"
-	"github.com/better-compute/better-compute/internal/join/jointest"
-	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
 )
 
 // joinNode joins machine i into the root tenant's pool through the real

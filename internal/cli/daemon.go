@@ -6,9 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/installscript"
-	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/controlplane/installscript"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // daemonCmd is the `daemon` group: what operators need to put bcd on

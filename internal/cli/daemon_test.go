@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/cli"
-	"github.com/better-compute/better-compute/internal/ids"
-	"github.com/better-compute/better-compute/internal/installscript"
+	"github.com/better-compute/better-compute/internal/controlplane/installscript"
+	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
 // daemonRun runs the CLI in-process with env as its whole environment.

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	bcdcli "github.com/better-compute/better-compute/internal/bcd/cli"
 	"github.com/better-compute/better-compute/internal/cli"
+	bcdcli "github.com/better-compute/better-compute/internal/node/bcdcmd"
 )
 
 // runAsBCD makes this test binary bcd when the install script runs the copy

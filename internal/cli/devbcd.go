@@ -17,9 +17,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/installscript"
-	"github.com/better-compute/better-compute/internal/version"
+	"github.com/better-compute/better-compute/internal/controlplane/installscript"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/version"
 )
 
 // dev serves a bcd build under its downloads path (R11.5), so the install

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/api"
-	"github.com/better-compute/better-compute/internal/bcd/claims"
-	"github.com/better-compute/better-compute/internal/jointoken"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/tokens"
+	"github.com/better-compute/better-compute/internal/node/claims"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // dev plays a site's modules too (R2.7, R10.4): it mints a site token and a
@@ -43,17 +43,17 @@ const devSecretsDir = "secrets"
 // ramdisk token (1000 uses) for dev's pool, valid 24 hours, into
 // DIR/secrets/site.token and ramdisk.token (older ones are replaced).
 func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir string, st devState) (refs []string, err error) {
-	sink := jointoken.FileSink{Dir: filepath.Join(dir, devSecretsDir)}
-	svc := jointoken.New(jointoken.Config{DB: db, Hub: s.Hub()})
+	sink := tokens.FileSink{Dir: filepath.Join(dir, devSecretsDir)}
+	svc := tokens.New(tokens.Config{DB: db, Hub: s.Hub()})
 	for _, t := range []struct {
 		role string
 		uses int
-	}{{jointoken.RoleSite, 10}, {jointoken.RoleRamdisk, 1000}} {
+	}{{tokens.RoleSite, 10}, {tokens.RoleRamdisk, 1000}} {
 		name := t.role + ".token"
 		if err := os.Remove(filepath.Join(sink.Dir, name)); err != nil && !os.IsNotExist(err) {
 			return nil, err
 		}
-		_, ref, err := svc.MintInternal(ctx, sink, jointoken.InternalRequest{Module: "dev-site", TenantID: st.tenant, PoolID: st.pool,
+		_, ref, err := svc.MintInternal(ctx, sink, tokens.InternalRequest{Module: "dev-site", TenantID: st.tenant, PoolID: st.pool,
 			Role: t.role, TTL: 24 * time.Hour, MaxUses: t.uses, SecretName: name})
 		if err != nil {
 			return nil, err

@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/ids"
-	"github.com/better-compute/better-compute/internal/joinreq"
+	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
 // claimsWidth bounds the CLAIMS column of the join request list.

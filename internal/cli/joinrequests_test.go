@@ -8,9 +8,9 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/ids"
-	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
 // mkRequests stores n pending join requests in the pool as JoinService

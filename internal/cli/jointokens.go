@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/jointoken"
+	"github.com/better-compute/better-compute/internal/controlplane/tokens"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 // parseTTL reads --ttl: a Go duration from 1m to 24h in whole seconds (R3.2).
@@ -22,7 +22,7 @@ func parseTTL(s string) (int32, error) {
 	if err != nil {
 		return 0, errs.Invalid("--ttl", "want a duration such as 1h or 30m, got %q", s)
 	}
-	if d%time.Second != 0 || d < jointoken.MinTTL || d > jointoken.MaxTTL {
+	if d%time.Second != 0 || d < tokens.MinTTL || d > tokens.MaxTTL {
 		return 0, errs.Invalid("--ttl", "must be whole seconds from 1m to 24h, got %s", s)
 	}
 	return int32(d / time.Second), nil

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 )
 
 var nodeIDLine = regexp.MustCompile(`^node_[0-9a-z]{26}\n$`)

@@ -7,13 +7,13 @@ import (
 	"os"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/fsutil"
+	"github.com/better-compute/better-compute/internal/shared/fsutil"
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/secret"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/secret"
 )
 
 // SecretEnv holds the secret that encrypts the PKI's private keys.

@@ -16,21 +16,21 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/api"
-	"github.com/better-compute/better-compute/internal/authz"
-	"github.com/better-compute/better-compute/internal/bcd/claims"
-	bcdconfig "github.com/better-compute/better-compute/internal/bcd/config"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/fsutil"
+	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/server"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/pki"
-	"github.com/better-compute/better-compute/internal/server"
-	"github.com/better-compute/better-compute/internal/store"
-	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/node/claims"
+	bcdconfig "github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/fsutil"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 func (a *app) logger(level string) (*slog.Logger, error) {

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/apitest"
-	"github.com/better-compute/better-compute/internal/events"
-	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/events"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
 )
 
 // hostile is what a compromised node answers: an OSC that retitles the

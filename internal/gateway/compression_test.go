@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/wire/wiretest"
+	"github.com/better-compute/better-compute/internal/shared/wire/wiretest"
 )
 
 // R15.4: anyone who reaches the gateway can send it a compressed body; it

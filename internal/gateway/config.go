@@ -10,7 +10,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 // Defaults for the limits in Config.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/clock"
-	"github.com/better-compute/better-compute/internal/errs"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 const goodTOML = `

@@ -9,8 +9,8 @@ import (
 	"connectrpc.com/connect"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/clock"
-	"github.com/better-compute/better-compute/internal/wire/wiretest"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/wire/wiretest"
 )
 
 // R15.4: what anyone who reaches the gateway can make it write is bounded.

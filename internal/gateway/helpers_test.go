@@ -11,7 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"io"
 	"log/slog"
@@ -30,8 +30,8 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 var testNow = time.Now()

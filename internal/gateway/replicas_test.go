@@ -22,11 +22,11 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/api"
-	"github.com/better-compute/better-compute/internal/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/join/jointest"
-	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // logBuf collects a gateway's log lines.

@@ -15,8 +15,8 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
 // sessionHandler serves SessionService.Connect: each daemon stream is

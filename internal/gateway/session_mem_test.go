@@ -30,8 +30,8 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/errs"
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
 // fakeSessions is the API's SessionService reduced to holding streams: it
@@ -93,7 +93,7 @@ func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv
 }
 
 // agentListenerHTTP2 is the agent listener's HTTP/2 configuration
-// (internal/server); BC_SESSION_MEM_API_DEFAULTS=1 measures against Go's
+// (internal/controlplane/server); BC_SESSION_MEM_API_DEFAULTS=1 measures against Go's
 // defaults instead (250 streams per connection, 1 MiB frames).
 func agentListenerHTTP2() *http.HTTP2Config {
 	if os.Getenv("BC_SESSION_MEM_API_DEFAULTS") != "" {

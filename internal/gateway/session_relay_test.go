@@ -13,7 +13,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/wire"
+	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
 func signedCommand(t *testing.T, id, kind string) *agentv1.SignedCommand {

@@ -1,0 +1,76 @@
+package api
+
+import (
+	"context"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
+	"github.com/better-compute/better-compute/internal/shared/hotpath"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+// agent serves JoinService to gateways.
+type agent struct{ s *Server }
+
+// Join relays to JoinService.Join. The daemon's address, as the gateway
+// forwarded it, also goes into the context so that the log line of a
+// refusal names it (nodeident.WithPeer).
+func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinRequest]) (*connect.Response[agentv1.JoinResponse], error) {
+	addr := req.Header().Get(wire.PeerAddrHeader)
+	res, err := a.s.join.Join(nodeident.WithPeer(ctx, addr), req.Msg, join.Peer{Addr: addr})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+// Renew relays to JoinService.Renew with the daemon's TLS client
+// certificate as the gateway forwarded it (wire.PeerCertificateHeader).
+func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewRequest]) (*connect.Response[agentv1.RenewResponse], error) {
+	addr := req.Header().Get(wire.PeerAddrHeader)
+	res, err := a.s.join.Renew(nodeident.WithPeer(ctx, addr), req.Msg, join.Peer{Addr: addr, Cert: wire.PeerCertificate(req.Header())})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+// AgentHandler serves the agent protocol for gateways. It must be served on
+// a listener that requires client certificates from the serving CA (see
+// AgentTLSConfig); requests without a verified client certificate are
+// refused here too, so mounting it elsewhere by mistake exposes nothing.
+func (s *Server) AgentHandler() http.Handler {
+	// SECURITY: no request decompression on this listener either (see
+	// New): connect-go inflates a compressed message to its end before it
+	// refuses it as too large, and the gateway relaying here is not
+	// trusted. Gateways never compress toward the API.
+	noGzip := connect.WithCompression("gzip", nil, nil)
+	path, h := agentv1connect.NewJoinServiceHandler(&agent{s: s},
+		connect.WithReadMaxBytes(64<<10),
+		noGzip,
+		connect.WithInterceptors(wire.Interceptor(s.log)),
+	)
+	mux := http.NewServeMux()
+	// Joins and renewals run on goroutines with grown stacks (hotpath);
+	// sessions are long-lived streams and keep their own.
+	mux.Handle(path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(h))
+	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10), noGzip))
+	// Gateways check each replica's readiness (its database) here.
+	mux.HandleFunc("GET /readyz", s.ready)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// Join exposes JoinService in-process (tests and the load generator's
+// calibration).
+func (s *Server) Join() *join.Service { return s.join }

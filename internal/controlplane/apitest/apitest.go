@@ -1,0 +1,163 @@
+// Package apitest starts a real API server in-process (httptest, real
+// database) with a bootstrapped root tenant and admin key, for tests of the
+// API, the client and the CLI.
+package apitest
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+// Env is a running API with a root tenant and its admin key.
+type Env struct {
+	DB         *store.DB
+	Server     *api.Server
+	HTTP       *httptest.Server
+	URL        string
+	RootTenant string
+	AdminKey   string
+	Admin      *client.Client
+	Bundle     *pki.Bundle
+}
+
+// Options tune Start.
+type Options struct {
+	// NoJoin leaves the machine PKI out, so join calls answer INVALID_CONFIG.
+	NoJoin bool
+	// Attestors configures JoinService's attestors (api.Config.Attestors;
+	// empty: join-token only).
+	Attestors []string
+	// PKIFrom, when set, generates the machine PKI as of that time (its
+	// CAs valid from then, instead of from now), so that a test can hold
+	// node certificates that expired in the past.
+	PKIFrom time.Time
+	// Clock is the API's clock (api.Config.Clock); nil is the wall clock.
+	// A clock.Fake lets session tests move the session service's checks,
+	// polls and timeouts instead of sleeping.
+	Clock clock.Clock
+	// Log is the API's log (api.Config.Log); nil discards it.
+	Log *slog.Logger
+}
+
+// Start runs the API on db.
+func Start(t testing.TB, db *store.DB, opts Options) *Env {
+	t.Helper()
+	ctx := context.Background()
+	var bundle *pki.Bundle
+	if !opts.NoJoin {
+		var err error
+		from := opts.PKIFrom
+		if from.IsZero() {
+			from = time.Now()
+		}
+		bundle, err = pki.Generate("test.example.com", from)
+		if err != nil {
+			t.Fatalf("pki: %v", err)
+		}
+	}
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log})
+	if err != nil {
+		t.Fatalf("api.New: %v", err)
+	}
+	root, _, err := srv.Tenancy().Bootstrap(ctx, "root")
+	if err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	var key string
+	err = db.WithTx(ctx, func(tx *store.Tx) error {
+		now, err := tx.Now(ctx)
+		if err != nil {
+			return err
+		}
+		_, key, err = authz.NewKey(ctx, tx, root.ID, "admin", authz.Admin, 0, now)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("admin key: %v", err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	c, err := client.New(client.Config{URL: hs.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{DB: db, Server: srv, HTTP: hs, URL: hs.URL, RootTenant: root.ID, AdminKey: key, Admin: c, Bundle: bundle}
+}
+
+// Client returns a client using key.
+func (e *Env) Client(t testing.TB, key string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{URL: e.URL, APIKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Each runs fn against a fresh API on SQLite and on PostgreSQL.
+func Each(t *testing.T, opts Options, fn func(t *testing.T, e *Env)) {
+	t.Helper()
+	storetest.Each(t, func(t *testing.T, db *store.DB) { fn(t, Start(t, db, opts)) })
+}
+
+// StartAgent serves h (an API's AgentHandler) as the agent listener: TLS
+// with a serving-CA certificate for 127.0.0.1, HTTP/2, and a client
+// certificate from the serving CA required, as `serve` does. It closes
+// when the test ends.
+func StartAgent(t testing.TB, h http.Handler, b *pki.Bundle) *httptest.Server {
+	t.Helper()
+	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas := x509.NewCertPool()
+	cas.AddCert(b.ServingCA)
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas}
+	srv.Config.ErrorLog = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// GatewayTransport is a transport with a gateway's client certificate from
+// b's serving CA, trusting the serving CA: what a gateway dials the agent
+// listener (StartAgent) with. Its idle connections close when the test
+// ends.
+func GatewayTransport(t testing.TB, b *pki.Bundle) *http.Transport {
+	t.Helper()
+	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(b.ServingCA)
+	tr := &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, Certificates: []tls.Certificate{gw}}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}

@@ -1,0 +1,246 @@
+// Package tpm is the tpm attestor (R9.2): a machine with a TPM 2.0 joins
+// with no token. Leg 1 carries the EK (and its certificate) as evidence and
+// the AK's TPM2_Certify of the CSR's key over sha256(csr) as the request's
+// key_attestation; the attestor checks the certify (internal/shared/tpmverify) and
+// answers a credential challenge for the EK and the AK. Leg 2 repeats the
+// request with the activated secret: only the TPM holding both the EK and
+// the AK recovers it, so the node key is proven to live, fixedTPM, in the
+// EK's TPM. Then the EK's trust decides: a trusted EK (manufacturer CA or
+// EK-hash allow-list of a pool) joins its pool with nodeKey "tpm" and the
+// statement urn:bc:tpm-ak:…; an unknown EK becomes a join request
+// (enrollment) in the first pool that allows it, and is otherwise refused.
+//
+// SECURITY: what binds each field a relay could change (R15.1). The
+// request digest (pki.JoinRequestDigest: protocol, attestor, role, node id,
+// CSR, claims, evidence, key attestation; never the answer) is signed on
+// every leg by the node key (request_sig, purpose tpm-join), and the
+// certify and the activation prove that key lives, fixedTPM, in the EK's
+// TPM: a relay that changes any field of either leg, or both legs alike,
+// breaks that signature. The challenge is stateless: its secret is an
+// HMAC, under a key derived from the join-encryption key, of that same
+// digest and its expiry, so an answer admits only the request it was made
+// for, briefly. The answer itself is left out of the digest, so a leg 2
+// that arrives again, whatever encoding its answer has, gets the answer
+// stored for its request digest (R4.9) and never makes a second node.
+//
+// The role is the server's, never the machine's (R15.2): a tpm join makes
+// a node; a request for site or ramdisk is refused (role-not-allowed),
+// since those roles come only from tokens minted by the site's modules.
+package tpm
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/hwid"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/tpmverify"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+// Name of the attestor.
+const Name = wire.AttestorTPM
+
+// ChallengeTTL is how long a challenge may be answered.
+const ChallengeTTL = 2 * time.Minute
+
+// NodeKeyTPM is the admission's NodeKey: the key is proven to be in the TPM.
+const NodeKeyTPM = "tpm"
+
+// Refusal reasons decided here (the certify's come from tpmverify).
+const (
+	ReasonTokenPresent     = "token-present"
+	ReasonEvidenceMissing  = "evidence-missing"
+	ReasonAnswerInvalid    = "activation-answer-invalid"
+	ReasonChallengeExpired = "challenge-expired"
+	ReasonActivation       = "activation-failed"
+	ReasonEKUnknown        = "ek-not-allowed"
+	ReasonRole             = "role-not-allowed"
+	ReasonRequestSig       = "request-signature"
+)
+
+// Role is the role of every tpm join's certificate (R15.2).
+const Role = pki.RoleNode
+
+// Pool is one pool's EK trust (the serve config's [[join.tpm.pools]]).
+type Pool struct {
+	PoolID string
+	// Trust holds the manufacturer CAs and the EK-hash allow-list.
+	Trust tpmverify.Trust
+	// Enrollment turns an unknown EK into a join request in this pool.
+	Enrollment bool
+}
+
+// Config lists the attestor's dependencies.
+type Config struct {
+	// Pools are tried in order: an EK joins the first pool that trusts it;
+	// an unknown one enrolls in the first pool with enrollment.
+	Pools []Pool
+	// ChallengeKey keys the challenge HMAC; every API replica must share
+	// it (ChallengeKeyFrom derives it from the join-encryption key).
+	ChallengeKey []byte
+	Clock        clock.Clock
+}
+
+// Attestor is the tpm attestor.
+type Attestor struct {
+	cfg Config
+}
+
+// New returns the attestor.
+func New(cfg Config) (*Attestor, error) {
+	if len(cfg.ChallengeKey) < 32 {
+		return nil, errors.New("tpm attestor: a 32-byte challenge key is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	return &Attestor{cfg: cfg}, nil
+}
+
+// Name implements attest.Attestor.
+func (*Attestor) Name() string { return Name }
+
+// Admit implements attest.Attestor.
+func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*attest.Admission, error) {
+	if in.Token != "" {
+		return nil, attest.Refuse(ReasonTokenPresent, "")
+	}
+	if in.Role != Role {
+		return nil, attest.Refuse(ReasonRole, "")
+	}
+	var ev agentv1.TPMEvidence
+	if len(in.Evidence) == 0 || proto.Unmarshal(in.Evidence, &ev) != nil {
+		return nil, attest.Refuse(ReasonEvidenceMissing, "")
+	}
+	ek, err := tpmverify.ParseEK(ev.GetEkPublic())
+	if err != nil {
+		return nil, refusal(err)
+	}
+	if len(in.KeyAttestation) == 0 {
+		return nil, attest.Refuse("key-attestation-missing", "")
+	}
+	ka, err := tpmverify.ParseKeyAttestation(in.KeyAttestation)
+	if err != nil {
+		return nil, refusal(err)
+	}
+	csrKey, err := pki.ParseCSR(in.CSR)
+	if err != nil {
+		return nil, attest.Refuse("csr-invalid", "")
+	}
+	akName, err := tpmverify.Verify(ka, in.CSR, csrKey)
+	if err != nil {
+		return nil, refusal(err)
+	}
+	// R15.1: the node key binds the whole request, on this leg and the
+	// next.
+	if pki.VerifyJoinRequest(csrKey, in.RequestDigest, in.RequestSig) != nil {
+		return nil, attest.Refuse(ReasonRequestSig, "")
+	}
+
+	// The challenge leg: prove the AK is in the EK's TPM.
+	now := a.cfg.Clock.Now()
+	leg := in.RequestDigest
+	expires := now.Add(ChallengeTTL).UnixMilli()
+	blob, encSecret, err := tpmverify.MakeCredential(nil, ek, akName, a.secret(leg, expires))
+	if err != nil {
+		return nil, refusal(err)
+	}
+	ch, err := proto.Marshal(&agentv1.TPMChallenge{CredentialBlob: blob, EncryptedSecret: encSecret, ExpiresUnixMs: expires})
+	if err != nil {
+		return nil, err
+	}
+	raw, err := in.Challenge(ctx, ch)
+	if err != nil {
+		return nil, err
+	}
+	var ans agentv1.TPMChallengeAnswer
+	if proto.Unmarshal(raw, &ans) != nil {
+		return nil, attest.Refuse(ReasonAnswerInvalid, "")
+	}
+	exp := ans.GetExpiresUnixMs()
+	if exp <= now.UnixMilli() || exp > now.Add(ChallengeTTL).UnixMilli() {
+		return nil, attest.Refuse(ReasonChallengeExpired, "")
+	}
+	if subtle.ConstantTimeCompare(ans.GetSecret(), a.secret(leg, exp)) != 1 {
+		return nil, attest.Refuse(ReasonActivation, "")
+	}
+
+	// Proven: the EK's trust decides.
+	stmt, err := tpmverify.Statement(akName)
+	if err != nil {
+		return nil, attest.Refuse(tpmverify.ReasonAKAttributes, "")
+	}
+	ekHash, err := tpmverify.EKHash(ek)
+	if err != nil {
+		return nil, refusal(err)
+	}
+	for _, p := range a.cfg.Pools {
+		ok, err := p.Trust.Trusted(ek, ev.GetEkCertificate(), now)
+		if err != nil {
+			return nil, refusal(err)
+		}
+		if ok {
+			return a.admission(ctx, tx, p.PoolID, in, stmt, nil)
+		}
+	}
+	for _, p := range a.cfg.Pools {
+		if p.Enrollment {
+			return a.admission(ctx, tx, p.PoolID, in, stmt, &attest.Approval{
+				MachineKey: attest.MachineKeyFor(hwid.HardwareKey{}, ekHash, "", ""), EKHash: ekHash,
+			})
+		}
+	}
+	return nil, attest.Refuse(ReasonEKUnknown, "")
+}
+
+func (a *Attestor) admission(ctx context.Context, tx *store.Tx, poolID string, in *attest.Input, stmt string, approval *attest.Approval) (*attest.Admission, error) {
+	pool, site, err := tx.GetPoolWithSite(ctx, poolID)
+	if err != nil {
+		return nil, fmt.Errorf("tpm attestor: read pool %s: %w", poolID, err)
+	}
+	if approval != nil {
+		approval.MachineKey = attest.MachineKeyFor(hwid.HardwareKey{}, approval.EKHash, site.ID, "")
+	}
+	return &attest.Admission{
+		TenantID: pool.OwnerTenantID, PoolID: pool.ID, SiteID: site.ID, Role: Role,
+		NodeKey: NodeKeyTPM, Statements: []string{stmt}, Approval: approval,
+	}, nil
+}
+
+// refusal turns a tpmverify failure into a refusal with its reason.
+func refusal(err error) error {
+	if r := tpmverify.ReasonOf(err); r != "" {
+		return attest.Refuse(r, "")
+	}
+	return err
+}
+
+// secret is the challenge's secret for a request digest and an expiry.
+func (a *Attestor) secret(leg []byte, expiresMS int64) []byte {
+	m := hmac.New(sha256.New, a.cfg.ChallengeKey)
+	m.Write([]byte("better-compute tpm challenge v2\x00"))
+	m.Write(leg)
+	m.Write(binary.BigEndian.AppendUint64(nil, uint64(expiresMS)))
+	return m.Sum(nil)
+}
+
+// ChallengeKeyFrom derives the challenge key from the join-encryption
+// key's private scalar, which every API replica holds.
+func ChallengeKeyFrom(joinEncryptionKey []byte) []byte {
+	m := hmac.New(sha256.New, joinEncryptionKey)
+	m.Write([]byte("better-compute tpm challenge key v1"))
+	return m.Sum(nil)
+}

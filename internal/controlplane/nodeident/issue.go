@@ -1,0 +1,154 @@
+package nodeident
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+// ErrNotConfigured is the answer to a join or renewal when the server has
+// no machine PKI (R4.8: not a refusal).
+var ErrNotConfigured = errs.New(errs.InvalidConfig, "JoinService is not configured: the server has no machine PKI (pki.dir)")
+
+// IssueParams is what a path decided about the certificate to issue.
+type IssueParams struct {
+	// Pub is the CSR's key, whose signature the caller verified
+	// (pki.ParseCSR).
+	Pub       *ecdsa.PublicKey
+	CSRSHA256 []byte
+	// Node is the node row as written in this transaction (its id, site
+	// and identity generation are the certificate's).
+	Node store.Node
+	Role string
+	// Statements are urn:bc: URI SANs; AllowedKinds restrict command kinds
+	// (R7.5). Both travel with the node_certs row.
+	Statements   []string
+	AllowedKinds []string
+	// MaxTTL shortens the lifetime when non-zero: an attestor's limit, or
+	// a renewed certificate's own lifetime (a renewal never lengthens).
+	MaxTTL time.Duration
+}
+
+// Issued is a signed certificate, its row, and the signed answer to send.
+type Issued struct {
+	Cert     *pki.NodeCert
+	Body     *agentv1.JoinResponseBody
+	Response *agentv1.JoinResponse
+}
+
+// backdateFor is how far before now a certificate of lifetime ttl starts:
+// backdate, but at most a tenth of the lifetime, so that a short-lived
+// certificate (cert_ttl_seconds down to 60) is still valid when issued and
+// bcd's renewal at 60% of the lifetime lies ahead, not behind.
+func backdateFor(ttl time.Duration) time.Duration { return min(backdate, ttl/10) }
+
+// TTL is the lifetime policy (R7.1): certTtlSeconds, at most 2 h for
+// ramdisk, shortened by maxTTL when non-zero.
+func (c *Core) TTL(role string, maxTTL time.Duration) time.Duration {
+	ttl := c.cfg.CertTTL
+	if role == pki.RoleRamdisk {
+		ttl = min(ttl, MaxRamdiskCertTTL)
+	}
+	if maxTTL > 0 {
+		ttl = min(ttl, maxTTL)
+	}
+	return ttl
+}
+
+// Issue is the one way a node certificate is made (DESIGN rule 4): the
+// template comes from policy only (names from the node row, never the CSR),
+// it is signed and re-checked (pki.SignNodeCertKey), recorded as a
+// node_certs row in tx, and answered as a JoinResponse signed with the
+// join-signing key.
+func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued, error) {
+	b := c.cfg.Bundle
+	if b == nil {
+		return nil, ErrNotConfigured
+	}
+	if p.Node.ID == "" || p.Node.IdentityGeneration < 1 {
+		return nil, errors.New("issue: the node row must be written first")
+	}
+	ttl := c.TTL(p.Role, p.MaxTTL)
+	nb := c.clock.Now().Add(-backdateFor(ttl))
+	cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, p.Pub, pki.NodeCertParams{
+		TrustDomain: b.TrustDomain, SiteID: p.Node.SiteID, NodeID: p.Node.ID, Role: p.Role, Statements: p.Statements,
+		NotBefore: nb, NotAfter: nb.Add(ttl),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sign node certificate: %w", err)
+	}
+	kinds, err := jsonList(p.AllowedKinds)
+	if err != nil {
+		return nil, fmt.Errorf("marshal allowed kinds: %w", err)
+	}
+	stmts, err := jsonList(p.Statements)
+	if err != nil {
+		return nil, fmt.Errorf("marshal statements: %w", err)
+	}
+	if err := tx.InsertNodeCert(ctx, store.NodeCert{Serial: cert.Serial, NodeID: p.Node.ID, IdentityGeneration: p.Node.IdentityGeneration,
+		Role: p.Role, SPKISHA256: cert.SPKISHA256, DER: cert.DER, AllowedKinds: kinds, Statements: stmts,
+		NotBefore: cert.Cert.NotBefore, NotAfter: cert.Cert.NotAfter}); err != nil {
+		return nil, err
+	}
+	body := &agentv1.JoinResponseBody{
+		NodeId: p.Node.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
+		CsrSha256: p.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: p.Node.SiteID, Role: p.Role,
+		// R12.3: bcd refuses commands of another generation; it learns its
+		// own from this signed body, never from the relay.
+		IdentityGeneration: int64(p.Node.IdentityGeneration),
+	}
+	res, err := signAnswer(b, body)
+	if err != nil {
+		return nil, err
+	}
+	return &Issued{Cert: cert, Body: body, Response: res}, nil
+}
+
+// Defer answers a join that waits on join request requestID (R10.1): a
+// body with no certificate, signed with the join-signing key like any
+// answer, for the CSR it will admit.
+func (c *Core) Defer(csrSHA256 []byte, siteID, role, requestID string, retryAfter time.Duration) (*agentv1.JoinResponse, error) {
+	b := c.cfg.Bundle
+	if b == nil {
+		return nil, ErrNotConfigured
+	}
+	return signAnswer(b, &agentv1.JoinResponseBody{
+		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: siteID, Role: role,
+		Deferral: &agentv1.JoinDeferral{RequestId: requestID, RetryAfterSeconds: int32(retryAfter / time.Second)},
+	})
+}
+
+// signAnswer serializes body and signs it with the join-signing key.
+func signAnswer(b *pki.Bundle, body *agentv1.JoinResponseBody) (*agentv1.JoinResponse, error) {
+	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("marshal join response: %w", err)
+	}
+	sig, err := pki.SignResponse(b.JoinSigningKey, raw)
+	if err != nil {
+		return nil, fmt.Errorf("sign join response: %w", err)
+	}
+	return &agentv1.JoinResponse{Body: raw, Sig: sig, SigningCertificate: b.JoinSigningCert.Raw}, nil
+}
+
+// emptyList is the JSON of no strings: most certificates have no
+// statements and no kind restriction.
+var emptyList = []byte("[]")
+
+// jsonList is the JSON array of s ("[]" for none).
+func jsonList(s []string) ([]byte, error) {
+	if len(s) == 0 {
+		return emptyList, nil
+	}
+	return json.Marshal(s)
+}

@@ -1,0 +1,370 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/controller"
+	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/session"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+)
+
+// Options are the process-level inputs that do not belong in the file.
+type Options struct {
+	Log *slog.Logger
+	// Secret decrypts the PKI bundle (BETTER_COMPUTE_SECRET).
+	Secret []byte
+	// Ready, when set, receives the API's listening address once it serves.
+	Ready func(addr string)
+	// Setup runs after the API is built and before it serves (dev uses it
+	// to bootstrap).
+	Setup func(ctx context.Context, s *api.Server, db *store.DB) error
+	// AgentCert, when set, is the agent listener's certificate (dev makes
+	// one in memory instead of files).
+	AgentCert *tls.Certificate
+	// AgentReady receives the agent listener's address.
+	AgentReady func(addr string)
+	// Bundle receives the loaded PKI (dev uses it to start the gateway).
+	Bundle func(*pki.Bundle)
+	// MetricsReady receives the metrics listener's address (listen on
+	// port 0 and learn the port here).
+	MetricsReady func(addr string)
+	// Clock times the rate limit of the listeners' error lines (nil: the
+	// wall clock).
+	Clock clock.Clock
+}
+
+// ErrorLinesPerMinute is how many net/http error lines (TLS handshake
+// failures and timeouts, ...) each listener writes per kind per minute.
+const ErrorLinesPerMinute = 10
+
+// Run serves the API until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	db, err := store.Open(ctx, cfg.Store, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	bundle, err := loadBundle(cfg, o, log)
+	if err != nil {
+		return err
+	}
+	var gw *api.GatewayInfo
+	if cfg.Gateway.URL != "" {
+		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
+	}
+	if o.Bundle != nil {
+		o.Bundle(bundle)
+	}
+	tpmPools, err := cfg.Join.TPM.AttestorPools()
+	if err != nil {
+		return err
+	}
+	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
+		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
+	if err != nil {
+		return err
+	}
+	if _, created, err := srv.Tenancy().Bootstrap(ctx, cfg.RootTenant); err != nil {
+		return fmt.Errorf("bootstrap root tenant: %w", err)
+	} else if created {
+		log.Info("created root tenant", "name", cfg.RootTenant)
+	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, srv, db); err != nil {
+			return err
+		}
+	}
+
+	reg, handler := apiMetrics(srv)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return errs.New(errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
+	}
+	// SECURITY: anyone who reaches a listener can make net/http log a
+	// line (a failed or timed-out TLS handshake): they are rate-limited
+	// per listener and kind, naming the peer and the count suppressed.
+	errLog := ratelimit.NewLogger(log, ratelimit.New(o.Clock, ErrorLinesPerMinute, time.Minute))
+	hs := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       cfg.Limits.read(),
+		WriteTimeout:      cfg.Limits.write(),
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
+	}
+	errc := make(chan error, 3)
+	go func() {
+		var err error
+		if cfg.TLS.CertFile != "" {
+			err = hs.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+		} else {
+			err = hs.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	ms, err := serveMetrics(cfg, o, log, reg, errc)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	as, err := serveAgent(cfg, o, log, srv, bundle, errLog, errc)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	stopBackground := runBackground(ctx, db, srv, log)
+	defer stopBackground()
+
+	scheme := "http"
+	if cfg.TLS.CertFile != "" {
+		scheme = "https"
+	}
+	log.Info("API listening", "url", fmt.Sprintf("%s://%s%s", scheme, ln.Addr(), srv.BasePath()))
+	if o.Ready != nil {
+		o.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if ms != nil {
+		_ = ms.Shutdown(sctx)
+	}
+	if as != nil {
+		// Sessions outlive any graceful wait: end them (their daemons
+		// reconnect through another replica) and let each write its
+		// disconnect before the database closes.
+		_ = srv.Sessions().Close(sctx)
+		_ = as.Shutdown(sctx)
+	}
+	return hs.Shutdown(sctx)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// instrument counts and times requests by route. The label comes from
+// label (api.Server.RouteLabel): a bounded set decided by the route table,
+// never the raw path, because it is taken before authentication. The status code is bounded by http.Server (three digits).
+func instrument(h http.Handler, label func(*http.Request) string, reqs *prometheus.CounterVec, dur *prometheus.HistogramVec) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		route := label(r) // before serving: handlers may rewrite r.URL
+		sw := &statusWriter{ResponseWriter: w, code: 200}
+		h.ServeHTTP(sw, r)
+		reqs.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
+		dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	})
+}
+
+// serveMetrics serves Prometheus metrics (and pprof when configured) on
+// cfg.Metrics.Listen; nil when none is configured.
+func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, errc chan<- error) (*http.Server, error) {
+	if cfg.Metrics.Listen == "" {
+		return nil, nil
+	}
+	mln, err := net.Listen("tcp", cfg.Metrics.Listen)
+	if err != nil {
+		return nil, errs.New(errs.InvalidConfig, "metrics listen %s: %v", cfg.Metrics.Listen, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if cfg.Metrics.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := ms.Serve(mln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	log.Info("metrics listening", "addr", mln.Addr().String())
+	if o.MetricsReady != nil {
+		o.MetricsReady(mln.Addr().String())
+	}
+	return ms, nil
+}
+
+// serveAgent serves the agent listener (gateways, mTLS from the serving
+// CA); nil when none is configured. Its net/http error lines (handshake
+// failures) go through errLog.
+func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle *pki.Bundle, errLog *ratelimit.Logger, errc chan<- error) (*http.Server, error) {
+	if cfg.Agent.Listen == "" && o.AgentCert == nil {
+		return nil, nil
+	}
+	if bundle == nil {
+		return nil, errs.New(errs.InvalidConfig, "the agent listener needs the machine PKI (pki.dir)")
+	}
+	cert := o.AgentCert
+	if cert == nil {
+		c, err := tls.LoadX509KeyPair(cfg.Agent.CertFile, cfg.Agent.KeyFile)
+		if err != nil {
+			return nil, errs.New(errs.InvalidConfig, "agent certificate: %v", err)
+		}
+		cert = &c
+	}
+	cas := x509.NewCertPool()
+	cas.AddCert(bundle.ServingCA)
+	addr := cfg.Agent.Listen
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	aln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errs.New(errs.InvalidConfig, "agent listen %s: %v", addr, err)
+	}
+	as := &http.Server{
+		Handler:           srv.AgentHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       10 * time.Minute,
+		MaxHeaderBytes:    32 << 10,
+		TLSConfig: &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{*cert},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    cas,
+			NextProtos:   []string{"h2", "http/1.1"},
+		},
+		ErrorLog: errLog.ErrorLog(slog.LevelWarn, "agent"),
+		// A gateway multiplexes its nodes' long-lived session streams
+		// over a few connections: the default of 250 streams per
+		// connection would make it dial a connection per 250 nodes.
+		// 16 KiB frames (the HTTP/2 minimum) because the Go client holds
+		// a scratch buffer of the peer's frame size (up to 512 KiB) for
+		// each stream whose body is still open, i.e. each session.
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:      100000,
+			MaxReadFrameSize:          16 << 10,
+			MaxReceiveBufferPerStream: 256 << 10,
+			SendPingTimeout:           60 * time.Second,
+			PingTimeout:               20 * time.Second,
+		},
+	}
+	go func() {
+		if err := as.ServeTLS(aln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	log.Info("agent listener (gateways, mTLS)", "addr", aln.Addr().String())
+	if o.AgentReady != nil {
+		o.AgentReady(aln.Addr().String())
+	}
+	return as, nil
+}
+
+// runBackground starts the controller, command expiry, the commands
+// listener and the loop that wakes the controller on commits, and returns
+// the function that stops them and waits for them (before the store
+// closes: the controller releases its lease when it stops).
+func runBackground(ctx context.Context, db *store.DB, srv *api.Server, log *slog.Logger) (stop func()) {
+	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub(), Notify: srv.Sessions().Notify})
+	srv.Sessions().OnResult(ctrl.Wake)
+	cctx, cstop := context.WithCancel(ctx)
+	ctrlDone := make(chan struct{})
+	go func() { defer close(ctrlDone); ctrl.Run(cctx) }()
+	go srv.Commands().RunExpiry(cctx) // undelivered and unanswered commands expire
+	// Commands queued on other replicas (PostgreSQL) reach this replica's
+	// sessions at once: one dedicated LISTEN connection (on SQLite, one
+	// process, Run returns at once).
+	lst := session.NewListener(session.ListenerConfig{DB: db, Clock: clock.Real{}, Log: log, Notify: srv.Sessions().Notify})
+	lstDone := make(chan struct{})
+	go func() { defer close(lstDone); lst.Run(cctx) }()
+	go func() {
+		// Wake the controller whenever events commit (a join queues work).
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case <-srv.Hub().Wait():
+				ctrl.Wake()
+			}
+		}
+	}()
+	return func() { cstop(); <-lstDone; <-ctrlDone }
+}
+
+// loadBundle loads the machine PKI from cfg.PKI.Dir; nil when none is
+// configured (joins answer INVALID_CONFIG).
+func loadBundle(cfg Config, o Options, log *slog.Logger) (*pki.Bundle, error) {
+	if cfg.PKI.Dir == "" {
+		log.Warn("no pki.dir: joins will answer INVALID_CONFIG until the machine PKI is configured")
+		return nil, nil
+	}
+	if len(o.Secret) == 0 {
+		return nil, errs.New(errs.InvalidConfig, "pki.dir is set but BETTER_COMPUTE_SECRET is empty: the bundle's keys cannot be decrypted")
+	}
+	bundle, err := pki.Load(cfg.PKI.Dir, o.Secret)
+	if err != nil {
+		return nil, err
+	}
+	if err := pki.CheckSecret(o.Secret); err != nil {
+		// Key files made before the rule still open;
+		// the operator learns the secret is weak at every start.
+		log.Warn("the PKI's keys are encrypted with a weak secret: move to a generated one (better-compute pki generate-secret) by making a new bundle", "err", err)
+	}
+	log.Info("machine PKI loaded", "trust_domain", bundle.TrustDomain)
+	return bundle, nil
+}
+
+// apiMetrics registers the API's metrics and returns the registry and the
+// API's handler counting requests by route.
+func apiMetrics(srv *api.Server) (*prometheus.Registry, http.Handler) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bc_api_requests_total", Help: "API requests by route (procedure or route pattern; \"other\" for no route) and status."}, []string{"path", "code"})
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "bc_api_request_seconds", Help: "API request latency by route.", Buckets: prometheus.DefBuckets}, []string{"path"})
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bc_sessions_held", Help: "Node sessions this API replica holds."},
+		func() float64 { return float64(srv.Sessions().Held()) })
+	reg.MustRegister(reqs, dur, held)
+	return reg, instrument(srv, srv.RouteLabel, reqs, dur)
+}

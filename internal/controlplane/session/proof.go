@@ -1,0 +1,148 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+// Refusal reasons of the checks in this file.
+const (
+	// reasonSessionProof: Hello carries no valid signature by the
+	// certificate's key over the session's nonce.
+	reasonSessionProof = "session-proof"
+	// reasonResultSignature: a command result does not verify under the
+	// session's certificate.
+	reasonResultSignature = "result-signature"
+	// reasonHeartbeatSignature: a heartbeat is not signed by the session's
+	// key over its nonce, or repeats an earlier sequence number.
+	reasonHeartbeatSignature = "heartbeat-signature"
+)
+
+// challenge sends the session's Challenge: a fresh nonce from crypto/rand
+// that the daemon must sign with its node key in Hello (R12.1).
+func (s *Service) challenge(stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) ([]byte, error) {
+	nonce := make([]byte, pki.SessionNonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, fmt.Errorf("make the session nonce: %w", err)
+	}
+	if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Challenge{Challenge: &agentv1.Challenge{Nonce: nonce}}}); err != nil {
+		return nil, err
+	}
+	return nonce, nil
+}
+
+// checkProof verifies Hello's proof of possession: the signature by the
+// key of certificate der (which authenticate matched byte for byte to the
+// node's record) over pki.SessionProofMessage(nonce, node, der). It returns
+// the certificate's key, or a refusal reason.
+//
+// SECURITY: the certificate is public and the gateway that forwards it is
+// not trusted; only this signature shows that the node's key is on the
+// other end of the stream. The nonce is this stream's own, so a proof
+// captured from another session does not verify.
+func checkProof(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (crypto.PublicKey, string) {
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, reasonSessionProof
+	}
+	if len(hello.GetProof()) == 0 || pki.VerifySessionProof(leaf.PublicKey, nonce, nodeID, der, hello.GetProof()) != nil {
+		return nil, reasonSessionProof
+	}
+	return leaf.PublicKey, ""
+}
+
+// retiredWithProof reports whether der is a certificate issued to a node
+// that is now retired, and the other end proves it holds that
+// certificate's key (Challenge, then Hello's proof). Such a daemon is told
+// that its node was retired, so it stops instead of reconnecting forever;
+// anyone else, a relay holding only the certificate included, learns
+// nothing beyond the uniform refusal. It is asked only after
+// authenticate refused, and never changes the refusal that is recorded.
+func (s *Service) retiredWithProof(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage], der []byte) bool {
+	if len(der) == 0 {
+		return false
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return false
+	}
+	id, err := pki.NodeIdentityOf(leaf)
+	if err != nil {
+		return false
+	}
+	retired := false
+	err = s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
+		row, err := tx.GetNodeCert(ctx, pki.SerialHex(leaf))
+		if err != nil || !bytes.Equal(row.DER, der) || row.NodeID != id.NodeID {
+			return err
+		}
+		n, err := tx.GetNode(ctx, row.NodeID)
+		if err != nil {
+			return err
+		}
+		retired = n.State == store.NodeRetired
+		return nil
+	})
+	if err != nil || !retired {
+		return false
+	}
+	nonce, err := s.challenge(stream)
+	if err != nil {
+		return false
+	}
+	hello, err := s.receiveHello(ctx, stream)
+	if err != nil {
+		return false
+	}
+	_, reason := checkProof(der, id.NodeID, nonce, hello)
+	return reason == ""
+}
+
+// checkResult checks a command result's signature (R12.3): by the key of
+// the session's certificate over pki.CommandResultMessage, for this node
+// and the command's identity generation. It returns a refusal reason, or
+// "" when the result may be stored.
+//
+// The one unsigned result accepted is the gateway's refusal of a kind the
+// session's certificate does not allow (R7.5: the gateway checks again at
+// dispatch): a failure with wire.GatewayKindRefused and no output. For a
+// kind the certificate allows it is a forgery like any other: a relay can
+// drop a command, never answer it.
+func checkResult(c *conn, cmd store.Command, r *agentv1.CommandResult) string {
+	if len(r.GetSig()) == 0 && !r.GetOk() && len(r.GetOutput()) == 0 && r.GetError() == wire.GatewayKindRefused &&
+		!wire.KindAllowed(c.allowedKinds, cmd.Kind) {
+		return ""
+	}
+	err := pki.VerifyCommandResult(c.nodeKey, pki.CommandResult{
+		CommandID: cmd.ID, NodeID: c.nodeID, IdentityGeneration: int64(cmd.IdentityGeneration),
+		OK: r.GetOk(), Output: r.GetOutput(), Error: r.GetError(),
+	}, r.GetSig())
+	if err != nil {
+		return reasonResultSignature
+	}
+	return ""
+}
+
+// checkHeartbeat checks a heartbeat's signature by the session's key over
+// its nonce and a sequence number above the last one (a relay can neither
+// make heartbeats nor replay the node's), and returns a refusal reason or
+// "". Only verified heartbeats keep a session from ending idle, so a
+// session ends when its daemon is gone, whatever the relay sends.
+func checkHeartbeat(c *conn, hb *agentv1.Heartbeat) string {
+	if hb.GetSeq() <= c.lastSeq || pki.VerifyHeartbeat(c.nodeKey, c.nonce, hb.GetSeq(), hb.GetSig()) != nil {
+		return reasonHeartbeatSignature
+	}
+	c.lastSeq = hb.GetSeq()
+	return ""
+}

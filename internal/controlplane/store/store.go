@@ -1,0 +1,723 @@
+// Package store owns the database: opening SQLite (the embedded default) or
+// PostgreSQL, the versioned migrations of each, the compute_now() clock, and
+// every SQL statement the control plane runs. Domain packages (tenancy,
+// jointoken, join, events) decide; they reach the database only through the
+// typed methods of Tx inside DB.WithTx (writes) or DB.ReadTx (reads, always
+// rolled back).
+//
+// The SQL is written once, with ? placeholders and compute_now(), and
+// rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
+// for compute_now() on SQLite; string literals, quoted identifiers and
+// comments are left as written (rewrite.go). storetest holds the conformance
+// suite that runs against both.
+//
+// A write transaction's outcome is reported truthfully (WithTx): a caller's
+// context interrupts its statements but never its COMMIT, so a commit that
+// landed is never reported as failed; a PostgreSQL COMMIT that got no answer
+// is ErrCommitUnknown, never a rollback. SQLite's writes share commits
+// (groupcommit.go) without one participant's failure or cancelled context
+// touching another's work. PostgreSQL events are numbered after they commit
+// by a sequencer (sequencer.go), so no foreign transaction can stall a
+// stream.
+//
+// Files by concern. The machinery: store.go (opening, migrating, Tx and
+// WithTx), rewrite.go (the per-dialect SQL), groupcommit.go (SQLite's
+// shared commits), pipeline.go (PostgreSQL's held-back writes),
+// sequencer.go (numbering PostgreSQL events), notify.go (command
+// notifications), helpers.go (ErrNotFound and value conversions). The
+// tables: tenancy.go (tenants, sites, pools) and poollock.go; apikeys.go;
+// jointokens.go; joinrequests.go and joinrequestlimits.go; joinanswers.go;
+// nodes.go (nodes rows); nodecerts.go (node_certs: issuing, reading,
+// superseding, revoking); nodeauthz.go (the authorization projection);
+// renew.go (renewal proofs); sessions.go (a node's connection);
+// sessionstate.go (what replicas holding sessions read and put back);
+// commands.go and commandlist.go (commands, and listing them);
+// workqueue.go (the controllers' work queue) and workowners.go (its owner
+// leases and owned claims); events.go; audit.go; limits.go (rate-limit
+// counters); streamkey.go (the cursor-sealing key).
+//
+// Importers: domain packages and the API (through DB, Tx and their typed
+// methods), mains and tests. The gateway and bcd never import it.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/pressly/goose/v3"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+)
+
+//go:embed migrations
+var migrations embed.FS
+
+// Dialect names a supported database.
+type Dialect string
+
+// The supported databases.
+const (
+	SQLite   Dialect = "sqlite"
+	Postgres Dialect = "postgres"
+)
+
+// Config says which database to open.
+type Config struct {
+	// Driver is "sqlite" (default) or "postgres".
+	Driver string `toml:"driver"`
+	// Path is the SQLite database file (sqlite only).
+	Path string `toml:"path"`
+	// DSN is the PostgreSQL connection string (postgres only), e.g.
+	// "postgres://user@host:5432/db?sslmode=verify-full".
+	DSN string `toml:"dsn"`
+	// MaxConns bounds PostgreSQL connections (default 16).
+	MaxConns int `toml:"max_conns"`
+
+	// busyTimeout is how long SQLite waits for a lock another process
+	// holds (default 10 s); tests shorten it.
+	busyTimeout time.Duration
+}
+
+// DB is an open, migrated database.
+type DB struct {
+	dialect Dialect
+	w       *sql.DB // the writer: one connection on SQLite
+	r       *sql.DB // readers
+	log     *slog.Logger
+
+	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
+	// writerDone is closed when that goroutine has returned its connection.
+	writes     chan *writeReq
+	writerDone chan struct{}
+	closeOnce  sync.Once
+	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
+	// the caller's context (see commit).
+	commitTimeout time.Duration
+	// seq makes PostgreSQL events readable once committed (sequencer.go).
+	seq *sequencer
+	// dsn and channel (PostgreSQL): the listener's connection string and
+	// the channel of command notifications (notify.go).
+	dsn, channel string
+	// streamKey seals event and audit cursors (streamkey.go).
+	streamKey StreamKey
+
+	stmt sync.Map // query text -> rewritten text
+
+	// SQLite only: the prepared statements of each pool, by rewritten text.
+	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
+	// once per pool is reused on each of its connections (Tx.StmtContext).
+	// PostgreSQL needs none: pgx caches prepared statements per connection
+	// (its default query exec mode, cache_statement).
+	wStmts, rStmts *stmtCache
+}
+
+// stmtCache holds one pool's prepared statements.
+type stmtCache struct {
+	pool *sql.DB
+	m    sync.Map // rewritten text -> *sql.Stmt
+}
+
+// prepare prepares q on the pool unless it was already. It must not run
+// inside a transaction of the pool: preparing takes a connection of its own,
+// and the writer pool has only the one the transaction holds.
+func (c *stmtCache) prepare(ctx context.Context, q string) error {
+	if _, ok := c.m.Load(q); ok {
+		return nil
+	}
+	st, err := c.pool.PrepareContext(ctx, q)
+	if err != nil {
+		return fmt.Errorf("prepare statement: %w", err)
+	}
+	if _, dup := c.m.LoadOrStore(q, st); dup {
+		st.Close()
+	}
+	return nil
+}
+
+func (c *stmtCache) get(q string) *sql.Stmt {
+	if c == nil {
+		return nil
+	}
+	if v, ok := c.m.Load(q); ok {
+		return v.(*sql.Stmt)
+	}
+	return nil
+}
+
+func (c *stmtCache) close() error {
+	if c == nil {
+		return nil
+	}
+	var err error
+	c.m.Range(func(k, v any) bool {
+		err = errors.Join(err, v.(*sql.Stmt).Close())
+		c.m.Delete(k)
+		return true
+	})
+	return err
+}
+
+// Open opens and migrates the database named by cfg.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	switch cfg.Driver {
+	case "", string(SQLite):
+		return openSQLite(ctx, cfg, log)
+	case string(Postgres), "postgresql", "pgx":
+		return openPostgres(ctx, cfg, log)
+	default:
+		return nil, errs.New(errs.InvalidConfig, "store.driver %q: want sqlite or postgres", cfg.Driver)
+	}
+}
+
+func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if cfg.Path == "" {
+		return nil, errs.New(errs.InvalidConfig, "store.path: the SQLite database file is required")
+	}
+	if dir := filepath.Dir(cfg.Path); dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create database directory: %w", err)
+		}
+	}
+	if err := ownerOnly(cfg.Path); err != nil {
+		return nil, err
+	}
+	busy := cfg.busyTimeout
+	if busy <= 0 {
+		busy = 10 * time.Second
+	}
+	// temp_store(MEMORY) keeps the statement and savepoint journals in
+	// memory: every group-commit participant runs in a SAVEPOINT, which
+	// copies each page it changes into a sub-journal first, and with the
+	// default the sub-journal spills to a temporary file past 64 KiB (a
+	// batch of joins does), one pwrite per page and a file created and
+	// unlinked per batch: a fifth of a join's SQLite CPU. A batch's
+	// sub-journal is bounded (maxBatch participants, tens of pages each).
+	base := "file:" + filepath.ToSlash(cfg.Path) + "?" + url.Values{
+		"_pragma": {"journal_mode(WAL)", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(ON)", "synchronous(NORMAL)", "temp_store(MEMORY)"},
+	}.Encode()
+	// One writer connection: a pool of SQLite writers only contends for the
+	// file lock (seen stalling for seconds under load).
+	w, err := sql.Open("sqlite", base+"&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetConnMaxIdleTime(0)
+	r, err := sql.Open("sqlite", base+"&"+url.Values{"_pragma": {"query_only(ON)"}}.Encode())
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	r.SetMaxOpenConns(8)
+	// Keep every reader open: a closed connection takes its prepared
+	// statements with it.
+	r.SetMaxIdleConns(8)
+	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r},
+		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout}
+	if err := db.migrate(ctx); err != nil {
+		close(db.writerDone)
+		db.Close()
+		return nil, err
+	}
+	go db.writer()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// ownerOnly makes the SQLite database file, and its -wal and -shm files when
+// they exist, readable by their owner only (0600). SECURITY: the database
+// holds API key and token hashes, the audit trail and every node's
+// identity; a file the driver creates takes the umask (0644 by default).
+// The file is created before the driver opens it, and SQLite gives the WAL
+// and SHM files it creates the database file's mode; files an older
+// version left 0644 are tightened at every open.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create database file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create database file: %w", err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("make the database file owner-only: %w", err)
+		}
+	}
+	return nil
+}
+
+func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
+	if cfg.DSN == "" {
+		return nil, errs.New(errs.InvalidConfig, "store.dsn: the PostgreSQL connection string is required")
+	}
+	p, err := sql.Open("pgx", cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	n := cfg.MaxConns
+	if n <= 0 {
+		n = 16
+	}
+	p.SetMaxOpenConns(n)
+	p.SetMaxIdleConns(n)
+	p.SetConnMaxIdleTime(5 * time.Minute)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.PingContext(pctx); err != nil {
+		p.Close()
+		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
+	}
+	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout, dsn: cfg.DSN}
+	if err := db.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	var schema string
+	if err := p.QueryRowContext(ctx, "SELECT COALESCE(current_schema(), '')").Scan(&schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("read the current schema: %w", err)
+	}
+	db.channel = commandsChannel(schema)
+	db.seq = newSequencer(db)
+	go db.seq.run()
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+func (db *DB) migrate(ctx context.Context) error {
+	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	gd := goose.DialectSQLite3
+	if db.dialect == Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db.w, sub)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", db.dialect, err)
+	}
+	for _, r := range res {
+		db.log.Info("applied migration", "dialect", db.dialect, "version", r.Source.Version)
+	}
+	return nil
+}
+
+// Dialect tells which database this is.
+func (db *DB) Dialect() Dialect { return db.dialect }
+
+// Close closes the database. No transaction may be running or start.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		if db.writes != nil {
+			close(db.writes)
+			<-db.writerDone
+		}
+		if db.seq != nil {
+			db.seq.stop()
+		}
+	})
+	err := errors.Join(db.wStmts.close(), db.rStmts.close())
+	err = errors.Join(err, db.w.Close())
+	if db.r != db.w {
+		err = errors.Join(err, db.r.Close())
+	}
+	return err
+}
+
+// Ping checks that the database answers (readiness).
+func (db *DB) Ping(ctx context.Context) error {
+	var one int
+	return db.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+}
+
+// Tx is a database transaction. Its typed methods (in the other files of this
+// package) are the only SQL the control plane runs.
+type Tx struct {
+	db *DB
+	tx *sql.Tx
+	// after runs once the transaction committed (e.g. wake a controller);
+	// visible runs once the events it inserted are readable (wake event
+	// followers): at once on SQLite, after the sequencer on PostgreSQL.
+	after, visible []func()
+	// events is set when the transaction inserted events.
+	events bool
+	// shared marks a participant of SQLite's shared (group-committed)
+	// transaction: its statements must never be interrupted by its own
+	// context, because SQLite answers an interrupted write by rolling back
+	// the whole transaction, every other participant's work included.
+	shared bool
+	// stmts is the pool's statement cache (SQLite), unprepared the queries
+	// this transaction ran that it lacked: they are prepared once the
+	// transaction ended and its connection is free.
+	stmts      *stmtCache
+	unprepared []string
+	// conn is a PostgreSQL write transaction's connection, which sends
+	// the held-back statements (later) as one batch with the next one
+	// (pipeline.go); err is the failure of a held-back statement.
+	conn  *sql.Conn
+	later []queued
+	err   error
+}
+
+// stmtCtx is the context a statement runs with. In SQLite's shared
+// transaction a statement that has started runs to its end: a context
+// already done fails the statement before it reaches the driver
+// (database/sql checks it first), and one that ends while the statement
+// runs is noticed by the next statement. Elsewhere the caller's context
+// interrupts the statement (PostgreSQL then rolls back only this
+// transaction).
+func (t *Tx) stmtCtx(ctx context.Context) context.Context {
+	if t.shared && ctx.Err() == nil {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
+}
+
+// stmt returns the prepared form of the rewritten query q in this
+// transaction, or nil to run q as text.
+func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
+	if t.stmts == nil {
+		return nil
+	}
+	if st := t.stmts.get(q); st != nil {
+		return t.tx.StmtContext(ctx, st)
+	}
+	t.unprepared = append(t.unprepared, q)
+	return nil
+}
+
+func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	ctx = t.stmtCtx(ctx)
+	q = t.db.rewrite(q)
+	if t.err != nil {
+		return nil, t.err
+	}
+	if len(t.later) > 0 {
+		return t.pipeline(ctx, q, args...)
+	}
+	if st := t.stmt(ctx, q); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return t.tx.ExecContext(ctx, q, args...)
+}
+
+func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	ctx = t.stmtCtx(ctx)
+	q = t.db.rewrite(q)
+	if err := t.flush(ctx); err != nil {
+		return nil, err
+	}
+	if st := t.stmt(ctx, q); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return t.tx.QueryContext(ctx, q, args...)
+}
+
+func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	ctx = t.stmtCtx(ctx)
+	q = t.db.rewrite(q)
+	if err := t.flush(ctx); err != nil {
+		// *sql.Row carries no error of ours: the query fails on a done
+		// context, and the transaction reports t.err.
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		return t.tx.QueryRowContext(done, q, args...)
+	}
+	if st := t.stmt(ctx, q); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return t.tx.QueryRowContext(ctx, q, args...)
+}
+
+// Dialect tells which database the transaction runs on.
+func (t *Tx) Dialect() Dialect { return t.db.dialect }
+
+// AfterCommit registers fn to run after a successful commit.
+func (t *Tx) AfterCommit(fn func()) { t.after = append(t.after, fn) }
+
+// AfterEventsVisible registers fn to run once the transaction committed and
+// the events it inserted can be read (ListEvents). On SQLite that is the
+// commit; on PostgreSQL it is the sequencer's next pass (sequencer.go).
+func (t *Tx) AfterEventsVisible(fn func()) { t.visible = append(t.visible, fn) }
+
+// committed runs the transaction's hooks after its commit. A panicking hook
+// is logged: the transaction committed whatever its hooks do, and on SQLite
+// the hooks run on the writer, which must go on.
+func (t *Tx) committed() {
+	for _, f := range t.after {
+		t.db.safely("after-commit hook", f)
+	}
+	if t.db.seq != nil && t.events {
+		t.db.seq.committed(t.visible)
+		return
+	}
+	for _, f := range t.visible {
+		t.db.safely("events-visible hook", f)
+	}
+}
+
+func (db *DB) safely(what string, f func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			db.log.Error("panic in "+what, "panic", p, "stack", string(debug.Stack()))
+		}
+	}()
+	f()
+}
+
+// Now reads compute_now(), the database's clock.
+func (t *Tx) Now(ctx context.Context) (time.Time, error) {
+	var ms int64
+	if err := t.queryRow(ctx, "SELECT compute_now()").Scan(&ms); err != nil {
+		return time.Time{}, fmt.Errorf("read compute_now: %w", err)
+	}
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+const maxAttempts = 5
+
+// defaultCommitTimeout bounds a PostgreSQL COMMIT. It is long: a COMMIT
+// that is given up on has an unknown outcome (ErrCommitUnknown), which is
+// worse for the caller than a slow answer.
+const defaultCommitTimeout = 15 * time.Second
+
+// ErrCommitUnknown wraps the error of a commit whose outcome cannot be
+// known: COMMIT was sent and no answer came (the connection broke, or the
+// database did not answer within the commit bound). The transaction may
+// have landed or not; the caller must not treat it as a rollback. Domain
+// code retries such a change only where retrying is idempotent (a join
+// request arriving again gets its stored answer, R4.9). It carries
+// UNAVAILABLE so that the wire tells the caller to retry.
+var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is unknown; retry it")
+
+// WithTx runs fn in a write transaction and commits it when fn returns nil.
+// Any error rolls everything back, so nothing is half-written. Serialization
+// failures and deadlocks (PostgreSQL) are retried with fn run anew, so fn must
+// not have effects outside the transaction.
+//
+// The outcome WithTx reports is the truth: nil means the transaction
+// committed, even when ctx ended meanwhile; an error means it did not,
+// except an error wrapping ErrCommitUnknown. ctx interrupts fn's statements
+// (fn then fails and everything rolls back); once fn has returned nil the
+// commit no longer depends on ctx.
+func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
+	var err error
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		err = db.runTx(ctx, db.w, nil, fn)
+		if !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		db.log.Debug("retrying transaction", "attempt", attempt, "err", err)
+		if txRetry.Wait(ctx, clock.Real{}, attempt) != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// txRetry spaces the retries of a transaction that failed to serialize:
+// 5 ms doubling, so the last of maxAttempts waits well under a second.
+var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisecond}
+
+// ReadLatest runs fn, which only reads, so that it sees whatever a
+// transaction that made a concurrent one fail had written. On SQLite it
+// runs through the writer, not a read transaction: a participant of a
+// group commit that fails is told at once, before the batch committed,
+// and a read transaction would not see its peers' rows yet; the writer
+// runs fn in the batch still open or after it, and reports only once what
+// fn read committed. On PostgreSQL a transaction fails because of another
+// only once that one committed (it saw its rows or waited on its locks),
+// so a read transaction sees them.
+func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
+	if db.dialect == SQLite {
+		return db.WithTx(ctx, fn)
+	}
+	return db.ReadTx(ctx, fn)
+}
+
+// ReadTx runs fn in a read-only transaction that is always rolled back.
+func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
+	return db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn)
+}
+
+func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
+	write := opts == nil
+	if write && db.writes != nil {
+		return db.submit(ctx, fn)
+	}
+	// A write transaction lives on a context of its own, not the caller's:
+	// database/sql rolls a transaction back when the context given to
+	// BeginTx ends, and pgx runs COMMIT on that context, so a caller's
+	// deadline falling during COMMIT made a commit that landed look like a
+	// failure. The caller's context still bounds the wait for a connection
+	// and BEGIN, and every statement fn runs.
+	txCtx, cancelTx := ctx, context.CancelFunc(func() {})
+	if write {
+		txCtx, cancelTx = context.WithCancel(context.WithoutCancel(ctx))
+	}
+	defer cancelTx()
+	stopBegin := context.AfterFunc(ctx, cancelTx)
+	var conn *sql.Conn
+	var stx *sql.Tx
+	var err error
+	if write && db.dialect == Postgres {
+		// A PostgreSQL write keeps its connection to pipeline statements
+		// (pipeline.go).
+		if conn, err = pool.Conn(txCtx); err == nil {
+			defer conn.Close()
+			if stx, err = conn.BeginTx(txCtx, opts); err != nil {
+				stx = nil
+			}
+		}
+	} else {
+		stx, err = pool.BeginTx(txCtx, opts)
+	}
+	if !stopBegin() && err == nil {
+		// The caller left during BEGIN: database/sql is rolling back.
+		_ = stx.Rollback()
+		return fmt.Errorf("begin transaction: %w", ctx.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
+	if write {
+		t.stmts, t.conn = db.wStmts, conn
+	}
+	defer t.prepareUnprepared(ctx)
+	// Roll back whatever way fn leaves (an error, a panic, a test's
+	// t.Fatal): a transaction left open would hold locks.
+	finished := false
+	defer func() {
+		if !finished {
+			_ = stx.Rollback()
+		}
+	}()
+	if err := fn(t); err != nil {
+		if t.err != nil {
+			// A held-back statement failed: that is the cause.
+			return t.err
+		}
+		return err
+	}
+	if !write {
+		return nil
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	finished = true
+	if err := db.commit(stx, cancelTx); err != nil {
+		return err
+	}
+	t.committed()
+	return nil
+}
+
+// commit commits a PostgreSQL transaction begun on a context that cancel
+// ends, bounded by db.commitTimeout, and tells a rollback from an unknown
+// outcome.
+func (db *DB) commit(stx *sql.Tx, cancel context.CancelFunc) error {
+	bound := time.AfterFunc(db.commitTimeout, cancel)
+	err := stx.Commit()
+	bound.Stop()
+	if err == nil {
+		return nil
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe), errors.Is(err, pgx.ErrTxCommitRollback):
+		// The server answered: it rolled back (a deferred constraint, a
+		// serialization failure at commit, a transaction already failed).
+		return fmt.Errorf("commit: %w", err)
+	case pgconn.SafeToRetry(err), errors.Is(err, sql.ErrTxDone):
+		// COMMIT never left: the connection was already gone, and the
+		// server rolls back a transaction whose connection closed.
+		return fmt.Errorf("commit: %w", err)
+	default:
+		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
+	}
+}
+
+// prepareUnprepared prepares, for the next transactions, the queries this
+// one ran as text. It runs after the transaction ended (and, for a write on
+// SQLite, still under db.rw, so the writer connection is free). A failure
+// only means the query runs as text again next time.
+func (t *Tx) prepareUnprepared(ctx context.Context) {
+	for _, q := range t.unprepared {
+		if err := t.stmts.prepare(context.WithoutCancel(ctx), q); err != nil {
+			t.db.log.Debug("prepare statement", "err", err)
+			return
+		}
+	}
+}
+
+func retryable(err error) bool {
+	if errors.Is(err, ErrCommitUnknown) {
+		// It may have landed: running fn again could apply it twice.
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+// errUniqueViolation is a unique violation a statement detected itself
+// (an upsert that left a live row alone), not one the database raised.
+var errUniqueViolation = errors.New("unique violation")
+
+// IsUniqueViolation reports whether err is a unique-constraint violation.
+func IsUniqueViolation(err error) bool {
+	if errors.Is(err, errUniqueViolation) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "23505"
+	}
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+// SetClockOffset moves compute_now() by d from wall time. Tests use it to
+// expire tokens without waiting; an operator never needs it.
+func (db *DB) SetClockOffset(ctx context.Context, d time.Duration) error {
+	return db.WithTx(ctx, func(t *Tx) error {
+		_, err := t.exec(ctx, "UPDATE compute_clock SET offset_ms = ? WHERE id = 1", d.Milliseconds())
+		return err
+	})
+}

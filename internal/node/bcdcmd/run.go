@@ -1,0 +1,90 @@
+package bcdcmd
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/renew"
+	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+)
+
+// ExitRetired is bcd run's exit code when the control plane says the node
+// was retired (R12.1): the node can never reconnect, so bcd stops, and
+// bcd.service lists the code in RestartPreventExitStatus so systemd does
+// not start it again. Every other failure exits 1.
+const ExitRetired = 3
+
+// runCmd is `bcd run`: the service loop bcd.service starts (R12.1). It
+// keeps the node's session to the gateway, runs signed commands, and
+// renews the certificate in the same process.
+func (a *app) runCmd() *cobra.Command {
+	var configPath, dataDir string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the node daemon: keep the session to the gateway and renew the certificate",
+		Long: `Run the node daemon, as bcd.service does: open the session to the gateway
+with the node certificate (Hello, then heartbeats), reconnect with backoff
+when it drops, run the control plane's signed commands (node.facts,
+acceptance.check; anything not signed by the command-signing key from the
+join is refused), and renew the certificate at about 60% of its lifetime.
+
+Under systemd (Type=notify) it reports READY=1 after the first Welcome.
+SIGINT or SIGTERM end the session cleanly. An expired identity is refused
+with the way back (bcd join --reset --yes, or bcd join --attestor x509pop
+within 7 days).
+
+Exit codes: 0 after SIGINT or SIGTERM; 3 when the control plane says this
+node was retired ("this node was retired; ..."): bcd stops instead of
+reconnecting, and bcd.service does not restart it; 1 for any other error.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a.started = true
+			ctx := cmd.Context() // cancelled on SIGINT/SIGTERM by main
+			cfg, err := config.Load(configPath)
+			if err != nil {
+				return err
+			}
+			// --data-dir overrides the config's data_dir, as for join,
+			// renew and status: one identity, wherever bcd looks for it.
+			dir, err := absDir("--data-dir", dataDir)
+			if err != nil {
+				return err
+			}
+			if dir != "" {
+				c := *cfg
+				c.DataDir = dir
+				cfg = &c
+			}
+			// The daemon logs its life at info level, unlike the one-shot
+			// commands.
+			log := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			keys, store, err := tpmkeys.Stores(cfg, cfg.DataDir)
+			if err != nil {
+				return err
+			}
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log})
+			if err != nil {
+				return err
+			}
+			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, NotifySocket: notifySocket})
+			if err != nil {
+				return err
+			}
+			err = d.Run(ctx)
+			if errors.Is(err, run.ErrRetired) {
+				fmt.Fprintf(a.env.Stderr, "Error: %s\n", errorLine(err))
+				return &exitError{code: ExitRetired}
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir)")
+	return cmd
+}

@@ -1,0 +1,347 @@
+// Package renew is bcd's side of certificate renewal (R13.1): at about 60%
+// of its certificate's lifetime the node makes a new key and CSR, proves
+// possession of its current key (pop_sig, purpose renew-pop), calls
+// JoinService.Renew through the gateway over TLS pinned to the serving CA
+// and presenting its current certificate as TLS client certificate, checks
+// the signed answer exactly like a join answer, and saves the new identity
+// in one step.
+//
+// SECURITY: the answer is accepted only under the pinned join-signing key,
+// for the new key, the same node, site, trust domain and role. Nothing is
+// written before every check passed, and a failed renewal keeps the current
+// identity. A certificate naming a TPM attestation key is never renewed
+// without the TPM's attestation (R13.3): the AK certifies the next key, made
+// in the TPM, and when the TPM is gone or derives another AK bcd fails
+// loudly without sending anything.
+package renew
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"time"
+
+	"connectrpc.com/connect"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/enroll"
+	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/tpmverify"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+// Renewal timing (R13.1).
+const (
+	// RenewAtPercent is the share of the lifetime after which the node
+	// renews.
+	RenewAtPercent = 60
+	// JitterPercent spreads renewals by up to this share of the lifetime
+	// either way, so a fleet joined at once does not renew at once.
+	JitterPercent = 5
+	// MinBackoff and MaxBackoff bound the wait between failed attempts.
+	MinBackoff = time.Second
+	MaxBackoff = 5 * time.Minute
+
+	// renewTimeout bounds one Renew call, TLS handshake included.
+	renewTimeout = 2 * time.Minute
+	// maxResponseSize bounds the answer; a real one is a few KiB.
+	maxResponseSize = 1 << 20
+)
+
+// Config lists a Renewer's dependencies.
+type Config struct {
+	// BCD is the loaded configuration (gateway and pins); required.
+	BCD *config.Config
+	// Store is the identity's data directory; required.
+	Store *identity.Store
+	// Keys makes the new node key; nil means identity.SoftwareKeys.
+	Keys identity.KeyStore
+	// Clock is the time source; nil means the wall clock.
+	Clock clock.Clock
+	// HTTPClient makes the gateway's HTTP client from the pinned TLS
+	// configuration; nil means enroll.DefaultHTTPClient.
+	HTTPClient enroll.HTTPClientFunc
+	// Log receives a line per renewal and per failure; nil discards.
+	Log *slog.Logger
+	// Rand returns a number in [0, 1) for the jitter; nil means
+	// math/rand/v2.
+	Rand func() float64
+	// Sleep waits d or until ctx ends (returning its error); nil uses a
+	// timer of Clock.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Renewer renews this node's certificate; build it with New.
+type Renewer struct {
+	cfg   Config
+	bcd   config.Config
+	keys  identity.KeyStore
+	clock clock.Clock
+	hc    enroll.HTTPClientFunc
+	log   *slog.Logger
+	rand  func() float64
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a Renewer for cfg. Errors are INVALID_CONFIG.
+func New(cfg Config) (*Renewer, error) {
+	if cfg.BCD == nil {
+		return nil, errs.New(errs.InvalidConfig, "renew: no bcd configuration (config.toml): the gateway and the pins come from it")
+	}
+	if cfg.Store == nil || cfg.Store.Dir == "" {
+		return nil, errs.New(errs.InvalidConfig, "renew: no data directory")
+	}
+	c := *cfg.BCD
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Renewer{cfg: cfg, bcd: c, keys: cfg.Keys, clock: cfg.Clock, hc: cfg.HTTPClient, log: cfg.Log, rand: cfg.Rand, sleep: cfg.Sleep}
+	if r.keys == nil {
+		r.keys = identity.SoftwareKeys{}
+	}
+	if r.clock == nil {
+		r.clock = clock.Real{}
+	}
+	if r.hc == nil {
+		r.hc = enroll.DefaultHTTPClient
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if r.rand == nil {
+		r.rand = rand.Float64
+	}
+	if r.sleep == nil {
+		r.sleep = r.clockSleep
+	}
+	return r, nil
+}
+
+// clockSleep waits d on the Renewer's clock, so tests move time.
+func (r *Renewer) clockSleep(ctx context.Context, d time.Duration) error {
+	clock.Sleep(r.clock, ctx.Done(), d)
+	return ctx.Err()
+}
+
+// NextRenewal returns when id's certificate should be renewed: NotBefore
+// plus 60% of its lifetime, moved by a random jitter of up to ±5% of the
+// lifetime.
+func (r *Renewer) NextRenewal(id *identity.Identity) time.Time {
+	leaf := id.Leaf()
+	if leaf == nil {
+		return r.clock.Now()
+	}
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	jitter := time.Duration((2*r.rand() - 1) * float64(life*JitterPercent/100))
+	return leaf.NotBefore.Add(life*RenewAtPercent/100 + jitter)
+}
+
+// Backoff is the wait after the n-th failed attempt in a row (n ≥ 1):
+// MinBackoff doubling up to MaxBackoff.
+func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
+
+// Loop renews the certificate whenever it is due, until ctx ends: it
+// sleeps until NextRenewal, renews, and after a failure retries with
+// exponential backoff (1 s to 5 min). It returns ctx's error when ctx
+// ends, and an error without retrying when there is no usable identity
+// (not joined, damaged, or expired: a renewal can no longer succeed, and
+// the error says how to join again).
+func (r *Renewer) Loop(ctx context.Context) error {
+	failures := 0
+	for {
+		id, err := r.load()
+		if err != nil {
+			return err
+		}
+		wait := r.NextRenewal(id).Sub(r.clock.Now())
+		if failures > 0 {
+			wait = Backoff(failures)
+		}
+		if err := r.sleep(ctx, wait); err != nil {
+			return err
+		}
+		renewed, err := r.RenewOnce(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			failures++
+			r.log.Warn("certificate renewal failed", "node", id.NodeID, "attempt", failures, "retry_in", Backoff(failures).String(), "err", err)
+			if e, ok := errs.As(err); ok && e.Code == errs.InvalidState {
+				// The identity cannot be renewed (expired, a TPM key
+				// this bcd cannot attest): retrying will not help.
+				return err
+			}
+			continue
+		}
+		failures = 0
+		r.log.Info("certificate renewed", "node", renewed.NodeID, "serial", renewed.Serial, "previous_serial", id.Serial,
+			"not_after", renewed.NotAfter.Format(time.RFC3339))
+	}
+}
+
+// load loads the identity and refuses one a renewal cannot help.
+func (r *Renewer) load() (*identity.Identity, error) {
+	id, err := r.cfg.Store.Load()
+	if err != nil {
+		return nil, err
+	}
+	if id.Expired(r.clock.Now()) {
+		return nil, errs.New(errs.InvalidState, "the certificate expired at %s and can no longer be renewed; join again as root: bcd join --reset --yes, then bcd join",
+			id.NotAfter.Format(time.RFC3339))
+	}
+	return id, nil
+}
+
+// RenewOnce renews the certificate now and returns the saved identity. A
+// failure leaves the current identity in place; every error is an *errs.E
+// that says what happened.
+func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
+	id, err := r.load()
+	if err != nil {
+		return nil, err
+	}
+	leaf := id.Leaf()
+	// R13.3: a certificate naming a TPM attestation key renews only with
+	// the next key certified by that AK. bcd checks it can before sending:
+	// the control plane would only refuse (never downgrade).
+	var wantAK []byte
+	var attester identity.KeyAttester
+	for _, u := range leaf.URIs[1:] {
+		if !tpmverify.IsStatement(u.String()) {
+			continue
+		}
+		name, ok := tpmverify.ParseStatement(u.String())
+		a, isTPM := r.keys.(identity.KeyAttester)
+		if !ok || !isTPM {
+			return nil, errs.New(errs.InvalidState,
+				"the certificate names a TPM attestation key (%s), but no TPM is open (tpm.mode and tpm.device or tpm.simulator in config.toml); nothing was sent. Before it expires at %s, bring the TPM back, or join again as root: bcd join --reset --yes, then bcd join --attestor tpm",
+				u.String(), id.NotAfter.Format(time.RFC3339))
+		}
+		wantAK, attester = name, a
+	}
+	if id.SiteID != r.bcd.Site {
+		return nil, errs.New(errs.InvalidState, "the identity in %s is of site %s, but config.toml names site %s; nothing was sent", r.cfg.Store.Dir, id.SiteID, r.bcd.Site)
+	}
+
+	signer, keyRecord, err := r.keys.GenerateKey()
+	if err != nil {
+		return nil, fmt.Errorf("make the next node key: %w", err)
+	}
+	csr, err := identity.NewCSR(signer, id.NodeID)
+	if err != nil {
+		return nil, fmt.Errorf("make the certificate request: %w", err)
+	}
+	var keyAttestation []byte
+	if attester != nil {
+		att, akName, err := attester.AttestKey(signer, csr)
+		if err != nil {
+			return nil, errs.New(errs.InvalidState, "the TPM cannot certify the next node key: %v; nothing was sent. Before the certificate expires at %s, bring the TPM back, or join again as root: bcd join --reset --yes, then bcd join --attestor tpm", err, id.NotAfter.Format(time.RFC3339))
+		}
+		if !bytes.Equal(akName, wantAK) {
+			return nil, errs.New(errs.InvalidState, "this TPM's attestation key is not the one the certificate names (the TPM was cleared or replaced); nothing was sent. Join again as root: bcd join --reset --yes, then bcd join --attestor tpm")
+		}
+		keyAttestation = att
+	}
+	now := r.clock.Now().UnixMilli()
+	pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
+	if err != nil {
+		return nil, fmt.Errorf("sign the proof of possession: %w", err)
+	}
+	chain := make([][]byte, len(id.Chain))
+	for i, c := range id.Chain {
+		chain[i] = c.Raw
+	}
+	res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation})
+	if err != nil {
+		return nil, err
+	}
+	body, err := enroll.VerifyRenewResponse(res, enroll.RenewExpectation{
+		SigningPin: r.bcd.JoinSigningKeyPin, CSRHash: pki.CSRHash(csr), NodeKey: signer.Public(),
+		TrustDomain: id.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
+	})
+	if err != nil {
+		return nil, err
+	}
+	chainPEM, bundlePEM := pki.ChainPEM(body.GetCertChain()), pki.ChainPEM(body.GetCommandBundle())
+	next, err := identity.NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
+	if err != nil {
+		return nil, err
+	}
+	// R12.3: the generation from the signed answer (a renewal keeps it, and
+	// tells an identity saved before bcd kept it); a server that does not
+	// send it leaves what bcd knew.
+	next.IdentityGeneration = id.IdentityGeneration
+	if g := body.GetIdentityGeneration(); g > 0 {
+		next.IdentityGeneration = g
+	}
+	if err := r.cfg.Store.Save(next, keyRecord, chainPEM, bundlePEM); err != nil {
+		return nil, fmt.Errorf("save the renewed identity in %s: %w", r.cfg.Store.Dir, err)
+	}
+	saved, err := r.cfg.Store.Load()
+	if err != nil {
+		return nil, fmt.Errorf("reload the renewed identity: %w", err)
+	}
+	return saved, nil
+}
+
+// call dials the gateway with the pinned TLS configuration and the current
+// certificate as client certificate, and calls Renew.
+func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byte, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	u, err := url.Parse(r.bcd.GatewayURL)
+	if err != nil {
+		return nil, errs.New(errs.InvalidConfig, "gateway_url: not a URL")
+	}
+	serverName := r.bcd.GatewayServerName
+	if serverName == "" {
+		serverName = u.Hostname()
+	}
+	tlsConfig, err := enroll.PinnedTLSConfig(r.bcd.ServingCASPKIPin, serverName, r.clock.Now)
+	if err != nil {
+		return nil, errs.Wrap(err, errs.InvalidConfig, "%v", err)
+	}
+	// The caller's mTLS identity (R13.2). The gateway only requests a
+	// client certificate, naming no CAs, so it is offered unconditionally.
+	cert := &tls.Certificate{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}
+	tlsConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	client := agentv1connect.NewJoinServiceClient(r.hc(tlsConfig), r.bcd.GatewayURL,
+		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
+	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
+	defer cancel()
+	res, err := client.Renew(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, callError(err, u.Host)
+	}
+	return res.Msg, nil
+}
+
+// callError turns a failed Renew call into the error the operator reads.
+func callError(err error, gateway string) error {
+	if msg, ok := enroll.PinFailure(err); ok {
+		return errs.New(errs.Unauthenticated, "refusing the gateway %s: %s; nothing was sent", gateway, msg)
+	}
+	e, ok := errs.As(wire.FromWire(err))
+	if !ok {
+		return errs.Wrap(err, errs.Unavailable, "cannot renew through %s: %v", gateway, err)
+	}
+	switch e.Code {
+	case errs.AccessDenied:
+		// The node never learns why (R13.5); say where the reason is.
+		return errs.New(errs.AccessDenied, "%s (the reason is recorded by the control plane as a security.renew.refused event)", e.Message)
+	case errs.Unavailable:
+		return errs.New(errs.Unavailable, "cannot renew through %s: %s", gateway, e.Message)
+	}
+	return e
+}

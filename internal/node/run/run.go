@@ -1,0 +1,604 @@
+// Package run is `bcd run`, the node daemon's service loop (R12.1): it
+// keeps one long-lived session to the gateway over TLS pinned to the
+// serving CA, presenting the node certificate as client certificate;
+// answers the API's Challenge with Hello signed by the node key (the
+// certificate alone proves nothing to the API); sends heartbeats, signed
+// by the node key too;
+// reconnects with exponential backoff and jitter; and runs the commands the
+// control plane sends, after verifying each one against the
+// command-signing bundle from the join (R12.3), answering each with a
+// result signed by the node key. Only bcd's CLI imports it.
+//
+// SECURITY: a command runs only when its signature verifies under a key of
+// bundle.pem for purpose "command", it names this node and this identity
+// generation, it has not expired, and its id is not among the commands
+// this node ran (RanFile in the data directory, written before the command
+// runs, so at most once even across a crash or restart); anything else is
+// answered with an error result and not run. The gateway relays commands
+// but cannot forge, alter or replay them.
+//
+// Every wait (heartbeats, the reconnect backoff, the identity check) is on
+// the injected clock, so tests move time instead of sleeping.
+//
+// A retired node is told so by the API once it proved its key; Run then
+// returns ErrRetired at once instead of reconnecting forever (bcd run exits
+// with its own code, and bcd.service does not restart it).
+//
+// The certificate renewer (internal/node/renew), when given, runs in the
+// same process; the session notices a new identity on disk and reconnects
+// with it.
+package run
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/doctor"
+	"github.com/better-compute/better-compute/internal/node/enroll"
+	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/site"
+	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/version"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+// Reconnect backoff bounds.
+const (
+	MinBackoff = time.Second
+	MaxBackoff = 60 * time.Second
+	// maxMessageBytes bounds one session message either way.
+	maxMessageBytes = 64 << 10
+	// defaultHeartbeat is used when Welcome names none.
+	defaultHeartbeat = 15 * time.Second
+	// stableAfter: a session that lasted this long resets the backoff.
+	stableAfter = 30 * time.Second
+	// maxPendingResults bounds the answers waiting for a session.
+	maxPendingResults = 64
+)
+
+// ErrRetired is returned (wrapped) by Run when the control plane says this
+// node was retired: no session will ever be admitted again, so bcd stops.
+var ErrRetired = errs.New(errs.InvalidState,
+	"this node was retired; it can no longer connect or renew, and bcd stops. To use this machine again, join it anew as root: bcd join --reset --yes, then bcd join with a new token")
+
+// Renewer is the certificate renewer run alongside (renew.Renewer).
+type Renewer interface {
+	Loop(ctx context.Context) error
+}
+
+// Config lists the daemon's dependencies.
+type Config struct {
+	// BCD is the loaded configuration; required.
+	BCD *config.Config
+	// Store is the identity's data directory; required.
+	Store *identity.Store
+	// Clock is the time source; nil means the wall clock.
+	Clock clock.Clock
+	// Log receives the daemon's lines; nil discards.
+	Log *slog.Logger
+	// HTTPClient makes the session's HTTP client from the TLS config (which
+	// carries the pinned verification and the node certificate); nil: an
+	// HTTP/2 transport per connection attempt.
+	HTTPClient enroll.HTTPClientFunc
+	// Renewer, when set, runs in the same process (seam for
+	// internal/node/renew).
+	Renewer Renewer
+	// NotifySocket is $NOTIFY_SOCKET (systemd); "" sends nothing.
+	NotifySocket string
+	// IdentityCheck is how often the identity on disk is re-read to notice
+	// a renewal (default 30 s).
+	IdentityCheck time.Duration
+	// Rand returns a number in [0, 1) for the jitter; nil: math/rand/v2.
+	Rand func() float64
+	// OnWelcome, when set, is called after each Welcome (tests).
+	OnWelcome func(nodeID string)
+	// BootedCheck is how often a site agent reads its booted file for
+	// machines to report (default 2 s); BootedFile is that file (default
+	// site.BootedPath of the data directory).
+	BootedCheck time.Duration
+	BootedFile  string
+}
+
+// Daemon is bcd's service loop. Build it with New.
+type Daemon struct {
+	cfg   Config
+	clock clock.Clock
+	log   *slog.Logger
+	rand  func() float64
+	ready bool
+	ran   *ranLog
+	// results are the answers waiting to be signed and sent, by whichever
+	// session is up: a command that outlives its session is answered on
+	// the next one.
+	results chan *answer
+}
+
+// answer is a command's result waiting for a session to sign and send it,
+// with the identity generation the command named.
+type answer struct {
+	res        *agentv1.CommandResult
+	generation int64
+	// ran, when set, is the command id whose run this answers: it counts
+	// as running until the answer is sent, so a second delivery meanwhile
+	// (the API re-queues a command whose session ended) is not answered
+	// "replayed" ahead of the real answer.
+	ran string
+}
+
+// sent marks a's run over (its answer left, or was dropped).
+func (d *Daemon) sent(a *answer) {
+	if a.ran != "" {
+		d.ran.end(a.ran)
+	}
+}
+
+// New returns a Daemon. Errors are INVALID_CONFIG.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.BCD == nil {
+		return nil, errs.New(errs.InvalidConfig, "run: no bcd configuration (config.toml)")
+	}
+	if cfg.Store == nil || cfg.Store.Dir == "" {
+		return nil, errs.New(errs.InvalidConfig, "run: no data directory")
+	}
+	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Log, rand: cfg.Rand, results: make(chan *answer, maxPendingResults)}
+	if d.clock == nil {
+		d.clock = clock.Real{}
+	}
+	d.ran = newRanLog(cfg.Store.Dir, d.clock)
+	if d.log == nil {
+		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if d.rand == nil {
+		d.rand = rand.Float64
+	}
+	if d.cfg.IdentityCheck <= 0 {
+		d.cfg.IdentityCheck = 30 * time.Second
+	}
+	if d.cfg.BootedCheck <= 0 {
+		d.cfg.BootedCheck = 2 * time.Second
+	}
+	if d.cfg.BootedFile == "" {
+		d.cfg.BootedFile = site.BootedPath(cfg.Store.Dir)
+	}
+	return d, nil
+}
+
+// load loads the identity and refuses an expired one the way bcd doctor
+// reports it (R11.4).
+func (d *Daemon) load() (*identity.Identity, error) {
+	id, err := d.cfg.Store.Load()
+	if err != nil {
+		return nil, err
+	}
+	if id.Expired(d.clock.Now()) {
+		return nil, errs.New(errs.InvalidState, "%s", doctor.ExpiredMessage(id.NotAfter))
+	}
+	return id, nil
+}
+
+// Backoff is the wait before reconnect attempt n (1-based) before jitter:
+// 1 s doubling to 60 s.
+func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
+
+// Run keeps the session up until ctx ends (SIGTERM), then returns nil. It
+// returns an error at once when the identity cannot be used (not joined,
+// damaged, expired), and ErrRetired when the control plane says the node
+// was retired.
+func (d *Daemon) Run(ctx context.Context) error {
+	if _, err := d.load(); err != nil {
+		return err
+	}
+	defer d.notify("STOPPING=1")
+	if d.cfg.Renewer != nil {
+		go func() {
+			if err := d.cfg.Renewer.Loop(ctx); err != nil && ctx.Err() == nil {
+				d.log.Error("certificate renewal stopped", "err", err)
+			}
+		}()
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		id, err := d.load()
+		if err != nil {
+			// Expired or damaged while running: a session cannot help.
+			return err
+		}
+		start := d.clock.Now()
+		err = d.session(ctx, id)
+		if ctx.Err() != nil {
+			break
+		}
+		if wire.IsNodeRetired(err) {
+			d.log.Error("this node was retired: stopping", "node", id.NodeID)
+			return fmt.Errorf("%w", ErrRetired)
+		}
+		if errors.Is(err, errIdentityChanged) {
+			d.log.Info("identity renewed: reconnecting")
+			failures = 0
+			continue
+		}
+		if d.clock.Since(start) >= stableAfter {
+			failures = 0
+		}
+		failures++
+		wait := Backoff(failures)
+		wait = time.Duration(float64(wait) * (0.8 + 0.4*d.rand()))
+		d.log.Warn("session ended", "err", err, "reconnect_in", wait.Round(time.Millisecond).String(), "attempt", failures)
+		clock.Sleep(d.clock, ctx.Done(), wait)
+	}
+	d.log.Info("shutting down")
+	return nil
+}
+
+var errIdentityChanged = errors.New("the identity changed")
+
+// tlsConfig is the pinned gateway TLS configuration with the node
+// certificate as client certificate.
+func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
+	u, err := url.Parse(d.cfg.BCD.GatewayURL)
+	if err != nil {
+		return nil, "", errs.New(errs.InvalidConfig, "gateway_url: not a URL")
+	}
+	serverName := d.cfg.BCD.GatewayServerName
+	if serverName == "" {
+		serverName = u.Hostname()
+	}
+	tc, err := enroll.PinnedTLSConfig(d.cfg.BCD.ServingCASPKIPin, serverName, d.clock.Now)
+	if err != nil {
+		return nil, "", errs.Wrap(err, errs.InvalidConfig, "%v", err)
+	}
+	chain := make([][]byte, len(id.Chain))
+	for i, c := range id.Chain {
+		chain[i] = c.Raw
+	}
+	tc.Certificates = []tls.Certificate{{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}}
+	tc.NextProtos = []string{"h2"}
+	return tc, u.Host, nil
+}
+
+func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
+	if d.cfg.HTTPClient != nil {
+		return d.cfg.HTTPClient(tc), func() {}
+	}
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: 15 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tc,
+		ForceAttemptHTTP2:   true,
+		TLSHandshakeTimeout: 15 * time.Second,
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
+	}
+	return &http.Client{Transport: tr}, tr.CloseIdleConnections
+}
+
+// sessionStream is the session's bidi stream.
+type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]
+
+// session runs one session until it fails, ctx ends, or the identity on
+// disk changes. Commands it receives run under runCtx (Run's), so one that
+// outlives the session is answered on the next.
+func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
+	tc, host, err := d.tlsConfig(id)
+	if err != nil {
+		return err
+	}
+	hc, closeIdle := d.httpClient(tc)
+	defer closeIdle()
+	client := agentv1connect.NewSessionServiceClient(hc, d.cfg.BCD.GatewayURL, connect.WithGRPC(),
+		connect.WithReadMaxBytes(maxMessageBytes), connect.WithSendMaxBytes(maxMessageBytes))
+	ctx, cancel := context.WithCancelCause(runCtx)
+	defer cancel(nil)
+	stream := client.Connect(ctx)
+	defer func() { _ = stream.CloseResponse() }()
+	// Canceling the stream's context does not end it while its request
+	// body is open (net/http watches the context only once the body is
+	// written): the end of the session closes the request body too, so a
+	// Receive in progress returns. Safe alongside a Send.
+	defer context.AfterFunc(ctx, func() { _ = stream.CloseRequest() })()
+	nonce, beat, err := d.handshake(stream, id, host)
+	if err != nil {
+		return err
+	}
+	go d.sendLoop(ctx, cancel, stream, id, nonce, beat)
+	go d.watchIdentity(ctx, cancel, id)
+	for {
+		m, err := stream.Receive()
+		if err != nil {
+			if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+				return c
+			}
+			return d.streamError(host, stream, err)
+		}
+		sc := m.GetCommand()
+		if sc == nil {
+			continue
+		}
+		go func() {
+			res := d.command(runCtx, id, sc)
+			if res == nil {
+				return
+			}
+			select {
+			case d.results <- res:
+			case <-runCtx.Done():
+				d.sent(res)
+			}
+		}()
+	}
+}
+
+// handshake opens the session (R12.1): the API speaks first with its
+// Challenge, bcd answers Hello with its proof over the nonce, and the API
+// welcomes this node. It returns the nonce and the heartbeat interval.
+func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host string) ([]byte, time.Duration, error) {
+	// Open the stream without a message and read the Challenge.
+	if err := stream.Send(nil); err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	first, err := stream.Receive()
+	if err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	nonce := first.GetChallenge().GetNonce()
+	if len(nonce) != pki.SessionNonceSize {
+		return nil, 0, fmt.Errorf("the gateway %s opened the session without the control plane's challenge", host)
+	}
+	// R12.1: prove the node key is here, for this certificate and this
+	// session's nonce.
+	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw)
+	if err != nil {
+		return nil, 0, fmt.Errorf("sign the session proof: %w", err)
+	}
+	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
+		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof}}}); err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	welcome, err := stream.Receive()
+	if err != nil {
+		return nil, 0, d.streamError(host, stream, err)
+	}
+	w := welcome.GetWelcome()
+	if w == nil || w.GetNodeId() != id.NodeID {
+		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
+	}
+	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
+	if beat <= 0 {
+		beat = defaultHeartbeat
+	}
+	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
+	if !d.ready {
+		d.ready = true
+		d.notify("READY=1")
+	}
+	if d.cfg.OnWelcome != nil {
+		d.cfg.OnWelcome(id.NodeID)
+	}
+	return nonce, beat, nil
+}
+
+// sendLoop is the session's one sender: heartbeats, site reports and
+// command results, each signed by this session's node key (heartbeats over
+// the nonce and a sequence number, so no relay can keep the session alive
+// without this daemon). A failure ends the session through cancel.
+func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, nonce []byte, beat time.Duration) {
+	t := d.clock.NewTicker(beat)
+	defer t.Stop()
+	// R10.4: a site agent reports the machines its site booted.
+	var booted <-chan time.Time
+	var reports *siteReports
+	if id.Role == pki.RoleSite {
+		bt := d.clock.NewTicker(d.cfg.BootedCheck)
+		defer bt.Stop()
+		booted, reports = bt.C(), &siteReports{file: d.cfg.BootedFile, sent: map[string]site.Machine{}}
+	}
+	var seq uint64
+	for {
+		var m *agentv1.SessionClientMessage
+		var res *answer
+		select {
+		case <-ctx.Done():
+			return
+		case <-booted:
+			r, err := reports.next(id, nonce, d.log)
+			if err != nil {
+				cancel(err)
+				return
+			}
+			if r == nil {
+				continue
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
+		case <-t.C():
+			seq++
+			sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
+			if err != nil {
+				cancel(fmt.Errorf("sign a heartbeat: %w", err))
+				return
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+		case res = <-d.results:
+			signed, err := d.sign(id, res)
+			if err != nil {
+				d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+				d.sent(res)
+				continue
+			}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: signed}}
+		}
+		if err := stream.Send(m); err != nil {
+			if res != nil {
+				d.requeueResult(res) // for the next session
+			}
+			cancel(fmt.Errorf("send: %w", err))
+			return
+		}
+		if res != nil {
+			d.sent(res)
+		}
+	}
+}
+
+// watchIdentity ends the session when the identity on disk has another
+// serial (a renewal), so the next session uses the new certificate.
+func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFunc, id *identity.Identity) {
+	t := d.clock.NewTicker(d.cfg.IdentityCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			cur, err := d.cfg.Store.Load()
+			if err == nil && cur.Serial != id.Serial {
+				cancel(errIdentityChanged)
+				return
+			}
+		}
+	}
+}
+
+// sign signs a's result with the session identity's node key: the
+// command's id, this node, the generation the command named, ok, the
+// output's hash and the error (pki.CommandResultMessage).
+func (d *Daemon) sign(id *identity.Identity, a *answer) (*agentv1.CommandResult, error) {
+	res := a.res
+	sig, err := pki.SignCommandResult(id.Signer, pki.CommandResult{CommandID: res.GetCommandId(), NodeID: id.NodeID, IdentityGeneration: a.generation,
+		OK: res.GetOk(), Output: res.GetOutput(), Error: res.GetError()})
+	if err != nil {
+		return nil, err
+	}
+	out := &agentv1.CommandResult{CommandId: res.GetCommandId(), Ok: res.GetOk(), Output: res.GetOutput(), Error: res.GetError(), Sig: sig}
+	return out, nil
+}
+
+// requeueResult puts an answer a session could not send back for the next
+// one, unless the queue is full (the command then expires unanswered).
+func (d *Daemon) requeueResult(a *answer) {
+	select {
+	case d.results <- a:
+	default:
+		d.log.Warn("command answer dropped: too many waiting", "command", a.res.GetCommandId())
+		d.sent(a)
+	}
+}
+
+func (d *Daemon) streamError(host string, stream *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], err error) error {
+	if errors.Is(err, io.EOF) {
+		// Send reports EOF when the server ended the stream; its reason
+		// comes from Receive.
+		if _, rerr := stream.Receive(); rerr != nil && !errors.Is(rerr, io.EOF) {
+			err = rerr
+		} else {
+			return fmt.Errorf("the gateway %s ended the session", host)
+		}
+	}
+	if e, ok := errs.As(wire.FromWire(err)); ok {
+		return fmt.Errorf("session through %s: %w", host, e)
+	}
+	return fmt.Errorf("session through %s: %w", host, err)
+}
+
+// Refusal reasons answered in CommandResult.error.
+const (
+	RefusedSignature  = "signature"
+	RefusedNode       = "node"
+	RefusedGeneration = "generation"
+	RefusedExpired    = "expired"
+	RefusedMalformed  = "malformed"
+	// RefusedReplayed answers a command id this node ran already (its
+	// first answer may have been lost): it is not run again.
+	RefusedReplayed = "replayed"
+)
+
+// Verify checks a signed command as bcd does before running it: the
+// signature under a key of the command-signing bundle (purpose command),
+// this node's id, this identity generation, and the expiry at now. It
+// returns the body (as far as it parsed) and, when refused, the reason.
+//
+// The generation: an identity that knows its generation (from the signed
+// join or renewal answer) takes only commands naming it. One saved before
+// bcd kept the generation (0) takes only commands issued at or after it
+// joined: a command of an older generation (a relay replaying one captured
+// before a reclaim) was issued before this identity existed. The next
+// renewal tells it the generation.
+func Verify(id *identity.Identity, sc *agentv1.SignedCommand, now time.Time) (*agentv1.CommandBody, string) {
+	body := &agentv1.CommandBody{}
+	if err := proto.Unmarshal(sc.GetBody(), body); err != nil {
+		return body, RefusedMalformed
+	}
+	verified := false
+	for _, c := range id.Bundle {
+		if pki.VerifyPurpose(c.PublicKey, pki.PurposeCommand, sc.GetBody(), sc.GetSig()) == nil {
+			verified = true
+			break
+		}
+	}
+	switch {
+	case !verified:
+		return body, RefusedSignature
+	case body.GetNodeId() != id.NodeID:
+		return body, RefusedNode
+	case id.IdentityGeneration > 0 && body.GetIdentityGeneration() != id.IdentityGeneration:
+		return body, RefusedGeneration
+	case id.IdentityGeneration == 0 && body.GetIssuedAtUnixMs() < id.JoinedAt.UnixMilli():
+		return body, RefusedGeneration
+	case now.UnixMilli() >= body.GetExpiresAtUnixMs():
+		return body, RefusedExpired
+	}
+	return body, ""
+}
+
+// command verifies and runs one command, and returns its answer (unsigned:
+// the session that sends it signs it), or nil when the same command is
+// running already (that run answers).
+func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1.SignedCommand) *answer {
+	body, refused := Verify(id, sc, d.clock.Now())
+	res := &agentv1.CommandResult{CommandId: body.GetCommandId()}
+	a := &answer{res: res, generation: body.GetIdentityGeneration()}
+	if refused != "" {
+		d.log.Warn("command refused", "command", body.GetCommandId(), "kind", body.GetKind(), "reason", refused)
+		res.Error = refused
+		return a
+	}
+	// At most once: recorded on disk before it runs.
+	state, err := d.ran.begin(body.GetCommandId(), time.UnixMilli(body.GetExpiresAtUnixMs()))
+	switch {
+	case err != nil:
+		d.log.Error("command not run: it could not be recorded first", "command", body.GetCommandId(), "err", err)
+		res.Error = "not run: cannot record it before running it: " + err.Error()
+		return a
+	case state == ranRunning:
+		return nil
+	case state == ranBefore:
+		d.log.Warn("command refused: this node ran it already", "command", body.GetCommandId(), "kind", body.GetKind())
+		res.Error = RefusedReplayed
+		return a
+	}
+	a.ran = body.GetCommandId() // running until its answer is sent
+	out, err := Execute(ctx, d.cfg.BCD.ProcfsRoot, body.GetKind(), body.GetArgs())
+	if err != nil {
+		res.Error = err.Error()
+		return a
+	}
+	res.Ok, res.Output = true, out
+	d.log.Info("command done", "command", body.GetCommandId(), "kind", body.GetKind())
+	return a
+}

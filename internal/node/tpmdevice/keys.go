@@ -1,0 +1,570 @@
+package tpmdevice
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"encoding/asn1"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+
+	"github.com/google/go-tpm/tpm2"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/shared/tpmverify"
+)
+
+// EKKind is an endorsement key's algorithm (tpmverify's, which the
+// control plane checks EKs against).
+type EKKind = tpmverify.EKKind
+
+// The endorsement keys bcd uses, in the order DefaultEK prefers them.
+const (
+	EKRSA2048 = tpmverify.EKRSA2048
+	EKP384    = tpmverify.EKP384
+	EKP256    = tpmverify.EKP256
+)
+
+// ekSpec is where the TCG EK Credential Profile puts an EK kind: its
+// persistent handle, its certificate's NV index and, for the low-range
+// kinds, the template it is derived from.
+type ekSpec struct {
+	handle, certNV tpm2.TPMHandle
+	template       *tpm2.TPMTPublic
+}
+
+var ekSpecs = map[EKKind]ekSpec{
+	EKRSA2048: {handle: 0x81010001, certNV: 0x01C00002, template: &tpm2.RSAEKTemplate},
+	EKP256:    {handle: 0x81010002, certNV: 0x01C0000A, template: &tpm2.ECCEKTemplate},
+	// The high-range P-384 EK (swtpm_setup --ecc): used when persistent.
+	EKP384: {handle: 0x81010016, certNV: 0x01C00016},
+}
+
+// EK is an endorsement key: its public area and, when the TPM holds one,
+// its certificate (DER).
+type EK struct {
+	Kind   EKKind
+	Public tpm2.TPMTPublic
+	Cert   []byte
+}
+
+// PublicBytes is the EK's TPMT_PUBLIC, as sent to the server.
+func (e *EK) PublicBytes() []byte { return tpm2.Marshal(e.Public) }
+
+// KindOf is tpmverify.KindOf.
+func KindOf(pub *tpm2.TPMTPublic) EKKind { return tpmverify.KindOf(pub) }
+
+// handle is a loaded object and how to let it go.
+type handle struct {
+	h     tpm2.TPMHandle
+	name  tpm2.TPM2BName
+	pub   tpm2.TPMTPublic
+	flush bool
+}
+
+func (t *TPM) release(h *handle) {
+	if h != nil && h.flush {
+		_, _ = tpm2.FlushContext{FlushHandle: h.h}.Execute(t.t)
+	}
+}
+
+func (t *TPM) readPublic(h tpm2.TPMHandle) (*handle, error) {
+	rsp, err := tpm2.ReadPublic{ObjectHandle: h}.Execute(t.t)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := rsp.OutPublic.Contents()
+	if err != nil {
+		return nil, err
+	}
+	return &handle{h: h, name: rsp.Name, pub: *pub}, nil
+}
+
+func (t *TPM) createPrimary(hierarchy tpm2.TPMHandle, tmpl tpm2.TPMTPublic) (*handle, error) {
+	rsp, err := tpm2.CreatePrimary{
+		PrimaryHandle: tpm2.AuthHandle{Handle: hierarchy, Auth: tpm2.PasswordAuth(nil)},
+		InPublic:      tpm2.New2B(tmpl),
+	}.Execute(t.t)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := rsp.OutPublic.Contents()
+	if err != nil {
+		_, _ = tpm2.FlushContext{FlushHandle: rsp.ObjectHandle}.Execute(t.t)
+		return nil, err
+	}
+	return &handle{h: rsp.ObjectHandle, name: rsp.Name, pub: *pub, flush: true}, nil
+}
+
+// loadEK returns the EK of kind: its persistent handle when the TPM has
+// one, else the primary its template derives (to flush).
+func (t *TPM) loadEK(kind EKKind) (*handle, error) {
+	spec, ok := ekSpecs[kind]
+	if !ok {
+		return nil, fmt.Errorf("unknown EK kind %q", kind)
+	}
+	if h, err := t.readPublic(spec.handle); err == nil && KindOf(&h.pub) == kind {
+		return h, nil
+	}
+	if spec.template == nil {
+		return nil, fmt.Errorf("this TPM has no persistent %s EK", kind)
+	}
+	h, err := t.createPrimary(tpm2.TPMRHEndorsement, *spec.template)
+	if err != nil {
+		return nil, fmt.Errorf("create the %s EK: %w", kind, err)
+	}
+	return h, nil
+}
+
+// EK returns the endorsement key of kind with its certificate when the TPM
+// holds one.
+func (t *TPM) EK(kind EKKind) (*EK, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	h, err := t.loadEK(kind)
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(h)
+	cert, err := t.readNV(ekSpecs[kind].certNV)
+	if err != nil {
+		cert = nil // no certificate: the EK-hash allow-list or enrollment
+	}
+	return &EK{Kind: kind, Public: h.pub, Cert: trimDER(cert)}, nil
+}
+
+// DefaultEK returns the EK bcd uses: the first kind, in the order RSA-2048,
+// P-384, P-256, that the TPM keeps persistent or has a certificate for;
+// else the RSA-2048 EK its template derives.
+func (t *TPM) DefaultEK() (*EK, error) {
+	for _, k := range []EKKind{EKRSA2048, EKP384, EKP256} {
+		spec := ekSpecs[k]
+		if err := t.acquire(); err != nil {
+			return nil, err
+		}
+		h, perr := t.readPublic(spec.handle)
+		_, nerr := tpm2.NVReadPublic{NVIndex: spec.certNV}.Execute(t.t)
+		t.unlock()
+		if (perr == nil && KindOf(&h.pub) == k) || nerr == nil {
+			return t.EK(k)
+		}
+	}
+	return t.EK(EKRSA2048)
+}
+
+// nvChunk is what one NV_Read asks for (TPMs allow at least 512 bytes).
+const nvChunk = 512
+
+// readNV reads a whole NV index with owner authorization.
+func (t *TPM) readNV(index tpm2.TPMHandle) ([]byte, error) {
+	rp, err := tpm2.NVReadPublic{NVIndex: index}.Execute(t.t)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := rp.NVPublic.Contents()
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	for off := 0; off < int(pub.DataSize); off += nvChunk {
+		n := min(nvChunk, int(pub.DataSize)-off)
+		rsp, err := tpm2.NVRead{
+			AuthHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
+			NVIndex:    tpm2.NamedHandle{Handle: index, Name: rp.NVName},
+			Size:       uint16(n),
+			Offset:     uint16(off),
+		}.Execute(t.t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rsp.Data.Buffer...)
+	}
+	return out, nil
+}
+
+// trimDER cuts the padding an NV index may hold after a DER certificate.
+func trimDER(b []byte) []byte {
+	var raw asn1.RawValue
+	rest, err := asn1.Unmarshal(b, &raw)
+	if err != nil {
+		return b
+	}
+	return b[:len(b)-len(rest)]
+}
+
+// eccSigning is an ECC P-256 signing key's parameters with ECDSA-SHA256.
+var eccSigning = tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+	Scheme: tpm2.TPMTECCScheme{
+		Scheme:  tpm2.TPMAlgECDSA,
+		Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
+	},
+	CurveID: tpm2.TPMECCNistP256,
+})
+
+// AKTemplate is the attestation key: a restricted P-256 signing key created
+// as an endorsement-hierarchy primary, so the same TPM derives the same AK
+// (and AK name) every time and no AK file is needed.
+var AKTemplate = tpm2.TPMTPublic{
+	Type:    tpm2.TPMAlgECC,
+	NameAlg: tpm2.TPMAlgSHA256,
+	ObjectAttributes: tpm2.TPMAObject{
+		FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true, UserWithAuth: true,
+		Restricted: true, SignEncrypt: true, NoDA: true,
+	},
+	Parameters: eccSigning,
+	Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
+		X: tpm2.TPM2BECCParameter{Buffer: []byte("better-compute attestation key")},
+	}),
+}
+
+// NodeKeyTemplate is a node key (R9.1): P-256, unrestricted signing,
+// fixedTPM, fixedParent and sensitiveDataOrigin (made in this TPM and never
+// leaving it), adminWithPolicy clear so TPM2_Certify may use it.
+var NodeKeyTemplate = tpm2.TPMTPublic{
+	Type:    tpm2.TPMAlgECC,
+	NameAlg: tpm2.TPMAlgSHA256,
+	ObjectAttributes: tpm2.TPMAObject{
+		FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true, UserWithAuth: true,
+		SignEncrypt: true, NoDA: true,
+	},
+	Parameters: eccSigning,
+	Unique:     tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{}),
+}
+
+// AK is the attestation key's public area and TPM name.
+type AK struct {
+	Public tpm2.TPMTPublic
+	Name   []byte
+}
+
+// PublicBytes is the AK's TPMT_PUBLIC.
+func (a *AK) PublicBytes() []byte { return tpm2.Marshal(a.Public) }
+
+// AK derives the attestation key and returns its public area and name.
+func (t *TPM) AK() (*AK, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	h, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("create the AK: %w", err)
+	}
+	defer t.release(h)
+	return &AK{Public: h.pub, Name: h.name.Buffer}, nil
+}
+
+// srk derives the owner hierarchy's storage root key (the TCG ECC SRK
+// template), the parent of every node key.
+func (t *TPM) srk() (*handle, error) {
+	h, err := t.createPrimary(tpm2.TPMRHOwner, tpm2.ECCSRKTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("create the SRK: %w", err)
+	}
+	return h, nil
+}
+
+// Key is a key held in the TPM under the SRK: a crypto.Signer (ECDSA P-256,
+// SHA-256 digests) whose record reloads it.
+type Key struct {
+	tpm     *TPM
+	public  tpm2.TPMTPublic
+	private []byte // TPM2B_PRIVATE's buffer, opaque outside the TPM
+	pub     *ecdsa.PublicKey
+}
+
+// NewNodeKey makes a node key (NodeKeyTemplate) under the SRK.
+func (t *TPM) NewNodeKey() (*Key, error) { return t.CreateKey(NodeKeyTemplate) }
+
+// CreateKey makes a P-256 signing key from tmpl under the SRK. Node keys
+// use NodeKeyTemplate; tests make keys the server must refuse.
+func (t *TPM) CreateKey(tmpl tpm2.TPMTPublic) (*Key, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	srk, err := t.srk()
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(srk)
+	rsp, err := tpm2.Create{
+		ParentHandle: tpm2.AuthHandle{Handle: srk.h, Name: srk.name, Auth: tpm2.PasswordAuth(nil)},
+		InPublic:     tpm2.New2B(tmpl),
+	}.Execute(t.t)
+	if err != nil {
+		return nil, fmt.Errorf("create a key in the TPM: %w", err)
+	}
+	pub, err := rsp.OutPublic.Contents()
+	if err != nil {
+		return nil, err
+	}
+	return t.newKey(*pub, rsp.OutPrivate.Buffer)
+}
+
+func (t *TPM) newKey(public tpm2.TPMTPublic, private []byte) (*Key, error) {
+	pk, err := tpm2.Pub(public)
+	if err != nil {
+		return nil, fmt.Errorf("read the key's public area: %w", err)
+	}
+	ec, ok := pk.(*ecdsa.PublicKey)
+	if !ok || ec.Curve != elliptic.P256() {
+		return nil, errors.New("the TPM key is not an ECDSA P-256 key")
+	}
+	return &Key{tpm: t, public: public, private: private, pub: ec}, nil
+}
+
+// load loads k under a fresh SRK, which it flushes at once: k then holds
+// one slot. The caller releases it.
+func (t *TPM) load(k *Key) (*handle, error) {
+	srk, err := t.srk()
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(srk)
+	rsp, err := tpm2.Load{
+		ParentHandle: tpm2.AuthHandle{Handle: srk.h, Name: srk.name, Auth: tpm2.PasswordAuth(nil)},
+		InPrivate:    tpm2.TPM2BPrivate{Buffer: k.private},
+		InPublic:     tpm2.New2B(k.public),
+	}.Execute(t.t)
+	if err != nil {
+		return nil, fmt.Errorf("load the node key into the TPM (was the TPM cleared or replaced?): %w", err)
+	}
+	return &handle{h: rsp.ObjectHandle, name: rsp.Name, pub: k.public, flush: true}, nil
+}
+
+// Public implements crypto.Signer.
+func (k *Key) Public() crypto.PublicKey { return k.pub }
+
+// PublicArea is the key's TPMT_PUBLIC.
+func (k *Key) PublicArea() tpm2.TPMTPublic { return k.public }
+
+// Sign implements crypto.Signer: an ECDSA signature (ASN.1 DER) over a
+// SHA-256 digest, made in the TPM.
+func (k *Key) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	if opts.HashFunc() != crypto.SHA256 || len(digest) != 32 {
+		return nil, errors.New("the TPM node key signs SHA-256 digests only")
+	}
+	t := k.tpm
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	h, err := t.load(k)
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(h)
+	rsp, err := tpm2.Sign{
+		KeyHandle: tpm2.AuthHandle{Handle: h.h, Name: h.name, Auth: tpm2.PasswordAuth(nil)},
+		Digest:    tpm2.TPM2BDigest{Buffer: digest},
+		InScheme: tpm2.TPMTSigScheme{
+			Scheme:  tpm2.TPMAlgECDSA,
+			Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: tpm2.TPMAlgSHA256}),
+		},
+		Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
+	}.Execute(t.t)
+	if err != nil {
+		return nil, fmt.Errorf("sign with the TPM node key: %w", err)
+	}
+	sig, err := rsp.Signature.Signature.ECDSA()
+	if err != nil {
+		return nil, err
+	}
+	return asn1.Marshal(struct{ R, S *big.Int }{
+		new(big.Int).SetBytes(sig.SignatureR.Buffer), new(big.Int).SetBytes(sig.SignatureS.Buffer),
+	})
+}
+
+// KeyAttestation is the AK's TPM2_Certify of a key: the AK and key public
+// areas (TPMT_PUBLIC), the TPMS_ATTEST bytes as the TPM produced them and
+// the AK's TPMT_SIGNATURE over them.
+type KeyAttestation struct {
+	AKPublic, KeyPublic, CertifyInfo, Signature []byte
+}
+
+// Marshal encodes a key attestation for the wire (agentv1.TPMKeyAttestation,
+// which tpmverify.ParseKeyAttestation reads).
+func (a *KeyAttestation) Marshal() ([]byte, error) {
+	return proto.Marshal(&agentv1.TPMKeyAttestation{AkPublic: a.AKPublic, KeyPublic: a.KeyPublic, CertifyInfo: a.CertifyInfo, Signature: a.Signature})
+}
+
+// Certify has the AK certify k with qualifying data (sha256 of the CSR).
+func (t *TPM) Certify(k *Key, qualifying []byte) (*KeyAttestation, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	ak, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("create the AK: %w", err)
+	}
+	defer t.release(ak)
+	h, err := t.load(k)
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(h)
+	rsp, err := tpm2.Certify{
+		ObjectHandle:   tpm2.AuthHandle{Handle: h.h, Name: h.name, Auth: tpm2.PasswordAuth(nil)},
+		SignHandle:     tpm2.AuthHandle{Handle: ak.h, Name: ak.name, Auth: tpm2.PasswordAuth(nil)},
+		QualifyingData: tpm2.TPM2BData{Buffer: qualifying},
+		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
+	}.Execute(t.t)
+	if err != nil {
+		return nil, fmt.Errorf("certify the node key: %w", err)
+	}
+	return &KeyAttestation{
+		AKPublic: tpm2.Marshal(ak.pub), KeyPublic: tpm2.Marshal(k.public),
+		CertifyInfo: rsp.CertifyInfo.Bytes(), Signature: tpm2.Marshal(rsp.Signature),
+	}, nil
+}
+
+// ActivateCredential recovers the secret of a credential made for this
+// TPM's EK of kind and its AK (tpm2.CreateCredential on the server). Only
+// the TPM holding both can.
+func (t *TPM) ActivateCredential(kind EKKind, credentialBlob, encryptedSecret []byte) ([]byte, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	ek, err := t.loadEK(kind)
+	if err != nil {
+		return nil, err
+	}
+	defer t.release(ek)
+	ak, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("create the AK: %w", err)
+	}
+	defer t.release(ak)
+	var ekAuth tpm2.Session
+	if ek.pub.ObjectAttributes.UserWithAuth {
+		ekAuth = tpm2.PasswordAuth(nil)
+	} else {
+		// The TCG EK templates authorize with PolicySecret(endorsement).
+		sess, closeSess, err := tpm2.PolicySession(t.t, ek.pub.NameAlg, 16)
+		if err != nil {
+			return nil, fmt.Errorf("start the EK policy session: %w", err)
+		}
+		defer func() { _ = closeSess() }()
+		if _, err := (tpm2.PolicySecret{
+			AuthHandle:    tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
+			PolicySession: sess.Handle(),
+			NonceTPM:      sess.NonceTPM(),
+		}).Execute(t.t); err != nil {
+			return nil, fmt.Errorf("authorize the EK: %w", err)
+		}
+		ekAuth = sess
+	}
+	rsp, err := tpm2.ActivateCredential{
+		ActivateHandle: tpm2.AuthHandle{Handle: ak.h, Name: ak.name, Auth: tpm2.PasswordAuth(nil)},
+		KeyHandle:      tpm2.AuthHandle{Handle: ek.h, Name: ek.name, Auth: ekAuth},
+		CredentialBlob: tpm2.TPM2BIDObject{Buffer: credentialBlob},
+		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: encryptedSecret},
+	}.Execute(t.t)
+	if err != nil {
+		return nil, fmt.Errorf("activate the credential: %w", err)
+	}
+	return rsp.CertInfo.Buffer, nil
+}
+
+// PEMTypeRecord is the PEM type of a key record.
+const PEMTypeRecord = "TSS2 PRIVATE KEY"
+
+// oidLoadableKey is TCG's loadable-key type (TPM2B_PUBLIC + TPM2B_PRIVATE
+// under a parent).
+var oidLoadableKey = asn1.ObjectIdentifier{2, 23, 133, 10, 1, 3}
+
+// parentOwner is the record's parent: the owner hierarchy, whose SRK bcd
+// re-derives from the TCG ECC SRK template.
+const parentOwner = 0x40000001
+
+// tssKey is the "TSS2 PRIVATE KEY" ASN.1 structure.
+type tssKey struct {
+	Type      asn1.ObjectIdentifier
+	EmptyAuth bool `asn1:"explicit,tag:0,optional"`
+	Parent    int64
+	Pub       []byte
+	Priv      []byte
+}
+
+// Record returns k's record, a "TSS2 PRIVATE KEY" PEM: what node.key holds.
+func (k *Key) Record() ([]byte, error) {
+	der, err := asn1.Marshal(tssKey{
+		Type: oidLoadableKey, EmptyAuth: true, Parent: parentOwner,
+		Pub:  tpm2.Marshal(tpm2.New2B(k.public)),
+		Priv: tpm2.Marshal(tpm2.TPM2BPrivate{Buffer: k.private}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("marshal the key record: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: PEMTypeRecord, Bytes: der}), nil
+}
+
+// LoadKey reopens the key a record describes, and loads it once to check
+// that this TPM still holds its parent (a cleared or replaced TPM fails
+// here, and the node must join again).
+func (t *TPM) LoadKey(recordPEM []byte) (*Key, error) {
+	block, _ := pem.Decode(recordPEM)
+	if block == nil || block.Type != PEMTypeRecord {
+		return nil, fmt.Errorf("not a %q PEM block", PEMTypeRecord)
+	}
+	var rec tssKey
+	if rest, err := asn1.Unmarshal(block.Bytes, &rec); err != nil || len(rest) != 0 {
+		return nil, errors.New("the TPM key record is not a TSS2 key")
+	}
+	if !rec.Type.Equal(oidLoadableKey) || rec.Parent != parentOwner {
+		return nil, fmt.Errorf("the TPM key record is of type %v under parent %#x, want a loadable key under the owner hierarchy", rec.Type, rec.Parent)
+	}
+	pub2b, err := tpm2.Unmarshal[tpm2.TPM2BPublic](rec.Pub)
+	if err != nil {
+		return nil, fmt.Errorf("the TPM key record's public area: %w", err)
+	}
+	pub, err := pub2b.Contents()
+	if err != nil {
+		return nil, fmt.Errorf("the TPM key record's public area: %w", err)
+	}
+	priv, err := tpm2.Unmarshal[tpm2.TPM2BPrivate](rec.Priv)
+	if err != nil {
+		return nil, fmt.Errorf("the TPM key record's private area: %w", err)
+	}
+	k, err := t.newKey(*pub, priv.Buffer)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	defer t.unlock()
+	h, err := t.load(k)
+	if err != nil {
+		return nil, err
+	}
+	t.release(h)
+	return k, nil
+}
+
+// TransientHandles counts the transient objects loaded in the TPM: zero
+// between operations (handle hygiene).
+func (t *TPM) TransientHandles() (int, error) {
+	if err := t.acquire(); err != nil {
+		return 0, err
+	}
+	defer t.unlock()
+	rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapHandles, Property: uint32(tpm2.TPMHTTransient) << 24, PropertyCount: 64}.Execute(t.t)
+	if err != nil {
+		return 0, err
+	}
+	h, err := rsp.CapabilityData.Data.Handles()
+	if err != nil {
+		return 0, err
+	}
+	return len(h.Handle), nil
+}

@@ -1,0 +1,343 @@
+package pki
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"math/big"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/better-compute/better-compute/internal/shared/errs"
+)
+
+// R7.1, R7.2, R7.3: the issued certificate's key, lifetime, names and role.
+func TestSignNodeCertProperties(t *testing.T) {
+	b := newBundle(t)
+	tests := []struct {
+		name       string
+		role       string
+		statements []string
+		ttl        time.Duration
+	}{
+		{"node", RoleNode, nil, 24 * time.Hour},
+		{"site", RoleSite, nil, time.Hour},
+		{"ramdisk", RoleRamdisk, nil, 2 * time.Hour},
+		{"node-tenant", RoleNodeTenant, nil, 24 * time.Hour},
+		{"tpm statement", RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour},
+		{"two statements", RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := newP256(t)
+			p := nodeParams()
+			p.Role, p.Statements, p.NotAfter = tt.role, tt.statements, p.NotBefore.Add(tt.ttl)
+			nc, err := SignNodeCert(b.NodeCA, b.NodeCAKey, newCSR(t, key), p)
+			if err != nil {
+				t.Fatalf("SignNodeCert: %v", err)
+			}
+			// crypto/x509 parses it (R7.3).
+			cert, err := x509.ParseCertificate(nc.DER)
+			if err != nil {
+				t.Fatalf("ParseCertificate: %v", err)
+			}
+			// R7.2: exactly one SPIFFE URI SAN, first; statements after; the
+			// CSR's own names are ignored.
+			wantURIs := append([]string{"spiffe://compute.example.com/site/site_01k5w/node/node_01k5x"}, tt.statements...)
+			var gotURIs []string
+			spiffeCount := 0
+			for _, u := range cert.URIs {
+				gotURIs = append(gotURIs, u.String())
+				if u.Scheme == "spiffe" {
+					spiffeCount++
+				}
+			}
+			if diff := cmp.Diff(wantURIs, gotURIs); diff != "" || spiffeCount != 1 {
+				t.Errorf("URIs (-want +got):\n%s (spiffe %d)", diff, spiffeCount)
+			}
+			if len(cert.DNSNames) != 0 {
+				t.Errorf("DNS SANs from the CSR leaked: %v", cert.DNSNames)
+			}
+			// R7.3: OU=bc-role:<role>, CN=node id.
+			if diff := cmp.Diff([]string{"bc-role:" + tt.role}, cert.Subject.OrganizationalUnit); diff != "" {
+				t.Errorf("OU (-want +got):\n%s", diff)
+			}
+			if cert.Subject.CommonName != p.NodeID {
+				t.Errorf("CN = %q", cert.Subject.CommonName)
+			}
+			// R7.1: P-256, the CSR's key, lifetime as given.
+			if !isP256(cert.PublicKey) || !key.PublicKey.Equal(cert.PublicKey) {
+				t.Error("certified key is not the CSR's P-256 key")
+			}
+			if !cert.NotBefore.Equal(p.NotBefore) || !cert.NotAfter.Equal(p.NotAfter) {
+				t.Errorf("validity %v..%v, want %v..%v", cert.NotBefore, cert.NotAfter, p.NotBefore, p.NotAfter)
+			}
+			if cert.IsCA || len(cert.ExtKeyUsage) != 1 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+				t.Errorf("IsCA %v EKU %v", cert.IsCA, cert.ExtKeyUsage)
+			}
+			if cert.SerialNumber.BitLen() > 128 || cert.SerialNumber.Sign() <= 0 {
+				t.Errorf("serial %v", cert.SerialNumber)
+			}
+			if nc.Serial != cert.SerialNumber.Text(16) || len(nc.SPKISHA256) != 32 || hex.EncodeToString(nc.SPKISHA256) != hex.EncodeToString(SPKIHash(cert)) {
+				t.Errorf("Serial %q SPKI %x", nc.Serial, nc.SPKISHA256)
+			}
+			// It chains to the node CA for client auth.
+			roots := x509.NewCertPool()
+			roots.AddCert(b.NodeCA)
+			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0.Add(time.Minute), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				t.Errorf("Verify: %v", err)
+			}
+			// ParseNodeCert reads back what was asked for.
+			id, err := ParseNodeCert(nc.DER)
+			if err != nil {
+				t.Fatalf("ParseNodeCert: %v", err)
+			}
+			want := NodeIdentity{TrustDomain: testTD, SiteID: p.SiteID, NodeID: p.NodeID, Role: tt.role, Statements: tt.statements}
+			if diff := cmp.Diff(want, id); diff != "" {
+				t.Errorf("identity (-want +got):\n%s", diff)
+			}
+			if id.SPIFFEID() != wantURIs[0] || SPIFFEID(testTD, p.SiteID, p.NodeID) != wantURIs[0] {
+				t.Errorf("SPIFFEID = %q", id.SPIFFEID())
+			}
+			// go-spiffe accepts it as an X509-SVID. The SVID spec allows one
+			// URI SAN only, so a certificate with statements is not an SVID
+			// to go-spiffe; ParseNodeCert is the parser for those.
+			td := spiffeid.RequireTrustDomainFromString(testTD)
+			_, _, err = x509svid.ParseAndVerify([][]byte{nc.DER}, x509bundle.FromX509Authorities(td, []*x509.Certificate{b.NodeCA}), x509svid.WithTime(t0.Add(time.Minute)))
+			if len(tt.statements) == 0 {
+				if err != nil {
+					t.Errorf("x509svid.ParseAndVerify: %v", err)
+				}
+				if sid, err := x509svid.IDFromCert(cert); err != nil || sid.String() != wantURIs[0] {
+					t.Errorf("x509svid.IDFromCert = %v, %v", sid, err)
+				}
+			} else if err == nil {
+				t.Error("x509svid accepted a certificate with more than one URI SAN")
+			}
+		})
+	}
+}
+
+// R4.1, R7.1: the CSR must be well signed and hold a P-256 key.
+func TestSignNodeCertCSRRefusals(t *testing.T) {
+	b := newBundle(t)
+	badSig := newCSR(t, newP256(t))
+	badSig[len(badSig)-3] ^= 0x55
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	_, edKey, _ := ed25519.GenerateKey(rand.Reader)
+	tests := []struct {
+		name string
+		csr  []byte
+		msg  string
+	}{
+		{"bad signature", badSig, "the signature does not verify"},
+		{"RSA", newCSR(t, rsaKey), "ECDSA P-256"},
+		{"P-384", newCSR(t, p384), "ECDSA P-256"},
+		{"Ed25519", newCSR(t, edKey), "ECDSA P-256"},
+		{"garbage", []byte("not a csr"), "not a PKCS#10 request"},
+		{"empty", nil, "size"},
+		{"huge", make([]byte, 17<<10), "size"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := SignNodeCert(b.NodeCA, b.NodeCAKey, tt.csr, nodeParams())
+			e, ok := errs.As(err)
+			if !ok || e.Code != errs.InvalidArgument || e.Field != "csr" || !strings.Contains(e.Message, tt.msg) {
+				t.Errorf("err = %v, want INVALID_ARGUMENT csr %q", err, tt.msg)
+			}
+		})
+	}
+}
+
+// SignNodeCertKey signs for a key ParseCSR already checked, and refuses a
+// key that is not P-256 (or none).
+func TestSignNodeCertKey(t *testing.T) {
+	b := newBundle(t)
+	key := newP256(t)
+	pub, err := ParseCSR(newCSR(t, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, nodeParams())
+	if err != nil {
+		t.Fatalf("SignNodeCertKey: %v", err)
+	}
+	if !key.Public().(*ecdsa.PublicKey).Equal(nc.Cert.PublicKey) {
+		t.Error("the certificate is not for the CSR's key")
+	}
+	if err := nc.Cert.CheckSignatureFrom(b.NodeCA); err != nil {
+		t.Errorf("the node CA's signature does not verify: %v", err)
+	}
+	p384, _ := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	for name, k := range map[string]*ecdsa.PublicKey{"nil": nil, "P-384": &p384.PublicKey} {
+		_, err := SignNodeCertKey(b.NodeCA, b.NodeCAKey, k, nodeParams())
+		if e, ok := errs.As(err); !ok || e.Code != errs.InvalidArgument || e.Field != "csr" {
+			t.Errorf("%s key: err = %v, want INVALID_ARGUMENT csr", name, err)
+		}
+	}
+}
+
+// R7.1, R7.2, R7.3: parameters outside policy are refused.
+func TestSignNodeCertParamRefusals(t *testing.T) {
+	b := newBundle(t)
+	csr := newCSR(t, newP256(t))
+	tests := []struct {
+		name  string
+		edit  func(*NodeCertParams)
+		field string
+	}{
+		{"unknown role", func(p *NodeCertParams) { p.Role = "admin" }, "role"},
+		{"empty role", func(p *NodeCertParams) { p.Role = "" }, "role"},
+		{"bad trust domain", func(p *NodeCertParams) { p.TrustDomain = "Bad TD" }, "trustDomain"},
+		{"slash in node", func(p *NodeCertParams) { p.NodeID = "a/b" }, "nodeId"},
+		{"dot-dot site", func(p *NodeCertParams) { p.SiteID = ".." }, "nodeId"},
+		{"empty node", func(p *NodeCertParams) { p.NodeID = "" }, "nodeId"},
+		{"spiffe statement", func(p *NodeCertParams) { p.Statements = []string{"spiffe://compute.example.com/x"} }, "statements"},
+		{"bare prefix", func(p *NodeCertParams) { p.Statements = []string{"urn:bc:"} }, "statements"},
+		{"space", func(p *NodeCertParams) { p.Statements = []string{"urn:bc:a b"} }, "statements"},
+		{"duplicate", func(p *NodeCertParams) { p.Statements = []string{"urn:bc:a", "urn:bc:a"} }, "statements"},
+		{"too long", func(p *NodeCertParams) { p.NotAfter = p.NotBefore.Add(24*time.Hour + time.Second) }, "notAfter"},
+		{"ramdisk too long", func(p *NodeCertParams) { p.Role = RoleRamdisk; p.NotAfter = p.NotBefore.Add(3 * time.Hour) }, "notAfter"},
+		{"inverted", func(p *NodeCertParams) { p.NotAfter = p.NotBefore.Add(-time.Hour) }, "notAfter"},
+		{"zero times", func(p *NodeCertParams) { p.NotBefore, p.NotAfter = time.Time{}, time.Time{} }, "notAfter"},
+		{"before the CA", func(p *NodeCertParams) { p.NotBefore = t0.Add(-time.Hour); p.NotAfter = t0 }, "notAfter"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := nodeParams()
+			tt.edit(&p)
+			_, err := SignNodeCert(b.NodeCA, b.NodeCAKey, csr, p)
+			e, ok := errs.As(err)
+			if !ok || e.Code != errs.InvalidArgument || e.Field != tt.field {
+				t.Errorf("err = %v, want INVALID_ARGUMENT on %s", err, tt.field)
+			}
+		})
+	}
+}
+
+// R7.2, R7.3: ParseNodeCert refuses certificates that are not node
+// certificates, however they were signed.
+func TestParseNodeCertRefusals(t *testing.T) {
+	b := newBundle(t)
+	spiffeURI := "spiffe://compute.example.com/site/s1/node/n1"
+	base := func() *x509.Certificate {
+		return &x509.Certificate{
+			SerialNumber:          big.NewInt(7),
+			Subject:               pkix.Name{CommonName: "n1", OrganizationalUnit: []string{"bc-role:node"}},
+			NotBefore:             t0,
+			NotAfter:              t0.Add(time.Hour),
+			KeyUsage:              x509.KeyUsageDigitalSignature,
+			ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+			BasicConstraintsValid: true,
+			URIs:                  []*url.URL{mustURL(t, spiffeURI)},
+		}
+	}
+	tests := []struct {
+		name string
+		edit func(*x509.Certificate)
+		key  crypto.Signer
+		msg  string
+	}{
+		{"valid", func(*x509.Certificate) {}, nil, ""},
+		{"no URI", func(c *x509.Certificate) { c.URIs = nil }, nil, "no URI SAN"},
+		{"statement first", func(c *x509.Certificate) { c.URIs = []*url.URL{mustURL(t, "urn:bc:x"), mustURL(t, spiffeURI)} }, nil, "not a SPIFFE ID"},
+		{"two SPIFFE IDs", func(c *x509.Certificate) {
+			c.URIs = []*url.URL{mustURL(t, spiffeURI), mustURL(t, "spiffe://compute.example.com/site/s1/node/n2")}
+		}, nil, "not a urn:bc: statement"},
+		{"https URI", func(c *x509.Certificate) { c.URIs = append(c.URIs, mustURL(t, "https://example.com")) }, nil, "not a urn:bc: statement"},
+		{"not a node path", func(c *x509.Certificate) { c.URIs = []*url.URL{mustURL(t, "spiffe://compute.example.com/site/s1")} }, nil, "not a node ID"},
+		{"extra segment", func(c *x509.Certificate) { c.URIs = []*url.URL{mustURL(t, spiffeURI+"/x")} }, nil, "not a node ID"},
+		{"no OU", func(c *x509.Certificate) { c.Subject.OrganizationalUnit = nil }, nil, "exactly one subject OU"},
+		{"two OUs", func(c *x509.Certificate) { c.Subject.OrganizationalUnit = []string{"bc-role:node", "bc-role:site"} }, nil, "exactly one subject OU"},
+		{"unknown role", func(c *x509.Certificate) { c.Subject.OrganizationalUnit = []string{"bc-role:root"} }, nil, "is not a role"},
+		{"DNS SAN", func(c *x509.Certificate) { c.DNSNames = []string{"x.example.com"} }, nil, "unexpected DNS"},
+		{"server only", func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} }, nil, "clientAuth"},
+		{"CA", func(c *x509.Certificate) { c.IsCA = true; c.KeyUsage |= x509.KeyUsageCertSign }, nil, "CA certificate"},
+		{"P-384 key", func(*x509.Certificate) {}, mustP384(t), "not ECDSA P-256"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tmpl := base()
+			tt.edit(tmpl)
+			var pub crypto.PublicKey = newP256(t).Public()
+			if tt.key != nil {
+				pub = tt.key.Public()
+			}
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, b.NodeCA, pub, b.NodeCAKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = ParseNodeCert(der)
+			if tt.msg == "" {
+				if err != nil {
+					t.Errorf("ParseNodeCert: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("err = %v, want %q", err, tt.msg)
+			}
+		})
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func mustP384(t *testing.T) crypto.Signer {
+	k, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func BenchmarkSignNodeCert(b *testing.B) {
+	bundle := newBundle(b)
+	csr := newCSR(b, newP256(b))
+	p := nodeParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SignNodeCert(bundle.NodeCA, bundle.NodeCAKey, csr, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSignNodeCertKey(b *testing.B) {
+	bundle := newBundle(b)
+	pub, err := ParseCSR(newCSR(b, newP256(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := nodeParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := SignNodeCertKey(bundle.NodeCA, bundle.NodeCAKey, pub, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
