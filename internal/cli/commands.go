@@ -93,16 +93,8 @@ on stderr; a failed or expired command is an error.`,
 			if err := required("tenant", lTenant); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.Command, string, error) {
-				res, err := c.Commands.ListCommands(cmd.Context(), connect.NewRequest(&bcv1.ListCommandsRequest{TenantId: lTenant, NodeId: node, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.Command](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListCommandsResponse], error) {
+				return c.Commands.ListCommands(cmd.Context(), connect.NewRequest(&bcv1.ListCommandsRequest{TenantId: lTenant, NodeId: node, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err

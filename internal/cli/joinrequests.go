@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -84,17 +85,9 @@ field of each request.`,
 					states = append(states, s)
 				}
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			items, err := allPages(func(tok string) ([]*bcv1.JoinRequest, string, error) {
-				res, err := c.JoinRequests.ListJoinRequests(cmd.Context(), connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: lTenant, PoolId: lPool,
+			items, err := listAll[*bcv1.JoinRequest](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListJoinRequestsResponse], error) {
+				return c.JoinRequests.ListJoinRequests(cmd.Context(), connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: lTenant, PoolId: lPool,
 					State: states, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
 			})
 			if err != nil {
 				return err

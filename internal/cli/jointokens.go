@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -174,16 +175,8 @@ func (a *app) joinTokensListCmd() *cobra.Command {
 			if err := required("pool", lPool); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			items, err := allPages(func(tok string) ([]*bcv1.JoinToken, string, error) {
-				res, err := c.JoinTokens.ListJoinTokens(cmd.Context(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: lTenant, PoolId: lPool, IncludeInactive: all, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			items, err := listAll[*bcv1.JoinToken](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListJoinTokensResponse], error) {
+				return c.JoinTokens.ListJoinTokens(cmd.Context(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: lTenant, PoolId: lPool, IncludeInactive: all, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err

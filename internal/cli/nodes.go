@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/cli/client"
 )
 
 func (a *app) nodesCmd() *cobra.Command {
@@ -19,16 +20,8 @@ func (a *app) nodesCmd() *cobra.Command {
 			if err := required("tenant", tenant); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.Node, string, error) {
-				res, err := c.Nodes.ListNodes(cmd.Context(), connect.NewRequest(&bcv1.ListNodesRequest{TenantId: tenant, PoolId: pool, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.Node](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListNodesResponse], error) {
+				return c.Nodes.ListNodes(cmd.Context(), connect.NewRequest(&bcv1.ListNodesRequest{TenantId: tenant, PoolId: pool, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -55,16 +56,8 @@ func (a *app) tenantsCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.Tenant, string, error) {
-				res, err := c.Tenants.ListTenants(cmd.Context(), connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.Tenant](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListTenantsResponse], error) {
+				return c.Tenants.ListTenants(cmd.Context(), connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err
@@ -139,16 +132,8 @@ func (a *app) sitesCmd() *cobra.Command {
 			if err := required("tenant", lTenant); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.Site, string, error) {
-				res, err := c.Sites.ListSites(cmd.Context(), connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.Site](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListSitesResponse], error) {
+				return c.Sites.ListSites(cmd.Context(), connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err
@@ -298,16 +283,8 @@ func (a *app) poolsListCmd() *cobra.Command {
 			if err := required("tenant", lTenant); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.Pool, string, error) {
-				res, err := c.Pools.ListPools(cmd.Context(), connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.Pool](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListPoolsResponse], error) {
+				return c.Pools.ListPools(cmd.Context(), connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err
@@ -480,16 +457,8 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 			if err := required("tenant", lTenant); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			all, err := allPages(func(tok string) ([]*bcv1.ApiKey, string, error) {
-				res, err := c.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
-				if err != nil {
-					return nil, "", err
-				}
-				return res.Msg.Items, res.Msg.NextPageToken, nil
+			all, err := listAll[*bcv1.ApiKey](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListApiKeysResponse], error) {
+				return c.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
 			})
 			if err != nil {
 				return err

@@ -7,6 +7,7 @@ package cli
 
 import (
 	"bytes"
+	"connectrpc.com/connect"
 	"context"
 	"encoding/json"
 	"errors"
@@ -190,6 +191,31 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 		}
 		token = next
 	}
+}
+
+// pageOf is a List call's answer: its items and the next page's token.
+type pageOf[T, R any] interface {
+	*R
+	GetItems() []T
+	GetNextPageToken() string
+}
+
+// listAll reads every page of one List call through the API client: the
+// plumbing every list subcommand shares. T is the item type (the response
+// type is inferred from call).
+func listAll[T, R any, PR pageOf[T, R]](a *app, call func(c *client.Client, token string) (*connect.Response[R], error)) ([]T, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	return allPages(func(tok string) ([]T, string, error) {
+		res, err := call(c, tok)
+		if err != nil {
+			return nil, "", err
+		}
+		m := PR(res.Msg)
+		return m.GetItems(), m.GetNextPageToken(), nil
+	})
 }
 
 // table prints rows under a header, aligned. Every cell is escaped

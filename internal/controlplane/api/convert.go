@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -226,4 +227,35 @@ func mergePolicy(old tenancy.Policy, req *bcv1.PoolPolicy, paths []string) tenan
 		}
 	}
 	return out
+}
+
+// listed is one page of a List call's answer: the items converted for the
+// wire and the token of the next page ("" on the last).
+type listed[P any] struct {
+	items []P
+	next  string
+}
+
+// listPage is every List method's plumbing: the caller's principal, the
+// page arguments, one read of the domain service (fetch), and the items
+// converted with pb, the next page token taken from the last item's id.
+func listPage[T, P any](ctx context.Context, size int32, token string, fetch func(p authz.Principal, after string, limit int) ([]T, error),
+	id func(T) string, pb func(T) P) (listed[P], error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return listed[P]{}, err
+	}
+	limit, after, err := pageArgs(size, token)
+	if err != nil {
+		return listed[P]{}, err
+	}
+	items, err := fetch(p, after, limit)
+	if err != nil {
+		return listed[P]{}, err
+	}
+	out := listed[P]{items: make([]P, 0, len(items)), next: next(items, limit, id)}
+	for _, it := range items {
+		out.items = append(out.items, pb(it))
+	}
+	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 )
 
@@ -23,24 +24,13 @@ func joinRequestPB(r store.JoinRequest) *bcv1.JoinRequest {
 }
 
 func (o *operator) ListJoinRequests(ctx context.Context, req *connect.Request[bcv1.ListJoinRequestsRequest]) (*connect.Response[bcv1.ListJoinRequestsResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.JoinRequest, error) {
+		return o.s.joinReqs.List(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), req.Msg.GetState(), after, limit)
+	}, func(x store.JoinRequest) string { return x.ID }, joinRequestPB)
 	if err != nil {
 		return nil, err
 	}
-	m := req.Msg
-	limit, after, err := pageArgs(m.GetPageSize(), m.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.joinReqs.List(ctx, p, m.GetTenantId(), m.GetPoolId(), m.GetState(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListJoinRequestsResponse{NextPageToken: next(items, limit, func(r store.JoinRequest) string { return r.ID })}
-	for _, r := range items {
-		out.Items = append(out.Items, joinRequestPB(r))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListJoinRequestsResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) ApproveJoinRequest(ctx context.Context, req *connect.Request[bcv1.ApproveJoinRequestRequest]) (*connect.Response[bcv1.JoinRequest], error) {

@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/nodes"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 )
@@ -39,23 +40,13 @@ func (o *operator) CreateNode(ctx context.Context, req *connect.Request[bcv1.Cre
 }
 
 func (o *operator) ListNodes(ctx context.Context, req *connect.Request[bcv1.ListNodesRequest]) (*connect.Response[bcv1.ListNodesResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.Node, error) {
+		return o.s.nodes.List(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), after, limit)
+	}, func(x store.Node) string { return x.ID }, nodePB)
 	if err != nil {
 		return nil, err
 	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.nodes.List(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListNodesResponse{NextPageToken: next(items, limit, func(n store.Node) string { return n.ID })}
-	for _, n := range items {
-		out.Items = append(out.Items, nodePB(n))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListNodesResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) GetNode(ctx context.Context, req *connect.Request[bcv1.GetNodeRequest]) (*connect.Response[bcv1.Node], error) {

@@ -59,24 +59,14 @@ func (o *operator) GetTenant(ctx context.Context, req *connect.Request[bcv1.GetT
 }
 
 func (o *operator) ListTenants(ctx context.Context, req *connect.Request[bcv1.ListTenantsRequest]) (*connect.Response[bcv1.ListTenantsResponse], error) {
-	p, err := principal(ctx)
-	if err != nil {
-		return nil, err
-	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.tenancy.ListTenants(ctx, p, after, limit)
-	if err != nil {
-		return nil, err
-	}
 	root := o.root(ctx)
-	out := &bcv1.ListTenantsResponse{NextPageToken: next(items, limit, func(t store.Tenant) string { return t.ID })}
-	for _, t := range items {
-		out.Items = append(out.Items, tenantPB(t, root))
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.Tenant, error) {
+		return o.s.tenancy.ListTenants(ctx, p, after, limit)
+	}, func(x store.Tenant) string { return x.ID }, func(t store.Tenant) *bcv1.Tenant { return tenantPB(t, root) })
+	if err != nil {
+		return nil, err
 	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListTenantsResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) CreateSite(ctx context.Context, req *connect.Request[bcv1.CreateSiteRequest]) (*connect.Response[bcv1.Site], error) {
@@ -104,23 +94,13 @@ func (o *operator) GetSite(ctx context.Context, req *connect.Request[bcv1.GetSit
 }
 
 func (o *operator) ListSites(ctx context.Context, req *connect.Request[bcv1.ListSitesRequest]) (*connect.Response[bcv1.ListSitesResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.Site, error) {
+		return o.s.tenancy.ListSites(ctx, p, req.Msg.GetTenantId(), after, limit)
+	}, func(x store.Site) string { return x.ID }, sitePB)
 	if err != nil {
 		return nil, err
 	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.tenancy.ListSites(ctx, p, req.Msg.GetTenantId(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListSitesResponse{NextPageToken: next(items, limit, func(s store.Site) string { return s.ID })}
-	for _, s := range items {
-		out.Items = append(out.Items, sitePB(s))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListSitesResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) CreatePool(ctx context.Context, req *connect.Request[bcv1.CreatePoolRequest]) (*connect.Response[bcv1.Pool], error) {
@@ -149,23 +129,13 @@ func (o *operator) GetPool(ctx context.Context, req *connect.Request[bcv1.GetPoo
 }
 
 func (o *operator) ListPools(ctx context.Context, req *connect.Request[bcv1.ListPoolsRequest]) (*connect.Response[bcv1.ListPoolsResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.Pool, error) {
+		return o.s.tenancy.ListPools(ctx, p, req.Msg.GetTenantId(), req.Msg.GetSiteId(), after, limit)
+	}, func(x store.Pool) string { return x.ID }, poolPB)
 	if err != nil {
 		return nil, err
 	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.tenancy.ListPools(ctx, p, req.Msg.GetTenantId(), req.Msg.GetSiteId(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListPoolsResponse{NextPageToken: next(items, limit, func(p store.Pool) string { return p.ID })}
-	for _, x := range items {
-		out.Items = append(out.Items, poolPB(x))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListPoolsResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) UpdatePoolPolicy(ctx context.Context, req *connect.Request[bcv1.UpdatePoolPolicyRequest]) (*connect.Response[bcv1.Pool], error) {
@@ -208,23 +178,13 @@ func (o *operator) CreateApiKey(ctx context.Context, req *connect.Request[bcv1.C
 }
 
 func (o *operator) ListApiKeys(ctx context.Context, req *connect.Request[bcv1.ListApiKeysRequest]) (*connect.Response[bcv1.ListApiKeysResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.APIKeyRow, error) {
+		return o.s.authz.ListKeys(ctx, p, req.Msg.GetTenantId(), after, limit)
+	}, func(x store.APIKeyRow) string { return x.ID }, apiKeyPB)
 	if err != nil {
 		return nil, err
 	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.authz.ListKeys(ctx, p, req.Msg.GetTenantId(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListApiKeysResponse{NextPageToken: next(items, limit, func(k store.APIKeyRow) string { return k.ID })}
-	for _, k := range items {
-		out.Items = append(out.Items, apiKeyPB(k))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListApiKeysResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) RevokeApiKey(ctx context.Context, req *connect.Request[bcv1.RevokeApiKeyRequest]) (*connect.Response[bcv1.RevokeApiKeyResponse], error) {
@@ -259,23 +219,13 @@ func (o *operator) CreateJoinToken(ctx context.Context, req *connect.Request[bcv
 }
 
 func (o *operator) ListJoinTokens(ctx context.Context, req *connect.Request[bcv1.ListJoinTokensRequest]) (*connect.Response[bcv1.ListJoinTokensResponse], error) {
-	p, err := principal(ctx)
+	pg, err := listPage(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken(), func(p authz.Principal, after string, limit int) ([]store.JoinToken, error) {
+		return o.s.tokens.List(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), req.Msg.GetIncludeInactive(), after, limit)
+	}, func(x store.JoinToken) string { return x.ID }, joinTokenPB)
 	if err != nil {
 		return nil, err
 	}
-	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
-	if err != nil {
-		return nil, err
-	}
-	items, err := o.s.tokens.List(ctx, p, req.Msg.GetTenantId(), req.Msg.GetPoolId(), req.Msg.GetIncludeInactive(), after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := &bcv1.ListJoinTokensResponse{NextPageToken: next(items, limit, func(t store.JoinToken) string { return t.ID })}
-	for _, t := range items {
-		out.Items = append(out.Items, joinTokenPB(t))
-	}
-	return connect.NewResponse(out), nil
+	return connect.NewResponse(&bcv1.ListJoinTokensResponse{Items: pg.items, NextPageToken: pg.next}), nil
 }
 
 func (o *operator) RevokeJoinToken(ctx context.Context, req *connect.Request[bcv1.RevokeJoinTokenRequest]) (*connect.Response[bcv1.JoinToken], error) {
