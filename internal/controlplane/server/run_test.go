@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -225,4 +226,34 @@ func truncate(m map[string]string) map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// A listener that cannot start stops Run, and every listener Run had
+// started by then is closed: the metrics listener no longer answers once
+// the agent listener's address was taken.
+func TestRunClosesStartedListenersOnFailure(t *testing.T) {
+	dir, secret, _, certFile, keyFile := tlsFixture(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := Config{
+		Listen: "127.0.0.1:0", RootTenant: "root",
+		TLS:     TLSConfig{CertFile: certFile, KeyFile: keyFile},
+		Store:   store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
+		PKI:     PKIConfig{Dir: filepath.Join(dir, "pki")},
+		Metrics: MetricsConfig{Listen: "127.0.0.1:0"},
+		Agent:   AgentConfig{Listen: taken.Addr().String(), CertFile: certFile, KeyFile: keyFile},
+	}
+	metrics := make(chan string, 1)
+	err = Run(context.Background(), cfg, Options{Secret: secret, MetricsReady: func(a string) { metrics <- a }})
+	if err == nil {
+		t.Fatal("Run served with the agent listener's address taken")
+	}
+	addr := <-metrics
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatalf("the metrics listener %s still accepts after Run failed (%v)", addr, err)
+	}
 }

@@ -122,6 +122,16 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
 	}
 	errc := make(chan error, 3)
+	// Every server started is closed on every way out of Run: a listener
+	// that fails to start, or one that fails while serving, must not leave
+	// the others serving (the graceful path below shuts them down first,
+	// and closing a shut-down server is harmless).
+	started := []*http.Server{hs}
+	defer func() {
+		for _, s := range started {
+			_ = s.Close()
+		}
+	}()
 	go func() {
 		var err error
 		if cfg.TLS.CertFile != "" {
@@ -135,13 +145,17 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	}()
 	ms, err := serveMetrics(cfg, o, log, reg, errc)
 	if err != nil {
-		hs.Close()
 		return err
+	}
+	if ms != nil {
+		started = append(started, ms)
 	}
 	as, err := serveAgent(cfg, o, log, srv, bundle, errLog, errc)
 	if err != nil {
-		hs.Close()
 		return err
+	}
+	if as != nil {
+		started = append(started, as)
 	}
 	stopBackground := runBackground(ctx, db, srv, log)
 	defer stopBackground()
