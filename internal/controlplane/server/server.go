@@ -73,33 +73,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	var gw *api.GatewayInfo
-	if cfg.Gateway.URL != "" {
-		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
-	}
-	if o.Bundle != nil {
-		o.Bundle(bundle)
-	}
-	tpmPools, err := cfg.Join.TPM.AttestorPools()
+	srv, err := newAPI(ctx, cfg, o, db, bundle, log)
 	if err != nil {
 		return err
-	}
-	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
-		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
-		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
-		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
-	if err != nil {
-		return err
-	}
-	if _, created, err := srv.Tenancy().Bootstrap(ctx, cfg.RootTenant); err != nil {
-		return fmt.Errorf("bootstrap root tenant: %w", err)
-	} else if created {
-		log.Info("created root tenant", "name", cfg.RootTenant)
-	}
-	if o.Setup != nil {
-		if err := o.Setup(ctx, srv, db); err != nil {
-			return err
-		}
 	}
 
 	reg, handler := apiMetrics(srv)
@@ -216,6 +192,40 @@ func instrument(h http.Handler, label func(*http.Request) string, reqs *promethe
 		reqs.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
 		dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	})
+}
+
+// newAPI builds the API server on db and bundle and makes sure the root
+// tenant exists, then runs o.Setup.
+func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *pki.Bundle, log *slog.Logger) (*api.Server, error) {
+	var gw *api.GatewayInfo
+	if cfg.Gateway.URL != "" {
+		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
+	}
+	if o.Bundle != nil {
+		o.Bundle(bundle)
+	}
+	tpmPools, err := cfg.Join.TPM.AttestorPools()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
+		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
+	if err != nil {
+		return nil, err
+	}
+	if _, created, err := srv.Tenancy().Bootstrap(ctx, cfg.RootTenant); err != nil {
+		return nil, fmt.Errorf("bootstrap root tenant: %w", err)
+	} else if created {
+		log.Info("created root tenant", "name", cfg.RootTenant)
+	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, srv, db); err != nil {
+			return nil, err
+		}
+	}
+	return srv, nil
 }
 
 // serveMetrics serves Prometheus metrics (and pprof when configured) on
