@@ -9,21 +9,9 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 )
-
-// wantErr fails unless err carries code and message (msg "" skips the
-// message).
-func wantErr(t *testing.T, err error, code errs.Code, msg string) {
-	t.Helper()
-	e, ok := errs.As(err)
-	if !ok {
-		t.Fatalf("want %s %q, got %v", code, msg, err)
-	}
-	if e.Code != code || (msg != "" && e.Message != msg) {
-		t.Fatalf("want %s %q, got %s %q", code, msg, e.Code, e.Message)
-	}
-}
 
 // R1.2: a grant pattern is exact, "*", or a prefix ending in "*", on both
 // the action and the resource.
@@ -131,7 +119,7 @@ func TestRequire(t *testing.T) {
 				}
 				return
 			}
-			wantErr(t, err, tc.code, tc.msg)
+			errstest.Want(t, err, tc.code, tc.msg)
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 	"github.com/better-compute/better-compute/internal/shared/secret"
 )
 
@@ -68,7 +69,7 @@ func TestAuthenticate(t *testing.T) {
 		} {
 			t.Run(name, func(t *testing.T) {
 				_, err := authz.Authenticate(ctx, db, b)
-				wantErr(t, err, errs.Unauthenticated, unauthMsg)
+				errstest.Want(t, err, errs.Unauthenticated, unauthMsg)
 			})
 		}
 	})
@@ -120,7 +121,7 @@ func TestCreateKey(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				row, bearer, err := f.svc.CreateKey(ctx, tc.p, tc.tenant, tc.key, tc.grants, tc.ttl)
 				if tc.code != "" {
-					wantErr(t, err, tc.code, tc.msg)
+					errstest.Want(t, err, tc.code, tc.msg)
 					return
 				}
 				if err != nil {
@@ -160,7 +161,7 @@ func TestRevokeKey(t *testing.T) {
 			t.Fatalf("revoked key: %v", err)
 		}
 		rootKey := idOf(t, rootBearer)
-		wantErr(t, f.svc.RevokeKey(ctx, admin, f.acme, rootKey), errs.NotFound, "API key "+rootKey+" not found")
+		errstest.Want(t, f.svc.RevokeKey(ctx, admin, f.acme, rootKey), errs.NotFound, "API key "+rootKey+" not found")
 		if _, err := authz.Authenticate(ctx, db, rootBearer); err != nil {
 			t.Fatalf("another tenant's key must live on: %v", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // R11.3: a deploy makes a node ahead of its machine: pending, identity
@@ -37,11 +38,11 @@ func TestCreate(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := f.svc.Create(ctx, tc.p, tc.r)
-				wantErr(t, err, tc.code, tc.msg)
+				errstest.Want(t, err, tc.code, tc.msg)
 			})
 		}
 		n, err := f.svc.Create(ctx, f.grants(authz.Grant{Action: authz.NodesCreate, Resource: authz.PoolResource(f.gpu.ID)}), ok)
-		must(t, err)
+		errstest.Must(t, err)
 		if n.State != store.NodePending || n.IdentityGeneration != 0 || n.HardwareKey != nil || n.Hostname != "gpu-01.lab" ||
 			n.PoolID != f.gpu.ID || n.SiteID != f.gpu.SiteID || n.Role != "node" {
 			t.Fatalf("node made ahead = %+v", n)
@@ -64,7 +65,7 @@ func TestCreateIdempotency(t *testing.T) {
 		f := newFixture(t, db)
 		base := nodes.CreateRequest{TenantID: f.acme, PoolID: f.gpu.ID, Hostname: "gpu-01", IdempotencyKey: "deploy-7"}
 		first, err := f.svc.Create(ctx, f.admin, base)
-		must(t, err)
+		errstest.Must(t, err)
 		for _, tc := range []struct {
 			name string
 			r    nodes.CreateRequest
@@ -79,13 +80,13 @@ func TestCreateIdempotency(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				n, err := f.svc.Create(ctx, f.admin, tc.r)
 				if tc.msg != "" {
-					wantErr(t, err, errs.Conflict, tc.msg)
+					errstest.Want(t, err, errs.Conflict, tc.msg)
 					if tc.r.PoolID != f.gpu.ID && strings.Contains(err.Error(), first.ID) {
 						t.Fatal("a key of another pool must not name its node")
 					}
 					return
 				}
-				must(t, err)
+				errstest.Must(t, err)
 				if n.ID != first.ID {
 					t.Fatalf("replay made %s, want %s", n.ID, first.ID)
 				}
@@ -124,7 +125,7 @@ func TestGetAndList(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				d, err := f.svc.Get(ctx, tc.p, tc.tenant, n.ID)
 				if tc.code != "" {
-					wantErr(t, err, tc.code, notFound)
+					errstest.Want(t, err, tc.code, notFound)
 					return
 				}
 				if err != nil || d.Node.ID != n.ID || len(d.Certs) != 1 {
@@ -133,14 +134,14 @@ func TestGetAndList(t *testing.T) {
 			})
 		}
 		_, err := f.svc.Get(ctx, f.admin, f.acme, "node_missing")
-		wantErr(t, err, errs.NotFound, "node node_missing not found")
+		errstest.Want(t, err, errs.NotFound, "node node_missing not found")
 
 		if l, err := f.svc.List(ctx, onPool, f.acme, f.gpu.ID, "", 100); err != nil || len(l) != 1 {
 			t.Fatalf("list the pool: %d, %v", len(l), err)
 		}
 		_, err = f.svc.List(ctx, other, f.acme, f.gpu.ID, "", 100)
-		wantErr(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
 		_, err = f.svc.List(ctx, onPool, f.acme, "", "", 100)
-		wantErr(t, err, errs.AccessDenied, "compute:nodes:read is not allowed on compute-pool/*")
+		errstest.Want(t, err, errs.AccessDenied, "compute:nodes:read is not allowed on compute-pool/*")
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/nodes"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
-	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
@@ -30,19 +30,19 @@ func newFixture(t *testing.T, db *store.DB) *fixture {
 	ctx := context.Background()
 	ten := tenancy.New(tenancy.Config{DB: db})
 	root, _, err := ten.Bootstrap(ctx, "root")
-	must(t, err)
+	errstest.Must(t, err)
 	ops := authz.Principal{ID: "prn_ops", TenantID: root.ID, Root: true, Grants: authz.Admin}
 	f := &fixture{db: db, ended: make(chan string, 16)}
 	f.svc = nodes.New(nodes.Config{DB: db, EndSession: func(id string) { f.ended <- id }})
 	for _, name := range []string{"acme", "globex"} {
 		tn, err := ten.CreateTenant(ctx, ops, name)
-		must(t, err)
+		errstest.Must(t, err)
 		p := authz.Principal{ID: "prn_" + name, TenantID: tn.ID, Grants: authz.Admin}
 		site, err := ten.CreateSite(ctx, p, tn.ID, "lab", "")
-		must(t, err)
+		errstest.Must(t, err)
 		pool := func(name, agent string) store.Pool {
 			pl, err := ten.CreatePool(ctx, p, tn.ID, site.ID, name, agent, tenancy.Policy{})
-			must(t, err)
+			errstest.Must(t, err)
 			return pl
 		}
 		if name == "acme" {
@@ -66,7 +66,7 @@ func (f *fixture) joined(t *testing.T, pool store.Pool) (store.Node, string, str
 		State: store.NodeAdopted, IdentityGeneration: 1, NodeKey: "unattested", Attestor: "join-token", Claims: []byte(`{}`)}
 	serial := ids.New("serial", now)
 	cmd := ids.New(ids.Command, now)
-	must(t, f.db.WithTx(ctx, func(tx *store.Tx) error {
+	errstest.Must(t, f.db.WithTx(ctx, func(tx *store.Tx) error {
 		var err error
 		if n, err = tx.InsertNode(ctx, n); err != nil {
 			return err
@@ -80,33 +80,13 @@ func (f *fixture) joined(t *testing.T, pool store.Pool) (store.Node, string, str
 	return n, serial, cmd
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// wantErr fails unless err carries code and message (msg "" skips the
-// message).
-func wantErr(t *testing.T, err error, code errs.Code, msg string) {
-	t.Helper()
-	e, ok := errs.As(err)
-	if !ok {
-		t.Fatalf("want %s %q, got %v", code, msg, err)
-	}
-	if e.Code != code || (msg != "" && e.Message != msg) {
-		t.Fatalf("want %s %q, got %s %q", code, msg, e.Code, e.Message)
-	}
-}
-
 // events counts tenant's events of type typ.
 func (f *fixture) events(t *testing.T, tenant, typ string) int {
 	t.Helper()
 	ctx := context.Background()
-	must(t, f.db.WaitEventsVisible(ctx, tenant, 10*time.Second))
+	errstest.Must(t, f.db.WaitEventsVisible(ctx, tenant, 10*time.Second))
 	n := 0
-	must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
+	errstest.Must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
 		evs, err := tx.ListEvents(ctx, tenant, 0, 0, typ, 1000)
 		for _, e := range evs {
 			if e.Type == typ {

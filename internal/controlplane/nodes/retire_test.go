@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // R13.2, R12.1: retiring a node, in one transaction, makes it retired with
@@ -24,14 +25,14 @@ func TestRetire(t *testing.T) {
 		f := newFixture(t, db)
 		n, serial, cmd := f.joined(t, f.gpu)
 		got, err := f.svc.Retire(ctx, f.admin, f.acme, n.ID, "  decommissioned  ")
-		must(t, err)
+		errstest.Must(t, err)
 		if got.State != store.NodeRetired || got.StateReason != "decommissioned" {
 			t.Fatalf("retired node = %s %q", got.State, got.StateReason)
 		}
 		if id := f.sessionEnded(t); id != n.ID {
 			t.Fatalf("session of %s ended, want %s", id, n.ID)
 		}
-		must(t, db.ReadTx(ctx, func(tx *store.Tx) error {
+		errstest.Must(t, db.ReadTx(ctx, func(tx *store.Tx) error {
 			c, err := tx.GetNodeCert(ctx, serial)
 			if err != nil {
 				return err
@@ -75,9 +76,9 @@ func TestRetire(t *testing.T) {
 func (f *fixture) retiredEvent(t *testing.T) map[string]any {
 	t.Helper()
 	ctx := context.Background()
-	must(t, f.db.WaitEventsVisible(ctx, f.acme, 10*time.Second))
+	errstest.Must(t, f.db.WaitEventsVisible(ctx, f.acme, 10*time.Second))
 	var data map[string]any
-	must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
+	errstest.Must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
 		evs, err := tx.ListEvents(ctx, f.acme, 0, 0, "node.retired", 10)
 		if err != nil || len(evs) != 1 {
 			t.Fatalf("node.retired events: %d, %v", len(evs), err)
@@ -117,7 +118,7 @@ func TestRetireRefusals(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := f.svc.Retire(ctx, tc.p, tc.tenant, tc.node, tc.reason)
-				wantErr(t, err, tc.code, tc.msg)
+				errstest.Want(t, err, tc.code, tc.msg)
 			})
 		}
 		// Granted on the node itself, with no reason: the default one.
@@ -131,7 +132,7 @@ func TestRetireRefusals(t *testing.T) {
 		}
 		// A pending node made ahead retires too, with nothing to revoke.
 		p, err := f.svc.Create(ctx, f.admin, nodes.CreateRequest{TenantID: f.acme, PoolID: f.gpu.ID})
-		must(t, err)
+		errstest.Must(t, err)
 		if got, err := f.svc.Retire(ctx, f.admin, f.acme, p.ID, ""); err != nil || got.State != store.NodeRetired {
 			t.Fatalf("retire a pending node: %+v, %v", got, err)
 		}

@@ -8,20 +8,8 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
-
-// wantErr fails unless err carries code and message (msg "" skips the
-// message).
-func wantErr(t *testing.T, err error, code errs.Code, msg string) {
-	t.Helper()
-	e, ok := errs.As(err)
-	if !ok {
-		t.Fatalf("want %s %q, got %v", code, msg, err)
-	}
-	if e.Code != code || (msg != "" && e.Message != msg) {
-		t.Fatalf("want %s %q, got %s %q", code, msg, e.Code, e.Message)
-	}
-}
 
 // R1.1, R6.4, R10.4: a pool policy names known attestors once each, a known
 // approval mode, and no negative acceptance minimum.
@@ -54,7 +42,7 @@ func TestPolicyValidate(t *testing.T) {
 				}
 				return
 			}
-			wantErr(t, err, errs.InvalidArgument, tc.msg)
+			errstest.Want(t, err, errs.InvalidArgument, tc.msg)
 			if e, _ := errs.As(err); e.Field != tc.field {
 				t.Fatalf("field = %q, want %q", e.Field, tc.field)
 			}
@@ -121,6 +109,6 @@ func TestRunsDaemon(t *testing.T) {
 	if err := tenancy.RunsDaemon(store.Pool{ID: "pool_1", Agent: "bcd"}, "join tokens"); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, tenancy.RunsDaemon(store.Pool{ID: "pool_1", Agent: "ipmi"}, "join tokens"), errs.InvalidState,
+	errstest.Want(t, tenancy.RunsDaemon(store.Pool{ID: "pool_1", Agent: "ipmi"}, "join tokens"), errs.InvalidState,
 		`pool pool_1 runs no daemon (agent "ipmi"): join tokens are only for pools with agent "bcd"`)
 }

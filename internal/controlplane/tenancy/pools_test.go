@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // R1.1: a pool lives on a site its tenant owns or a platform site, with an
@@ -44,7 +45,7 @@ func TestCreatePool(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				pool, err := f.svc.CreatePool(ctx, tc.p, tc.tenant, tc.site, tc.pool, tc.agent, tc.policy)
 				if tc.code != "" {
-					wantErr(t, err, tc.code, tc.msg)
+					errstest.Want(t, err, tc.code, tc.msg)
 					return
 				}
 				if err != nil {
@@ -98,7 +99,7 @@ func TestPoolFor(t *testing.T) {
 						t.Fatal(err)
 					}
 				} else {
-					wantErr(t, err, tc.code, tc.msg)
+					errstest.Want(t, err, tc.code, tc.msg)
 				}
 				// GetPool decides the same way for compute:pools:read.
 				if tc.action == authz.PoolsRead {
@@ -146,12 +147,12 @@ func TestPatchPoolPolicy(t *testing.T) {
 			p.Discovery.Approval = "sometimes"
 			return p, nil
 		})
-		wantErr(t, err, errs.InvalidArgument, "")
+		errstest.Want(t, err, errs.InvalidArgument, "")
 		_, err = f.svc.UpdatePoolPolicy(ctx, f.globAdm, f.globex.ID, pool.ID, tenancy.Policy{})
-		wantErr(t, err, errs.NotFound, "pool "+pool.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "pool "+pool.ID+" not found")
 		reader := authz.Principal{TenantID: f.acme.ID, Grants: []authz.Grant{{Action: authz.PoolsRead, Resource: "*"}}}
 		_, err = f.svc.UpdatePoolPolicy(ctx, reader, f.acme.ID, pool.ID, tenancy.Policy{})
-		wantErr(t, err, errs.AccessDenied, "compute:pools:update is not allowed on compute-pool/"+pool.ID)
+		errstest.Want(t, err, errs.AccessDenied, "compute:pools:update is not allowed on compute-pool/"+pool.ID)
 
 		after, err := f.svc.GetPool(ctx, f.acmeAdm, f.acme.ID, pool.ID)
 		if p, _ := tenancy.ParsePolicy(after.Policy); err != nil || !reflect.DeepEqual(p, want) {

@@ -9,6 +9,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // fixture is a bootstrapped deployment with two customer tenants, a
@@ -56,7 +57,7 @@ func TestBootstrap(t *testing.T) {
 			t.Fatalf("before bootstrap: %q, %v", id, err)
 		}
 		_, _, err := svc.Bootstrap(ctx, "Root")
-		wantErr(t, err, errs.InvalidArgument, "")
+		errstest.Want(t, err, errs.InvalidArgument, "")
 		first, created, err := svc.Bootstrap(ctx, "root")
 		if err != nil || !created {
 			t.Fatalf("first bootstrap: created=%v, %v", created, err)
@@ -78,15 +79,15 @@ func TestTenants(t *testing.T) {
 		ctx := context.Background()
 		f := newFixture(t, db)
 		_, err := f.svc.CreateTenant(ctx, f.acmeAdm, "initech")
-		wantErr(t, err, errs.AccessDenied, "only platform operators with compute:tenants:create may create tenants")
+		errstest.Want(t, err, errs.AccessDenied, "only platform operators with compute:tenants:create may create tenants")
 		narrowOps := authz.Principal{TenantID: f.root.ID, Root: true, Grants: []authz.Grant{{Action: authz.TenantsRead, Resource: "*"}}}
 		_, err = f.svc.CreateTenant(ctx, narrowOps, "initech")
-		wantErr(t, err, errs.AccessDenied, "")
+		errstest.Want(t, err, errs.AccessDenied, "")
 		_, err = f.svc.CreateTenant(ctx, f.ops, "acme")
-		wantErr(t, err, errs.AlreadyExists, `a tenant named "acme" exists`)
+		errstest.Want(t, err, errs.AlreadyExists, `a tenant named "acme" exists`)
 
 		_, err = f.svc.GetTenant(ctx, f.acmeAdm, f.globex.ID)
-		wantErr(t, err, errs.NotFound, "tenant "+f.globex.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "tenant "+f.globex.ID+" not found")
 		if got, err := f.svc.GetTenant(ctx, f.ops, f.globex.ID); err != nil || got.Name != "globex" {
 			t.Fatalf("operator reads globex: %+v, %v", got, err)
 		}
@@ -130,7 +131,7 @@ func TestSites(t *testing.T) {
 					}
 					return
 				}
-				wantErr(t, err, tc.code, "site "+tc.site+" not found")
+				errstest.Want(t, err, tc.code, "site "+tc.site+" not found")
 			})
 		}
 		globex, err := f.svc.ListSites(ctx, f.globAdm, f.globex.ID, "", 100)
@@ -138,13 +139,13 @@ func TestSites(t *testing.T) {
 			t.Fatalf("globex lists %+v, %v; want the platform site only", globex, err)
 		}
 		_, err = f.svc.CreateSite(ctx, f.acmeAdm, f.acme.ID, "lab", "")
-		wantErr(t, err, errs.AlreadyExists, `a site named "lab" exists in this tenant`)
+		errstest.Want(t, err, errs.AlreadyExists, `a site named "lab" exists in this tenant`)
 		if _, err := f.svc.CreateSite(ctx, f.globAdm, f.globex.ID, "lab", ""); err != nil {
 			t.Fatalf("site names are per tenant: %v", err)
 		}
 		_, err = f.svc.CreateSite(ctx, f.acmeAdm, f.acme.ID, "lab-2", "EU West")
-		wantErr(t, err, errs.InvalidArgument, "")
+		errstest.Want(t, err, errs.InvalidArgument, "")
 		_, err = f.svc.CreateSite(ctx, f.acmeAdm, f.globex.ID, "x", "")
-		wantErr(t, err, errs.NotFound, "tenant "+f.globex.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "tenant "+f.globex.ID+" not found")
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
-	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // fixture is acme with two daemon pools and one that runs no daemon, and
@@ -27,18 +27,18 @@ func newFixture(t *testing.T, db *store.DB) *fixture {
 	ctx := context.Background()
 	ten := tenancy.New(tenancy.Config{DB: db})
 	root, _, err := ten.Bootstrap(ctx, "root")
-	must(t, err)
+	errstest.Must(t, err)
 	ops := authz.Principal{ID: "prn_ops", TenantID: root.ID, Root: true, Grants: authz.Admin}
 	f := &fixture{db: db, svc: tokens.New(tokens.Config{DB: db})}
 	for _, name := range []string{"acme", "globex"} {
 		tn, err := ten.CreateTenant(ctx, ops, name)
-		must(t, err)
+		errstest.Must(t, err)
 		p := authz.Principal{ID: "prn_" + name, TenantID: tn.ID, Name: name, Grants: authz.Admin}
 		site, err := ten.CreateSite(ctx, p, tn.ID, "lab", "")
-		must(t, err)
+		errstest.Must(t, err)
 		pool := func(name, agent string) store.Pool {
 			pl, err := ten.CreatePool(ctx, p, tn.ID, site.ID, name, agent, tenancy.Policy{})
-			must(t, err)
+			errstest.Must(t, err)
 			return pl
 		}
 		if name == "acme" {
@@ -52,31 +52,11 @@ func newFixture(t *testing.T, db *store.DB) *fixture {
 	return f
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// wantErr fails unless err carries code and message (msg "" skips the
-// message).
-func wantErr(t *testing.T, err error, code errs.Code, msg string) {
-	t.Helper()
-	e, ok := errs.As(err)
-	if !ok {
-		t.Fatalf("want %s %q, got %v", code, msg, err)
-	}
-	if e.Code != code || (msg != "" && e.Message != msg) {
-		t.Fatalf("want %s %q, got %s %q", code, msg, e.Code, e.Message)
-	}
-}
-
 // token reads a token back as the store holds it.
 func (f *fixture) token(t *testing.T, id string) store.JoinToken {
 	t.Helper()
 	var tok store.JoinToken
-	must(t, f.db.ReadTx(context.Background(), func(tx *store.Tx) error {
+	errstest.Must(t, f.db.ReadTx(context.Background(), func(tx *store.Tx) error {
 		var err error
 		tok, err = tx.GetJoinToken(context.Background(), id)
 		return err
@@ -88,9 +68,9 @@ func (f *fixture) token(t *testing.T, id string) store.JoinToken {
 func (f *fixture) events(t *testing.T, tenant, typ string) int {
 	t.Helper()
 	ctx := context.Background()
-	must(t, f.db.WaitEventsVisible(ctx, tenant, 10*time.Second))
+	errstest.Must(t, f.db.WaitEventsVisible(ctx, tenant, 10*time.Second))
 	n := 0
-	must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
+	errstest.Must(t, f.db.ReadTx(ctx, func(tx *store.Tx) error {
 		evs, err := tx.ListEvents(ctx, tenant, 0, 0, typ, 1000)
 		for _, e := range evs {
 			if e.Type == typ {

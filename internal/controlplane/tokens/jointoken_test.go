@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/secret"
@@ -107,7 +108,7 @@ func TestCreateRefusals(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := f.svc.Create(ctx, tc.p, tc.r)
-				wantErr(t, err, tc.code, tc.msg)
+				errstest.Want(t, err, tc.code, tc.msg)
 			})
 		}
 		if n := f.events(t, f.acme, "security.join-token.created"); n != 0 {
@@ -123,10 +124,10 @@ func TestCreate(t *testing.T) {
 		ctx := context.Background()
 		f := newFixture(t, db)
 		// The database clock, not the caller's, dates the token.
-		must(t, db.SetClockOffset(ctx, 48*time.Hour))
+		errstest.Must(t, db.SetClockOffset(ctx, 48*time.Hour))
 		c, err := f.svc.Create(ctx, f.admin, tokens.CreateRequest{TenantID: f.acme, PoolID: f.gpu.ID, TTL: 10 * time.Minute,
 			Expect: hwid.Expect{Serial: "SN-1"}, AllowReclaim: true, Hosted: tokens.HostedKubernetes})
-		must(t, err)
+		errstest.Must(t, err)
 		id, plain, ok := tokens.Parse(c.Bearer)
 		if !ok || id != c.Token.ID {
 			t.Fatalf("bearer %q does not name token %s", c.Bearer, c.Token.ID)
@@ -152,7 +153,7 @@ func TestCreate(t *testing.T) {
 			t.Fatalf("%d created events, want 1", n)
 		}
 		// Past the expiry by the database clock, the token is expired.
-		must(t, db.SetClockOffset(ctx, 48*time.Hour+11*time.Minute))
+		errstest.Must(t, db.SetClockOffset(ctx, 48*time.Hour+11*time.Minute))
 		if got := tokens.State(f.token(t, id)); got != tokens.StateExpired {
 			t.Fatalf("state after expiry = %q", got)
 		}
@@ -169,7 +170,7 @@ func TestCreateIdempotency(t *testing.T) {
 		base := tokens.CreateRequest{TenantID: f.acme, PoolID: f.gpu.ID, TTL: time.Hour, IdempotencyKey: "deploy-1",
 			Expect: hwid.Expect{MAC: "00:1b:21:3a:4f:01"}}
 		first, err := f.svc.Create(ctx, f.admin, base)
-		must(t, err)
+		errstest.Must(t, err)
 		with := func(mod func(*tokens.CreateRequest)) tokens.CreateRequest { r := base; mod(&r); return r }
 		conflict := func(field string) string {
 			return `idempotency key "deploy-1" was used for token ` + first.Token.ID + " with another " + field
@@ -191,13 +192,13 @@ func TestCreateIdempotency(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				c, err := f.svc.Create(ctx, f.admin, tc.r)
 				if tc.msg != "" {
-					wantErr(t, err, errs.Conflict, tc.msg)
+					errstest.Want(t, err, errs.Conflict, tc.msg)
 					if strings.Contains(tc.name, "pool") && strings.Contains(err.Error(), first.Token.ID) {
 						t.Fatal("a key of another pool must not name its token")
 					}
 					return
 				}
-				must(t, err)
+				errstest.Must(t, err)
 				if c.Token.ID != first.Token.ID || c.Bearer != "" {
 					t.Fatalf("replay = %s (bearer %q), want %s without a bearer", c.Token.ID, c.Bearer, first.Token.ID)
 				}

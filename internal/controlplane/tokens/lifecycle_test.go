@@ -13,13 +13,14 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/errs/errstest"
 )
 
 // create mints a token in acme's gpu pool.
 func (f *fixture) create(t *testing.T, ttl time.Duration, uses int) tokens.Created {
 	t.Helper()
 	c, err := f.svc.Create(context.Background(), f.admin, tokens.CreateRequest{TenantID: f.acme, PoolID: f.gpu.ID, TTL: ttl, MaxUses: uses})
-	must(t, err)
+	errstest.Must(t, err)
 	return c
 }
 
@@ -27,7 +28,7 @@ func (f *fixture) create(t *testing.T, ttl time.Duration, uses int) tokens.Creat
 func (f *fixture) spend(t *testing.T, id string) bool {
 	t.Helper()
 	var ok bool
-	must(t, f.db.WithTx(context.Background(), func(tx *store.Tx) error {
+	errstest.Must(t, f.db.WithTx(context.Background(), func(tx *store.Tx) error {
 		var err error
 		ok, err = tx.ConsumeJoinTokenUse(context.Background(), id)
 		return err
@@ -58,13 +59,13 @@ func TestLifecycleAndList(t *testing.T) {
 			t.Fatal("a use of a live token refused")
 		}
 		_, err := f.svc.Revoke(ctx, f.admin, f.acme, f.gpu.ID, revoked.Token.ID)
-		must(t, err)
+		errstest.Must(t, err)
 		// A revoked or expired token with uses left answers false at once
 		// (on PostgreSQL it once spun until "the join token is busy").
 		if f.spend(t, revoked.Token.ID) {
 			t.Fatal("a use of a revoked token")
 		}
-		must(t, db.SetClockOffset(ctx, 2*time.Minute))
+		errstest.Must(t, db.SetClockOffset(ctx, 2*time.Minute))
 		if f.spend(t, expiring.Token.ID) {
 			t.Fatal("a use of a token expired at the database clock")
 		}
@@ -72,7 +73,7 @@ func TestLifecycleAndList(t *testing.T) {
 		want := map[string]string{live.Token.ID: tokens.StateLive, usedUp.Token.ID: tokens.StateUsedUp,
 			expiring.Token.ID: tokens.StateExpired, revoked.Token.ID: tokens.StateRevoked}
 		all, err := f.svc.List(ctx, f.admin, f.acme, f.gpu.ID, true, "", 100)
-		must(t, err)
+		errstest.Must(t, err)
 		if len(all) != len(want) {
 			t.Fatalf("includeInactive lists %d tokens, want %d", len(all), len(want))
 		}
@@ -85,12 +86,12 @@ func TestLifecycleAndList(t *testing.T) {
 			t.Errorf("live token has %d uses left, want 2", tok.UsesLeft)
 		}
 		liveOnly, err := f.svc.List(ctx, f.admin, f.acme, f.gpu.ID, false, "", 100)
-		must(t, err)
+		errstest.Must(t, err)
 		if len(liveOnly) != 1 || liveOnly[0].ID != live.Token.ID || liveOnly[0].UsesLeft != 2 {
 			t.Fatalf("live list = %+v, want the live token with 2 uses", liveOnly)
 		}
 		_, err = f.svc.List(ctx, f.globAdm, f.globex, f.gpu.ID, true, "", 100)
-		wantErr(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
 	})
 }
 
@@ -104,7 +105,7 @@ func TestRevoke(t *testing.T) {
 		c := f.create(t, time.Hour, 1)
 		for i := 0; i < 2; i++ {
 			tok, err := f.svc.Revoke(ctx, f.admin, f.acme, f.gpu.ID, c.Token.ID)
-			must(t, err)
+			errstest.Must(t, err)
 			if tok.RevokedAt == nil || tok.Live {
 				t.Fatalf("revoke %d: %+v", i, tok)
 			}
@@ -113,11 +114,11 @@ func TestRevoke(t *testing.T) {
 			t.Fatalf("%d revoked events, want 1", n)
 		}
 		_, err := f.svc.Revoke(ctx, f.admin, f.acme, f.cpu.ID, c.Token.ID)
-		wantErr(t, err, errs.NotFound, "join token "+c.Token.ID+" not found in pool "+f.cpu.ID)
+		errstest.Want(t, err, errs.NotFound, "join token "+c.Token.ID+" not found in pool "+f.cpu.ID)
 		_, err = f.svc.Revoke(ctx, f.admin, f.acme, f.gpu.ID, c.Bearer)
-		wantErr(t, err, errs.InvalidArgument, "tokenId: want a token id jt_…, never the token itself")
+		errstest.Want(t, err, errs.InvalidArgument, "tokenId: want a token id jt_…, never the token itself")
 		_, err = f.svc.Revoke(ctx, f.globAdm, f.globex, f.gpu.ID, c.Token.ID)
-		wantErr(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
+		errstest.Want(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
 	})
 }
 
@@ -161,14 +162,14 @@ func TestMintInternal(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, _, err := f.svc.MintInternal(ctx, &sink{}, tc.r)
-				wantErr(t, err, tc.code, "")
+				errstest.Want(t, err, tc.code, "")
 			})
 		}
 
 		s := &sink{}
 		for _, role := range []string{tokens.RoleSite, tokens.RoleRamdisk} {
 			tok, ref, err := f.svc.MintInternal(ctx, s, with(func(r *tokens.InternalRequest) { r.Role, r.SecretName = role, role }))
-			must(t, err)
+			errstest.Must(t, err)
 			id, _, parsed := tokens.Parse(s.got[role])
 			if ref != "ref:"+role || !parsed || id != tok.ID || tok.Role != role || tok.CreatedBy != "module:boot" || tok.UsesLeft != 10 {
 				t.Fatalf("%s: token %+v, ref %q, sink got %q", role, tok, ref, s.got[role])
@@ -191,13 +192,13 @@ func TestFileSink(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "secrets")
 	s := tokens.FileSink{Dir: dir}
 	ref, err := s.Put("ramdisk.token", []byte("bcjt_x.y"))
-	must(t, err)
+	errstest.Must(t, err)
 	path := filepath.Join(dir, "ramdisk.token")
 	if ref != "file:"+path {
 		t.Fatalf("ref = %q", ref)
 	}
 	fi, err := os.Stat(path)
-	must(t, err)
+	errstest.Must(t, err)
 	if fi.Mode().Perm() != 0o600 {
 		t.Fatalf("mode %v, want 0600", fi.Mode().Perm())
 	}
