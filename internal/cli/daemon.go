@@ -6,9 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/installscript"
 	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // daemonCmd is the `daemon` group: what operators need to put bcd on
@@ -69,7 +69,7 @@ its SHA-256; the script never falls back to plain http.`,
 			if err := p.ValidateFlags(); err != nil {
 				return err
 			}
-			b, err := pki.LoadPublic(a.pkiDir(dir))
+			b, err := ca.LoadPublic(a.pkiDir(dir))
 			if err != nil {
 				return err
 			}

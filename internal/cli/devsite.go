@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/node/claims"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // dev plays a site's modules too (R2.7, R10.4): it mints a site token and a
@@ -65,7 +65,7 @@ func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir str
 
 // writeDevSiteConfigs writes the site agent's and the booted machine's bcd
 // configurations and returns their paths.
-func writeDevSiteConfigs(dir, gwURL, site string, b *pki.Bundle) (siteConf, ramdiskConf string, err error) {
+func writeDevSiteConfigs(dir, gwURL, site string, b *ca.Bundle) (siteConf, ramdiskConf string, err error) {
 	if siteConf, err = writeDevBCDAs(dir, "site", gwURL, site, b, &devSiteAgent, nil); err != nil {
 		return "", "", err
 	}

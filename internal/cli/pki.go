@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 
 	"github.com/spf13/cobra"
@@ -71,7 +72,7 @@ Point the server at the directory with [pki] dir = "…" in its config.`,
 				return err
 			}
 			d := a.pkiDir(dir)
-			b, err := pki.Init(d, td, sec, time.Now())
+			b, err := ca.Init(d, td, sec, time.Now())
 			if err != nil {
 				return err
 			}
@@ -116,11 +117,11 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := pki.Load(a.pkiDir(gDir), sec)
+			b, err := ca.Load(a.pkiDir(gDir), sec)
 			if err != nil {
 				return err
 			}
-			certPEM, keyPEM, err := pki.IssueGateway(b, sans, time.Now(), ttl)
+			certPEM, keyPEM, err := ca.IssueGateway(b, sans, time.Now(), ttl)
 			if err != nil {
 				return err
 			}
@@ -157,7 +158,7 @@ read from the bundle's certificates and join-encryption.jwk, without
 $BETTER_COMPUTE_SECRET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := pki.LoadPublic(a.pkiDir(pDir))
+			b, err := ca.LoadPublic(a.pkiDir(pDir))
 			if err != nil {
 				return err
 			}

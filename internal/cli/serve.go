@@ -22,6 +22,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/server"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
@@ -272,14 +273,14 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 // devPKI makes (once) and loads dev's machine PKI, and the loopback
 // serving certificates of the gateway, the agent listener and the API; it
 // writes the CA that verifies them (ca.pem) and returns its path.
-func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*pki.Bundle, string, error) {
-	if _, err := os.Stat(filepath.Join(pkiDir, pki.FileManifest)); errors.Is(err, fs.ErrNotExist) {
-		if _, err := pki.Init(pkiDir, td, sec, time.Now()); err != nil {
+func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, string, error) {
+	if _, err := os.Stat(filepath.Join(pkiDir, ca.FileManifest)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := ca.Init(pkiDir, td, sec, time.Now()); err != nil {
 			return nil, "", err
 		}
 		log.Info("wrote the machine PKI", "dir", pkiDir, "trust_domain", td)
 	}
-	bundle, err := pki.Load(pkiDir, sec)
+	bundle, err := ca.Load(pkiDir, sec)
 	if err != nil {
 		return nil, "", err
 	}
@@ -288,7 +289,7 @@ func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*pki.Bundle, 
 		if _, err := os.Stat(crt); err == nil {
 			continue
 		}
-		certPEM, keyPEM, err := pki.IssueGateway(bundle, []string{"127.0.0.1", "localhost", "::1"}, time.Now(), 365*24*time.Hour)
+		certPEM, keyPEM, err := ca.IssueGateway(bundle, []string{"127.0.0.1", "localhost", "::1"}, time.Now(), 365*24*time.Hour)
 		if err != nil {
 			return nil, "", err
 		}
@@ -324,7 +325,7 @@ type devGateway struct {
 func (g *devGateway) start(ctx context.Context, addr string) {
 	gw, err := gateway.New(gateway.Config{
 		Listen: g.ln.Addr().String(), CertFile: filepath.Join(g.dir, "gateway.crt"), KeyFile: filepath.Join(g.dir, "gateway.key"),
-		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, pki.FileServingCACert),
+		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, ca.FileServingCACert),
 	}, gateway.Options{Log: g.log})
 	if err != nil {
 		g.errc <- err
@@ -373,7 +374,7 @@ type devReady struct {
 	o                           devOptions
 	dir, envPath, caFile, gwURL string
 	st                          devState
-	bundle                      *pki.Bundle
+	bundle                      *ca.Bundle
 	dl                          *devDownload
 }
 
@@ -450,7 +451,7 @@ Install with the install script (bcd %s for linux-%s is served; BCD_ROOT keeps i
 // writeDevBCD writes DIR/bcd/config.toml and join-encryption.jwk for a
 // daemon on this machine joining the dev control plane; with an swtpm
 // address, its node keys are made in that TPM (tpm.mode required).
-func writeDevBCD(dir, gwURL, site string, b *pki.Bundle, tpmSimulator string) (string, error) {
+func writeDevBCD(dir, gwURL, site string, b *ca.Bundle, tpmSimulator string) (string, error) {
 	var tpm *bcdconfig.TPM
 	if tpmSimulator != "" {
 		tpm = &bcdconfig.TPM{Mode: bcdconfig.TPMRequired, Simulator: tpmSimulator}
@@ -461,7 +462,7 @@ func writeDevBCD(dir, gwURL, site string, b *pki.Bundle, tpmSimulator string) (s
 // writeDevBCDAs writes DIR/<name>/config.toml (data in DIR/<name>/data)
 // and its join key; with a fake machine, its sysfs tree goes to
 // DIR/<name>/sys and the config reads its claims from there.
-func writeDevBCDAs(dir, name, gwURL, site string, b *pki.Bundle, fake *claims.FakeMachine, tpm *bcdconfig.TPM) (string, error) {
+func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *claims.FakeMachine, tpm *bcdconfig.TPM) (string, error) {
 	pins, err := b.Pins()
 	if err != nil {
 		return "", err

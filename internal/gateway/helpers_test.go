@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"io"
@@ -41,7 +42,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 // env is one machine PKI with a gateway certificate and an API agent
 // listener certificate, both from the serving CA, written to files.
 type env struct {
-	bundle   *pki.Bundle
+	bundle   *ca.Bundle
 	dir      string
 	certFile string
 	keyFile  string
@@ -53,13 +54,13 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	b, err := pki.Generate("compute.example.com", testNow)
+	b, err := ca.Generate("compute.example.com", testNow)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{bundle: b, dir: t.TempDir(), roots: x509.NewCertPool()}
 	e.roots.AddCert(b.ServingCA)
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, testNow, 24*time.Hour)
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"127.0.0.1"}, testNow, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	e.gwLeaf = gw.Certificate[0]
-	apiPEM, apiKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, testNow, 24*time.Hour)
+	apiPEM, apiKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, testNow, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func (e *env) nodeCert(t testing.TB, nodeID string) tls.Certificate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := pki.SignNodeCert(e.bundle.NodeCA, e.bundle.NodeCAKey, csr, pki.NodeCertParams{
+	nc, err := ca.SignNodeCert(e.bundle.NodeCA, e.bundle.NodeCAKey, csr, ca.NodeCertParams{
 		TrustDomain: e.bundle.TrustDomain, SiteID: "site_1", NodeID: nodeID, Role: pki.RoleNode,
 		NotBefore: testNow.Add(-time.Minute), NotAfter: testNow.Add(time.Hour),
 	})

@@ -24,6 +24,7 @@ import (
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -45,7 +46,7 @@ type replica struct {
 	joins atomic.Int64
 }
 
-func startReplica(t *testing.T, srv *api.Server, b *pki.Bundle) *replica {
+func startReplica(t *testing.T, srv *api.Server, b *ca.Bundle) *replica {
 	t.Helper()
 	r := &replica{}
 	h := srv.AgentHandler()
@@ -95,7 +96,7 @@ func TestGatewayOverReplicas(t *testing.T) {
 			}
 			return p
 		}
-		gwPEM, gwKey, err := pki.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
+		gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}

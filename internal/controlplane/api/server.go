@@ -18,6 +18,7 @@ import (
 
 	"github.com/better-compute/better-compute/gen/bettercompute/v1/bcv1connect"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/commands"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
@@ -31,7 +32,6 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -62,7 +62,7 @@ type Config struct {
 	BasePath string
 	// Bundle is the machine PKI; nil means joining is not configured and
 	// join calls answer INVALID_CONFIG.
-	Bundle *pki.Bundle
+	Bundle *ca.Bundle
 	// Gateway, when set, is published in the well-known document.
 	Gateway *GatewayInfo
 	// MaxBodyBytes bounds request bodies (default 1 MiB).

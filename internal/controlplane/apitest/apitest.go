@@ -16,10 +16,10 @@ import (
 	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/clock"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // Env is a running API with a root tenant and its admin key.
@@ -31,7 +31,7 @@ type Env struct {
 	RootTenant string
 	AdminKey   string
 	Admin      *client.Client
-	Bundle     *pki.Bundle
+	Bundle     *ca.Bundle
 }
 
 // Options tune Start.
@@ -57,14 +57,14 @@ type Options struct {
 func Start(t testing.TB, db *store.DB, opts Options) *Env {
 	t.Helper()
 	ctx := context.Background()
-	var bundle *pki.Bundle
+	var bundle *ca.Bundle
 	if !opts.NoJoin {
 		var err error
 		from := opts.PKIFrom
 		if from.IsZero() {
 			from = time.Now()
 		}
-		bundle, err = pki.Generate("test.example.com", from)
+		bundle, err = ca.Generate("test.example.com", from)
 		if err != nil {
 			t.Fatalf("pki: %v", err)
 		}
@@ -118,9 +118,9 @@ func Each(t *testing.T, opts Options, fn func(t *testing.T, e *Env)) {
 // with a serving-CA certificate for 127.0.0.1, HTTP/2, and a client
 // certificate from the serving CA required, as `serve` does. It closes
 // when the test ends.
-func StartAgent(t testing.TB, h http.Handler, b *pki.Bundle) *httptest.Server {
+func StartAgent(t testing.TB, h http.Handler, b *ca.Bundle) *httptest.Server {
 	t.Helper()
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,9 +144,9 @@ func StartAgent(t testing.TB, h http.Handler, b *pki.Bundle) *httptest.Server {
 // b's serving CA, trusting the serving CA: what a gateway dials the agent
 // listener (StartAgent) with. Its idle connections close when the test
 // ends.
-func GatewayTransport(t testing.TB, b *pki.Bundle) *http.Transport {
+func GatewayTransport(t testing.TB, b *ca.Bundle) *http.Transport {
 	t.Helper()
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ type Params struct {
 	// SHA256 maps an arch (amd64, arm64) to the hex SHA-256 of its build.
 	// At least one arch is required; the script refuses the others.
 	SHA256 map[string]string
-	// Pins are config.toml's three pins (pki.Bundle.Pins).
+	// Pins are config.toml's three pins (ca.Bundle.Pins).
 	Pins pki.Pins
 	// EncryptionKey is the JoinService encryption key, written to
 	// join-encryption.jwk. It must match Pins.JoinEncryption.

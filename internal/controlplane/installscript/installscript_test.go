@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // testShell is dash when present (the strictest common /bin/sh), else sh.
@@ -33,7 +33,7 @@ func sum(b []byte) string {
 // validParams returns Params that pass Validate, with a fresh bundle.
 func validParams(t testing.TB) Params {
 	t.Helper()
-	b, err := pki.Generate("compute.example.com", time.Now())
+	b, err := ca.Generate("compute.example.com", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

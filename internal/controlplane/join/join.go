@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
@@ -99,7 +100,7 @@ type Service struct {
 	clock clock.Clock
 	// seals opens sealed tokens with the bundle's encryption key, converted
 	// for ECDH once; nil when there is no bundle.
-	seals *pki.SealOpener
+	seals *ca.SealOpener
 }
 
 // New returns JoinService.
@@ -122,10 +123,10 @@ func New(cfg Config) (*Service, error) {
 	cfg.Limits = cfg.Limits.withDefaults()
 	// Without a bundle (the machine PKI not configured) joins are refused
 	// before any seal is opened (R4.8).
-	var seals *pki.SealOpener
+	var seals *ca.SealOpener
 	if b := cfg.Core.Bundle(); b != nil {
 		var err error
-		if seals, err = pki.NewSealOpener(b.JoinEncryptionKey); err != nil {
+		if seals, err = ca.NewSealOpener(b.JoinEncryptionKey); err != nil {
 			return nil, fmt.Errorf("join: %w", err)
 		}
 	}
@@ -258,7 +259,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	if sealed := req.GetSealedToken(); sealed != "" {
 		tok, err := s.seals.Open(sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
 		if err != nil {
-			reason, ok := pki.SealReason(err)
+			reason, ok := ca.SealReason(err)
 			if !ok {
 				reason = "seal-invalid"
 			}

@@ -12,6 +12,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -144,7 +145,7 @@ func TestJoinRefusalsR4_4(t *testing.T) {
 			}},
 			{"R4.2 sealed to another key", "root", "seal-decrypt", func(t *testing.T) func() error {
 				tok := acmeTok(nil)
-				other, err := pki.Generate("other.example.com", time.Now())
+				other, err := ca.Generate("other.example.com", time.Now())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -581,7 +582,7 @@ func TestNotConfiguredR4_8(t *testing.T) {
 	})
 }
 
-func checkNodeCert(t *testing.T, b *pki.Bundle, j *jointest.Joined, site string, ttl time.Duration, before time.Time) {
+func checkNodeCert(t *testing.T, b *ca.Bundle, j *jointest.Joined, site string, ttl time.Duration, before time.Time) {
 	t.Helper()
 	leaf := j.Leaf
 	want := "spiffe://test.example.com/site/" + site + "/node/" + j.Body.NodeId

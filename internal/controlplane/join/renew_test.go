@@ -15,6 +15,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
@@ -176,7 +177,7 @@ func TestRenewKeepsStoredPolicyR13_4(t *testing.T) {
 
 // storeCert issues n another certificate for its key with the given policy
 // and records it, as an attestor's join would have.
-func (r *renewEnv) storeCert(t testing.TB, n *renewNode, role string, statements []string, kinds string, ttl time.Duration) *pki.NodeCert {
+func (r *renewEnv) storeCert(t testing.TB, n *renewNode, role string, statements []string, kinds string, ttl time.Duration) *ca.NodeCert {
 	t.Helper()
 	b := r.f.e.Bundle
 	leaf, err := x509.ParseCertificate(n.leaf)
@@ -191,7 +192,7 @@ func (r *renewEnv) storeCert(t testing.TB, n *renewNode, role string, statements
 	if role == pki.RoleRamdisk {
 		ttl = min(ttl, join.MaxRamdiskCertTTL)
 	}
-	nc, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, n.key.Public().(*ecdsa.PublicKey), pki.NodeCertParams{
+	nc, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, n.key.Public().(*ecdsa.PublicKey), ca.NodeCertParams{
 		TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: n.id, Role: role, Statements: statements, NotBefore: nb, NotAfter: nb.Add(ttl),
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
@@ -278,7 +279,7 @@ func TestX509PopRefusedR10_5(t *testing.T) {
 			setup: func(t *testing.T, p *popEnv, n *popNode) *popNode {
 				b := p.f.e.Bundle
 				leaf := mustLeaf(t, n.chain[0])
-				c, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, n.key.Public().(*ecdsa.PublicKey), pki.NodeCertParams{
+				c, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, n.key.Public().(*ecdsa.PublicKey), ca.NodeCertParams{
 					TrustDomain: b.TrustDomain, SiteID: p.f.acmeSite.Id, NodeID: n.id, Role: pki.RoleNode, NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 				})
 				if err != nil {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -41,7 +42,7 @@ type IssueParams struct {
 
 // Issued is a signed certificate, its row, and the signed answer to send.
 type Issued struct {
-	Cert     *pki.NodeCert
+	Cert     *ca.NodeCert
 	Body     *agentv1.JoinResponseBody
 	Response *agentv1.JoinResponse
 }
@@ -67,7 +68,7 @@ func (c *Core) TTL(role string, maxTTL time.Duration) time.Duration {
 
 // Issue is the one way a node certificate is made (DESIGN rule 4): the
 // template comes from policy only (names from the node row, never the CSR),
-// it is signed and re-checked (pki.SignNodeCertKey), recorded as a
+// it is signed and re-checked (ca.SignNodeCertKey), recorded as a
 // node_certs row in tx, and answered as a JoinResponse signed with the
 // join-signing key.
 func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued, error) {
@@ -80,7 +81,7 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 	}
 	ttl := c.TTL(p.Role, p.MaxTTL)
 	nb := c.clock.Now().Add(-backdateFor(ttl))
-	cert, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, p.Pub, pki.NodeCertParams{
+	cert, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, p.Pub, ca.NodeCertParams{
 		TrustDomain: b.TrustDomain, SiteID: p.Node.SiteID, NodeID: p.Node.ID, Role: p.Role, Statements: p.Statements,
 		NotBefore: nb, NotAfter: nb.Add(ttl),
 	})
@@ -129,7 +130,7 @@ func (c *Core) Defer(csrSHA256 []byte, siteID, role, requestID string, retryAfte
 }
 
 // signAnswer serializes body and signs it with the join-signing key.
-func signAnswer(b *pki.Bundle, body *agentv1.JoinResponseBody) (*agentv1.JoinResponse, error) {
+func signAnswer(b *ca.Bundle, body *agentv1.JoinResponseBody) (*agentv1.JoinResponse, error) {
 	raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("marshal join response: %w", err)

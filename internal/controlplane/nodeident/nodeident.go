@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/clock"
@@ -57,7 +58,7 @@ const MaxExpiredFor = 7 * 24 * time.Hour
 type Config struct {
 	DB *store.DB
 	// Bundle is the machine PKI; Issue needs it.
-	Bundle *pki.Bundle
+	Bundle *ca.Bundle
 	Clock  clock.Clock
 	Log    *slog.Logger
 	Hub    *events.Hub
@@ -119,7 +120,7 @@ func New(cfg Config) (*Core, error) {
 }
 
 // Bundle returns the machine PKI (nil when none is configured).
-func (c *Core) Bundle() *pki.Bundle { return c.cfg.Bundle }
+func (c *Core) Bundle() *ca.Bundle { return c.cfg.Bundle }
 
 // Clock returns the core's clock.
 func (c *Core) Clock() clock.Clock { return c.clock }

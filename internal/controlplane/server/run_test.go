@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 	secretpkg "github.com/better-compute/better-compute/internal/shared/secret"
 )
 
@@ -56,15 +56,15 @@ func start(t *testing.T, cfg Config, o Options) *running {
 // tlsFixture makes a machine PKI under dir/pki (encrypted with secret) and
 // a serving certificate for 127.0.0.1 from its serving CA in certFile and
 // keyFile.
-func tlsFixture(t *testing.T) (dir string, secret []byte, b *pki.Bundle, certFile, keyFile string) {
+func tlsFixture(t *testing.T) (dir string, secret []byte, b *ca.Bundle, certFile, keyFile string) {
 	t.Helper()
 	dir = t.TempDir()
 	secret = []byte(secretpkg.GenerateStrong())
-	b, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", secret, time.Now())
+	b, err := ca.Init(filepath.Join(dir, "pki"), "compute.example.com", secret, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), time.Hour)
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestRunTLSMetricsShutdown(t *testing.T) {
 // before anything listens.
 func TestRunNeedsSecret(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := pki.Init(filepath.Join(dir, "pki"), "compute.example.com", []byte(secretpkg.GenerateStrong()), time.Now()); err != nil {
+	if _, err := ca.Init(filepath.Join(dir, "pki"), "compute.example.com", []byte(secretpkg.GenerateStrong()), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", RootTenant: "root", Store: store.Config{Path: filepath.Join(dir, "bc.db")}, PKI: PKIConfig{Dir: filepath.Join(dir, "pki")}}, Options{})

@@ -18,13 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 )
 
@@ -44,7 +44,7 @@ type Options struct {
 	// AgentReady receives the agent listener's address.
 	AgentReady func(addr string)
 	// Bundle receives the loaded PKI (dev uses it to start the gateway).
-	Bundle func(*pki.Bundle)
+	Bundle func(*ca.Bundle)
 	// MetricsReady receives the metrics listener's address (listen on
 	// port 0 and learn the port here).
 	MetricsReady func(addr string)
@@ -196,7 +196,7 @@ func instrument(h http.Handler, label func(*http.Request) string, reqs *promethe
 
 // newAPI builds the API server on db and bundle and makes sure the root
 // tenant exists, then runs o.Setup.
-func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *pki.Bundle, log *slog.Logger) (*api.Server, error) {
+func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger) (*api.Server, error) {
 	var gw *api.GatewayInfo
 	if cfg.Gateway.URL != "" {
 		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
@@ -260,7 +260,7 @@ func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Regis
 // serveAgent serves the agent listener (gateways, mTLS from the serving
 // CA); nil when none is configured. Its net/http error lines (handshake
 // failures) go through errLog.
-func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle *pki.Bundle, errLog *ratelimit.Logger, errc chan<- error) (*http.Server, error) {
+func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle *ca.Bundle, errLog *ratelimit.Logger, errc chan<- error) (*http.Server, error) {
 	if cfg.Agent.Listen == "" && o.AgentCert == nil {
 		return nil, nil
 	}
@@ -359,7 +359,7 @@ func runBackground(ctx context.Context, db *store.DB, srv *api.Server, log *slog
 
 // loadBundle loads the machine PKI from cfg.PKI.Dir; nil when none is
 // configured (joins answer INVALID_CONFIG).
-func loadBundle(cfg Config, o Options, log *slog.Logger) (*pki.Bundle, error) {
+func loadBundle(cfg Config, o Options, log *slog.Logger) (*ca.Bundle, error) {
 	if cfg.PKI.Dir == "" {
 		log.Warn("no pki.dir: joins will answer INVALID_CONFIG until the machine PKI is configured")
 		return nil, nil
@@ -367,11 +367,11 @@ func loadBundle(cfg Config, o Options, log *slog.Logger) (*pki.Bundle, error) {
 	if len(o.Secret) == 0 {
 		return nil, errs.New(errs.InvalidConfig, "pki.dir is set but BETTER_COMPUTE_SECRET is empty: the bundle's keys cannot be decrypted")
 	}
-	bundle, err := pki.Load(cfg.PKI.Dir, o.Secret)
+	bundle, err := ca.Load(cfg.PKI.Dir, o.Secret)
 	if err != nil {
 		return nil, err
 	}
-	if err := pki.CheckSecret(o.Secret); err != nil {
+	if err := ca.CheckSecret(o.Secret); err != nil {
 		// Key files made before the rule still open;
 		// the operator learns the secret is weak at every start.
 		log.Warn("the PKI's keys are encrypted with a weak secret: move to a generated one (better-compute pki generate-secret) by making a new bundle", "err", err)

@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -72,14 +73,14 @@ func TestSessionAllowedKindsFailClosed(t *testing.T) {
 
 // nodeCert issues a certificate for n from the bundle's node CA and records
 // it with allowed_kinds stored verbatim.
-func nodeCert(t *testing.T, b *pki.Bundle, db *store.DB, n store.Node, kinds string) (*ecdsa.PrivateKey, []byte) {
+func nodeCert(t *testing.T, b *ca.Bundle, db *store.DB, n store.Node, kinds string) (*ecdsa.PrivateKey, []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	c, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, &key.PublicKey, pki.NodeCertParams{TrustDomain: b.TrustDomain, SiteID: n.SiteID, NodeID: n.ID,
+	c, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, &key.PublicKey, ca.NodeCertParams{TrustDomain: b.TrustDomain, SiteID: n.SiteID, NodeID: n.ID,
 		Role: pki.RoleNode, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +99,7 @@ func nodeCert(t *testing.T, b *pki.Bundle, db *store.DB, n store.Node, kinds str
 // hello opens a session on the agent listener as a gateway relaying der,
 // answers the Challenge with a proof by key, and returns the answer to
 // Hello.
-func hello(t *testing.T, b *pki.Bundle, url, nodeID string, der []byte, key *ecdsa.PrivateKey) (*agentv1.SessionServerMessage, error) {
+func hello(t *testing.T, b *ca.Bundle, url, nodeID string, der []byte, key *ecdsa.PrivateKey) (*agentv1.SessionServerMessage, error) {
 	t.Helper()
 	tr := apitest.GatewayTransport(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

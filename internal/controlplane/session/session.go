@@ -89,6 +89,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -157,7 +158,7 @@ type Config struct {
 	Clock  clock.Clock
 	Log    *slog.Logger
 	Hub    *events.Hub
-	Bundle *pki.Bundle // signs commands; nil: commands stay queued
+	Bundle *ca.Bundle // signs commands; nil: commands stay queued
 	// Core is the identity core: it checks the session's certificate and
 	// records refusals (nil: one of the session service's own, for tests).
 	Core *nodeident.Core

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/config"
-	"github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tokeninput"
 	"github.com/better-compute/better-compute/internal/shared/clock"

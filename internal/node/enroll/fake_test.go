@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
+	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/config"
-	"github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -30,7 +31,7 @@ type env struct {
 	fake     *enrolltest.JoinService
 	now      time.Time
 	clock    *clock.Fake
-	bundle   *pki.Bundle
+	bundle   *ca.Bundle
 	pins     pki.Pins
 	site     string
 	token    string
@@ -46,7 +47,7 @@ type env struct {
 
 type envOption struct {
 	// gatewayBundle issues the gateway's certificate; nil: the env's own.
-	gatewayBundle *pki.Bundle
+	gatewayBundle *ca.Bundle
 	// noKeyFile leaves join-encryption.jwk out.
 	noKeyFile bool
 }

@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/config"
-	"github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -93,16 +94,16 @@ func TestJoinHappyPath(t *testing.T) {
 	if strings.Contains(req.GetSealedToken(), e.token) {
 		t.Error("R4.2: the token is readable in the request")
 	}
-	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(req), e.now); err != nil {
+	if _, err := ca.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(req), e.now); err != nil {
 		t.Errorf("R4.2: the seal does not open for the request it came with: %v", err)
 	}
-	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr"), pki.JoinRequestDigest(req), e.now); err == nil {
+	if _, err := ca.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), []byte("another csr"), pki.JoinRequestDigest(req), e.now); err == nil {
 		t.Error("R4.2: the seal opens for another CSR")
 	}
 	// The seal covers the whole request: the claims the gateway relays too.
 	changed := proto.Clone(req).(*agentv1.JoinRequest)
 	changed.Claims.Hostname = "relay-was-here"
-	if _, err := pki.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(changed), e.now); err == nil {
+	if _, err := ca.Open(e.bundle.JoinEncryptionKey, req.GetSealedToken(), req.GetCsr(), pki.JoinRequestDigest(changed), e.now); err == nil {
 		t.Error("R4.2: the seal opens for a request with other claims")
 	}
 	want := []string{"collecting hardware claims…", "sealing the token…", "joining through " + strings.TrimPrefix(e.srv.URL, "https://") + "…"}
@@ -156,7 +157,7 @@ func TestAlreadyJoinedAndReset(t *testing.T) {
 
 // R4.6: each check refuses a bad answer, in order, and nothing is saved.
 func TestJoinResponseChecks(t *testing.T) {
-	other, err := pki.Generate("compute.example.com", time.Now().Add(-time.Hour))
+	other, err := ca.Generate("compute.example.com", time.Now().Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +323,7 @@ func TestJoinAcceptedVariants(t *testing.T) {
 // R4.3: the gateway is authenticated by the serving CA pin before the
 // token leaves the machine.
 func TestGatewayPin(t *testing.T) {
-	other, err := pki.Generate("compute.example.com", time.Now().Add(-time.Hour))
+	other, err := ca.Generate("compute.example.com", time.Now().Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +516,7 @@ func TestHostBuild(t *testing.T) {
 	t.Run("a gateway outside the pins", func(t *testing.T) {
 		// The document names a gateway (its pins say ours) whose
 		// certificate is from another PKI: the pinned TLS refuses it.
-		other, err := pki.Generate("compute.example.com", time.Now().Add(-time.Hour))
+		other, err := ca.Generate("compute.example.com", time.Now().Add(-time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 )
 
 // parseChain parses IssueGateway's PEM (leaf, then serving CA).
@@ -32,17 +32,17 @@ func parseChain(t *testing.T, certPEM []byte) []*x509.Certificate {
 // R4.3: the gateway is trusted through the serving CA pin and nothing else.
 func TestVerifyPinnedChain(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Second)
-	b, err := pki.Generate("compute.example.com", now.Add(-time.Hour))
+	b, err := ca.Generate("compute.example.com", now.Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := pki.Generate("compute.example.com", now.Add(-time.Hour))
+	other, err := ca.Generate("compute.example.com", now.Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pins, _ := b.Pins()
-	issue := func(bb *pki.Bundle) []*x509.Certificate {
-		certPEM, _, err := pki.IssueGateway(bb, []string{"gw.eu.example.com"}, now, time.Hour)
+	issue := func(bb *ca.Bundle) []*x509.Certificate {
+		certPEM, _, err := ca.IssueGateway(bb, []string{"gw.eu.example.com"}, now, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,7 +88,7 @@ func TestPinnedTLSConfig(t *testing.T) {
 	if _, err := PinnedTLSConfig("sha256/x", "gw", nil); err == nil {
 		t.Error("accepted a bad pin")
 	}
-	b, _ := pki.Generate("compute.example.com", time.Now())
+	b, _ := ca.Generate("compute.example.com", time.Now())
 	pins, _ := b.Pins()
 	if _, err := PinnedTLSConfig(pins.ServingCA, "", nil); err == nil {
 		t.Error("accepted no server name")

@@ -17,7 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
+	"github.com/better-compute/better-compute/internal/checks/enrolltest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -88,7 +89,7 @@ func TestJoinRetriesLostAnswerR4_9(t *testing.T) {
 				t.Fatal("R4.9: the retry is another request")
 			}
 			// A fresh seal, for the moved clock, still for this request.
-			if _, err := pki.Open(e.bundle.JoinEncryptionKey, reqs[1].GetSealedToken(), reqs[1].GetCsr(), pki.JoinRequestDigest(reqs[1]), e.clock.Now()); err != nil {
+			if _, err := ca.Open(e.bundle.JoinEncryptionKey, reqs[1].GetSealedToken(), reqs[1].GetCsr(), pki.JoinRequestDigest(reqs[1]), e.clock.Now()); err != nil {
 				t.Fatalf("R4.2: the retry's seal: %v", err)
 			}
 			if !publicKeyEqual(id.Leaf().PublicKey, csrKey(t, reqs[0])) {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -22,7 +23,7 @@ import (
 // a hosted join may).
 func TestVerifyRenewResponse(t *testing.T) {
 	now := time.Now()
-	b, err := pki.Generate("compute.example.com", now.Add(-time.Hour))
+	b, err := ca.Generate("compute.example.com", now.Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestVerifyRenewResponse(t *testing.T) {
 	site, node := ids.New(ids.Site, now), ids.New(ids.Node, now)
 	answer := func(t *testing.T, nodeID, role string) *agentv1.RenewResponse {
 		t.Helper()
-		nc, err := pki.SignNodeCert(b.NodeCA, b.NodeCAKey, csr, pki.NodeCertParams{TrustDomain: b.TrustDomain, SiteID: site, NodeID: nodeID, Role: role,
+		nc, err := ca.SignNodeCert(b.NodeCA, b.NodeCAKey, csr, ca.NodeCertParams{TrustDomain: b.TrustDomain, SiteID: site, NodeID: nodeID, Role: role,
 			NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour)})
 		if err != nil {
 			t.Fatal(err)

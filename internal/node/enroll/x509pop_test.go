@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
+	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -33,12 +34,12 @@ type issued struct {
 }
 
 type pkiFixture struct {
-	b *pki.Bundle
+	b *ca.Bundle
 }
 
 func newPKI(t *testing.T) pkiFixture {
 	t.Helper()
-	b, err := pki.Generate(testTD, t0.Add(-72*time.Hour))
+	b, err := ca.Generate(testTD, t0.Add(-72*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func (f pkiFixture) issue(t *testing.T, ks KeyStore, node string, notBefore time
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := pki.SignNodeCert(f.b.NodeCA, f.b.NodeCAKey, csr, pki.NodeCertParams{
+	nc, err := ca.SignNodeCert(f.b.NodeCA, f.b.NodeCAKey, csr, ca.NodeCertParams{
 		TrustDomain: testTD, SiteID: "site_01k5w", NodeID: node, Role: pki.RoleNode,
 		NotBefore: notBefore, NotAfter: notBefore.Add(lifetime),
 	})

@@ -24,14 +24,15 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	bcdjointest "github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/gateway"
 	bcdcli "github.com/better-compute/better-compute/internal/node/bcdcmd"
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
-	bcdjointest "github.com/better-compute/better-compute/internal/node/enroll/enrolltest"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
@@ -97,7 +98,7 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	}
 
 	// The API's agent listener, as server.Run serves it.
-	apiPEM, apiKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
+	apiPEM, apiKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	t.Cleanup(srv.Close)
 
 	// The gateway.
-	gwPEM, gwKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
+	gwPEM, gwKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestRenewTPMKeyFailsWithoutSendingR13_3(t *testing.T) {
 		b := e.Bundle
 		id := s.joined
 		nb := time.Now().Add(-time.Minute)
-		nc, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), pki.NodeCertParams{
+		nc, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), ca.NodeCertParams{
 			TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
 			Statements: []string{"urn:bc:tpm-ak:sha256:0a0b"}, NotBefore: nb, NotAfter: nb.Add(time.Hour),
 		})
@@ -514,7 +515,7 @@ func TestBackoff(t *testing.T) {
 }
 
 func validConfig() *config.Config {
-	b, err := pki.Generate("compute.example.com", time.Now())
+	b, err := ca.Generate("compute.example.com", time.Now())
 	if err != nil {
 		panic(err)
 	}

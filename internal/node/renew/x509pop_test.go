@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	bcdcli "github.com/better-compute/better-compute/internal/node/bcdcmd"
@@ -36,7 +37,7 @@ func (s *stack) expire(t *testing.T, ago time.Duration) *identity.Identity {
 	b := s.e.Bundle
 	id := s.joined
 	na := time.Now().Add(-ago)
-	nc, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), pki.NodeCertParams{
+	nc, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), ca.NodeCertParams{
 		TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role, NotBefore: na.Add(-24 * time.Hour), NotAfter: na,
 	})
 	if err != nil {

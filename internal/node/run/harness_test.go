@@ -27,6 +27,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
@@ -109,7 +110,7 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	now := time.Now()
 
 	// The API's agent listener: mTLS requiring a serving-CA client cert.
-	apiPEM, apiKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
+	apiPEM, apiKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certificate) {
 	t.Helper()
 	b := h.e.Bundle
-	gwPEM, gwKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	gwPEM, gwKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

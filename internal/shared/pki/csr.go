@@ -24,6 +24,7 @@ var (
 	derOIDSigECDSAWithSHA384 = []byte{0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03}
 	derOIDSigECDSAWithSHA512 = []byte{0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04}
 	oidAttrExtensionRequest  = asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 9, 14}
+	oidExtSubjectAltName     = asn1.ObjectIdentifier{2, 5, 29, 17}
 )
 
 const (

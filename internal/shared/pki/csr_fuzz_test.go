@@ -91,7 +91,7 @@ func FuzzParseCSR(f *testing.F) {
 			}
 			return
 		}
-		if xerr == nil && isP256(csr.PublicKey) && supportedCSRAlgorithms[csr.SignatureAlgorithm] && canonicalCSROuter(t, b, csr) {
+		if xerr == nil && IsP256(csr.PublicKey) && supportedCSRAlgorithms[csr.SignatureAlgorithm] && canonicalCSROuter(t, b, csr) {
 			t.Fatalf("refused a request crypto/x509 accepts: %v", err)
 		}
 	})

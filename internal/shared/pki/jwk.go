@@ -17,7 +17,7 @@ const maxJWKSize = 4 << 10
 // crv, x and y only: the form of /etc/bcd/join-encryption.jwk and of the
 // well-known document's join.encryptionJwk.
 func MarshalEncryptionJWK(pub *ecdsa.PublicKey) ([]byte, error) {
-	if !isP256(pub) {
+	if !IsP256(pub) {
 		return nil, errs.New(errs.InvalidArgument, "the join encryption key must be an ECDSA P-256 public key")
 	}
 	data, err := json.Marshal(jose.JSONWebKey{Key: pub})
@@ -43,7 +43,7 @@ func ParseEncryptionJWK(data []byte) (*ecdsa.PublicKey, error) {
 	// SECURITY: a private key never belongs in this file; refuse rather than
 	// silently take its public half.
 	pub, ok := jwk.Key.(*ecdsa.PublicKey)
-	if !ok || !isP256(pub) {
+	if !ok || !IsP256(pub) {
 		return nil, errs.New(errs.InvalidConfig, "the join encryption JWK must be an EC P-256 public key")
 	}
 	if (jwk.Use != "" && jwk.Use != "enc") || (jwk.Algorithm != "" && jwk.Algorithm != string(jose.ECDH_ES_A256KW)) {

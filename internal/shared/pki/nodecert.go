@@ -1,12 +1,10 @@
 package pki
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -40,7 +38,7 @@ const (
 	// MaxRamdiskCertLifetime is the ceiling for role ramdisk.
 	MaxRamdiskCertLifetime = 2 * time.Hour
 
-	maxStatements   = 8
+	MaxStatements   = 8
 	maxStatementLen = 512
 	maxCSRSize      = 16 << 10
 )
@@ -52,20 +50,6 @@ func ValidRole(role string) bool {
 		return true
 	}
 	return false
-}
-
-// NodeCertParams is the policy JoinService decides for a node certificate.
-// Names and statements come only from here, never from the CSR (R7.2).
-type NodeCertParams struct {
-	TrustDomain string
-	SiteID      string
-	NodeID      string
-	Role        string
-	// Statements are extra URI SANs after the SPIFFE ID; each starts with
-	// "urn:bc:".
-	Statements []string
-	// NotBefore and NotAfter are used as given (at second precision).
-	NotBefore, NotAfter time.Time
 }
 
 // NodeIdentity is what a node certificate says (see ParseNodeCert).
@@ -80,18 +64,8 @@ type NodeIdentity struct {
 // SPIFFEID returns the identity's SPIFFE ID.
 func (id NodeIdentity) SPIFFEID() string { return SPIFFEID(id.TrustDomain, id.SiteID, id.NodeID) }
 
-// NodeCert is an issued node certificate with what a node_certs row records.
-type NodeCert struct {
-	DER  []byte
-	Cert *x509.Certificate
-	// Serial is the serial number in lower-case hex (SerialHex).
-	Serial string
-	// SPKISHA256 is the SHA-256 of the certificate's SubjectPublicKeyInfo.
-	SPKISHA256 []byte
-}
-
 // SPIFFEID returns spiffe://<td>/site/<siteID>/node/<nodeID>. It does not
-// validate; nodeSPIFFEID does.
+// validate; NodeSPIFFEID does.
 func SPIFFEID(td, siteID, nodeID string) string {
 	return "spiffe://" + td + "/site/" + siteID + "/node/" + nodeID
 }
@@ -117,7 +91,8 @@ func PublicKeySPKIHash(pub crypto.PublicKey) ([]byte, error) {
 	return sum[:], nil
 }
 
-func nodeSPIFFEID(td, siteID, nodeID string) (spiffeid.ID, error) {
+// NodeSPIFFEID is a node's SPIFFE ID, checking each part.
+func NodeSPIFFEID(td, siteID, nodeID string) (spiffeid.ID, error) {
 	if err := ValidateTrustDomain(td); err != nil {
 		return spiffeid.ID{}, err
 	}
@@ -129,7 +104,9 @@ func nodeSPIFFEID(td, siteID, nodeID string) (spiffeid.ID, error) {
 	return id, nil
 }
 
-func validStatement(s string) bool {
+// ValidStatement reports whether s is a well-formed urn:bc: statement a
+// node certificate may carry.
+func ValidStatement(s string) bool {
 	if !strings.HasPrefix(s, StatementPrefix) || len(s) == len(StatementPrefix) || len(s) > maxStatementLen {
 		return false
 	}
@@ -151,95 +128,6 @@ func ParseCSR(csrDER []byte) (*ecdsa.PublicKey, error) {
 		return nil, errs.Invalid("csr", "size outside 1..%d bytes", maxCSRSize)
 	}
 	return parseCSR(csrDER)
-}
-
-// SignNodeCert issues a node client certificate from the node CA (ca,
-// caKey) for the key in csrDER, in the order the design fixes: check the CSR
-// (signature, ECDSA P-256), take only its public key, build the template from
-// p, sign, then re-parse the result with crypto/x509 and check that its names,
-// role, key and validity are what p asked for.
-//
-// The certificate has exactly one SPIFFE URI SAN,
-// spiffe://<td>/site/<site>/node/<node>, first, then p.Statements; subject
-// CN=<node>, OU=bc-role:<role>; EKU clientAuth; a random 128-bit serial.
-//
-// Errors: errs.InvalidArgument for a bad CSR or bad params.
-func SignNodeCert(ca *x509.Certificate, caKey crypto.Signer, csrDER []byte, p NodeCertParams) (*NodeCert, error) {
-	// 1. Check the CSR; keep only its key.
-	pub, err := ParseCSR(csrDER)
-	if err != nil {
-		return nil, err
-	}
-	return SignNodeCertKey(ca, caKey, pub, p)
-}
-
-// SignNodeCertKey is SignNodeCert for a key the caller already took from a
-// CSR that ParseCSR checked: JoinService checks the CSR before any database
-// work and signs later, and verifying the CSR's signature twice costs as much
-// as signing. pub must come from ParseCSR; only its curve is checked again.
-func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey, p NodeCertParams) (*NodeCert, error) {
-	if pub == nil || !isP256(pub) {
-		return nil, errs.Invalid("csr", "the key must be ECDSA P-256")
-	}
-	// 2. The template comes from policy only.
-	id, err := nodeSPIFFEID(p.TrustDomain, p.SiteID, p.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	if !ValidRole(p.Role) {
-		return nil, errs.Invalid("role", "%q is not one of node, site, ramdisk, node-tenant", p.Role)
-	}
-	if len(p.Statements) > maxStatements {
-		return nil, errs.Invalid("statements", "at most %d", maxStatements)
-	}
-	uris := []string{id.String()}
-	for i, s := range p.Statements {
-		if !validStatement(s) || slices.Contains(p.Statements[:i], s) {
-			return nil, errs.Invalid("statements", "%q is not a distinct urn:bc: URI", s)
-		}
-		uris = append(uris, s)
-	}
-	notBefore := p.NotBefore.UTC().Truncate(time.Second)
-	notAfter := p.NotAfter.UTC().Truncate(time.Second)
-	lifetime := notAfter.Sub(notBefore)
-	maxLifetime := MaxNodeCertLifetime
-	if p.Role == RoleRamdisk {
-		maxLifetime = MaxRamdiskCertLifetime
-	}
-	if p.NotBefore.IsZero() || lifetime <= 0 || lifetime > maxLifetime {
-		return nil, errs.Invalid("notAfter", "the lifetime must be positive and at most %s for role %s", maxLifetime, p.Role)
-	}
-	if notAfter.After(ca.NotAfter) || notBefore.Before(ca.NotBefore) {
-		return nil, errs.Invalid("notAfter", "the certificate must lie within the node CA's validity")
-	}
-	serial, err := randomSerial()
-	if err != nil {
-		return nil, err
-	}
-	// 3. Sign: the TBS is assembled here (node certificates have one fixed
-	// shape, the same bytes x509.CreateCertificate would produce for it),
-	// signed with caKey, and the signature verified once.
-	der, err := signNodeTBS(ca, caKey, pub, serial, p, notBefore, notAfter, uris)
-	if err != nil {
-		return nil, fmt.Errorf("sign node certificate: %w", err)
-	}
-	// 4. Re-check what was issued, as a verifier will read it.
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parse issued certificate: %w", err)
-	}
-	got, err := NodeIdentityOf(cert)
-	if err != nil {
-		return nil, fmt.Errorf("check issued certificate: %w", err)
-	}
-	want := NodeIdentity{TrustDomain: p.TrustDomain, SiteID: p.SiteID, NodeID: p.NodeID, Role: p.Role, Statements: p.Statements}
-	if got.TrustDomain != want.TrustDomain || got.SiteID != want.SiteID || got.NodeID != want.NodeID ||
-		got.Role != want.Role || !slices.Equal(got.Statements, want.Statements) ||
-		!pub.Equal(cert.PublicKey) || !cert.NotBefore.Equal(notBefore) || !cert.NotAfter.Equal(notAfter) ||
-		cert.SerialNumber.Cmp(serial) != 0 || !bytes.Equal(cert.RawIssuer, ca.RawSubject) {
-		return nil, errors.New("check issued certificate: it differs from the template")
-	}
-	return &NodeCert{DER: der, Cert: cert, Serial: SerialHex(cert), SPKISHA256: SPKIHash(cert)}, nil
 }
 
 // ParseNodeCert parses a node certificate and returns its identity; see
@@ -277,7 +165,7 @@ func NodeIdentityOf(cert *x509.Certificate) (NodeIdentity, error) {
 	var statements []string
 	for _, u := range cert.URIs[1:] {
 		s := u.String()
-		if !validStatement(s) {
+		if !ValidStatement(s) {
 			return bad("URI SAN %q is not a urn:bc: statement", s)
 		}
 		statements = append(statements, s)
@@ -298,7 +186,7 @@ func NodeIdentityOf(cert *x509.Certificate) (NodeIdentity, error) {
 	if !slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageClientAuth) {
 		return bad("no clientAuth EKU")
 	}
-	if !isP256(cert.PublicKey) {
+	if !IsP256(cert.PublicKey) {
 		return bad("the key is not ECDSA P-256")
 	}
 	return NodeIdentity{

@@ -1,23 +1,17 @@
 package pki
 
 import (
-	"bytes"
-	"crypto/ecdh"
 	"crypto/ecdsa"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/go-jose/go-jose/v4"
 )
 
-// Seal format (R4.2).
 const (
 	// SealType is the protected "typ" header of a sealed join token.
 	SealType = "bcjt+jwe"
@@ -33,64 +27,6 @@ const (
 	// dated ahead: whoever relayed it could replay it for that long.
 	SealMaxFuture = 5 * time.Minute
 )
-
-// Reasons an Open fails, recorded by the caller (e.g. in
-// security.join.refused) and never shown to the agent.
-const (
-	// ReasonSealMalformed: too large, not compact JWE, undecodable.
-	ReasonSealMalformed = "seal-malformed"
-	// ReasonSealAlgorithm: alg or enc other than ECDH-ES+A256KW / A256GCM.
-	ReasonSealAlgorithm = "seal-algorithm"
-	// ReasonSealHeader: typ, iat, csr or req missing or wrong, or an
-	// unexpected header (zip, crit, ...).
-	ReasonSealHeader = "seal-header"
-	// ReasonSealCSRMismatch: the seal was made for another CSR.
-	ReasonSealCSRMismatch = "seal-csr-mismatch"
-	// ReasonSealRequestMismatch: the seal was made for another join request
-	// (its req header is not the digest of the request it came with): the
-	// relay changed the request, or moved the seal to a request of its own.
-	ReasonSealRequestMismatch = "seal-request-mismatch"
-	// ReasonSealExpired: iat is more than SealMaxAge before the server's
-	// clock.
-	ReasonSealExpired = "seal-expired"
-	// ReasonSealFuture: iat is more than SealMaxFuture after the server's
-	// clock.
-	ReasonSealFuture = "seal-iat-future"
-	// ReasonSealDecrypt: not encrypted to this key, or tampered with.
-	ReasonSealDecrypt = "seal-decrypt"
-	// ReasonSealPlaintext: the sealed token is empty, too long or not UTF-8.
-	ReasonSealPlaintext = "seal-plaintext"
-)
-
-// SealError is the error Open returns. Reason is one of the Reason*
-// constants. Error() includes internal detail for logs; callers answering an
-// agent must not send it (every refusal is the same ACCESS_DENIED).
-type SealError struct {
-	Reason string
-	Err    error
-}
-
-func (e *SealError) Error() string {
-	if e.Err == nil {
-		return "open seal: " + e.Reason
-	}
-	return "open seal: " + e.Reason + ": " + e.Err.Error()
-}
-
-func (e *SealError) Unwrap() error { return e.Err }
-
-// SealReason returns the Reason of a SealError inside err.
-func SealReason(err error) (string, bool) {
-	var se *SealError
-	if errors.As(err, &se) {
-		return se.Reason, true
-	}
-	return "", false
-}
-
-func sealErr(reason string, format string, args ...any) error {
-	return &SealError{Reason: reason, Err: fmt.Errorf(format, args...)}
-}
 
 // CSRHash returns the SHA-256 of a CSR's DER: the seal's "csr" header (in
 // base64url) and the join response's csr_sha256.
@@ -111,7 +47,7 @@ func CSRHash(csrDER []byte) []byte {
 // The request must be complete before it is sealed: the digest covers every
 // field but the seal itself.
 func Seal(encPub *ecdsa.PublicKey, token string, csrDER, reqDigest []byte, iat time.Time) (string, error) {
-	if encPub == nil || !isP256(encPub) {
+	if encPub == nil || !IsP256(encPub) {
 		return "", errors.New("seal: the encryption key must be ECDSA P-256")
 	}
 	if token == "" || len(token) > MaxSealedTokenSize || !utf8.ValidString(token) {
@@ -141,175 +77,4 @@ func Seal(encPub *ecdsa.PublicKey, token string, csrDER, reqDigest []byte, iat t
 		return "", fmt.Errorf("serialize seal: %w", err)
 	}
 	return compact, nil
-}
-
-// allowedSealHeader reports whether a seal may carry protected header k.
-// Anything else (zip, crit, jku, x5u, kid, ...) is refused: nothing Seal
-// makes sets it, and zip in particular would let a small input inflate.
-func allowedSealHeader(k string) bool {
-	switch k {
-	case "alg", "enc", "epk", "typ", "iat", "csr", "req":
-		return true
-	}
-	return false
-}
-
-// Open decrypts a seal made by Seal with encKey (the JoinService encryption
-// key) and returns the token. csrDER is the CSR that came with the seal and
-// reqDigest the JoinRequestDigest of the request that carried it; a seal
-// made for another CSR or another request is refused. now is the server's
-// clock: a seal whose iat is more than SealMaxAge before now, or more than
-// SealMaxFuture after it, is refused. Every failure is a *SealError whose
-// Reason the caller records.
-//
-// All header checks, the binding and the time included, run before any
-// ECDH work, so a refused seal costs no key agreement.
-//
-// Why iat is checked (R4.2): the digest binds the seal to one request, and
-// a request that arrives again gets the answer stored for it (R4.9), so a
-// replay of a whole request gains nothing while that answer is kept; the
-// age bound keeps a captured request from being presented after its stored
-// answer is gone, when it would be admitted anew. The price is that a
-// machine's clock must be within SealMaxFuture of the server's and a seal
-// used within SealMaxAge: bcd seals again on each attempt, and a machine
-// whose clock is off is refused with seal-expired or seal-iat-future, which
-// the operator reads in security.join.refused.
-func Open(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	if encKey == nil || !isP256(&encKey.PublicKey) {
-		return "", errors.New("open seal: the encryption key must be ECDSA P-256")
-	}
-	return openSeal(encKey, nil, compact, csrDER, reqDigest, now)
-}
-
-// SealOpener is Open for one encryption key, converted once into the form
-// key agreement takes: the conversion (ecdsa.PrivateKey.ECDH) computes the
-// public key again, a scalar multiplication worth about a fifth of an Open.
-// A service that opens many seals with one key holds one SealOpener. It is
-// safe for concurrent use.
-type SealOpener struct {
-	key *ecdh.PrivateKey
-}
-
-// NewSealOpener prepares encKey, the JoinService encryption key (ECDSA
-// P-256), for opening seals.
-func NewSealOpener(encKey *ecdsa.PrivateKey) (*SealOpener, error) {
-	if encKey == nil || !isP256(&encKey.PublicKey) {
-		return nil, errors.New("open seal: the encryption key must be ECDSA P-256")
-	}
-	key, err := encKey.ECDH()
-	if err != nil {
-		return nil, fmt.Errorf("open seal: the encryption key: %w", err)
-	}
-	return &SealOpener{key: key}, nil
-}
-
-// Open is the package's Open with o's key.
-func (o *SealOpener) Open(compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	return openSeal(nil, o.key, compact, csrDER, reqDigest, now)
-}
-
-// openSeal is Open with key, or when key is nil with encKey converted
-// after the header checks (a refused seal costs no scalar multiplication).
-func openSeal(encKey *ecdsa.PrivateKey, key *ecdh.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	if len(reqDigest) != sha256.Size {
-		return "", fmt.Errorf("open seal: the request digest must be %d bytes (JoinRequestDigest)", sha256.Size)
-	}
-	// SECURITY: bound the input before any parsing or ECDH work.
-	if len(compact) == 0 || len(compact) > MaxSealSize {
-		return "", sealErr(ReasonSealMalformed, "size %d outside 1..%d", len(compact), MaxSealSize)
-	}
-	if strings.Count(compact, ".") != 4 {
-		return "", sealErr(ReasonSealMalformed, "not compact JWE")
-	}
-	parts := strings.SplitN(compact, ".", 5)
-	epk, err := checkSealHeader(parts[0], csrDER, reqDigest, now)
-	if err != nil {
-		return "", err
-	}
-	if key == nil {
-		if key, err = encKey.ECDH(); err != nil {
-			return "", fmt.Errorf("open seal: the encryption key: %w", err)
-		}
-	}
-	plain, err := openSealJWE(key, parts[0], epk, parts[1], parts[2], parts[3], parts[4])
-	if err != nil {
-		return "", err
-	}
-	if len(plain) == 0 || len(plain) > MaxSealedTokenSize || !utf8.Valid(plain) {
-		return "", sealErr(ReasonSealPlaintext, "plaintext of %d bytes", len(plain))
-	}
-	return string(plain), nil
-}
-
-// checkSealHeader decodes the protected header and checks it strictly before
-// any key agreement: algorithms, typ, iat, the CSR and request bindings, and
-// iat against now. It returns the epk member, for openSealJWE to parse.
-func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) (epk json.RawMessage, err error) {
-	raw, err := base64.RawURLEncoding.DecodeString(protected)
-	if err != nil {
-		return nil, sealErr(ReasonSealMalformed, "protected header: %w", err)
-	}
-	var h map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if err := dec.Decode(&h); err != nil || dec.More() {
-		return nil, sealErr(ReasonSealMalformed, "protected header is not a JSON object")
-	}
-	var alg, enc string
-	if json.Unmarshal(h["alg"], &alg) != nil || json.Unmarshal(h["enc"], &enc) != nil {
-		return nil, sealErr(ReasonSealMalformed, "alg or enc is not a string")
-	}
-	if alg != string(jose.ECDH_ES_A256KW) || enc != string(jose.A256GCM) {
-		return nil, sealErr(ReasonSealAlgorithm, "alg %q enc %q", alg, enc)
-	}
-	for k := range h {
-		if !allowedSealHeader(k) {
-			return nil, sealErr(ReasonSealHeader, "unexpected header %q", k)
-		}
-	}
-	var typ string
-	if json.Unmarshal(h["typ"], &typ) != nil || typ != SealType {
-		return nil, sealErr(ReasonSealHeader, "typ is not %s", SealType)
-	}
-	// Decoding into any (not json.Number, which also takes a quoted
-	// number) keeps iat a JSON number.
-	var v any
-	d := json.NewDecoder(bytes.NewReader(h["iat"]))
-	d.UseNumber()
-	if h["iat"] == nil || d.Decode(&v) != nil {
-		return nil, sealErr(ReasonSealHeader, "iat missing")
-	}
-	iat, ok := v.(json.Number)
-	if !ok {
-		return nil, sealErr(ReasonSealHeader, "iat is not a number")
-	}
-	iatSec, err := iat.Int64()
-	if err != nil || iatSec <= 0 {
-		return nil, sealErr(ReasonSealHeader, "iat is not positive unix seconds")
-	}
-	var csr string
-	if json.Unmarshal(h["csr"], &csr) != nil || csr == "" {
-		return nil, sealErr(ReasonSealHeader, "csr missing")
-	}
-	want := base64.RawURLEncoding.EncodeToString(CSRHash(csrDER))
-	if subtle.ConstantTimeCompare([]byte(csr), []byte(want)) != 1 {
-		return nil, sealErr(ReasonSealCSRMismatch, "the seal was made for another CSR")
-	}
-	var req string
-	if json.Unmarshal(h["req"], &req) != nil || req == "" {
-		return nil, sealErr(ReasonSealHeader, "req missing")
-	}
-	// The encoding is compared, not decoded: one digest has one unpadded
-	// base64url form, and anything else is another request.
-	wantReq := base64.RawURLEncoding.EncodeToString(reqDigest)
-	if subtle.ConstantTimeCompare([]byte(req), []byte(wantReq)) != 1 {
-		return nil, sealErr(ReasonSealRequestMismatch, "the seal was made for another join request")
-	}
-	issued := time.Unix(iatSec, 0)
-	if age := now.Sub(issued); age > SealMaxAge {
-		return nil, sealErr(ReasonSealExpired, "iat %s is %s before now, more than %s", issued.UTC().Format(time.RFC3339), age, SealMaxAge)
-	}
-	if ahead := issued.Sub(now); ahead > SealMaxFuture {
-		return nil, sealErr(ReasonSealFuture, "iat %s is %s after now, more than %s", issued.UTC().Format(time.RFC3339), ahead, SealMaxFuture)
-	}
-	return h["epk"], nil
 }

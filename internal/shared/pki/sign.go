@@ -53,7 +53,7 @@ func signedMessage(purpose string, msg []byte) ([]byte, error) {
 // software key or one held in a TPM): ECDSA with SHA-256, ASN.1 DER
 // signature, over "better-compute <purpose> v1\x00" || msg.
 func SignPurpose(key crypto.Signer, purpose string, msg []byte) ([]byte, error) {
-	if key == nil || !isP256(key.Public()) {
+	if key == nil || !IsP256(key.Public()) {
 		return nil, errors.New("sign: the key must be ECDSA P-256")
 	}
 	m, err := signedMessage(purpose, msg)
@@ -72,7 +72,7 @@ func SignPurpose(key crypto.Signer, purpose string, msg []byte) ([]byte, error) 
 // returns an error wrapping ErrSignature when the signature does not verify.
 func VerifyPurpose(pub crypto.PublicKey, purpose string, msg, sig []byte) error {
 	k, ok := pub.(*ecdsa.PublicKey)
-	if !ok || !isP256(k) {
+	if !ok || !IsP256(k) {
 		return errors.New("verify: the key must be ECDSA P-256")
 	}
 	m, err := signedMessage(purpose, msg)

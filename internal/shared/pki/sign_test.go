@@ -10,16 +10,16 @@ import (
 // R4.6: the join response is signed with the join-signing key and verifies
 // only under that key, for that body, for that purpose.
 func TestSignVerifyResponse(t *testing.T) {
-	b := newBundle(t)
+	signing, command := newP256(t), newP256(t)
 	body := []byte(`{"nodeId":"node_1","csrSha256":"abc"}`)
-	sig, err := SignResponse(b.JoinSigningKey, body)
+	sig, err := SignResponse(signing, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := VerifyResponse(b.JoinSigningCert.PublicKey, body, sig); err != nil {
+	if err := VerifyResponse(signing.Public(), body, sig); err != nil {
 		t.Fatalf("VerifyResponse: %v", err)
 	}
-	renewSig, err := SignPurpose(b.JoinSigningKey, PurposeRenewPoP, body)
+	renewSig, err := SignPurpose(signing, PurposeRenewPoP, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,14 +31,14 @@ func TestSignVerifyResponse(t *testing.T) {
 		wantSig bool // the failure is ErrSignature (not a bad key or purpose)
 	}{
 		{"another key", func() error { return VerifyResponse(newP256(t).Public(), body, sig) }, true},
-		{"the command key", func() error { return VerifyResponse(b.CommandSigningKey.Public(), body, sig) }, true},
-		{"another body", func() error { return VerifyResponse(b.JoinSigningCert.PublicKey, append(body, ' '), sig) }, true},
-		{"tampered signature", func() error { return VerifyResponse(b.JoinSigningCert.PublicKey, body, tampered) }, true},
-		{"empty signature", func() error { return VerifyResponse(b.JoinSigningCert.PublicKey, body, nil) }, true},
-		{"renew-pop signature as a response", func() error { return VerifyResponse(b.JoinSigningCert.PublicKey, body, renewSig) }, true},
-		{"response signature as renew-pop", func() error { return VerifyPurpose(b.JoinSigningCert.PublicKey, PurposeRenewPoP, body, sig) }, true},
+		{"the command key", func() error { return VerifyResponse(command.Public(), body, sig) }, true},
+		{"another body", func() error { return VerifyResponse(signing.Public(), append(body, ' '), sig) }, true},
+		{"tampered signature", func() error { return VerifyResponse(signing.Public(), body, tampered) }, true},
+		{"empty signature", func() error { return VerifyResponse(signing.Public(), body, nil) }, true},
+		{"renew-pop signature as a response", func() error { return VerifyResponse(signing.Public(), body, renewSig) }, true},
+		{"response signature as renew-pop", func() error { return VerifyPurpose(signing.Public(), PurposeRenewPoP, body, sig) }, true},
 		{"P-384 key", func() error { return VerifyResponse(mustP384(t).Public(), body, sig) }, false},
-		{"bad purpose", func() error { return VerifyPurpose(b.JoinSigningCert.PublicKey, "join response", body, sig) }, false},
+		{"bad purpose", func() error { return VerifyPurpose(signing.Public(), "join response", body, sig) }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

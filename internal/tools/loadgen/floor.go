@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -20,8 +21,8 @@ import (
 // to it holds on a noisy machine.
 //
 // A join: check the CSR (pki.ParseCSR: one ECDSA verification), open the
-// seal (pki.Open: ECDH-ES, key unwrap, AES-GCM), sign the node certificate
-// (pki.SignNodeCertKey: one signature, one verification, parse) and sign
+// seal (ca.Open: ECDH-ES, key unwrap, AES-GCM), sign the node certificate
+// (ca.SignNodeCertKey: one signature, one verification, parse) and sign
 // the answer (pki.SignResponse). A renewal: the CSR, the renew-pop proof
 // (pki.VerifyRenewPoP), the certificate and the answer.
 type Floor struct {
@@ -36,7 +37,7 @@ const floorIterations = 2000
 // MeasureFloor measures the Floor; it takes about a second of CPU.
 func MeasureFloor() (Floor, error) {
 	now := time.Now()
-	b, err := pki.Generate("floor.example.com", now.Add(-time.Hour))
+	b, err := ca.Generate("floor.example.com", now.Add(-time.Hour))
 	if err != nil {
 		return Floor{}, err
 	}
@@ -58,7 +59,7 @@ func MeasureFloor() (Floor, error) {
 	if err != nil {
 		return Floor{}, err
 	}
-	params := pki.NodeCertParams{TrustDomain: "floor.example.com", SiteID: "site_floor", NodeID: "node_floor", Role: pki.RoleNode,
+	params := ca.NodeCertParams{TrustDomain: "floor.example.com", SiteID: "site_floor", NodeID: "node_floor", Role: pki.RoleNode,
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour)}
 	answer := make([]byte, 600) // about a join answer's body
 	// common is what a join and a renewal share: the CSR, the certificate,
@@ -68,14 +69,14 @@ func MeasureFloor() (Floor, error) {
 		if err != nil {
 			return err
 		}
-		if _, err := pki.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, params); err != nil {
+		if _, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, pub, params); err != nil {
 			return err
 		}
 		_, err = pki.SignResponse(b.JoinSigningKey, answer)
 		return err
 	}
 	// The API holds one opener for its key (join.Service), so does the floor.
-	seals, err := pki.NewSealOpener(b.JoinEncryptionKey)
+	seals, err := ca.NewSealOpener(b.JoinEncryptionKey)
 	if err != nil {
 		return Floor{}, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/node/config"
@@ -48,7 +49,7 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 		return p
 	}
 
-	apiPEM, apiKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
+	apiPEM, apiKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 
-	gwPEM, gwKey, err := pki.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
+	gwPEM, gwKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -70,13 +71,13 @@ func Claims(i int) *agentv1.Claims {
 
 // Seal seals token to b's JoinService encryption key for req (its CSR and
 // whole-request digest), as bcd does.
-func Seal(t testing.TB, b *pki.Bundle, token string, req *agentv1.JoinRequest) string {
+func Seal(t testing.TB, b *ca.Bundle, token string, req *agentv1.JoinRequest) string {
 	t.Helper()
 	return SealAt(t, b, token, req, time.Now())
 }
 
 // SealAt is Seal with iat at, for a JoinService on a fake clock.
-func SealAt(t testing.TB, b *pki.Bundle, token string, req *agentv1.JoinRequest, at time.Time) string {
+func SealAt(t testing.TB, b *ca.Bundle, token string, req *agentv1.JoinRequest, at time.Time) string {
 	t.Helper()
 	s, err := pki.Seal(&b.JoinEncryptionKey.PublicKey, token, req.GetCsr(), pki.JoinRequestDigest(req), at)
 	if err != nil {
@@ -101,13 +102,13 @@ func NewMachine(t testing.TB, claims *agentv1.Claims) *Machine {
 
 // Request returns the join request of m presenting token (sealed for m's
 // CSR; "" sends no token) for role ("" is node).
-func (m *Machine) Request(t testing.TB, b *pki.Bundle, token, role string) *agentv1.JoinRequest {
+func (m *Machine) Request(t testing.TB, b *ca.Bundle, token, role string) *agentv1.JoinRequest {
 	t.Helper()
 	return m.RequestAt(t, b, token, role, time.Now())
 }
 
 // RequestAt is Request with the seal issued at at.
-func (m *Machine) RequestAt(t testing.TB, b *pki.Bundle, token, role string, at time.Time) *agentv1.JoinRequest {
+func (m *Machine) RequestAt(t testing.TB, b *ca.Bundle, token, role string, at time.Time) *agentv1.JoinRequest {
 	t.Helper()
 	req := &agentv1.JoinRequest{Csr: m.CSR, Claims: proto.Clone(m.Claims).(*agentv1.Claims), Role: role, Protocol: 1}
 	if token != "" {
@@ -127,14 +128,14 @@ type Joined struct {
 // the join-signing key, csr_sha256, that the leaf certifies the machine's
 // key, the SPIFFE SAN, the role (wantRole, when not empty); and that the
 // chain verifies against the node CA for client auth.
-func (m *Machine) Verify(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse, wantRole string) *Joined {
+func (m *Machine) Verify(t testing.TB, b *ca.Bundle, res *agentv1.JoinResponse, wantRole string) *Joined {
 	t.Helper()
 	return m.VerifyAt(t, b, res, wantRole, time.Time{})
 }
 
 // VerifyAt is Verify with the chain checked at now (the zero time: the
 // current time), for answers of a JoinService on a fake clock.
-func (m *Machine) VerifyAt(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse, wantRole string, now time.Time) *Joined {
+func (m *Machine) VerifyAt(t testing.TB, b *ca.Bundle, res *agentv1.JoinResponse, wantRole string, now time.Time) *Joined {
 	t.Helper()
 	if err := pki.VerifyResponse(b.JoinSigningCert.PublicKey, res.GetBody(), res.GetSig()); err != nil {
 		t.Fatalf("join response signature: %v", err)
@@ -272,7 +273,7 @@ func Reasons(t testing.TB, db *store.DB, tenant string) []string {
 
 // Deferral checks a signed deferral for m (R10.1): signed by the
 // join-signing key, for m's CSR, with no certificate, and returns it.
-func (m *Machine) Deferral(t testing.TB, b *pki.Bundle, res *agentv1.JoinResponse) *agentv1.JoinDeferral {
+func (m *Machine) Deferral(t testing.TB, b *ca.Bundle, res *agentv1.JoinResponse) *agentv1.JoinDeferral {
 	t.Helper()
 	if err := pki.VerifyResponse(b.JoinSigningCert.PublicKey, res.GetBody(), res.GetSig()); err != nil {
 		t.Fatalf("deferral signature: %v", err)

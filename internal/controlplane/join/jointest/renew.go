@@ -8,6 +8,7 @@ import (
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -33,7 +34,7 @@ func RenewRequest(t testing.TB, current crypto.Signer, chain [][]byte, nodeID st
 
 // VerifyRenewal checks a renewal answer exactly as a join answer (R4.6): it
 // has the same shape and signature.
-func (m *Machine) VerifyRenewal(t testing.TB, b *pki.Bundle, res *agentv1.RenewResponse, wantRole string) *Joined {
+func (m *Machine) VerifyRenewal(t testing.TB, b *ca.Bundle, res *agentv1.RenewResponse, wantRole string) *Joined {
 	t.Helper()
 	return m.Verify(t, b, &agentv1.JoinResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, wantRole)
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
@@ -66,7 +67,7 @@ func TestAdmitRefusals(t *testing.T) {
 		tf := *f
 		tf.node = storetest.Node(t, db, store.NodeAdopted)
 		withTPM := tf.issue(t, []string{tpmStatement(t)}, nil, 0)
-		other, err := pki.Generate("example.test", time.Now().Add(-time.Hour))
+		other, err := ca.Generate("example.test", time.Now().Add(-time.Hour))
 		must(t, err)
 		for _, tc := range popCases() {
 			t.Run(tc.name, func(t *testing.T) {

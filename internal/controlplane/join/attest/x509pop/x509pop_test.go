@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/x509pop"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
@@ -35,14 +36,14 @@ type fixture struct {
 	db     *store.DB
 	clk    *clock.Fake
 	core   *nodeident.Core
-	bundle *pki.Bundle
+	bundle *ca.Bundle
 	node   store.Node
 }
 
 func newFixture(t *testing.T, db *store.DB) *fixture {
 	t.Helper()
 	now := time.Now()
-	b, err := pki.Generate("example.test", now.Add(-time.Hour))
+	b, err := ca.Generate("example.test", now.Add(-time.Hour))
 	must(t, err)
 	clk := clock.NewFake(now)
 	core, err := nodeident.New(nodeident.Config{DB: db, Bundle: b, Clock: clk, CertTTL: certTTL})

@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto/ecdsa"
@@ -12,6 +12,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 const testToken = "bcjt_jt_01k5w7c2v9m3.Yc1q3m1oS3m8fJ0l6h7Xg2s4r5t6u7v8w9x0y1z2A3B"
@@ -19,7 +20,7 @@ const testToken = "bcjt_jt_01k5w7c2v9m3.Yc1q3m1oS3m8fJ0l6h7Xg2s4r5t6u7v8w9x0y1z2
 // requestFor returns the digest of a join request for csr, with a hostname
 // that tells two requests for one CSR apart.
 func requestFor(csr []byte, hostname string) []byte {
-	return JoinRequestDigest(&agentv1.JoinRequest{Csr: csr, Protocol: 1, Claims: &agentv1.Claims{Hostname: hostname}})
+	return pki.JoinRequestDigest(&agentv1.JoinRequest{Csr: csr, Protocol: 1, Claims: &agentv1.Claims{Hostname: hostname}})
 }
 
 // R4.2: a seal opens with the JoinService key for the CSR and the request it
@@ -28,7 +29,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, newP256(t))
 	req := requestFor(csr, "a")
-	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	sealed, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		t.Fatal("the token is visible in the seal")
 	}
 	h := protectedHeader(t, sealed)
-	csrHash := base64.RawURLEncoding.EncodeToString(CSRHash(csr))
+	csrHash := base64.RawURLEncoding.EncodeToString(pki.CSRHash(csr))
 	reqHash := base64.RawURLEncoding.EncodeToString(req)
 	if h["alg"] != "ECDH-ES+A256KW" || h["enc"] != "A256GCM" || h["typ"] != "bcjt+jwe" ||
 		h["iat"] != float64(t0.Unix()) || h["csr"] != csrHash || h["req"] != reqHash || h["epk"] == nil || len(h) != 7 {
@@ -57,7 +58,7 @@ func TestOpenTimes(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, newP256(t))
 	req := requestFor(csr, "a")
-	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	sealed, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +90,8 @@ func TestOpenTimes(t *testing.T) {
 		})
 	}
 	// The bounds are the documented ones.
-	if SealMaxAge != 10*time.Minute || SealMaxFuture != 5*time.Minute {
-		t.Fatalf("SealMaxAge %s, SealMaxFuture %s", SealMaxAge, SealMaxFuture)
+	if pki.SealMaxAge != 10*time.Minute || pki.SealMaxFuture != 5*time.Minute {
+		t.Fatalf("SealMaxAge %s, SealMaxFuture %s", pki.SealMaxAge, pki.SealMaxFuture)
 	}
 }
 
@@ -140,14 +141,14 @@ func TestOpenRefusals(t *testing.T) {
 	csr := newCSR(t, newP256(t))
 	otherCSR := newCSR(t, newP256(t))
 	req := requestFor(csr, "a")
-	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	good, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	csrHash := base64.RawURLEncoding.EncodeToString(CSRHash(csr))
+	csrHash := base64.RawURLEncoding.EncodeToString(pki.CSRHash(csr))
 	reqHash := base64.RawURLEncoding.EncodeToString(req)
 	hdr := func(edit func(map[string]any)) map[string]any {
-		h := map[string]any{"typ": SealType, "iat": t0.Unix(), "csr": csrHash, "req": reqHash}
+		h := map[string]any{"typ": pki.SealType, "iat": t0.Unix(), "csr": csrHash, "req": reqHash}
 		if edit != nil {
 			edit(h)
 		}
@@ -206,13 +207,13 @@ func TestOpenRefusals(t *testing.T) {
 		{"extra header", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(func(h map[string]any) { h["kid"] = "x" }), false, testToken), key, csr, ReasonSealHeader},
 		{"zip", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(nil), true, testToken), key, csr, ReasonSealHeader},
 		{"empty token", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(nil), false, ""), key, csr, ReasonSealPlaintext},
-		{"oversized token", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(nil), false, strings.Repeat("a", MaxSealedTokenSize+1)), key, csr, ReasonSealPlaintext},
+		{"oversized token", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(nil), false, strings.Repeat("a", pki.MaxSealedTokenSize+1)), key, csr, ReasonSealPlaintext},
 		{"not UTF-8", jweWith(t, &key.PublicKey, jose.ECDH_ES_A256KW, jose.A256GCM, hdr(nil), false, "\xff\xfe"), key, csr, ReasonSealPlaintext},
 		{"tampered ciphertext", tamper(3), key, csr, ReasonSealDecrypt},
 		{"tampered tag", tamper(4), key, csr, ReasonSealDecrypt},
 		{"tampered encrypted key", tamper(1), key, csr, ReasonSealDecrypt},
 		{"tampered header", headerSwapped, key, csr, ReasonSealDecrypt},
-		{"oversized input", good + strings.Repeat("A", MaxSealSize), key, csr, ReasonSealMalformed},
+		{"oversized input", good + strings.Repeat("A", pki.MaxSealSize), key, csr, ReasonSealMalformed},
 		{"empty", "", key, csr, ReasonSealMalformed},
 		{"four parts", strings.Join(parts[:4], "."), key, csr, ReasonSealMalformed},
 		{"six parts", good + ".x", key, csr, ReasonSealMalformed},
@@ -242,20 +243,20 @@ func TestSealRefusals(t *testing.T) {
 	req := requestFor(csr, "a")
 	p384 := mustP384(t).Public().(*ecdsa.PublicKey)
 	for name, f := range map[string]func() (string, error){
-		"P-384 key":      func() (string, error) { return Seal(p384, testToken, csr, req, t0) },
-		"nil key":        func() (string, error) { return Seal(nil, testToken, csr, req, t0) },
-		"empty token":    func() (string, error) { return Seal(&key.PublicKey, "", csr, req, t0) },
-		"long token":     func() (string, error) { return Seal(&key.PublicKey, strings.Repeat("a", 1025), csr, req, t0) },
-		"no CSR":         func() (string, error) { return Seal(&key.PublicKey, testToken, nil, req, t0) },
-		"no digest":      func() (string, error) { return Seal(&key.PublicKey, testToken, csr, nil, t0) },
-		"a short digest": func() (string, error) { return Seal(&key.PublicKey, testToken, csr, req[:31], t0) },
+		"P-384 key":      func() (string, error) { return pki.Seal(p384, testToken, csr, req, t0) },
+		"nil key":        func() (string, error) { return pki.Seal(nil, testToken, csr, req, t0) },
+		"empty token":    func() (string, error) { return pki.Seal(&key.PublicKey, "", csr, req, t0) },
+		"long token":     func() (string, error) { return pki.Seal(&key.PublicKey, strings.Repeat("a", 1025), csr, req, t0) },
+		"no CSR":         func() (string, error) { return pki.Seal(&key.PublicKey, testToken, nil, req, t0) },
+		"no digest":      func() (string, error) { return pki.Seal(&key.PublicKey, testToken, csr, nil, t0) },
+		"a short digest": func() (string, error) { return pki.Seal(&key.PublicKey, testToken, csr, req[:31], t0) },
 	} {
 		if _, err := f(); err == nil {
 			t.Errorf("%s: Seal succeeded", name)
 		}
 	}
 	// Open refuses a digest that is not one, before looking at the seal.
-	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	sealed, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +268,7 @@ func TestSealRefusals(t *testing.T) {
 // openGoJose is Open as it was, with go-jose decrypting after the same
 // header checks: the reference FuzzOpen holds Open to.
 func openGoJose(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	if len(compact) == 0 || len(compact) > MaxSealSize || strings.Count(compact, ".") != 4 {
+	if len(compact) == 0 || len(compact) > pki.MaxSealSize || strings.Count(compact, ".") != 4 {
 		return "", sealErr(ReasonSealMalformed, "size or parts")
 	}
 	protected, _, _ := strings.Cut(compact, ".")
@@ -282,7 +283,7 @@ func openGoJose(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []by
 	if err != nil {
 		return "", sealErr(ReasonSealDecrypt, "decrypt: %w", err)
 	}
-	if len(plain) == 0 || len(plain) > MaxSealedTokenSize || !utf8.Valid(plain) {
+	if len(plain) == 0 || len(plain) > pki.MaxSealedTokenSize || !utf8.Valid(plain) {
 		return "", sealErr(ReasonSealPlaintext, "plaintext of %d bytes", len(plain))
 	}
 	return string(plain), nil
@@ -340,7 +341,7 @@ func FuzzOpen(f *testing.F) {
 	key := newP256(f)
 	csr := newCSR(f, newP256(f))
 	req := requestFor(csr, "a")
-	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	good, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -384,7 +385,7 @@ func BenchmarkSeal(b *testing.B) {
 	req := requestFor(csr, "a")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Seal(&key.PublicKey, testToken, csr, req, t0); err != nil {
+		if _, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -396,7 +397,7 @@ func sealedForBench(b *testing.B) (*ecdsa.PrivateKey, []byte, []byte, string) {
 	key := newP256(b)
 	csr := newCSR(b, newP256(b))
 	req := requestFor(csr, "a")
-	sealed, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	sealed, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		b.Fatal(err)
 	}

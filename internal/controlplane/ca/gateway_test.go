@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto/tls"
@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // R3.1, R4.3: pki issue-gateway makes a serving certificate bcd verifies
@@ -42,7 +43,7 @@ func TestIssueGateway(t *testing.T) {
 	if len(leaf.IPAddresses) != 1 || !leaf.IPAddresses[0].Equal(net.ParseIP("10.0.0.7")) {
 		t.Errorf("IP SANs = %v", leaf.IPAddresses)
 	}
-	if !isP256(leaf.PublicKey) || leaf.IsCA || !leaf.NotAfter.Equal(t0.Add(90*24*time.Hour)) {
+	if !pki.IsP256(leaf.PublicKey) || leaf.IsCA || !leaf.NotAfter.Equal(t0.Add(90*24*time.Hour)) {
 		t.Errorf("key/CA/NotAfter = %T %v %v", leaf.PublicKey, leaf.IsCA, leaf.NotAfter)
 	}
 	roots := x509.NewCertPool()
@@ -58,12 +59,12 @@ func TestIssueGateway(t *testing.T) {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: nodeRoots, CurrentTime: t0}); err == nil {
 		t.Error("gateway certificate verified under the node CA")
 	}
-	if !PinMatches(mustPins(t, b).ServingCA, b.ServingCA.PublicKey) {
+	if !pki.PinMatches(mustPins(t, b).ServingCA, b.ServingCA.PublicKey) {
 		t.Error("serving CA pin mismatch")
 	}
 }
 
-func mustPins(t *testing.T, b *Bundle) Pins {
+func mustPins(t *testing.T, b *Bundle) pki.Pins {
 	t.Helper()
 	p, err := b.Pins()
 	if err != nil {

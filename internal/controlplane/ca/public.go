@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto/ecdsa"
@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // Public is the public half of a bundle: what `pki pins` and `daemon
@@ -55,7 +56,7 @@ func LoadPublic(dir string) (*Public, error) {
 	if err != nil {
 		return nil, invalidConfig("cannot read %s", jwkPath)
 	}
-	enc, err := ParseEncryptionJWK(raw)
+	enc, err := pki.ParseEncryptionJWK(raw)
 	if err != nil {
 		return nil, invalidConfig("%s does not hold a join encryption key", jwkPath)
 	}
@@ -64,7 +65,7 @@ func LoadPublic(dir string) (*Public, error) {
 }
 
 // Pins returns the pins a bcd config carries, as Bundle.Pins does.
-func (p *Public) Pins() (Pins, error) {
+func (p *Public) Pins() (pki.Pins, error) {
 	return pinsOf(p.ServingCA, p.JoinSigning, p.JoinEncryption)
 }
 
@@ -85,7 +86,7 @@ func readManifest(dir string) (Manifest, error) {
 	if m.Version != BundleVersion {
 		return m, invalidConfig("%s: unsupported bundle version %d", path, m.Version)
 	}
-	if err := ValidateTrustDomain(m.TrustDomain); err != nil {
+	if err := pki.ValidateTrustDomain(m.TrustDomain); err != nil {
 		return m, invalidConfig("%s: invalid trust domain %q", path, m.TrustDomain)
 	}
 	return m, nil

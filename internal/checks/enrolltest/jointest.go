@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"connectrpc.com/connect"
@@ -49,7 +50,7 @@ const GatewayServerName = "gw.test"
 
 // Answer is what the fake is about to send; tamper hooks change it.
 type Answer struct {
-	Params pki.NodeCertParams
+	Params ca.NodeCertParams
 	// CSR is the request the certificate is signed for.
 	CSR  []byte
 	Body *agentv1.JoinResponseBody
@@ -62,7 +63,7 @@ type Answer struct {
 type JoinService struct {
 	agentv1connect.UnimplementedJoinServiceHandler
 	t      testing.TB
-	bundle *pki.Bundle
+	bundle *ca.Bundle
 	site   string
 	token  string
 	now    time.Time
@@ -176,7 +177,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		if !x509PopOK(f.bundle, req.Msg) {
 			return nil, refuse()
 		}
-	} else if tok, err := pki.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), f.now); err != nil || tok != f.token {
+	} else if tok, err := ca.Open(f.bundle.JoinEncryptionKey, req.Msg.GetSealedToken(), req.Msg.GetCsr(), pki.JoinRequestDigest(req.Msg), f.now); err != nil || tok != f.token {
 		return nil, refuse()
 	}
 	f.mu.Lock()
@@ -223,7 +224,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		nodeID = ids.New(ids.Node, time.Now())
 	}
 	a := &Answer{
-		Params: pki.NodeCertParams{
+		Params: ca.NodeCertParams{
 			TrustDomain: f.bundle.TrustDomain, SiteID: f.site, NodeID: nodeID, Role: role,
 			NotBefore: f.now, NotAfter: f.now.Add(24 * time.Hour),
 		},
@@ -234,7 +235,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 	if before != nil {
 		before(a)
 	}
-	nc, err := pki.SignNodeCert(f.bundle.NodeCA, f.bundle.NodeCAKey, a.CSR, a.Params)
+	nc, err := ca.SignNodeCert(f.bundle.NodeCA, f.bundle.NodeCAKey, a.CSR, a.Params)
 	if err != nil {
 		f.t.Errorf("fake JoinService: sign node cert: %v", err)
 		return nil, refuse()
@@ -324,7 +325,7 @@ func (d *discardWriter) Flush()                      {}
 type Options struct {
 	// GatewayBundle issues the gateway's certificate; nil: the server's own
 	// bundle (so the pins match).
-	GatewayBundle *pki.Bundle
+	GatewayBundle *ca.Bundle
 }
 
 // Server is a PKI, and a gateway serving the fake JoinService and the
@@ -332,7 +333,7 @@ type Options struct {
 // with HTTP/2.
 type Server struct {
 	Now    time.Time
-	Bundle *pki.Bundle
+	Bundle *ca.Bundle
 	Pins   pki.Pins
 	Site   string
 	// Token is the one join token the fake admits.
@@ -354,7 +355,7 @@ type Server struct {
 func New(t testing.TB, o Options) *Server {
 	t.Helper()
 	now := time.Now().UTC().Truncate(time.Second)
-	b, err := pki.Generate(TrustDomain, now.Add(-time.Hour))
+	b, err := ca.Generate(TrustDomain, now.Add(-time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +372,7 @@ func New(t testing.TB, o Options) *Server {
 	}
 	// Valid from an hour ago, like the bundle, so a daemon whose clock is
 	// somewhat behind still reaches the JoinService.
-	certPEM, keyPEM, err := pki.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now.Add(-time.Hour), 25*time.Hour)
+	certPEM, keyPEM, err := ca.IssueGateway(gb, []string{GatewayServerName, "127.0.0.1"}, now.Add(-time.Hour), 25*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +508,7 @@ func NewToken(now time.Time) string {
 
 // x509PopOK is the fake's x509pop check: no token, a leaf signed by the node
 // CA, naming the requested node, whose key signed the request's digest.
-func x509PopOK(b *pki.Bundle, req *agentv1.JoinRequest) bool {
+func x509PopOK(b *ca.Bundle, req *agentv1.JoinRequest) bool {
 	ev := req.GetX509Pop()
 	if req.GetSealedToken() != "" || ev == nil || len(ev.GetChain()) == 0 {
 		return false

@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto/x509"
@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // R3.1: pki init writes the CAs and the two JoinService keys; Load reads
@@ -53,7 +54,7 @@ func TestInitLoadRoundTrip(t *testing.T) {
 		t.Errorf("pins differ (-want +got):\n%s", diff)
 	}
 	for _, p := range []string{gotPins.ServingCA, gotPins.JoinSigning, gotPins.JoinEncryption} {
-		if !ValidPin(p) {
+		if !pki.ValidPin(p) {
 			t.Errorf("invalid pin %q", p)
 		}
 	}
@@ -113,7 +114,7 @@ func TestGenerateShapes(t *testing.T) {
 		{b.JoinSigningCert, "better-compute join signing " + testTD, false},
 	} {
 		c := tt.cert
-		if c.Subject.CommonName != tt.cn || c.IsCA != tt.ca || !isP256(c.PublicKey) {
+		if c.Subject.CommonName != tt.cn || c.IsCA != tt.ca || !pki.IsP256(c.PublicKey) {
 			t.Errorf("%s: CN %q IsCA %v", tt.cn, c.Subject.CommonName, c.IsCA)
 		}
 		if err := c.CheckSignatureFrom(c); tt.ca && err != nil {
@@ -254,14 +255,14 @@ func TestWellKnownJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := ParseEncryptionJWK(w.EncryptionJWK)
+	pub, err := pki.ParseEncryptionJWK(w.EncryptionJWK)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !PinMatches(w.EncryptionKeyPin, pub) {
+	if !pki.PinMatches(w.EncryptionKeyPin, pub) {
 		t.Error("encryption key does not match its pin")
 	}
-	if !PinMatches(w.SigningKeyPin, b.JoinSigningKey.Public()) {
+	if !pki.PinMatches(w.SigningKeyPin, b.JoinSigningKey.Public()) {
 		t.Error("signing pin does not match the signing key")
 	}
 	raw, err := json.Marshal(w)

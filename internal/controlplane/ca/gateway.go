@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto/ecdsa"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -81,7 +82,7 @@ func IssueGateway(b *Bundle, sans []string, now time.Time, ttl time.Duration) (c
 	if err != nil {
 		return nil, nil, fmt.Errorf("marshal gateway key: %w", err)
 	}
-	certPEM = append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), CertPEM(b.ServingCA)...)
+	certPEM = append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pki.CertPEM(b.ServingCA)...)
 	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 	return certPEM, keyPEM, nil
 }

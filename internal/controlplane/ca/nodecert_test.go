@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto"
@@ -22,6 +22,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // R7.1, R7.2, R7.3: the issued certificate's key, lifetime, names and role.
@@ -33,12 +34,12 @@ func TestSignNodeCertProperties(t *testing.T) {
 		statements []string
 		ttl        time.Duration
 	}{
-		{"node", RoleNode, nil, 24 * time.Hour},
-		{"site", RoleSite, nil, time.Hour},
-		{"ramdisk", RoleRamdisk, nil, 2 * time.Hour},
-		{"node-tenant", RoleNodeTenant, nil, 24 * time.Hour},
-		{"tpm statement", RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour},
-		{"two statements", RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour},
+		{"node", pki.RoleNode, nil, 24 * time.Hour},
+		{"site", pki.RoleSite, nil, time.Hour},
+		{"ramdisk", pki.RoleRamdisk, nil, 2 * time.Hour},
+		{"node-tenant", pki.RoleNodeTenant, nil, 24 * time.Hour},
+		{"tpm statement", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour},
+		{"two statements", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,7 +80,7 @@ func TestSignNodeCertProperties(t *testing.T) {
 				t.Errorf("CN = %q", cert.Subject.CommonName)
 			}
 			// R7.1: P-256, the CSR's key, lifetime as given.
-			if !isP256(cert.PublicKey) || !key.PublicKey.Equal(cert.PublicKey) {
+			if !pki.IsP256(cert.PublicKey) || !key.PublicKey.Equal(cert.PublicKey) {
 				t.Error("certified key is not the CSR's P-256 key")
 			}
 			if !cert.NotBefore.Equal(p.NotBefore) || !cert.NotAfter.Equal(p.NotAfter) {
@@ -91,7 +92,7 @@ func TestSignNodeCertProperties(t *testing.T) {
 			if cert.SerialNumber.BitLen() > 128 || cert.SerialNumber.Sign() <= 0 {
 				t.Errorf("serial %v", cert.SerialNumber)
 			}
-			if nc.Serial != cert.SerialNumber.Text(16) || len(nc.SPKISHA256) != 32 || hex.EncodeToString(nc.SPKISHA256) != hex.EncodeToString(SPKIHash(cert)) {
+			if nc.Serial != cert.SerialNumber.Text(16) || len(nc.SPKISHA256) != 32 || hex.EncodeToString(nc.SPKISHA256) != hex.EncodeToString(pki.SPKIHash(cert)) {
 				t.Errorf("Serial %q SPKI %x", nc.Serial, nc.SPKISHA256)
 			}
 			// It chains to the node CA for client auth.
@@ -101,15 +102,15 @@ func TestSignNodeCertProperties(t *testing.T) {
 				t.Errorf("Verify: %v", err)
 			}
 			// ParseNodeCert reads back what was asked for.
-			id, err := ParseNodeCert(nc.DER)
+			id, err := pki.ParseNodeCert(nc.DER)
 			if err != nil {
 				t.Fatalf("ParseNodeCert: %v", err)
 			}
-			want := NodeIdentity{TrustDomain: testTD, SiteID: p.SiteID, NodeID: p.NodeID, Role: tt.role, Statements: tt.statements}
+			want := pki.NodeIdentity{TrustDomain: testTD, SiteID: p.SiteID, NodeID: p.NodeID, Role: tt.role, Statements: tt.statements}
 			if diff := cmp.Diff(want, id); diff != "" {
 				t.Errorf("identity (-want +got):\n%s", diff)
 			}
-			if id.SPIFFEID() != wantURIs[0] || SPIFFEID(testTD, p.SiteID, p.NodeID) != wantURIs[0] {
+			if id.SPIFFEID() != wantURIs[0] || pki.SPIFFEID(testTD, p.SiteID, p.NodeID) != wantURIs[0] {
 				t.Errorf("SPIFFEID = %q", id.SPIFFEID())
 			}
 			// go-spiffe accepts it as an X509-SVID. The SVID spec allows one
@@ -171,7 +172,7 @@ func TestSignNodeCertCSRRefusals(t *testing.T) {
 func TestSignNodeCertKey(t *testing.T) {
 	b := newBundle(t)
 	key := newP256(t)
-	pub, err := ParseCSR(newCSR(t, key))
+	pub, err := pki.ParseCSR(newCSR(t, key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestSignNodeCertParamRefusals(t *testing.T) {
 		{"space", func(p *NodeCertParams) { p.Statements = []string{"urn:bc:a b"} }, "statements"},
 		{"duplicate", func(p *NodeCertParams) { p.Statements = []string{"urn:bc:a", "urn:bc:a"} }, "statements"},
 		{"too long", func(p *NodeCertParams) { p.NotAfter = p.NotBefore.Add(24*time.Hour + time.Second) }, "notAfter"},
-		{"ramdisk too long", func(p *NodeCertParams) { p.Role = RoleRamdisk; p.NotAfter = p.NotBefore.Add(3 * time.Hour) }, "notAfter"},
+		{"ramdisk too long", func(p *NodeCertParams) { p.Role = pki.RoleRamdisk; p.NotAfter = p.NotBefore.Add(3 * time.Hour) }, "notAfter"},
 		{"inverted", func(p *NodeCertParams) { p.NotAfter = p.NotBefore.Add(-time.Hour) }, "notAfter"},
 		{"zero times", func(p *NodeCertParams) { p.NotBefore, p.NotAfter = time.Time{}, time.Time{} }, "notAfter"},
 		{"before the CA", func(p *NodeCertParams) { p.NotBefore = t0.Add(-time.Hour); p.NotAfter = t0 }, "notAfter"},
@@ -284,7 +285,7 @@ func TestParseNodeCertRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = ParseNodeCert(der)
+			_, err = pki.ParseNodeCert(der)
 			if tt.msg == "" {
 				if err != nil {
 					t.Errorf("ParseNodeCert: %v", err)
@@ -329,7 +330,7 @@ func BenchmarkSignNodeCert(b *testing.B) {
 
 func BenchmarkSignNodeCertKey(b *testing.B) {
 	bundle := newBundle(b)
-	pub, err := ParseCSR(newCSR(b, newP256(b)))
+	pub, err := pki.ParseCSR(newCSR(b, newP256(b)))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // R7.2, R7.3: SignNodeCertKey assembles the certificate itself; its
@@ -25,10 +27,10 @@ func TestSignNodeCertMatchesCreateCertificate(t *testing.T) {
 		{name: "node", edit: func(*NodeCertParams) {}},
 		{name: "printable node id", edit: func(p *NodeCertParams) { p.NodeID = "node-01k5x" }},
 		{name: "node-tenant with statements", edit: func(p *NodeCertParams) {
-			p.Role, p.Statements = RoleNodeTenant, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}
+			p.Role, p.Statements = pki.RoleNodeTenant, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}
 		}},
 		{name: "ramdisk, odd seconds", edit: func(p *NodeCertParams) {
-			p.Role, p.NotBefore, p.NotAfter = RoleRamdisk, t0.Add(1500*time.Millisecond), t0.Add(time.Hour+time.Second)
+			p.Role, p.NotBefore, p.NotAfter = pki.RoleRamdisk, t0.Add(1500*time.Millisecond), t0.Add(time.Hour+time.Second)
 		}},
 		{name: "CA without a subject key id", edit: func(*NodeCertParams) {}, noSKID: true},
 	}
@@ -52,7 +54,7 @@ func TestSignNodeCertMatchesCreateCertificate(t *testing.T) {
 			}
 			tmpl := &x509.Certificate{
 				SerialNumber:          nc.Cert.SerialNumber,
-				Subject:               pkix.Name{CommonName: p.NodeID, OrganizationalUnit: []string{RoleOUPrefix + p.Role}},
+				Subject:               pkix.Name{CommonName: p.NodeID, OrganizationalUnit: []string{pki.RoleOUPrefix + p.Role}},
 				NotBefore:             p.NotBefore.Truncate(time.Second),
 				NotAfter:              p.NotAfter.Truncate(time.Second),
 				KeyUsage:              x509.KeyUsageDigitalSignature,

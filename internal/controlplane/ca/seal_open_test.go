@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/better-compute/better-compute/internal/shared/pki"
 	josecipher "github.com/go-jose/go-jose/v4/cipher"
 )
 
@@ -48,9 +49,9 @@ func TestSealOpenInterop(t *testing.T) {
 	req := requestFor(csr, "a")
 	for i := 0; i < 200; i++ {
 		key := newP256(t)
-		n := 1 + i*MaxSealedTokenSize/200
+		n := 1 + i*pki.MaxSealedTokenSize/200
 		if i == 199 {
-			n = MaxSealedTokenSize
+			n = pki.MaxSealedTokenSize
 		}
 		buf := make([]byte, n)
 		rand.Read(buf)
@@ -61,7 +62,7 @@ func TestSealOpenInterop(t *testing.T) {
 		if !utf8.ValidString(tok) || len(tok) != n {
 			t.Fatalf("bad test token of %d bytes", len(tok))
 		}
-		sealed, err := Seal(&key.PublicKey, tok, csr, req, t0)
+		sealed, err := pki.Seal(&key.PublicKey, tok, csr, req, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +92,7 @@ func TestOpenTampered(t *testing.T) {
 	key := newP256(t)
 	csr := newCSR(t, newP256(t))
 	req := requestFor(csr, "a")
-	good, err := Seal(&key.PublicKey, testToken, csr, req, t0)
+	good, err := pki.Seal(&key.PublicKey, testToken, csr, req, t0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package pki
+package ca
 
 import (
 	"crypto"
@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/better-compute/better-compute/internal/shared/pki"
 	"golang.org/x/crypto/cryptobyte"
 	cbasn1 "golang.org/x/crypto/cryptobyte/asn1"
 )
@@ -88,7 +89,7 @@ func signNodeTBS(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey
 			addASN1Time(b, notAfter)
 		})
 		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-			addRDN(b, oidAttrOU, RoleOUPrefix+p.Role)
+			addRDN(b, oidAttrOU, pki.RoleOUPrefix+p.Role)
 			addRDN(b, oidAttrCN, p.NodeID)
 		})
 		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
