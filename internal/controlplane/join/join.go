@@ -169,19 +169,26 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 	}
 	in.PeerAddr = peer.Addr
 	att := s.cfg.Attestors[attestorName(req.GetAttestor())]
-	res, err := s.admit(ctx, att, in, pub, req, peer)
+	var res *agentv1.JoinResponse
+	var err error
+	if c, ok := att.(attest.Challenger); ok && len(in.Answer) == 0 {
+		// The first leg of a two-leg attestor: a challenge for the
+		// machine, outside any transaction; nothing is read, written,
+		// issued or spent, and a challenge is never stored (R4.9).
+		var ch []byte
+		if ch, err = c.Challenge(ctx, in); err == nil {
+			res = &agentv1.JoinResponse{Challenge: ch}
+		}
+	} else {
+		res, err = s.admit(ctx, att, in, pub, req, peer)
+	}
 	var r *nodeident.Refusal
-	var ch *attest.ChallengeError
 	switch {
 	case err == nil:
 		return res, nil
 	case errors.As(err, &r):
 		s.refused(ctx, &joinRefusal{Refusal: r, attestor: att.Name(), role: in.Role, csrHash: in.CSRSHA256, hwKey: in.Key})
 		return nil, errRefused
-	case errors.As(err, &ch):
-		// Another leg: nothing was issued or spent (the transaction rolled
-		// back).
-		return &agentv1.JoinResponse{Challenge: ch.Challenge}, nil
 	case errors.Is(err, errRace):
 		return nil, errRace
 	default:
@@ -213,13 +220,7 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 		// attestor gets it opaque like any other.
 		in.Evidence, _ = proto.Marshal(ev)
 	}
-	answer := req.GetChallengeResponse()
-	in.Challenge = func(_ context.Context, challenge []byte) ([]byte, error) {
-		if len(answer) == 0 {
-			return nil, &attest.ChallengeError{Challenge: challenge}
-		}
-		return answer, nil
-	}
+	in.Answer = req.GetChallengeResponse()
 	ref := func(reason string) *joinRefusal {
 		return &joinRefusal{Refusal: nodeident.Refuse(reason, ""), attestor: name, role: role, csrHash: in.CSRSHA256, hwKey: in.Key}
 	}
@@ -374,12 +375,9 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// R4.9: a request answered before (a retry after a lost answer, a
 		// replay, the loser of a race with the very same request) gets
 		// the stored answer, whatever made this attempt fail; anything
-		// else keeps its failure. A challenge is never stored.
-		var ch *attest.ChallengeError
-		if !errors.As(err, &ch) {
-			if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
-				return prior, nil
-			}
+		// else keeps its failure.
+		if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
+			return prior, nil
 		}
 		return nil, err
 	}

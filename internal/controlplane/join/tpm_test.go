@@ -379,16 +379,19 @@ func TestTPMUnknownEKR9_2(t *testing.T) {
 		jr := &agentv1.JoinRequest{Csr: csr, Attestor: tpm.Name, Evidence: ev, KeyAttestation: ka}
 		signTPMRequest(t, key, jr)
 		in := &attest.Input{Role: "node", CSR: csr, CSRSHA256: pki.CSRHash(csr), Evidence: ev, KeyAttestation: ka,
-			RequestDigest: pki.JoinRequestDigest(jr), RequestSig: jr.GetRequestSig(),
-			Challenge: func(_ context.Context, c []byte) ([]byte, error) {
-				var ch agentv1.TPMChallenge
-				_ = proto.Unmarshal(c, &ch)
-				secret, err := env.tp.ActivateCredential(tpmdevice.EKP256, ch.GetCredentialBlob(), ch.GetEncryptedSecret())
-				if err != nil {
-					return nil, err
-				}
-				return proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
-			}}
+			RequestDigest: pki.JoinRequestDigest(jr), RequestSig: jr.GetRequestSig()}
+		// Leg 1 is the attestor's challenge; leg 2 carries the activation.
+		c, err := ta.Challenge(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ch agentv1.TPMChallenge
+		_ = proto.Unmarshal(c, &ch)
+		secret, err := env.tp.ActivateCredential(tpmdevice.EKP256, ch.GetCredentialBlob(), ch.GetEncryptedSecret())
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Answer, _ = proto.Marshal(&agentv1.TPMChallengeAnswer{Secret: secret, ExpiresUnixMs: ch.GetExpiresUnixMs()})
 		var adm *attest.Admission
 		if err := e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
 			adm, err = ta.Admit(context.Background(), tx, in)

@@ -42,15 +42,11 @@ type Input struct {
 	// RequestSig is the request's request_sig: the node key's signature
 	// over RequestDigest (the tpm attestor's binding, R15.1).
 	RequestSig []byte
-	// Challenge sends challenge to the machine and returns its answer
-	// (SPIRE's Attest(payload, challengeFn) shape). An attestor that needs
-	// a second leg calls it; when the request carries no answer yet, it
-	// returns a *ChallengeError that ends this leg: JoinService answers the
-	// machine with the challenge, which repeats the request with its
-	// answer. Attestors never see the transport.
-	Challenge func(ctx context.Context, challenge []byte) ([]byte, error)
-	Claims    hwid.Normalized
-	Key       hwid.HardwareKey
+	// Answer is the request's answer to the challenge an earlier leg
+	// returned (challenge_response), when it carries one.
+	Answer []byte
+	Claims hwid.Normalized
+	Key    hwid.HardwareKey
 	// PeerAddr is the daemon's address as the gateway saw it (ip:port,
 	// join.Peer.Addr), "" when none was forwarded. SECURITY: it is the
 	// gateway's word, trusted because the agent listener authenticates
@@ -59,10 +55,15 @@ type Input struct {
 	PeerAddr string
 }
 
-// ChallengeError ends a join leg with a challenge for the machine.
-type ChallengeError struct{ Challenge []byte }
-
-func (e *ChallengeError) Error() string { return "join: challenge issued" }
+// Challenger is an attestor that needs a second leg (SPIRE's
+// challenge/response, without the transport): for a request that carries
+// no answer yet, JoinService calls Challenge instead of Admit, outside any
+// transaction, and answers the machine with the challenge; the machine
+// repeats the request with its answer, which Admit then checks. Challenge
+// returns a *Refusal to refuse; it reads and writes nothing.
+type Challenger interface {
+	Challenge(ctx context.Context, in *Input) ([]byte, error)
+}
 
 // Admission is an attestor's yes: where the machine goes and what its
 // certificate may say.

@@ -6,7 +6,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"errors"
 	"testing"
 	"time"
 
@@ -59,9 +58,9 @@ func TestRequestSignature(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	input := func(sig []byte, challenge func(context.Context, []byte) ([]byte, error)) *attest.Input {
+	input := func(sig []byte) *attest.Input {
 		return &attest.Input{Role: "node", CSR: csr, CSRSHA256: pki.CSRHash(csr), Evidence: ev, KeyAttestation: ka,
-			RequestDigest: digest, RequestSig: sig, Challenge: challenge}
+			RequestDigest: digest, RequestSig: sig}
 	}
 	for name, sig := range map[string][]byte{
 		"unsigned":        nil,
@@ -70,21 +69,20 @@ func TestRequestSignature(t *testing.T) {
 		"not a signature": []byte("sig"),
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := a.Admit(context.Background(), nil, input(sig, noChallenge(t)))
+			_, err := a.Challenge(context.Background(), input(sig))
+			wantRefusal(t, err, tpm.ReasonRequestSig)
+			_, err = a.Admit(context.Background(), nil, input(sig))
 			wantRefusal(t, err, tpm.ReasonRequestSig)
 		})
 	}
 
 	var got agentv1.TPMChallenge
-	_, err = a.Admit(context.Background(), nil, input(pkiSign(t, key, digest), func(_ context.Context, c []byte) ([]byte, error) {
-		if err := proto.Unmarshal(c, &got); err != nil {
-			t.Fatal(err)
-		}
-		return nil, &attest.ChallengeError{Challenge: c}
-	}))
-	var ce *attest.ChallengeError
-	if !errors.As(err, &ce) {
+	ch, err := a.Challenge(context.Background(), input(pkiSign(t, key, digest)))
+	if err != nil {
 		t.Fatalf("a signed request: %v, want its challenge", err)
+	}
+	if err := proto.Unmarshal(ch, &got); err != nil {
+		t.Fatal(err)
 	}
 	if want := clk.Now().Add(tpm.ChallengeTTL).UnixMilli(); got.GetExpiresUnixMs() != want || len(got.GetCredentialBlob()) == 0 {
 		t.Fatalf("challenge expires %d (blob %d bytes), want %d", got.GetExpiresUnixMs(), len(got.GetCredentialBlob()), want)

@@ -48,6 +48,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 	"github.com/better-compute/better-compute/internal/shared/wire"
+	"github.com/google/go-tpm/tpm2"
 )
 
 // Name of the attestor.
@@ -113,8 +114,18 @@ func New(cfg Config) (*Attestor, error) {
 // Name implements attest.Attestor.
 func (*Attestor) Name() string { return Name }
 
-// Admit implements attest.Attestor.
-func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*attest.Admission, error) {
+// proven is what a leg proved before any challenge: the EK, the AK's
+// name and the evidence.
+type proven struct {
+	ek     *tpm2.TPMTPublic
+	akName []byte
+	ev     *agentv1.TPMEvidence
+}
+
+// check is what both legs check before the challenge: no token, the role,
+// the evidence, the EK, the certify of the CSR's key by the AK, and the node
+// key's signature over the whole request (R15.1).
+func (a *Attestor) check(in *attest.Input) (*proven, error) {
 	if in.Token != "" {
 		return nil, attest.Refuse(ReasonTokenPresent, "")
 	}
@@ -149,46 +160,55 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	if pki.VerifyJoinRequest(csrKey, in.RequestDigest, in.RequestSig) != nil {
 		return nil, attest.Refuse(ReasonRequestSig, "")
 	}
+	return &proven{ek: ek, akName: akName, ev: &ev}, nil
+}
 
-	// The challenge leg: prove the AK is in the EK's TPM.
-	now := a.cfg.Clock.Now()
-	leg := in.RequestDigest
-	expires := now.Add(ChallengeTTL).UnixMilli()
-	blob, encSecret, err := tpmverify.MakeCredential(nil, ek, akName, a.secret(leg, expires))
+// Challenge implements attest.Challenger: leg 1. It answers a request that
+// carries no answer yet with a credential challenge that only the TPM
+// holding both the EK and the AK can activate, bound to the request digest
+// and ChallengeTTL.
+func (a *Attestor) Challenge(_ context.Context, in *attest.Input) ([]byte, error) {
+	pr, err := a.check(in)
+	if err != nil {
+		return nil, err
+	}
+	expires := a.cfg.Clock.Now().Add(ChallengeTTL).UnixMilli()
+	blob, encSecret, err := tpmverify.MakeCredential(nil, pr.ek, pr.akName, a.secret(in.RequestDigest, expires))
 	if err != nil {
 		return nil, refusal(err)
 	}
-	ch, err := proto.Marshal(&agentv1.TPMChallenge{CredentialBlob: blob, EncryptedSecret: encSecret, ExpiresUnixMs: expires})
+	return proto.Marshal(&agentv1.TPMChallenge{CredentialBlob: blob, EncryptedSecret: encSecret, ExpiresUnixMs: expires})
+}
+
+// Admit implements attest.Attestor: leg 2, the request again with the
+// activated secret. Proven, the EK's trust decides.
+func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*attest.Admission, error) {
+	pr, err := a.check(in)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := in.Challenge(ctx, ch)
-	if err != nil {
-		return nil, err
-	}
+	now := a.cfg.Clock.Now()
 	var ans agentv1.TPMChallengeAnswer
-	if proto.Unmarshal(raw, &ans) != nil {
+	if len(in.Answer) == 0 || proto.Unmarshal(in.Answer, &ans) != nil {
 		return nil, attest.Refuse(ReasonAnswerInvalid, "")
 	}
 	exp := ans.GetExpiresUnixMs()
 	if exp <= now.UnixMilli() || exp > now.Add(ChallengeTTL).UnixMilli() {
 		return nil, attest.Refuse(ReasonChallengeExpired, "")
 	}
-	if subtle.ConstantTimeCompare(ans.GetSecret(), a.secret(leg, exp)) != 1 {
+	if subtle.ConstantTimeCompare(ans.GetSecret(), a.secret(in.RequestDigest, exp)) != 1 {
 		return nil, attest.Refuse(ReasonActivation, "")
 	}
-
-	// Proven: the EK's trust decides.
-	stmt, err := tpmverify.Statement(akName)
+	stmt, err := tpmverify.Statement(pr.akName)
 	if err != nil {
 		return nil, attest.Refuse(tpmverify.ReasonAKAttributes, "")
 	}
-	ekHash, err := tpmverify.EKHash(ek)
+	ekHash, err := tpmverify.EKHash(pr.ek)
 	if err != nil {
 		return nil, refusal(err)
 	}
 	for _, p := range a.cfg.Pools {
-		ok, err := p.Trust.Trusted(ek, ev.GetEkCertificate(), now)
+		ok, err := p.Trust.Trusted(pr.ek, pr.ev.GetEkCertificate(), now)
 		if err != nil {
 			return nil, refusal(err)
 		}
