@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/checks/poll"
 )
 
 var (
@@ -138,14 +140,10 @@ func (p *proc) output() string {
 // waitFor polls until cond holds or the deadline passes.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	// Conditions here run the CLI or read a process's output: every 100 ms.
+	if !poll.WaitEvery(d, 100*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // run runs a command to completion and returns stdout, stderr and the exit code.

@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -149,11 +150,5 @@ func TestSessionShutdown(t *testing.T) {
 
 func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, d, "the relay's condition", ok)
 }

@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -155,28 +158,19 @@ func listAll(t testing.TB, c *client.Client, tenant, pool string, inactive bool,
 func eventsAfter(t testing.TB, c *client.Client, tenant, cursor string, until func(*bcv1.Event) bool) ([]*bcv1.Event, string) {
 	t.Helper()
 	var out []*bcv1.Event
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		res, err := c.Events.ListEvents(context.Background(), rq(&bcv1.ListEventsRequest{TenantId: tenant, Cursor: cursor, Limit: 200}))
-		mustOK(t, err)
-		out = append(out, res.Msg.Events...)
-		cursor = res.Msg.NextCursor
-		if len(res.Msg.Events) == 200 {
-			continue
-		}
-		if until == nil {
-			return out, cursor
-		}
-		for _, ev := range out {
-			if until(ev) {
-				return out, cursor
+	poll.UntilDetail(t, 15*time.Second, func() string { return fmt.Sprintf("an awaited event among %d events of %s", len(out), tenant) }, func() bool {
+		for {
+			res, err := c.Events.ListEvents(context.Background(), rq(&bcv1.ListEventsRequest{TenantId: tenant, Cursor: cursor, Limit: 200}))
+			mustOK(t, err)
+			out = append(out, res.Msg.Events...)
+			cursor = res.Msg.NextCursor
+			if len(res.Msg.Events) < 200 {
+				break
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no awaited event among %d events of %s", len(out), tenant)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return until == nil || slices.ContainsFunc(out, until)
+	})
+	return out, cursor
 }
 
 func isEvent(typ, subject string) func(*bcv1.Event) bool {

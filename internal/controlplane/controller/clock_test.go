@@ -2,9 +2,11 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -149,9 +151,8 @@ func TestPollPrunesExpiredRenewProofs(t *testing.T) {
 // waitRows polls count until it reports want rows (10 s at most).
 func waitRows(t *testing.T, db *store.DB, what string, count func(*store.Tx, context.Context) (int, error), want int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		left := 0
+	left := 0
+	poll.UntilDetail(t, 10*time.Second, func() string { return fmt.Sprintf("%s: %d left, want %d", what, left, want) }, func() bool {
 		err := db.ReadTx(context.Background(), func(tx *store.Tx) error {
 			var err error
 			left, err = count(tx, context.Background())
@@ -160,12 +161,6 @@ func waitRows(t *testing.T, db *store.DB, what string, count func(*store.Tx, con
 		if err != nil {
 			t.Fatal(err)
 		}
-		if left == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d %s left, want %d", left, what, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return left == want
+	})
 }

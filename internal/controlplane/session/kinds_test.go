@@ -17,6 +17,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -130,7 +131,7 @@ func hello(t *testing.T, b *ca.Bundle, url, nodeID string, der []byte, key *ecds
 func waitRefusal(t *testing.T, db *store.DB, tenantID, nodeID, reason string) {
 	t.Helper()
 	ctx := context.Background()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	poll.Until(t, 10*time.Second, "a security.session.refused event for "+nodeID+" with reason "+reason, func() bool {
 		var evs []store.Event
 		err := db.ReadTx(ctx, func(tx *store.Tx) error {
 			var err error
@@ -142,9 +143,9 @@ func waitRefusal(t *testing.T, db *store.DB, tenantID, nodeID, reason string) {
 		}
 		for _, ev := range evs {
 			if strings.Contains(string(ev.Data), `"reason":"`+reason+`"`) && strings.Contains(string(ev.Data), `"nodeId":"`+nodeID+`"`) {
-				return
+				return true
 			}
 		}
-	}
-	t.Fatalf("no security.session.refused event for %s with reason %s", nodeID, reason)
+		return false
+	})
 }

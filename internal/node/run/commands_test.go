@@ -9,6 +9,7 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -89,8 +90,7 @@ func (h *harness) disconnectedBecause(t testing.TB, nodeID, reason string) bool 
 	t.Helper()
 	// The session leaves the registry before its node.disconnected event
 	// commits (and, on PostgreSQL, becomes visible): poll for it.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	return poll.Wait(15*time.Second, func() bool {
 		for _, ev := range h.events(t, "node.disconnected") {
 			var d map[string]any
 			_ = json.Unmarshal(ev.Data, &d)
@@ -98,9 +98,6 @@ func (h *harness) disconnectedBecause(t testing.TB, nodeID, reason string) bool 
 				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	})
 }

@@ -26,6 +26,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
@@ -407,30 +408,17 @@ func (h *harness) command(t testing.TB, id string) store.Command {
 // s: for what must happen, never to show that something did not.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 15*time.Second, what, cond)
 }
 
 // waitNode waits until cond holds for the node, up to 15 s.
 func (h *harness) waitNode(t testing.TB, id, what string, cond func(store.Node) bool) store.Node {
 	t.Helper()
 	var n store.Node
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		n = h.node(t, id)
-		if cond(n) {
-			return n
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s: timed out waiting for %s; state %s (%q), connection %s", id, what, n.State, n.StateReason, n.Connection)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilDetail(t, 15*time.Second, func() string {
+		return fmt.Sprintf("node %s to %s; state %s (%q), connection %s", id, what, n.State, n.StateReason, n.Connection)
+	}, func() bool { n = h.node(t, id); return cond(n) })
+	return n
 }
 
 // dbClockPast waits until the database's clock (compute_now, ms) is past
