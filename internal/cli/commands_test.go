@@ -7,6 +7,7 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
@@ -32,7 +33,9 @@ func answer(t *testing.T, db *store.DB, nodeID, state string, result []byte, err
 	t.Helper()
 	go func() {
 		ctx := context.Background()
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		// In its own goroutine the test's t must not fail: a node that never
+		// gets the command makes the caller's wait fail instead.
+		poll.Wait(10*time.Second, func() bool {
 			var done bool
 			_ = db.WithTx(ctx, func(tx *store.Tx) error {
 				q, err := tx.QueuedCommands(ctx, nodeID, 1)
@@ -45,10 +48,8 @@ func answer(t *testing.T, db *store.DB, nodeID, state string, result []byte, err
 				done, err = tx.FinishCommand(ctx, q[0].ID, state, result, errText)
 				return err
 			})
-			if done {
-				return
-			}
-		}
+			return done
+		})
 	}()
 }
 

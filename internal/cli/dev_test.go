@@ -20,6 +20,7 @@ import (
 	"time"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/cli"
 	bcdcli "github.com/better-compute/better-compute/internal/node/bcdcmd"
 )
@@ -86,18 +87,14 @@ func startDev(t *testing.T, args ...string) *devProc {
 			t.Logf("dev stdout:\n%s\ndev stderr:\n%s", d.out, d.errOut)
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(d.out.String(), "Stop with Ctrl-C") {
+	poll.UntilDetail(t, 60*time.Second, func() string { return "dev's banner:\n" + d.errOut.String() }, func() bool {
 		select {
 		case code := <-d.done:
 			t.Fatalf("dev exited %d:\n%s", code, d.errOut)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dev did not print its banner:\n%s", d.errOut)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(d.out.String(), "Stop with Ctrl-C")
+	})
 	d.banner = d.out.String()
 	d.env = readDevEnv(t, filepath.Join(d.dir, "dev.env"))
 	return d

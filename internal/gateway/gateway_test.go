@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -345,17 +347,10 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatal("Run did not listen")
 	}
 	d := newDaemon(t, e, addr)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := d.client.Join(context.Background(), connect.NewRequest(joinRequest("t")))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("join through Run: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilDetail(t, 5*time.Second, func() string { return fmt.Sprintf("a join through Run (last: %v)", err) }, func() bool {
+		_, err = d.client.Join(context.Background(), connect.NewRequest(joinRequest("t")))
+		return err == nil
+	})
 	cancel()
 	select {
 	case err := <-done:

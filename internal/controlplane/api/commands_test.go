@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
@@ -344,21 +346,19 @@ func TestCommandsExpire(t *testing.T) {
 			}
 		}
 		// Events show up once older transactions ended (PostgreSQL): poll.
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			seen := map[string]bool{}
+		seen := map[string]bool{}
+		poll.UntilDetail(t, 15*time.Second, func() string {
+			return fmt.Sprintf("command.expired events for %s and %s (saw %v)", short.Id, sent.Id, seen)
+		}, func() bool {
+			seen = map[string]bool{}
 			evs, _ := eventsAfter(t, e.Admin, w.root, "", nil)
 			for _, ev := range evs {
 				if ev.Type == "command.expired" && ev.Subject == n.id {
 					seen[ev.Data.AsMap()["commandId"].(string)] = true
 				}
 			}
-			if len(seen) == 2 && seen[short.Id] && seen[sent.Id] {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("command.expired events for %v, want %s and %s", seen, short.Id, sent.Id)
-			}
-		}
+			return len(seen) == 2 && seen[short.Id] && seen[sent.Id]
+		})
 	})
 }
 

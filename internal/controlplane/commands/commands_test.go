@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/commands"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
@@ -38,9 +39,8 @@ func TestExpirySweepRunsOnTheClock(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Advance(commands.ExpireEvery)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			var cmd store.Command
+		var cmd store.Command
+		poll.UntilDetail(t, 10*time.Second, func() string { return "the command expired after one sweep interval (state " + cmd.State + ")" }, func() bool {
 			if err := db.ReadTx(ctx, func(tx *store.Tx) error {
 				var err error
 				cmd, err = tx.GetCommand(ctx, cmdID)
@@ -48,16 +48,10 @@ func TestExpirySweepRunsOnTheClock(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if cmd.State == store.CommandExpired {
-				if cmd.Error != "expired before delivery" {
-					t.Errorf("expired with %q", cmd.Error)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("command %s after one sweep interval", cmd.State)
-			}
-			time.Sleep(10 * time.Millisecond)
+			return cmd.State == store.CommandExpired
+		})
+		if cmd.Error != "expired before delivery" {
+			t.Errorf("expired with %q", cmd.Error)
 		}
 		var audit []store.AuditEntry
 		if err := db.ReadTx(ctx, func(tx *store.Tx) error {

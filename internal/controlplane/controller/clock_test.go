@@ -45,9 +45,8 @@ func TestPollRunsOnTheClock(t *testing.T) {
 		// Queued with nobody woken: only the poll can find it.
 		nodeID := adoptingNode(t, db)
 		c.Advance(time.Minute)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			var n store.Node
+		var n store.Node
+		poll.UntilDetail(t, 10*time.Second, func() string { return fmt.Sprintf("the node adopted after one poll interval (state %s)", n.State) }, func() bool {
 			if err := db.ReadTx(ctx, func(tx *store.Tx) error {
 				var err error
 				n, err = tx.GetNode(ctx, nodeID)
@@ -55,14 +54,8 @@ func TestPollRunsOnTheClock(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if n.State == store.NodeAdopted {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node %s after one poll interval", n.State)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return n.State == store.NodeAdopted
+		})
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -29,13 +30,8 @@ func slowCommitTables(t *testing.T, db *store.DB, sleep time.Duration) {
 // waitRows polls until who has want rows.
 func waitRows(t *testing.T, db *store.DB, who string, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for rowsOf(t, db, who) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("rows of %s = %d, want %d", who, rowsOf(t, db, who), want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.UntilDetail(t, 10*time.Second, func() string { return fmt.Sprintf("rows of %s = %d, want %d", who, rowsOf(t, db, who), want) },
+		func() bool { return rowsOf(t, db, who) == want })
 }
 
 // R4.9: a commit that lands after the caller's deadline is reported as
