@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/cli"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -899,18 +900,13 @@ func TestEventsAndAuditSmoke(t *testing.T) {
 		// Events become visible when their transaction's commit is ordered;
 		// on PostgreSQL that may take a moment.
 		var lines []string
-		deadline := time.Now().Add(15 * time.Second)
-		for {
+		var out string
+		poll.UntilDetail(t, 15*time.Second, func() string { return "a security.join-token.created event for " + tok.Id + ":\n" + out }, func() bool {
 			r := w.cli(t, "events", "list", "--tenant", w.root, "--type", "security.join-token.", "--json").ok(t)
+			out = r.stdout
 			lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
-			if strings.Contains(r.stdout, tok.Id) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no security.join-token.created event for %s:\n%s", tok.Id, r.stdout)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return strings.Contains(r.stdout, tok.Id)
+		})
 		var found bool
 		for _, l := range lines {
 			var ev bcv1.Event

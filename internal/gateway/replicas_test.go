@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
@@ -153,13 +154,8 @@ func TestGatewayOverReplicas(t *testing.T) {
 		}
 		// The health checks take it out (within healthEvery +
 		// healthTimeout, under a second, by construction).
-		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(logs.String(), "API replica out") {
-			if time.Now().After(deadline) {
-				t.Fatalf("the gateway never took the stopped replica out; log:\n%s", logs.String())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		poll.UntilDetail(t, 10*time.Second, func() string { return "the gateway to take the stopped replica out; log:\n" + logs.String() },
+			func() bool { return strings.Contains(logs.String(), "API replica out") })
 		// Every use spent was a join that succeeded: 10 + 1 + 10, none
 		// twice for the request sent again.
 		tokens, err := e.Admin.JoinTokens.ListJoinTokens(ctx, connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id}))

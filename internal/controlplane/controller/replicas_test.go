@@ -2,9 +2,11 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
@@ -63,14 +65,10 @@ func TestLeaseMovesFromDeadReplica(t *testing.T) {
 		must(t, dbB.SetClockOffset(ctx, 4*time.Second))
 		t.Cleanup(func() { _ = dbB.SetClockOffset(context.Background(), 0) })
 		clk.Advance(time.Second)
-		deadline := time.Now().Add(10 * time.Second)
 		for _, id := range nodes {
-			for nodeState(t, dbB, id) != store.NodeAdopted {
-				if time.Now().After(deadline) {
-					t.Fatalf("node %s still %s after a's lease expired and b polled", id, nodeState(t, dbB, id))
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			poll.UntilDetail(t, 10*time.Second, func() string {
+				return fmt.Sprintf("node %s adopted after a's lease expired and b polled (still %s)", id, nodeState(t, dbB, id))
+			}, func() bool { return nodeState(t, dbB, id) == store.NodeAdopted })
 		}
 	})
 }

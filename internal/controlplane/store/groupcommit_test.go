@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"modernc.org/sqlite"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
@@ -89,13 +91,8 @@ func rowsOf(t *testing.T, db *store.DB, who string) int64 {
 // waitQueued waits until n write transactions wait for the writer.
 func waitQueued(t *testing.T, db *store.DB, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for db.QueuedWrites() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d writes queued, want %d", db.QueuedWrites(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.UntilDetail(t, 10*time.Second, func() string { return fmt.Sprintf("%d writes queued (now %d)", n, db.QueuedWrites()) },
+		func() bool { return db.QueuedWrites() >= n })
 }
 
 func insertRow(who string) func(*store.Tx) error {
