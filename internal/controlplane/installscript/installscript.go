@@ -328,16 +328,9 @@ func (p *Params) Config() ([]byte, error) {
 	}
 	data, err := c.Marshal()
 	if err != nil {
-		return nil, errs.New(errs.InvalidArgument, "the bcd config would not be valid: %s", errMessage(err))
+		return nil, errs.New(errs.InvalidArgument, "the bcd config would not be valid: %s", errs.MessageOf(err))
 	}
 	return data, nil
-}
-
-func errMessage(err error) string {
-	if e, ok := errs.As(err); ok {
-		return e.Message
-	}
-	return err.Error()
 }
 
 // JWK returns join-encryption.jwk's content.

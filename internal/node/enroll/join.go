@@ -466,7 +466,7 @@ func (j *Joiner) oldIdentity() (*oldIdentity, error) {
 func (o *oldIdentity) refused(err error) error {
 	// The control plane's uniform message (and a clock note), without the
 	// general note on where the reason is: said below.
-	msg := strings.Replace(errText(err), refusedNote, "", 1)
+	msg := strings.Replace(errs.MessageOf(err), refusedNote, "", 1)
 	kept := "The old identity was kept in place in " + o.dir
 	if o.id != nil {
 		kept = fmt.Sprintf("The old identity (node %s) was kept in place", o.id.NodeID)
@@ -638,7 +638,7 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 	out.DataDir, out.SysfsRoot, out.ProcfsRoot, out.TPM = b.DataDir, b.SysfsRoot, b.ProcfsRoot, config.TPM{}
 	fail := func(err error) error {
 		return errs.New(errs.InvalidState, "joined, but could not write the configuration in %s: %s; the daemon cannot start without it: write it by hand (the install script's config.toml), or run bcd join --reset --yes and join again with a new token",
-			dir, errText(err))
+			dir, errs.MessageOf(err))
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fail(err)
@@ -732,7 +732,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 		}
 		wait := JoinBackoff(attempt)
 		j.progress("no answer through %s (%s); sending the same request again in %s (attempt %d of %d)…",
-			u.Host, errText(out), wait, attempt+1, JoinAttempts)
+			u.Host, errs.MessageOf(out), wait, attempt+1, JoinAttempts)
 		if err := j.sleep(ctx, wait); err != nil {
 			return nil, false, errs.Wrap(err, errs.Unavailable, "cannot join through %s: stopped while waiting to retry: %v", u.Host, err)
 		}
@@ -859,11 +859,4 @@ func wireClaims(c hwid.Claims) *agentv1.Claims {
 		GpuUuids:      c.GPUUUIDs,
 		Hostname:      c.Hostname,
 	}
-}
-
-func errText(err error) string {
-	if e, ok := errs.As(err); ok {
-		return e.Message
-	}
-	return err.Error()
 }

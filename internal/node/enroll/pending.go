@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -191,7 +192,7 @@ func (j *Joiner) readPending(want pendingKey) (*pending, error) {
 	record := []byte(pj.KeyRecord)
 	signer, err := j.keysFor(record).LoadKey(record)
 	if err != nil {
-		return nil, fmt.Errorf("its key does not open: %v", errText(err))
+		return nil, fmt.Errorf("its key does not open: %v", errs.MessageOf(err))
 	}
 	csrKey, err := pki.ParseCSR(req.GetCsr())
 	if err != nil || !csrKey.Equal(signer.Public()) {

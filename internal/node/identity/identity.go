@@ -256,7 +256,7 @@ func (s *Store) Load() (*Identity, error) {
 func (s *Store) check(id *Identity, record, chainPEM, bundlePEM []byte) error {
 	fromChain, err := NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
 	if err != nil {
-		return s.inconsistent("%v", errMessage(err))
+		return s.inconsistent("%v", errs.MessageOf(err))
 	}
 	if id.NodeID != fromChain.NodeID || id.SiteID != fromChain.SiteID ||
 		id.TrustDomain != fromChain.TrustDomain || id.Role != fromChain.Role ||
@@ -272,7 +272,7 @@ func (s *Store) check(id *Identity, record, chainPEM, bundlePEM []byte) error {
 	}
 	bundle, err := parseCerts(bundlePEM, BundleFile)
 	if err != nil {
-		return s.inconsistent("%v", errMessage(err))
+		return s.inconsistent("%v", errs.MessageOf(err))
 	}
 	kind := RecordKind(record)
 	if kind == "" {
@@ -606,13 +606,6 @@ func parseCerts(data []byte, name string) ([]*x509.Certificate, error) {
 func publicKeyEqual(a, b crypto.PublicKey) bool {
 	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && k.Equal(b)
-}
-
-func errMessage(err error) string {
-	if e, ok := errs.As(err); ok {
-		return e.Message
-	}
-	return err.Error()
 }
 
 func contains(list []string, s string) bool {

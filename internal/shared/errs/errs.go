@@ -83,3 +83,12 @@ func As(err error) (*E, bool) {
 	ok := errors.As(err, &e)
 	return e, ok
 }
+
+// MessageOf is the caller-safe message of a product error, or err's text
+// when it carries none: for a message that names an inner error.
+func MessageOf(err error) string {
+	if e, ok := As(err); ok {
+		return e.Message
+	}
+	return err.Error()
+}
