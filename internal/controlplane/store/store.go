@@ -528,6 +528,11 @@ var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is 
 // failures and deadlocks (PostgreSQL) are retried with fn run anew, so fn must
 // not have effects outside the transaction.
 //
+// A failure of the database itself (unreachable, read-only, out of
+// space: UnavailableReason) comes back as UNAVAILABLE with the driver's
+// error as its cause (R19.1), so callers and the wire see a retryable
+// error, never INTERNAL.
+//
 // The outcome WithTx reports is the truth: nil means the transaction
 // committed, even when ctx ended meanwhile; an error means it did not,
 // except an error wrapping ErrCommitUnknown. ctx interrupts fn's statements
@@ -538,14 +543,14 @@ func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
 		err = db.runTx(ctx, db.w, nil, fn)
 		if !retryable(err) || ctx.Err() != nil {
-			return err
+			return unavailable(err)
 		}
 		db.log.Debug("retrying transaction", "attempt", attempt, "err", err)
 		if txRetry.Wait(ctx, clock.Real{}, attempt) != nil {
-			return err
+			return unavailable(err)
 		}
 	}
-	return err
+	return unavailable(err)
 }
 
 // txRetry spaces the retries of a transaction that failed to serialize:
@@ -570,7 +575,7 @@ func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
 
 // ReadTx runs fn in a read-only transaction that is always rolled back.
 func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
-	return db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn)
+	return unavailable(db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn))
 }
 
 func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
