@@ -89,6 +89,10 @@ func unavailable(err error) error {
 	if _, ok := errs.As(err); ok {
 		return err
 	}
+	if errors.Is(err, ErrCommitUnknown) {
+		// It may have landed: "retry" would be advice to apply it twice.
+		return err
+	}
 	if reason := UnavailableReason(err); reason != "" {
 		return errs.Wrap(err, errs.Unavailable, "the database is %s; retry shortly", reason)
 	}
