@@ -247,9 +247,10 @@ func (s *Server) authenticateFirst(h http.Handler, errw *connect.ErrorWriter) ht
 		p, err := s.authenticate(r.Context(), r.Header.Get("Authorization"))
 		if err != nil {
 			log := s.log
-			if _, ok := errs.As(err); !ok {
-				// The store failed: no key vouches for the caller, so
-				// the line is rate-limited and ToWire writes none.
+			if e, ok := errs.As(err); !ok || e.Code == errs.Unavailable {
+				// The store failed (UNAVAILABLE, or an error it did not
+				// classify): no key vouches for the caller, so the line
+				// is rate-limited and ToWire writes none.
 				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, "peer", r.RemoteAddr, "err", err)
 				log = discard
 			}
