@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
@@ -67,12 +68,21 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			if err != nil {
 				return err
 			}
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log})
+			// A renewal tells the session at once (R19.3); a renewal the
+			// session has not taken yet is enough, so the channel holds one.
+			renewed := make(chan struct{}, 1)
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log,
+				OnRenewed: func(*identity.Identity) {
+					select {
+					case renewed <- struct{}{}:
+					default:
+					}
+				}})
 			if err != nil {
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, NotifySocket: notifySocket})
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket})
 			if err != nil {
 				return err
 			}

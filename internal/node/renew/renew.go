@@ -80,6 +80,10 @@ type Config struct {
 	// Sleep waits d or until ctx ends (returning its error); nil uses a
 	// timer of Clock.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// OnRenewed, when set, is called after each renewal Loop saved (bcd
+	// run's session then reconnects with the new certificate at once,
+	// R19.3).
+	OnRenewed func(*identity.Identity)
 }
 
 // Renewer renews this node's certificate; build it with New.
@@ -189,6 +193,9 @@ func (r *Renewer) Loop(ctx context.Context) error {
 		failures = 0
 		r.log.Info("certificate renewed", "node", renewed.NodeID, "serial", renewed.Serial, "previous_serial", id.Serial,
 			"not_after", renewed.NotAfter.Format(time.RFC3339))
+		if r.cfg.OnRenewed != nil {
+			r.cfg.OnRenewed(renewed)
+		}
 	}
 }
 

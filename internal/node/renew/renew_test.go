@@ -400,7 +400,9 @@ func TestLoopRenewsWhenDueR13_1(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var waits []time.Duration
+		var told []string
 		r := s.renewer(t, func(c *renew.Config) {
+			c.OnRenewed = func(id *identity.Identity) { told = append(told, id.Serial) }
 			c.Rand = func() float64 { return 0.5 }
 			c.Sleep = func(ctx context.Context, d time.Duration) error {
 				waits = append(waits, d)
@@ -422,6 +424,10 @@ func TestLoopRenewsWhenDueR13_1(t *testing.T) {
 		cur, err := s.store.Load()
 		if err != nil || cur.Serial == s.joined.Serial {
 			t.Fatalf("after one round: %v; want a renewed identity", err)
+		}
+		// R19.3: the session is told of the renewal, with the new identity.
+		if len(told) != 1 || told[0] != cur.Serial {
+			t.Fatalf("OnRenewed told %v, want once with %s", told, cur.Serial)
 		}
 	})
 }

@@ -320,11 +320,17 @@ func (h *harness) start(t *testing.T, m *machine) *bcdProc {
 // startVia runs bcd's loop for m with gatewayURL as its gateway.
 func (h *harness) startVia(t *testing.T, m *machine, gatewayURL string) *bcdProc {
 	t.Helper()
+	return h.startWith(t, m, gatewayURL, nil)
+}
+
+// startWith is startVia with renewed as the daemon's renewal signal.
+func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed <-chan struct{}) *bcdProc {
+	t.Helper()
 	cfg := *m.cfg
 	cfg.GatewayURL = gatewayURL
 	p := &bcdProc{clock: clock.NewFake(time.Now()), welcomes: make(chan string, 16), done: make(chan error, 1)}
 	d, err := run.New(run.Config{BCD: &cfg, Store: m.store, Log: quiet(), Clock: p.clock, Rand: func() float64 { return 0.5 },
-		OnWelcome: func(id string) { p.welcomes <- id }})
+		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed})
 	if err != nil {
 		t.Fatal(err)
 	}

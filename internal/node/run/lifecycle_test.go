@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -219,5 +221,42 @@ func TestSessionServiceClose(t *testing.T) {
 		if pe, ok := errs.As(wire.FromWire(err)); !ok || pe.Code != errs.Unavailable {
 			t.Errorf("a session after Close: %v, want UNAVAILABLE", err)
 		}
+	})
+}
+
+// R19.3: a renewed certificate is used for the next session at once: the
+// renewer tells the session, which reconnects with the new identity
+// without waiting for its periodic identity check (bcd's clock never
+// moves here, so only the signal can end the first session).
+func TestRenewedIdentityUsedAtOnceR19_3(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 130, 2)
+		renewed := make(chan struct{}, 1)
+		p := h.startWith(t, m, "https://"+h.gwAddr, renewed)
+		p.welcome(t)
+		cfg := *m.cfg
+		cfg.GatewayURL = "https://" + h.gwAddr
+		r, err := renew.New(renew.Config{BCD: &cfg, Store: m.store, Clock: p.clock, Log: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, err := r.RenewOnce(ctxT(t))
+		if err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		renewed <- struct{}{}
+		if id := p.welcome(t); id != m.nodeID {
+			t.Fatalf("the session after the renewal welcomed %s", id)
+		}
+		eventually(t, "a node.connected event on the renewed certificate", func() bool {
+			for _, ev := range h.events(t, "node.connected") {
+				var d map[string]any
+				_ = json.Unmarshal(ev.Data, &d)
+				if ev.Subject == m.nodeID && d["certSerial"] == next.Serial {
+					return true
+				}
+			}
+			return false
+		})
 	})
 }

@@ -106,6 +106,11 @@ type Config struct {
 	// IdentityCheck is how often the identity on disk is re-read to notice
 	// a renewal (default 30 s).
 	IdentityCheck time.Duration
+	// Renewed, when set, tells the session that the identity on disk
+	// changed (the renewer's OnRenewed): it is re-read at once, so the next
+	// session uses the new certificate without waiting for IdentityCheck
+	// (R19.3).
+	Renewed <-chan struct{}
 	// Rand returns a number in [0, 1) for the jitter; nil: math/rand/v2.
 	Rand func() float64
 	// OnWelcome, when set, is called after each Welcome (tests).
@@ -457,7 +462,8 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 }
 
 // watchIdentity ends the session when the identity on disk has another
-// serial (a renewal), so the next session uses the new certificate.
+// serial (a renewal), so the next session uses the new certificate: it
+// looks every IdentityCheck, and at once when Renewed says so.
 func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFunc, id *identity.Identity) {
 	t := d.clock.NewTicker(d.cfg.IdentityCheck)
 	defer t.Stop()
@@ -466,11 +472,12 @@ func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFu
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			cur, err := d.cfg.Store.Load()
-			if err == nil && cur.Serial != id.Serial {
-				cancel(errIdentityChanged)
-				return
-			}
+		case <-d.cfg.Renewed:
+		}
+		cur, err := d.cfg.Store.Load()
+		if err == nil && cur.Serial != id.Serial {
+			cancel(errIdentityChanged)
+			return
 		}
 	}
 }
