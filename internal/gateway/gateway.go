@@ -349,6 +349,15 @@ func (r *relay) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 	})
 }
 
+// Keys relays the rotation statements (R16.2): a daemon whose pins no
+// longer match this gateway asks for them before it trusts it, and
+// verifies each one itself, so the gateway has nothing to check.
+func (r *relay) Keys(ctx context.Context, req *connect.Request[agentv1.KeysRequest]) (*connect.Response[agentv1.KeysResponse], error) {
+	return relayUnary(r.g, ctx, agentv1connect.JoinServiceKeysProcedure, req, func(u *upstream) func(context.Context, *connect.Request[agentv1.KeysRequest]) (*connect.Response[agentv1.KeysResponse], error) {
+		return u.join.Keys
+	})
+}
+
 // relayUnary forwards one call to an API replica with the daemon's address
 // and, on Renew, its client certificate (unverified: the API checks it),
 // and passes the answer back. A call that failed on one replica goes to

@@ -40,6 +40,17 @@ func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 	return connect.NewResponse(res), nil
 }
 
+// Keys returns the rotation statements (R16.2). They need no signature of
+// their own: the daemon applies a statement only when a key it pins signed
+// it, so this answers anyone the gateway relays.
+func (a *agent) Keys(ctx context.Context, req *connect.Request[agentv1.KeysRequest]) (*connect.Response[agentv1.KeysResponse], error) {
+	res := &agentv1.KeysResponse{}
+	if b := a.s.cfg.Bundle.Now(); b != nil {
+		res.KeyStatements = b.KeyStatements
+	}
+	return connect.NewResponse(res), nil
+}
+
 // AgentHandler serves the agent protocol for gateways. It must be served on
 // a listener that requires client certificates from the serving CA (see
 // AgentTLSConfig); requests without a verified client certificate are

@@ -45,14 +45,20 @@ func attestors(names []string, core *nodeident.Core, tpmPools []tpm.Pool) (attes
 	if err := ValidateAttestors(names); err != nil {
 		return nil, err
 	}
-	var nodeCA *x509.Certificate
+	// The live bundle's node CAs: a rotation reaches the attestor without a
+	// restart (R16.1).
+	nodeCAs := func() []*x509.Certificate {
+		if b := core.Bundle().Now(); b != nil {
+			return b.TrustedNodeCAs()
+		}
+		return nil
+	}
 	// The tpm challenge key: derived from the join-encryption key, which
 	// every replica holds; random without a PKI (joins then answer
 	// INVALID_CONFIG anyway).
 	challengeKey := make([]byte, 32)
 	_, _ = rand.Read(challengeKey)
 	if b := core.Bundle(); b != nil {
-		nodeCA = b.NodeCA
 		if b.JoinEncryptionKey != nil {
 			challengeKey = tpm.ChallengeKeyFrom(b.JoinEncryptionKey.D.Bytes())
 		}
@@ -63,7 +69,7 @@ func attestors(names []string, core *nodeident.Core, tpmPools []tpm.Pool) (attes
 		case jointoken.Name:
 			as = append(as, jointoken.New())
 		case x509pop.Name:
-			as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: nodeCA}))
+			as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCAs: nodeCAs}))
 		case discovery.Name:
 			as = append(as, discovery.New())
 		case tpm.Name:

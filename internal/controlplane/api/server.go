@@ -290,7 +290,7 @@ func (s *Server) authInterceptor() connect.UnaryInterceptorFunc {
 func (s *Server) BuildWellKnown() (wire.WellKnown, error) {
 	doc := wire.WellKnown{Name: "better-compute", Version: version.Version, BasePath: s.cfg.BasePath,
 		Protocol: wire.WellKnownProtocol{Min: version.ProtocolMin, Max: version.ProtocolMax}}
-	if b := s.cfg.Bundle; b != nil {
+	if b := s.cfg.Bundle.Now(); b != nil {
 		j, err := b.WellKnownJoin()
 		if err != nil {
 			return doc, err

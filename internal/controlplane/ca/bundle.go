@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -98,6 +99,86 @@ type Bundle struct {
 	// JoinEncryptionKey opens sealed join tokens (Open). bcd pins its public
 	// key (join_encryption_key_pin).
 	JoinEncryptionKey *ecdsa.PrivateKey
+
+	// While a key rotates (R16.1, internal/controlplane/rotation), what is
+	// accepted besides the keys above: the next key (prepared) and the
+	// previous one (activated over, not yet retired). Each list starts with
+	// the current key; a bundle that never rotated leaves them nil and the
+	// accessors below answer with the current key alone.
+	NodeCAs       []*x509.Certificate
+	ServingCAs    []*x509.Certificate
+	CommandCerts  []*x509.Certificate
+	OpenKeys      []*ecdsa.PrivateKey
+	KeyStatements []string
+	live          *Live
+}
+
+// Live is the current bundle of a deployment whose keys can rotate: the
+// rotation package swaps it when the database says a key changed, and every
+// holder of the startup bundle reads the newest through Bundle.Now.
+type Live struct{ p atomic.Pointer[Bundle] }
+
+// NewLive returns a Live holding b, and makes b follow it.
+func NewLive(b *Bundle) *Live {
+	l := &Live{}
+	l.Set(b)
+	b.live = l
+	return l
+}
+
+// Set makes b the current bundle.
+func (l *Live) Set(b *Bundle) {
+	b.live = l
+	l.p.Store(b)
+}
+
+// Now returns the newest bundle: b itself unless b follows a Live. Every
+// signing and verifying path calls it once per operation and uses that one
+// snapshot throughout, so an operation never mixes two generations.
+func (b *Bundle) Now() *Bundle {
+	if b == nil || b.live == nil {
+		return b
+	}
+	return b.live.p.Load()
+}
+
+// TrustedNodeCAs returns the node CAs a node certificate may chain to.
+func (b *Bundle) TrustedNodeCAs() []*x509.Certificate {
+	if len(b.NodeCAs) > 0 {
+		return b.NodeCAs
+	}
+	return []*x509.Certificate{b.NodeCA}
+}
+
+// TrustedServingCAs returns the serving CAs a gateway certificate may chain
+// to.
+func (b *Bundle) TrustedServingCAs() []*x509.Certificate {
+	if len(b.ServingCAs) > 0 {
+		return b.ServingCAs
+	}
+	return []*x509.Certificate{b.ServingCA}
+}
+
+// CommandBundle returns the DER certificates whose keys may sign commands,
+// the join answer's command_bundle.
+func (b *Bundle) CommandBundle() [][]byte {
+	certs := b.CommandCerts
+	if len(certs) == 0 {
+		certs = []*x509.Certificate{b.CommandSigningCert}
+	}
+	out := make([][]byte, len(certs))
+	for i, c := range certs {
+		out[i] = c.Raw
+	}
+	return out
+}
+
+// OpeningKeys returns the join-encryption keys a seal may be made to.
+func (b *Bundle) OpeningKeys() []*ecdsa.PrivateKey {
+	if len(b.OpenKeys) > 0 {
+		return b.OpenKeys
+	}
+	return []*ecdsa.PrivateKey{b.JoinEncryptionKey}
 }
 
 // Generate makes a new bundle in memory for trustDomain, valid from now.
@@ -468,5 +549,6 @@ func (b *Bundle) WellKnownJoin() (pki.WellKnownJoin, error) {
 		EncryptionKeyPin:   pins.JoinEncryption,
 		SigningCertificate: base64.StdEncoding.EncodeToString(b.JoinSigningCert.Raw),
 		SigningKeyPin:      pins.JoinSigning,
+		KeyStatements:      b.KeyStatements,
 	}, nil
 }

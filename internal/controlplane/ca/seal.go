@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -247,4 +248,54 @@ func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) 
 		return nil, sealErr(ReasonSealFuture, "iat %s is %s after now, more than %s", issued.UTC().Format(time.RFC3339), ahead, pki.SealMaxFuture)
 	}
 	return h["epk"], nil
+}
+
+// SealOpeners opens seals made to any of a bundle's opening keys (the
+// current join-encryption key and, while it rotates, the next or previous
+// one), holding one SealOpener per key. It is safe for concurrent use.
+type SealOpeners struct {
+	mu   sync.Mutex
+	keys map[*ecdsa.PrivateKey]*SealOpener
+}
+
+// Open opens compact with the first of keys that opens it; when none does
+// it returns the current key's (keys[0]) error. Header checks come first
+// for every key, so a refused seal still costs no key agreement.
+func (s *SealOpeners) Open(keys []*ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
+	var first error
+	for i, k := range keys {
+		o, err := s.opener(k)
+		if err != nil {
+			return "", err
+		}
+		tok, err := o.Open(compact, csrDER, reqDigest, now)
+		if err == nil {
+			return tok, nil
+		}
+		if i == 0 {
+			first = err
+		}
+		if r, ok := SealReason(err); !ok || r != ReasonSealDecrypt {
+			// Not a question of which key: every key would say the same.
+			return "", first
+		}
+	}
+	return "", first
+}
+
+func (s *SealOpeners) opener(k *ecdsa.PrivateKey) (*SealOpener, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o, ok := s.keys[k]; ok {
+		return o, nil
+	}
+	o, err := NewSealOpener(k)
+	if err != nil {
+		return nil, err
+	}
+	if s.keys == nil || len(s.keys) > 16 {
+		s.keys = map[*ecdsa.PrivateKey]*SealOpener{}
+	}
+	s.keys[k] = o
+	return o, nil
 }

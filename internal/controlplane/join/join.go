@@ -98,9 +98,9 @@ type Service struct {
 	core  *nodeident.Core
 	log   *slog.Logger
 	clock clock.Clock
-	// seals opens sealed tokens with the bundle's encryption key, converted
-	// for ECDH once; nil when there is no bundle.
-	seals *ca.SealOpener
+	// seals opens sealed tokens with the bundle's encryption keys, each
+	// converted for ECDH once.
+	seals *ca.SealOpeners
 }
 
 // New returns JoinService.
@@ -121,16 +121,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
-	// Without a bundle (the machine PKI not configured) joins are refused
-	// before any seal is opened (R4.8).
-	var seals *ca.SealOpener
-	if b := cfg.Core.Bundle(); b != nil {
-		var err error
-		if seals, err = ca.NewSealOpener(b.JoinEncryptionKey); err != nil {
-			return nil, fmt.Errorf("join: %w", err)
-		}
-	}
-	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: seals}, nil
+	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: &ca.SealOpeners{}}, nil
 }
 
 // Peer is what the gateway says about the daemon's connection.
@@ -258,7 +249,8 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	}
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
-		tok, err := s.seals.Open(sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
+		// Join checked the bundle is configured (R4.8).
+		tok, err := s.seals.Open(s.core.Bundle().Now().OpeningKeys(), sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
 		if err != nil {
 			reason, ok := ca.SealReason(err)
 			if !ok {

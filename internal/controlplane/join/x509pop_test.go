@@ -48,7 +48,7 @@ func newPopEnv(t testing.TB, f *fixture, withX509Pop bool) *popEnv {
 	}
 	as := []attest.Attestor{jointoken.New()}
 	if withX509Pop {
-		as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCA: f.e.Bundle.NodeCA}))
+		as = append(as, x509pop.New(x509pop.Config{Core: core, NodeCAs: f.e.Bundle.TrustedNodeCAs}))
 	}
 	reg, err := attest.NewRegistry(as...)
 	if err != nil {

@@ -72,7 +72,9 @@ func (c *Core) TTL(role string, maxTTL time.Duration) time.Duration {
 // node_certs row in tx, and answered as a JoinResponse signed with the
 // join-signing key.
 func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued, error) {
-	b := c.cfg.Bundle
+	// One snapshot of the keys for the whole answer: a rotation landing
+	// meanwhile never mixes two generations in it (R16.1).
+	b := c.cfg.Bundle.Now()
 	if b == nil {
 		return nil, ErrNotConfigured
 	}
@@ -102,11 +104,13 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 		return nil, err
 	}
 	body := &agentv1.JoinResponseBody{
-		NodeId: p.Node.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: [][]byte{b.CommandSigningCert.Raw},
+		NodeId: p.Node.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: b.CommandBundle(),
 		CsrSha256: p.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: p.Node.SiteID, Role: p.Role,
 		// R12.3: bcd refuses commands of another generation; it learns its
 		// own from this signed body, never from the relay.
 		IdentityGeneration: int64(p.Node.IdentityGeneration),
+		// R16.2: the daemon learns rotated keys from every answer.
+		KeyStatements: b.KeyStatements,
 	}
 	res, err := signAnswer(b, body)
 	if err != nil {
@@ -119,12 +123,12 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 // body with no certificate, signed with the join-signing key like any
 // answer, for the CSR it will admit.
 func (c *Core) Defer(csrSHA256 []byte, siteID, role, requestID string, retryAfter time.Duration) (*agentv1.JoinResponse, error) {
-	b := c.cfg.Bundle
+	b := c.cfg.Bundle.Now()
 	if b == nil {
 		return nil, ErrNotConfigured
 	}
 	return signAnswer(b, &agentv1.JoinResponseBody{
-		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: siteID, Role: role,
+		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: siteID, Role: role, KeyStatements: b.KeyStatements,
 		Deferral: &agentv1.JoinDeferral{RequestId: requestID, RetryAfterSeconds: int32(retryAfter / time.Second)},
 	})
 }

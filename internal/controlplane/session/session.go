@@ -420,7 +420,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		// R7.5: the gateway checks each command's kind again at dispatch
 		// against the kinds of the certificate this session authenticated
 		// with (empty: no restriction).
-		AllowedKinds: c.allowedKinds}}}); err != nil {
+		AllowedKinds: c.allowedKinds, KeyStatements: s.keyStatements()}}}); err != nil {
 		c.end(endClosed, nil)
 		return nil
 	}
@@ -779,6 +779,15 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 	return nil
 }
 
+// keyStatements returns the rotation statements the daemon learns from
+// its Welcome (R16.2).
+func (s *Service) keyStatements() []string {
+	if b := s.cfg.Bundle.Now(); b != nil {
+		return b.KeyStatements
+	}
+	return nil
+}
+
 // deliver signs and sends the node's queued commands.
 func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	if s.cfg.Bundle == nil || s.cfg.Bundle.CommandSigningKey == nil {
@@ -835,7 +844,7 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 		if err != nil {
 			return fmt.Errorf("marshal command: %w", err)
 		}
-		sig, err := pki.SignPurpose(s.cfg.Bundle.CommandSigningKey, pki.PurposeCommand, body)
+		sig, err := pki.SignPurpose(s.cfg.Bundle.Now().CommandSigningKey, pki.PurposeCommand, body)
 		if err != nil {
 			return err
 		}

@@ -60,4 +60,7 @@ type WellKnownJoin struct {
 	EncryptionKeyPin   string          `json:"encryptionKeyPin"`
 	SigningCertificate string          `json:"signingCertificate"`
 	SigningKeyPin      string          `json:"signingKeyPin"`
+	// KeyStatements are the rotation statements (R16.2, KeyStatement); a
+	// daemon applies only those a key it pins signed.
+	KeyStatements []string `json:"keyStatements,omitempty"`
 }

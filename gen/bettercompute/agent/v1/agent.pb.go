@@ -441,7 +441,11 @@ type JoinResponseBody struct {
 	// Set (and node_id, cert_chain and command_bundle empty) when the join
 	// waits for a person (R10.1): nothing was issued or spent. Signed like
 	// any answer, so the relay cannot forge or alter it.
-	Deferral      *JoinDeferral `protobuf:"bytes,9,opt,name=deferral,proto3" json:"deferral,omitempty"`
+	Deferral *JoinDeferral `protobuf:"bytes,9,opt,name=deferral,proto3" json:"deferral,omitempty"`
+	// Rotation statements (R16.2, pki.KeyStatement): a key the daemon pins
+	// vouching for the next key of its kind, or retiring an older one. The
+	// daemon applies only those signed by a key it already pins.
+	KeyStatements []string `protobuf:"bytes,10,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +539,13 @@ func (x *JoinResponseBody) GetIdentityGeneration() int64 {
 func (x *JoinResponseBody) GetDeferral() *JoinDeferral {
 	if x != nil {
 		return x.Deferral
+	}
+	return nil
+}
+
+func (x *JoinResponseBody) GetKeyStatements() []string {
+	if x != nil {
+		return x.KeyStatements
 	}
 	return nil
 }
@@ -822,6 +833,91 @@ func (x *RenewResponse) GetSigningCertificate() []byte {
 	return nil
 }
 
+// KeysRequest asks for the rotation statements (R16.2). It carries
+// nothing: a daemon whose pins no longer match the gateway (it was offline
+// through a rotation of the serving CA) asks over unverified TLS, and
+// trusts only what a key it pins has signed.
+type KeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeysRequest) Reset() {
+	*x = KeysRequest{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeysRequest) ProtoMessage() {}
+
+func (x *KeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeysRequest.ProtoReflect.Descriptor instead.
+func (*KeysRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+type KeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Encoded pki.KeyStatement values, oldest first.
+	KeyStatements []string `protobuf:"bytes,1,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeysResponse) Reset() {
+	*x = KeysResponse{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeysResponse) ProtoMessage() {}
+
+func (x *KeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeysResponse.ProtoReflect.Descriptor instead.
+func (*KeysResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *KeysResponse) GetKeyStatements() []string {
+	if x != nil {
+		return x.KeyStatements
+	}
+	return nil
+}
+
 // A command signed by the control plane's command-signing key. bcd verifies
 // sig over body (purpose "command") against the trust bundle it received at
 // join, and refuses anything else: another node's, another identity
@@ -838,7 +934,7 @@ type SignedCommand struct {
 
 func (x *SignedCommand) Reset() {
 	*x = SignedCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +946,7 @@ func (x *SignedCommand) String() string {
 func (*SignedCommand) ProtoMessage() {}
 
 func (x *SignedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +959,7 @@ func (x *SignedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedCommand.ProtoReflect.Descriptor instead.
 func (*SignedCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignedCommand) GetBody() []byte {
@@ -899,7 +995,7 @@ type CommandBody struct {
 
 func (x *CommandBody) Reset() {
 	*x = CommandBody{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1007,7 @@ func (x *CommandBody) String() string {
 func (*CommandBody) ProtoMessage() {}
 
 func (x *CommandBody) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1020,7 @@ func (x *CommandBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandBody.ProtoReflect.Descriptor instead.
 func (*CommandBody) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommandBody) GetCommandId() string {
@@ -996,7 +1092,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1104,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1117,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -1072,7 +1168,7 @@ type Challenge struct {
 
 func (x *Challenge) Reset() {
 	*x = Challenge{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1180,7 @@ func (x *Challenge) String() string {
 func (*Challenge) ProtoMessage() {}
 
 func (x *Challenge) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1193,7 @@ func (x *Challenge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Challenge.ProtoReflect.Descriptor instead.
 func (*Challenge) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Challenge) GetNonce() []byte {
@@ -1120,7 +1216,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1228,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1241,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Hello) GetProtocol() int32 {
@@ -1184,7 +1280,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1292,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1305,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -1241,7 +1337,7 @@ type SessionClientMessage struct {
 
 func (x *SessionClientMessage) Reset() {
 	*x = SessionClientMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1349,7 @@ func (x *SessionClientMessage) String() string {
 func (*SessionClientMessage) ProtoMessage() {}
 
 func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1362,7 @@ func (x *SessionClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClientMessage.ProtoReflect.Descriptor instead.
 func (*SessionClientMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionClientMessage) GetMsg() isSessionClientMessage_Msg {
@@ -1356,7 +1452,7 @@ type SiteReport struct {
 
 func (x *SiteReport) Reset() {
 	*x = SiteReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1464,7 @@ func (x *SiteReport) String() string {
 func (*SiteReport) ProtoMessage() {}
 
 func (x *SiteReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1477,7 @@ func (x *SiteReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SiteReport.ProtoReflect.Descriptor instead.
 func (*SiteReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SiteReport) GetBody() []byte {
@@ -1410,7 +1506,7 @@ type SiteReportBody struct {
 
 func (x *SiteReportBody) Reset() {
 	*x = SiteReportBody{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1518,7 @@ func (x *SiteReportBody) String() string {
 func (*SiteReportBody) ProtoMessage() {}
 
 func (x *SiteReportBody) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1531,7 @@ func (x *SiteReportBody) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SiteReportBody.ProtoReflect.Descriptor instead.
 func (*SiteReportBody) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SiteReportBody) GetSeq() uint64 {
@@ -1465,7 +1561,7 @@ type BootedMachine struct {
 
 func (x *BootedMachine) Reset() {
 	*x = BootedMachine{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1573,7 @@ func (x *BootedMachine) String() string {
 func (*BootedMachine) ProtoMessage() {}
 
 func (x *BootedMachine) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1586,7 @@ func (x *BootedMachine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootedMachine.ProtoReflect.Descriptor instead.
 func (*BootedMachine) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BootedMachine) GetMac() string {
@@ -1528,14 +1624,16 @@ type Welcome struct {
 	// The kinds the session's certificate allows (exact kinds or prefix.*);
 	// empty means no restriction (R7.5). The gateway refuses to forward a
 	// command of another kind.
-	AllowedKinds  []string `protobuf:"bytes,3,rep,name=allowed_kinds,json=allowedKinds,proto3" json:"allowed_kinds,omitempty"`
+	AllowedKinds []string `protobuf:"bytes,3,rep,name=allowed_kinds,json=allowedKinds,proto3" json:"allowed_kinds,omitempty"`
+	// Rotation statements (R16.2), as in JoinResponseBody.key_statements.
+	KeyStatements []string `protobuf:"bytes,4,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1645,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1658,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1584,6 +1682,13 @@ func (x *Welcome) GetAllowedKinds() []string {
 	return nil
 }
 
+func (x *Welcome) GetKeyStatements() []string {
+	if x != nil {
+		return x.KeyStatements
+	}
+	return nil
+}
+
 type SessionServerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -1598,7 +1703,7 @@ type SessionServerMessage struct {
 
 func (x *SessionServerMessage) Reset() {
 	*x = SessionServerMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1715,7 @@ func (x *SessionServerMessage) String() string {
 func (*SessionServerMessage) ProtoMessage() {}
 
 func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1728,7 @@ func (x *SessionServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionServerMessage.ProtoReflect.Descriptor instead.
 func (*SessionServerMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SessionServerMessage) GetMsg() isSessionServerMessage_Msg {
@@ -1697,7 +1802,7 @@ type TPMEvidence struct {
 
 func (x *TPMEvidence) Reset() {
 	*x = TPMEvidence{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1814,7 @@ func (x *TPMEvidence) String() string {
 func (*TPMEvidence) ProtoMessage() {}
 
 func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1827,7 @@ func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMEvidence.ProtoReflect.Descriptor instead.
 func (*TPMEvidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TPMEvidence) GetEkPublic() []byte {
@@ -1757,7 +1862,7 @@ type TPMKeyAttestation struct {
 
 func (x *TPMKeyAttestation) Reset() {
 	*x = TPMKeyAttestation{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1874,7 @@ func (x *TPMKeyAttestation) String() string {
 func (*TPMKeyAttestation) ProtoMessage() {}
 
 func (x *TPMKeyAttestation) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1887,7 @@ func (x *TPMKeyAttestation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMKeyAttestation.ProtoReflect.Descriptor instead.
 func (*TPMKeyAttestation) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TPMKeyAttestation) GetAkPublic() []byte {
@@ -1827,7 +1932,7 @@ type TPMChallenge struct {
 
 func (x *TPMChallenge) Reset() {
 	*x = TPMChallenge{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1944,7 @@ func (x *TPMChallenge) String() string {
 func (*TPMChallenge) ProtoMessage() {}
 
 func (x *TPMChallenge) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1957,7 @@ func (x *TPMChallenge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMChallenge.ProtoReflect.Descriptor instead.
 func (*TPMChallenge) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TPMChallenge) GetCredentialBlob() []byte {
@@ -1887,7 +1992,7 @@ type TPMChallengeAnswer struct {
 
 func (x *TPMChallengeAnswer) Reset() {
 	*x = TPMChallengeAnswer{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1899,7 +2004,7 @@ func (x *TPMChallengeAnswer) String() string {
 func (*TPMChallengeAnswer) ProtoMessage() {}
 
 func (x *TPMChallengeAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1912,7 +2017,7 @@ func (x *TPMChallengeAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMChallengeAnswer.ProtoReflect.Descriptor instead.
 func (*TPMChallengeAnswer) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TPMChallengeAnswer) GetSecret() []byte {
@@ -1965,7 +2070,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
-	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xd3\x02\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xfa\x02\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1977,7 +2082,9 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\asite_id\x18\x06 \x01(\tR\x06siteId\x12\x12\n" +
 	"\x04role\x18\a \x01(\tR\x04role\x12/\n" +
 	"\x13identity_generation\x18\b \x01(\x03R\x12identityGeneration\x12@\n" +
-	"\bdeferral\x18\t \x01(\v2$.bettercompute.agent.v1.JoinDeferralR\bdeferral\"]\n" +
+	"\bdeferral\x18\t \x01(\v2$.bettercompute.agent.v1.JoinDeferralR\bdeferral\x12%\n" +
+	"\x0ekey_statements\x18\n" +
+	" \x03(\tR\rkeyStatements\"]\n" +
 	"\fJoinDeferral\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12.\n" +
@@ -1998,7 +2105,10 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rRenewResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
-	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"5\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"\r\n" +
+	"\vKeysRequest\"5\n" +
+	"\fKeysResponse\x12%\n" +
+	"\x0ekey_statements\x18\x01 \x03(\tR\rkeyStatements\"5\n" +
 	"\rSignedCommand\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xf6\x01\n" +
@@ -2048,11 +2158,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vlease_epoch\x18\x03 \x01(\x03R\n" +
 	"leaseEpoch\x12\x1f\n" +
 	"\vworkflow_id\x18\x04 \x01(\tR\n" +
-	"workflowId\"t\n" +
+	"workflowId\"\x9b\x01\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
-	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\"\xe0\x01\n" +
+	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\x12%\n" +
+	"\x0ekey_statements\x18\x04 \x03(\tR\rkeyStatements\"\xe0\x01\n" +
 	"\x14SessionServerMessage\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
 	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommand\x12A\n" +
@@ -2073,10 +2184,11 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\x03 \x01(\x03R\rexpiresUnixMs\"T\n" +
 	"\x12TPMChallengeAnswer\x12\x16\n" +
 	"\x06secret\x18\x01 \x01(\fR\x06secret\x12&\n" +
-	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs2\xb6\x01\n" +
+	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs2\x89\x02\n" +
 	"\vJoinService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
-	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse2{\n" +
+	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12Q\n" +
+	"\x04Keys\x12#.bettercompute.agent.v1.KeysRequest\x1a$.bettercompute.agent.v1.KeysResponse2{\n" +
 	"\x0eSessionService\x12i\n" +
 	"\aConnect\x12,.bettercompute.agent.v1.SessionClientMessage\x1a,.bettercompute.agent.v1.SessionServerMessage(\x010\x01BMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
 
@@ -2092,7 +2204,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*Claims)(nil),               // 0: bettercompute.agent.v1.Claims
 	(*JoinRequest)(nil),          // 1: bettercompute.agent.v1.JoinRequest
@@ -2103,43 +2215,47 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*DiscoveryEvidence)(nil),    // 6: bettercompute.agent.v1.DiscoveryEvidence
 	(*RenewRequest)(nil),         // 7: bettercompute.agent.v1.RenewRequest
 	(*RenewResponse)(nil),        // 8: bettercompute.agent.v1.RenewResponse
-	(*SignedCommand)(nil),        // 9: bettercompute.agent.v1.SignedCommand
-	(*CommandBody)(nil),          // 10: bettercompute.agent.v1.CommandBody
-	(*CommandResult)(nil),        // 11: bettercompute.agent.v1.CommandResult
-	(*Challenge)(nil),            // 12: bettercompute.agent.v1.Challenge
-	(*Hello)(nil),                // 13: bettercompute.agent.v1.Hello
-	(*Heartbeat)(nil),            // 14: bettercompute.agent.v1.Heartbeat
-	(*SessionClientMessage)(nil), // 15: bettercompute.agent.v1.SessionClientMessage
-	(*SiteReport)(nil),           // 16: bettercompute.agent.v1.SiteReport
-	(*SiteReportBody)(nil),       // 17: bettercompute.agent.v1.SiteReportBody
-	(*BootedMachine)(nil),        // 18: bettercompute.agent.v1.BootedMachine
-	(*Welcome)(nil),              // 19: bettercompute.agent.v1.Welcome
-	(*SessionServerMessage)(nil), // 20: bettercompute.agent.v1.SessionServerMessage
-	(*TPMEvidence)(nil),          // 21: bettercompute.agent.v1.TPMEvidence
-	(*TPMKeyAttestation)(nil),    // 22: bettercompute.agent.v1.TPMKeyAttestation
-	(*TPMChallenge)(nil),         // 23: bettercompute.agent.v1.TPMChallenge
-	(*TPMChallengeAnswer)(nil),   // 24: bettercompute.agent.v1.TPMChallengeAnswer
+	(*KeysRequest)(nil),          // 9: bettercompute.agent.v1.KeysRequest
+	(*KeysResponse)(nil),         // 10: bettercompute.agent.v1.KeysResponse
+	(*SignedCommand)(nil),        // 11: bettercompute.agent.v1.SignedCommand
+	(*CommandBody)(nil),          // 12: bettercompute.agent.v1.CommandBody
+	(*CommandResult)(nil),        // 13: bettercompute.agent.v1.CommandResult
+	(*Challenge)(nil),            // 14: bettercompute.agent.v1.Challenge
+	(*Hello)(nil),                // 15: bettercompute.agent.v1.Hello
+	(*Heartbeat)(nil),            // 16: bettercompute.agent.v1.Heartbeat
+	(*SessionClientMessage)(nil), // 17: bettercompute.agent.v1.SessionClientMessage
+	(*SiteReport)(nil),           // 18: bettercompute.agent.v1.SiteReport
+	(*SiteReportBody)(nil),       // 19: bettercompute.agent.v1.SiteReportBody
+	(*BootedMachine)(nil),        // 20: bettercompute.agent.v1.BootedMachine
+	(*Welcome)(nil),              // 21: bettercompute.agent.v1.Welcome
+	(*SessionServerMessage)(nil), // 22: bettercompute.agent.v1.SessionServerMessage
+	(*TPMEvidence)(nil),          // 23: bettercompute.agent.v1.TPMEvidence
+	(*TPMKeyAttestation)(nil),    // 24: bettercompute.agent.v1.TPMKeyAttestation
+	(*TPMChallenge)(nil),         // 25: bettercompute.agent.v1.TPMChallenge
+	(*TPMChallengeAnswer)(nil),   // 26: bettercompute.agent.v1.TPMChallengeAnswer
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.agent.v1.JoinRequest.claims:type_name -> bettercompute.agent.v1.Claims
 	2,  // 1: bettercompute.agent.v1.JoinRequest.x509pop:type_name -> bettercompute.agent.v1.X509Pop
 	5,  // 2: bettercompute.agent.v1.JoinResponseBody.deferral:type_name -> bettercompute.agent.v1.JoinDeferral
-	13, // 3: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	14, // 4: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	11, // 5: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
-	16, // 6: bettercompute.agent.v1.SessionClientMessage.site_report:type_name -> bettercompute.agent.v1.SiteReport
-	18, // 7: bettercompute.agent.v1.SiteReportBody.machines:type_name -> bettercompute.agent.v1.BootedMachine
-	19, // 8: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
-	9,  // 9: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
-	12, // 10: bettercompute.agent.v1.SessionServerMessage.challenge:type_name -> bettercompute.agent.v1.Challenge
+	15, // 3: bettercompute.agent.v1.SessionClientMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	16, // 4: bettercompute.agent.v1.SessionClientMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	13, // 5: bettercompute.agent.v1.SessionClientMessage.result:type_name -> bettercompute.agent.v1.CommandResult
+	18, // 6: bettercompute.agent.v1.SessionClientMessage.site_report:type_name -> bettercompute.agent.v1.SiteReport
+	20, // 7: bettercompute.agent.v1.SiteReportBody.machines:type_name -> bettercompute.agent.v1.BootedMachine
+	21, // 8: bettercompute.agent.v1.SessionServerMessage.welcome:type_name -> bettercompute.agent.v1.Welcome
+	11, // 9: bettercompute.agent.v1.SessionServerMessage.command:type_name -> bettercompute.agent.v1.SignedCommand
+	14, // 10: bettercompute.agent.v1.SessionServerMessage.challenge:type_name -> bettercompute.agent.v1.Challenge
 	1,  // 11: bettercompute.agent.v1.JoinService.Join:input_type -> bettercompute.agent.v1.JoinRequest
 	7,  // 12: bettercompute.agent.v1.JoinService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	15, // 13: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
-	3,  // 14: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	8,  // 15: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	20, // 16: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
+	9,  // 13: bettercompute.agent.v1.JoinService.Keys:input_type -> bettercompute.agent.v1.KeysRequest
+	17, // 14: bettercompute.agent.v1.SessionService.Connect:input_type -> bettercompute.agent.v1.SessionClientMessage
+	3,  // 15: bettercompute.agent.v1.JoinService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	8,  // 16: bettercompute.agent.v1.JoinService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	10, // 17: bettercompute.agent.v1.JoinService.Keys:output_type -> bettercompute.agent.v1.KeysResponse
+	22, // 18: bettercompute.agent.v1.SessionService.Connect:output_type -> bettercompute.agent.v1.SessionServerMessage
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -2150,13 +2266,13 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*SessionClientMessage_Hello)(nil),
 		(*SessionClientMessage_Heartbeat)(nil),
 		(*SessionClientMessage_Result)(nil),
 		(*SessionClientMessage_SiteReport)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[20].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[22].OneofWrappers = []any{
 		(*SessionServerMessage_Welcome)(nil),
 		(*SessionServerMessage_Command)(nil),
 		(*SessionServerMessage_Challenge)(nil),
@@ -2167,7 +2283,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -46,6 +46,8 @@ const (
 	JoinServiceJoinProcedure = "/bettercompute.agent.v1.JoinService/Join"
 	// JoinServiceRenewProcedure is the fully-qualified name of the JoinService's Renew RPC.
 	JoinServiceRenewProcedure = "/bettercompute.agent.v1.JoinService/Renew"
+	// JoinServiceKeysProcedure is the fully-qualified name of the JoinService's Keys RPC.
+	JoinServiceKeysProcedure = "/bettercompute.agent.v1.JoinService/Keys"
 	// SessionServiceConnectProcedure is the fully-qualified name of the SessionService's Connect RPC.
 	SessionServiceConnectProcedure = "/bettercompute.agent.v1.SessionService/Connect"
 )
@@ -54,6 +56,9 @@ const (
 type JoinServiceClient interface {
 	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// Keys returns the rotation statements; the daemon verifies each one
+	// against its pins, so the answer needs no signature of its own.
+	Keys(context.Context, *connect.Request[v1.KeysRequest]) (*connect.Response[v1.KeysResponse], error)
 }
 
 // NewJoinServiceClient constructs a client for the bettercompute.agent.v1.JoinService service. By
@@ -79,6 +84,12 @@ func NewJoinServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(joinServiceMethods.ByName("Renew")),
 			connect.WithClientOptions(opts...),
 		),
+		keys: connect.NewClient[v1.KeysRequest, v1.KeysResponse](
+			httpClient,
+			baseURL+JoinServiceKeysProcedure,
+			connect.WithSchema(joinServiceMethods.ByName("Keys")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -86,6 +97,7 @@ func NewJoinServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 type joinServiceClient struct {
 	join  *connect.Client[v1.JoinRequest, v1.JoinResponse]
 	renew *connect.Client[v1.RenewRequest, v1.RenewResponse]
+	keys  *connect.Client[v1.KeysRequest, v1.KeysResponse]
 }
 
 // Join calls bettercompute.agent.v1.JoinService.Join.
@@ -98,10 +110,18 @@ func (c *joinServiceClient) Renew(ctx context.Context, req *connect.Request[v1.R
 	return c.renew.CallUnary(ctx, req)
 }
 
+// Keys calls bettercompute.agent.v1.JoinService.Keys.
+func (c *joinServiceClient) Keys(ctx context.Context, req *connect.Request[v1.KeysRequest]) (*connect.Response[v1.KeysResponse], error) {
+	return c.keys.CallUnary(ctx, req)
+}
+
 // JoinServiceHandler is an implementation of the bettercompute.agent.v1.JoinService service.
 type JoinServiceHandler interface {
 	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// Keys returns the rotation statements; the daemon verifies each one
+	// against its pins, so the answer needs no signature of its own.
+	Keys(context.Context, *connect.Request[v1.KeysRequest]) (*connect.Response[v1.KeysResponse], error)
 }
 
 // NewJoinServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -123,12 +143,20 @@ func NewJoinServiceHandler(svc JoinServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(joinServiceMethods.ByName("Renew")),
 		connect.WithHandlerOptions(opts...),
 	)
+	joinServiceKeysHandler := connect.NewUnaryHandler(
+		JoinServiceKeysProcedure,
+		svc.Keys,
+		connect.WithSchema(joinServiceMethods.ByName("Keys")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.agent.v1.JoinService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case JoinServiceJoinProcedure:
 			joinServiceJoinHandler.ServeHTTP(w, r)
 		case JoinServiceRenewProcedure:
 			joinServiceRenewHandler.ServeHTTP(w, r)
+		case JoinServiceKeysProcedure:
+			joinServiceKeysHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -144,6 +172,10 @@ func (UnimplementedJoinServiceHandler) Join(context.Context, *connect.Request[v1
 
 func (UnimplementedJoinServiceHandler) Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.agent.v1.JoinService.Renew is not implemented"))
+}
+
+func (UnimplementedJoinServiceHandler) Keys(context.Context, *connect.Request[v1.KeysRequest]) (*connect.Response[v1.KeysResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.agent.v1.JoinService.Keys is not implemented"))
 }
 
 // SessionServiceClient is a client for the bettercompute.agent.v1.SessionService service.

@@ -87,7 +87,7 @@ func TestAdmitRefusals(t *testing.T) {
 				case tc.noCA:
 					ca = nil
 				}
-				a := x509pop.New(x509pop.Config{Core: f.core, NodeCA: ca})
+				a := x509pop.New(x509pop.Config{Core: f.core, NodeCAs: func() []*x509.Certificate { return []*x509.Certificate{ca} }})
 				in := f.request(t, l, digest(tc.name), tc.skew)
 				if tc.mod != nil {
 					tc.mod(in)

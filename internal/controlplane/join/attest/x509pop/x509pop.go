@@ -58,9 +58,11 @@ const proofDomain = "better-compute x509pop proof v1\x00"
 type Config struct {
 	// Core is the identity core that checks the presented certificate.
 	Core *nodeident.Core
-	// NodeCA is the CA every node certificate chains to; nil refuses every
-	// join (JoinService answers INVALID_CONFIG before that without a PKI).
-	NodeCA *x509.Certificate
+	// NodeCAs returns the CAs a node certificate may chain to (the current
+	// node CA and, while it rotates, the next and previous ones: R16.1);
+	// none refuses every join (JoinService answers INVALID_CONFIG before
+	// that without a PKI).
+	NodeCAs func() []*x509.Certificate
 	// Clock is JoinService's clock (nil: the core's).
 	Clock clock.Clock
 }
@@ -68,7 +70,7 @@ type Config struct {
 // Attestor admits a machine back into its node with an expired certificate.
 type Attestor struct {
 	core  *nodeident.Core
-	ca    *x509.Certificate
+	cas   func() []*x509.Certificate
 	clock clock.Clock
 }
 
@@ -77,7 +79,10 @@ func New(cfg Config) *Attestor {
 	if cfg.Clock == nil {
 		cfg.Clock = cfg.Core.Clock()
 	}
-	return &Attestor{core: cfg.Core, ca: cfg.NodeCA, clock: cfg.Clock}
+	if cfg.NodeCAs == nil {
+		cfg.NodeCAs = func() []*x509.Certificate { return nil }
+	}
+	return &Attestor{core: cfg.Core, cas: cfg.NodeCAs, clock: cfg.Clock}
 }
 
 // Name implements attest.Attestor.
@@ -172,11 +177,16 @@ func ProofHash(reqDigest []byte) []byte {
 // chains reports whether leaf chains to the node CA for client auth, as of
 // just before it expired: the leaf has expired by design.
 func (a *Attestor) chains(leaf *x509.Certificate) bool {
-	if a.ca == nil {
+	cas := a.cas()
+	if len(cas) == 0 {
 		return false
 	}
 	roots := x509.NewCertPool()
-	roots.AddCert(a.ca)
+	for _, c := range cas {
+		if c != nil {
+			roots.AddCert(c)
+		}
+	}
 	_, err := leaf.Verify(x509.VerifyOptions{
 		Roots: roots, CurrentTime: leaf.NotAfter.Add(-time.Second), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})

@@ -117,7 +117,7 @@ func TestAdmission(t *testing.T) {
 		f := newFixture(t, db)
 		l := f.issue(t, nil, []string{"exec"}, 30*time.Minute)
 		f.clk.Set(l.cert.NotAfter.Add(time.Hour))
-		a := x509pop.New(x509pop.Config{Core: f.core, NodeCA: f.bundle.NodeCA})
+		a := x509pop.New(x509pop.Config{Core: f.core, NodeCAs: f.bundle.TrustedNodeCAs})
 		in := f.request(t, l, digest("leg"), 0)
 		adm, err := f.admit(t, a, in, false)
 		must(t, err)
