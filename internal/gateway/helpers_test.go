@@ -123,6 +123,7 @@ type call struct {
 // fakeAPI is the API's agent listener: mTLS requiring a client certificate
 // from the serving CA, HTTP/2, JoinService answering from canned data.
 type fakeAPI struct {
+	agentv1connect.UnimplementedJoinServiceHandler
 	srv   *httptest.Server
 	env   *env
 	conns atomic.Int64 // TCP connections accepted

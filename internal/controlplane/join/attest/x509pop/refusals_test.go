@@ -1,6 +1,7 @@
 package x509pop_test
 
 import (
+	"crypto/x509"
 	"errors"
 	"testing"
 	"time"
