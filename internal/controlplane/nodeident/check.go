@@ -134,6 +134,10 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 		return ref("cert-superseded")
 	case now.Before(row.NotBefore):
 		return ref("cert-not-yet-valid")
+	case !c.issuerAccepted(leaf):
+		// R16.1: a certificate of a retired node CA is refused, though
+		// node_certs still knows it.
+		return ref("cert-ca-retired")
 	}
 	if use == ForRejoin {
 		switch {
@@ -146,4 +150,21 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 		return ref("cert-expired")
 	}
 	return &Checked{Leaf: leaf, ID: id, Row: row, Node: n}, nil
+}
+
+// issuerAccepted reports whether leaf names an accepted node CA as its
+// issuer. The row matched byte for byte, so JoinService signed it; only
+// which CA is in question, and the authority key id answers that without a
+// signature check.
+func (c *Core) issuerAccepted(leaf *x509.Certificate) bool {
+	b := c.cfg.Bundle.Now()
+	if b == nil {
+		return false
+	}
+	for _, ca := range b.TrustedNodeCAs() {
+		if bytes.Equal(leaf.AuthorityKeyId, ca.SubjectKeyId) || len(ca.SubjectKeyId) == 0 && bytes.Equal(leaf.RawIssuer, ca.RawSubject) {
+			return true
+		}
+	}
+	return false
 }

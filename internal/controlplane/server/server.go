@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -73,6 +72,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if err != nil {
 		return err
 	}
+	stopRing, err := followKeys(ctx, db, bundle, o.Secret, log)
+	if err != nil {
+		return err
+	}
+	defer stopRing()
 	srv, err := newAPI(ctx, cfg, o, db, bundle, log)
 	if err != nil {
 		return err
@@ -275,8 +279,6 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 		}
 		cert = &c
 	}
-	cas := x509.NewCertPool()
-	cas.AddCert(bundle.ServingCA)
 	addr := cfg.Agent.Listen
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -292,13 +294,7 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       10 * time.Minute,
 		MaxHeaderBytes:    32 << 10,
-		TLSConfig: &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			Certificates: []tls.Certificate{*cert},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    cas,
-			NextProtos:   []string{"h2", "http/1.1"},
-		},
+		TLSConfig: agentTLS(cfg, bundle, cert, o.AgentCert == nil, log),
 		ErrorLog: errLog.ErrorLog(slog.LevelWarn, "agent"),
 		// A gateway multiplexes its nodes' long-lived session streams
 		// over a few connections: the default of 250 streams per
