@@ -43,7 +43,7 @@ func (a *app) pkiDir(flag string) string {
 
 func (a *app) pkiCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pki", Short: "The machine PKI: CAs, JoinService keys, gateway certificates, pins"}
-	cmd.AddCommand(a.pkiInitCmdCmd(), a.pkiIssueCmd(), a.pkiPinsCmd(), a.pkiGenCmd())
+	cmd.AddCommand(a.pkiInitCmdCmd(), a.pkiIssueCmd(), a.pkiPinsCmd(), a.pkiGenCmd(), a.pkiRotateCmd(), a.pkiStatusCmd())
 	return cmd
 }
 
@@ -97,10 +97,16 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 	var gDir, certOut, keyOut string
 	var sans []string
 	var ttl time.Duration
+	var d deployment
 	issue := &cobra.Command{
-		Use:     "issue-gateway --san HOST [--san HOST...]",
-		Short:   "Issue a gateway serving certificate from the serving CA",
-		Example: "  better-compute pki issue-gateway --san gw.eu.example.com",
+		Use:   "issue-gateway --san HOST [--san HOST...]",
+		Short: "Issue a gateway serving certificate from the serving CA",
+		Long: `Issue a gateway (or agent-listener) certificate from the serving CA. With
+--config (or --dev) it is issued by the serving CA that is current in the
+database, the one to use once a rotated serving CA is activated; with
+--dir alone, by the PKI directory's own serving CA. Gateways and the API
+load a certificate written over their files without a restart.`,
+		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/server.toml",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(sans) == 0 {
@@ -113,11 +119,7 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 					return err
 				}
 			}
-			sec, err := a.secret()
-			if err != nil {
-				return err
-			}
-			b, err := ca.Load(a.pkiDir(gDir), sec)
+			b, err := a.currentBundle(cmd.Context(), d, gDir)
 			if err != nil {
 				return err
 			}
@@ -140,6 +142,7 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 		},
 	}
 	issue.Flags().StringVar(&gDir, "dir", "", "bundle directory")
+	d.flags(issue)
 	issue.Flags().StringArrayVar(&sans, "san", nil, "DNS name or IP the gateway serves (repeatable)")
 	issue.Flags().StringVar(&certOut, "cert-out", "gateway.crt", "certificate chain file to create")
 	issue.Flags().StringVar(&keyOut, "key-out", "gateway.key", "private key file to create (0600)")
@@ -149,15 +152,23 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 
 func (a *app) pkiPinsCmd() *cobra.Command {
 	var pDir string
+	var d deployment
 	pins := &cobra.Command{
-		Use:   "pins [--dir DIR]",
-		Short: "Print the three pins a bcd config needs",
+		Use:   "pins [--dir DIR | --config FILE]",
+		Short: "Print the pins a bcd config needs",
 		Long: `Print the pins (sha256/<base64 of the SPKI's SHA-256>) of the gateway serving
 CA and the JoinService signing and encryption keys. Pins are public: they are
 read from the bundle's certificates and join-encryption.jwk, without
-$BETTER_COMPUTE_SECRET.`,
+$BETTER_COMPUTE_SECRET.
+
+With --config (or --dev) they are read from the database instead, as pin
+sets: every generation in force (current, and the next or previous one
+while a key rotates), oldest first, in the form bcd's config.toml takes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if d.config != "" || d.dev != "" {
+				return a.printPinSets(cmd.Context(), d)
+			}
 			b, err := ca.LoadPublic(a.pkiDir(pDir))
 			if err != nil {
 				return err
@@ -174,6 +185,7 @@ $BETTER_COMPUTE_SECRET.`,
 		},
 	}
 	pins.Flags().StringVar(&pDir, "dir", "", "bundle directory")
+	d.flags(pins)
 	return pins
 }
 

@@ -26,7 +26,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -39,6 +38,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/hotpath"
@@ -107,27 +107,20 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.clock = clock.Real{}
 	}
 	g.lines = ratelimit.NewLogger(g.log, ratelimit.New(g.clock, LinesPerMinute, time.Minute))
-	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+	// R16.1: a certificate or CA file written over while the gateway runs
+	// is used from the next handshake on, once it passes the same checks.
+	pair, err := certfile.LoadPair(cfg.CertFile, cfg.KeyFile, g.checkCert, g.log)
 	if err != nil {
+		var ke *errs.E
+		if errors.As(err, &ke) {
+			return nil, err
+		}
 		return nil, badKey("cert_file", "load the gateway certificate and key: %v", err)
 	}
-	leaf := cert.Leaf
-	if now := g.clock.Now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
-		return nil, badKey("cert_file", "the gateway certificate is valid from %s to %s; issue a new one with better-compute pki issue-gateway",
-			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
-	}
-	// The one certificate is both the serving certificate and the client
-	// identity toward the API, so it needs both usages.
-	if !hasEKU(leaf, x509.ExtKeyUsageServerAuth) || !hasEKU(leaf, x509.ExtKeyUsageClientAuth) {
-		return nil, badKey("cert_file", "the certificate needs extended key usages serverAuth and clientAuth; issue it with better-compute pki issue-gateway")
-	}
-	caPEM, err := os.ReadFile(cfg.APICAFile)
+	leaf := pair.Get().Leaf
+	roots, err := certfile.LoadPool(cfg.APICAFile, g.log)
 	if err != nil {
 		return nil, badKey("api_ca_file", "%v", err)
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(caPEM) {
-		return nil, badKey("api_ca_file", "holds no PEM certificate")
 	}
 
 	newTransport := func() *http.Transport {
@@ -143,9 +136,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			// SECURITY: the API is authenticated against the serving CA only,
 			// never the system roots, and sees the gateway's own certificate.
 			TLSClientConfig: &tls.Config{
-				MinVersion:   tls.VersionTLS12,
-				RootCAs:      roots,
-				Certificates: []tls.Certificate{cert},
+				MinVersion: tls.VersionTLS12,
+				// Verified by VerifyConnection against the CA file in
+				// force (it may gain the next serving CA).
+				InsecureSkipVerify: true,
+				VerifyConnection: func(cs tls.ConnectionState) error {
+					return certfile.VerifyServer(cs, roots.Get())
+				},
+				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.Get(), nil },
 			},
 			// Health pings find a dead API connection before a call waits on it.
 			// The smallest frames HTTP/2 allows: the API answers with frames of
@@ -195,9 +193,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			MaxReceiveBufferPerStream: 256 << 10,
 		},
 		TLSConfig: &tls.Config{
-			MinVersion:   tls.VersionTLS12,
-			Certificates: []tls.Certificate{cert},
-			NextProtos:   []string{"h2", "http/1.1"},
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pair.Get(), nil },
+			NextProtos:     []string{"h2", "http/1.1"},
 			// A daemon presents its node certificate on Renew and on
 			// sessions; the API verifies it (byte for byte against
 			// node_certs), so the gateway only requests it here, and
@@ -220,6 +218,21 @@ func (g *Gateway) upstreamOptions(extra ...connect.ClientOption) []connect.Clien
 		// costs more CPU than it saves.
 		connect.WithAcceptCompression("gzip", nil, nil),
 	}, extra...)
+}
+
+// checkCert vets the gateway's certificate, at start and at every reload.
+func (g *Gateway) checkCert(c *tls.Certificate) error {
+	leaf := c.Leaf
+	if now := g.clock.Now(); now.After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+		return badKey("cert_file", "the gateway certificate is valid from %s to %s; issue a new one with better-compute pki issue-gateway",
+			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	// The one certificate is both the serving certificate and the client
+	// identity toward the API, so it needs both usages.
+	if !hasEKU(leaf, x509.ExtKeyUsageServerAuth) || !hasEKU(leaf, x509.ExtKeyUsageClientAuth) {
+		return badKey("cert_file", "the certificate needs extended key usages serverAuth and clientAuth; issue it with better-compute pki issue-gateway")
+	}
+	return nil
 }
 
 func hasEKU(c *x509.Certificate, u x509.ExtKeyUsage) bool {

@@ -485,6 +485,18 @@ func loadKey(path string, secret []byte) (crypto.Signer, error) {
 	}
 	key, err := DecryptKey(raw, secret)
 	if err != nil {
+		// While the secret rotates (RekeyDir), the same key is also
+		// beside it under the other secret.
+		for _, alt := range []string{path + SuffixNext, path + SuffixPrev} {
+			if r, rerr := os.ReadFile(alt); rerr == nil {
+				if k, kerr := DecryptKey(r, secret); kerr == nil {
+					key, err = k, nil
+					break
+				}
+			}
+		}
+	}
+	if err != nil {
 		if e, ok := errs.As(err); ok {
 			return nil, errs.New(e.Code, "%s: %s", path, e.Message)
 		}

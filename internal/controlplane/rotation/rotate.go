@@ -77,6 +77,9 @@ func Rotate(ctx context.Context, db *store.DB, base *ca.Bundle, secret []byte, o
 		if err != nil {
 			return err
 		}
+		if secretRotating(rows) {
+			return errs.New(errs.InvalidState, "BETTER_COMPUTE_SECRET is rotating: retire or roll back that rotation before rotating a key (every key must stay readable under both secrets)")
+		}
 		t := transition{base: base, secret: secret, op: op, rows: kindRows(rows, op.Kind)}
 		changed, err := t.apply()
 		if err != nil {

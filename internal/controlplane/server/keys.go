@@ -5,13 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
-	"os"
 	"sync"
-	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/rotation"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/certfile"
 )
 
 // followKeys makes bundle follow the database's keys (R16.1: a rotation
@@ -44,10 +43,13 @@ func agentTLS(cfg Config, bundle *ca.Bundle, cert *tls.Certificate, fromFiles bo
 		ClientAuth: tls.RequireAndVerifyClientCert,
 		NextProtos: []string{"h2", "http/1.1"},
 	}
-	certs := &fileCert{cert: cert, log: log}
+	certs := certfile.Fixed(cert)
 	if fromFiles {
-		certs.certFile, certs.keyFile = cfg.Agent.CertFile, cfg.Agent.KeyFile
-		certs.stamp = certs.mtimes()
+		// serveAgent loaded these files a moment ago; a failure now is a
+		// race with their replacement, and the loaded pair stays.
+		if p, err := certfile.LoadPair(cfg.Agent.CertFile, cfg.Agent.KeyFile, nil, log); err == nil {
+			certs = p
+		}
 	}
 	var mu sync.Mutex
 	var poolOf *ca.Bundle
@@ -67,51 +69,8 @@ func agentTLS(cfg Config, bundle *ca.Bundle, cert *tls.Certificate, fromFiles bo
 		mu.Unlock()
 		c := base.Clone()
 		c.ClientCAs = p
-		c.Certificates = []tls.Certificate{*certs.get()}
+		c.Certificates = []tls.Certificate{*certs.Get()}
 		return c, nil
 	}
 	return out
-}
-
-// fileCert is a certificate loaded from files, loaded again when they
-// change (checked at most once a second).
-type fileCert struct {
-	certFile, keyFile string
-	log               *slog.Logger
-
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	stamp   string
-	checked time.Time
-}
-
-func (f *fileCert) mtimes() string {
-	var s string
-	for _, p := range []string{f.certFile, f.keyFile} {
-		if fi, err := os.Stat(p); err == nil {
-			s += fi.ModTime().String() + "/" + p + ";"
-		}
-	}
-	return s
-}
-
-func (f *fileCert) get() *tls.Certificate {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.certFile == "" || time.Since(f.checked) < time.Second {
-		return f.cert
-	}
-	f.checked = time.Now()
-	if st := f.mtimes(); st != f.stamp {
-		c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
-		if err != nil {
-			// A pair caught half-written, or a bad one: keep serving
-			// the last good one and look again later.
-			f.log.Warn("agent certificate changed but does not load; the previous one stays", "err", err)
-			return f.cert
-		}
-		f.cert, f.stamp = &c, st
-		f.log.Info("agent certificate reloaded", "cert_file", f.certFile)
-	}
-	return f.cert
 }

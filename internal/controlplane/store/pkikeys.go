@@ -99,3 +99,36 @@ func (t *Tx) LockPKIKeys(ctx context.Context) error {
 	}
 	return nil
 }
+
+// LiveCert is a node's newest certificate of its current identity.
+type LiveCert struct {
+	NodeID    string
+	DER       []byte
+	CreatedAt time.Time
+}
+
+// LiveNodeCerts returns, for every node that is not retired, its newest
+// unrevoked, unexpired certificate of its current identity generation:
+// what each node presents now (pki status counts who still presents keys
+// of an older generation).
+func (t *Tx) LiveNodeCerts(ctx context.Context, now time.Time) ([]LiveCert, error) {
+	rows, err := t.query(ctx, `SELECT c.node_id, c.der, c.created_ms FROM node_certs c JOIN nodes n ON n.id = c.node_id
+		WHERE c.revoked_ms IS NULL AND c.not_after_ms > ? AND n.state <> 'retired' AND c.identity_generation = n.identity_generation
+		AND c.created_ms = (SELECT MAX(c2.created_ms) FROM node_certs c2 WHERE c2.node_id = c.node_id AND c2.identity_generation = c.identity_generation)`,
+		now.UnixMilli())
+	if err != nil {
+		return nil, fmt.Errorf("list live node certificates: %w", err)
+	}
+	defer rows.Close()
+	var out []LiveCert
+	for rows.Next() {
+		var c LiveCert
+		var created int64
+		if err := rows.Scan(&c.NodeID, &c.DER, &created); err != nil {
+			return nil, fmt.Errorf("scan node certificate: %w", err)
+		}
+		c.CreatedAt = fromMS(created)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,107 @@
+package rotation
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"slices"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+// Generation is one key generation as status shows it.
+type Generation struct {
+	Gen         int64     `json:"generation"`
+	State       string    `json:"state"`
+	Fingerprint string    `json:"fingerprint"`
+	CreatedAt   time.Time `json:"createdAt"`
+	ChangedAt   time.Time `json:"changedAt"`
+	// NotAfter is the certificate's expiry (zero for join-encryption).
+	NotAfter time.Time `json:"notAfter,omitzero"`
+}
+
+// KeyStatus is one kind of key.
+type KeyStatus struct {
+	Kind        string       `json:"key"`
+	Generations []Generation `json:"generations"`
+	// Behind counts the nodes that still present the old key or have not
+	// learned the new one: for the node CA, nodes whose certificate an
+	// older CA issued; for the other kinds, nodes whose newest certificate
+	// predates the newest generation (they learn it, its statement or the
+	// new command bundle, from their next renewal).
+	Behind int `json:"nodesBehind"`
+	// Nodes is how many live nodes were counted.
+	Nodes int `json:"nodes"`
+}
+
+// Status reads every kind's generations and who is behind, as of now.
+func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, error) {
+	var rows []store.PKIKey
+	var certs []store.LiveCert
+	err := db.ReadTx(ctx, func(tx *store.Tx) error {
+		var err error
+		if rows, err = tx.ListPKIKeys(ctx); err != nil {
+			return err
+		}
+		certs, err = tx.LiveNodeCerts(ctx, now)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	type live struct {
+		leaf    *x509.Certificate
+		created time.Time
+	}
+	leaves := make([]live, 0, len(certs))
+	for _, c := range certs {
+		if leaf, err := x509.ParseCertificate(c.DER); err == nil {
+			leaves = append(leaves, live{leaf, c.CreatedAt})
+		}
+	}
+	var out []KeyStatus
+	for _, kind := range append(slices.Clone(ca.Kinds), KindSecret) {
+		ks := KeyStatus{Kind: kind, Nodes: len(leaves)}
+		var newest time.Time
+		var current *x509.Certificate
+		for _, k := range kindRows(rows, kind) {
+			g := Generation{Gen: k.Gen, State: k.State, CreatedAt: k.CreatedAt, ChangedAt: k.ChangedAt}
+			if kind == KindSecret {
+				g.Fingerprint = string(k.Cert)
+			} else if pub, cert, err := ca.PublicKeyOfDER(kind, k.Cert); err == nil {
+				g.Fingerprint, _ = pki.Pin(pub)
+				if cert != nil {
+					g.NotAfter = cert.NotAfter
+				}
+				if k.State == StateCurrent {
+					current = cert
+				}
+			}
+			if k.State == StateCurrent || k.State == StateNext {
+				newest = later(newest, k.CreatedAt)
+			}
+			ks.Generations = append(ks.Generations, g)
+		}
+		for _, l := range leaves {
+			if kind == ca.KindNodeCA {
+				if current != nil && !bytes.Equal(l.leaf.AuthorityKeyId, current.SubjectKeyId) {
+					ks.Behind++
+				}
+			} else if kind != KindSecret && len(ks.Generations) > 1 && l.created.Before(newest) {
+				ks.Behind++
+			}
+		}
+		out = append(out, ks)
+	}
+	return out, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
