@@ -294,8 +294,8 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 		WriteTimeout:      60 * time.Second,
 		IdleTimeout:       10 * time.Minute,
 		MaxHeaderBytes:    32 << 10,
-		TLSConfig: agentTLS(cfg, bundle, cert, o.AgentCert == nil, log),
-		ErrorLog: errLog.ErrorLog(slog.LevelWarn, "agent"),
+		TLSConfig:         agentTLS(cfg, bundle, cert, o.AgentCert == nil, log),
+		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "agent"),
 		// A gateway multiplexes its nodes' long-lived session streams
 		// over a few connections: the default of 250 streams per
 		// connection would make it dial a connection per 250 nodes.
