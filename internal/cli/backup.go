@@ -102,7 +102,7 @@ and restore").
 				return err
 			}
 			if verify {
-				m, err := backup.Verify(in)
+				m, err := backup.Verify(cmd.Context(), in)
 				if err != nil {
 					return err
 				}

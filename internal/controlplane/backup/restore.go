@@ -69,9 +69,38 @@ const (
 const restoreActor = "system"
 
 // Verify reads the whole archive at in and checks it against its manifest,
-// writing nothing.
-func Verify(in string) (Manifest, error) {
-	return extract(in, checkSchema, func(string) (io.WriteCloser, error) { return nopCloser{io.Discard}, nil })
+// and that the database copy is at the manifest's schema version. It
+// writes nothing but a temporary copy of the database, removed before it
+// returns.
+func Verify(ctx context.Context, in string) (Manifest, error) {
+	tmp, err := os.MkdirTemp("", "bc-verify-*")
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer os.RemoveAll(tmp)
+	put := func(name string) (io.WriteCloser, error) {
+		if name == memberDB {
+			return os.OpenFile(filepath.Join(tmp, DBFile), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		}
+		return nopCloser{io.Discard}, nil
+	}
+	m, err := extract(in, checkSchema, put)
+	if err != nil {
+		return m, err
+	}
+	return m, checkCopy(ctx, m, filepath.Join(tmp, DBFile))
+}
+
+// checkCopy checks that the database copy is at the manifest's schema.
+func checkCopy(ctx context.Context, m Manifest, dbPath string) error {
+	v, err := store.SQLiteSchemaVersion(ctx, dbPath)
+	if err != nil {
+		return damaged("the database copy: %v", err)
+	}
+	if v != m.SchemaVersion {
+		return damaged("the database copy is at schema version %d, the manifest says %d", v, m.SchemaVersion)
+	}
+	return nil
 }
 
 type nopCloser struct{ io.Writer }
@@ -267,12 +296,8 @@ func copyMember(r io.Reader, want File, put func(string) (io.WriteCloser, error)
 // row each and an audit row of the restore in every tenant.
 func openRestored(ctx context.Context, cfg RestoreConfig, m Manifest, dbPath string) (Restored, error) {
 	var res Restored
-	v, err := store.SQLiteSchemaVersion(ctx, dbPath)
-	if err != nil {
-		return res, damaged("the database copy: %v", err)
-	}
-	if v != m.SchemaVersion {
-		return res, damaged("the database copy is at schema version %d, the manifest says %d", v, m.SchemaVersion)
+	if err := checkCopy(ctx, m, dbPath); err != nil {
+		return res, err
 	}
 	db, err := store.Open(ctx, store.Config{Driver: string(store.SQLite), Path: dbPath}, cfg.Log)
 	if err != nil {
