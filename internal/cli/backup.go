@@ -90,10 +90,10 @@ the restore is staged beside DIR and renamed into place.
 
 Every join token that was live in the backup is revoked, because uses spent
 after the backup are unspent in it (--keep-tokens keeps them: only when
-nothing joined since the backup). Machines that joined after the backup are
-unknown to the restored control plane and join again with a new token;
-machines that renewed after it keep working (docs/operations.md, "Backup
-and restore").
+nothing joined since the backup). Machines that joined or renewed after the
+backup hold certificates the restored control plane does not know: they
+join again with a new token (one with --allow-reclaim takes a renewed
+machine back as its node); see docs/operations.md, "Backup and restore".
 
 --verify only checks the archive and prints its manifest.`,
 		Args: cobra.NoArgs,
@@ -147,13 +147,16 @@ func (a *app) printRestore(s restoreSummary) error {
 	}
 	fmt.Fprintf(w, "restored into:\n  store.path = %q\n  pki.dir    = %q\n", s.DBPath, s.PKIDir)
 	fmt.Fprintf(w, "revoked %d join tokens that were live in the backup; mint new ones for machines still to join\n", len(s.RevokedTokens))
-	fmt.Fprintf(w, `nodes: the backup knows %d. For machines that changed after %s:
-  - joined after it: unknown here; their renewals and sessions are refused.
-    Join each again with a new token (bcd join), as a new node.
-  - renewed after it: keep working; their newer certificate chains to the
-    same node CA and renews as before.
-  - removed after it: are back; remove them again.
-Start serve with BETTER_COMPUTE_SECRET set to the backed-up PKI's secret.
+	fmt.Fprintf(w, `nodes: the backup knows %d. Machines that changed after %s:
+  - joined after it: unknown here; their renewals, sessions and x509pop
+    re-joins are refused. Join each again with a new token (bcd join): it
+    becomes a new node.
+  - renewed after it: their newer certificate is unknown here and refused
+    the same way. Join each again with a new token made with
+    --allow-reclaim: it takes back its node (same id, next generation).
+  - removed or retired after it: are back; remove them again.
+Start serve on these paths with BETTER_COMPUTE_SECRET set to the secret of
+the backed-up PKI.
 `, s.Nodes, m.CreatedAt.Format(time.RFC3339))
 	return nil
 }
