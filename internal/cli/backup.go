@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -9,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/backup"
 	"github.com/better-compute/better-compute/internal/controlplane/server"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
 // backupCmds are `backup` and `restore` (R16.3): they read the server's
@@ -20,14 +22,15 @@ func (a *app) progress(format string, args ...any) {
 }
 
 func (a *app) backupCmd() *cobra.Command {
-	var path, out string
+	var path, dataDir, out string
 	cmd := &cobra.Command{
-		Use:   "backup --config FILE --out FILE",
+		Use:   "backup (--config FILE | --data-dir DIR) --out FILE",
 		Short: "Back up the control plane's database and PKI files while it runs",
 		Long: `Write one archive (tar.gz, 0600) of serve's SQLite database, copied
 consistently while the server keeps running (VACUUM INTO), and of the PKI
 directory's public and encrypted files (pki.dir), with a manifest of the
-schema version and each file's SHA-256. --config is serve's config. The
+schema version and each file's SHA-256. --config is serve's config;
+--data-dir is a 'dev' (or restored) data directory: DIR/bc.db and DIR/pki. The
 archive is written beside --out and moved into place; an existing --out is
 never overwritten.
 
@@ -39,17 +42,14 @@ or point-in-time recovery plus a copy of pki.dir: see docs/operations.md,
 Progress goes to stderr; --json prints the manifest on stdout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := required("config", path); err != nil {
-				return err
-			}
 			if err := required("out", out); err != nil {
 				return err
 			}
-			cfg, err := server.LoadConfig(path)
+			st, pkiDir, err := backupSource(path, dataDir)
 			if err != nil {
 				return err
 			}
-			m, err := backup.Create(cmd.Context(), backup.Config{Store: cfg.Store, PKIDir: cfg.PKI.Dir, Out: out, Progress: a.progress})
+			m, err := backup.Create(cmd.Context(), backup.Config{Store: st, PKIDir: pkiDir, Out: out, Progress: a.progress})
 			if err != nil {
 				return err
 			}
@@ -61,8 +61,25 @@ Progress goes to stderr; --json prints the manifest on stdout.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "serve's TOML config file")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "a dev or restored data directory instead of --config")
 	cmd.Flags().StringVar(&out, "out", "", "archive to write (must not exist)")
 	return cmd
+}
+
+// backupSource is the database and PKI directory of serve's config, or of
+// a data directory laid out as dev and restore write it.
+func backupSource(config, dataDir string) (store.Config, string, error) {
+	switch {
+	case (config == "") == (dataDir == ""):
+		return store.Config{}, "", errs.Invalid("--config", "give --config (serve's config) or --data-dir, not both")
+	case dataDir != "":
+		return store.Config{Driver: string(store.SQLite), Path: filepath.Join(dataDir, backup.DBFile)}, filepath.Join(dataDir, backup.PKIDir), nil
+	}
+	cfg, err := server.LoadConfig(config)
+	if err != nil {
+		return store.Config{}, "", err
+	}
+	return cfg.Store, cfg.PKI.Dir, nil
 }
 
 // restoreSummary is restore's --json answer.
@@ -78,7 +95,7 @@ type restoreSummary struct {
 
 func (a *app) restoreCmd() *cobra.Command {
 	var in, dir string
-	var keep, verify bool
+	var keep, verify, known bool
 	cmd := &cobra.Command{
 		Use:   "restore --in FILE --data-dir DIR",
 		Short: "Restore a backup into a fresh data directory",
@@ -95,9 +112,22 @@ backup hold certificates the restored control plane does not know: they
 join again with a new token (one with --allow-reclaim takes a renewed
 machine back as its node); see docs/operations.md, "Backup and restore".
 
---verify only checks the archive and prints its manifest.`,
+--verify only checks the archive and prints its manifest. --known-schema
+prints the newest schema version this binary runs (compare a PostgreSQL
+dump's: SELECT max(version_id) FROM goose_db_version WHERE is_applied).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if known {
+				v, err := store.KnownSchemaVersion(store.SQLite)
+				if err != nil {
+					return err
+				}
+				if a.wantJSON() {
+					return a.printJSON(map[string]int64{"schemaVersion": v})
+				}
+				fmt.Fprintln(a.env.Stdout, v)
+				return nil
+			}
 			if err := required("in", in); err != nil {
 				return err
 			}
@@ -127,6 +157,7 @@ machine back as its node); see docs/operations.md, "Backup and restore".
 	f.StringVar(&dir, "data-dir", "", "directory to restore into (new or empty)")
 	f.BoolVar(&keep, "keep-tokens", false, "keep the join tokens live in the backup live (only if nothing joined since)")
 	f.BoolVar(&verify, "verify", false, "only check the archive against its manifest; write nothing")
+	f.BoolVar(&known, "known-schema", false, "print the newest schema version this binary runs and exit")
 	return cmd
 }
 

@@ -52,6 +52,15 @@ func TestBackupRestoreCommands(t *testing.T) {
 	}
 	run(t, env, "backup", "--config", cfg, "--out", out).fails(t, "ALREADY_EXISTS", "never overwrites")
 	run(t, env, "backup", "--config", cfg).fails(t, "INVALID_ARGUMENT", "--out")
+	run(t, env, "backup", "--config", cfg, "--data-dir", base, "--out", out+"2").fails(t, "INVALID_ARGUMENT", "not both")
+	// A data directory as dev and restore lay it out: bc.db and pki/.
+	r = run(t, env, "backup", "--data-dir", base, "--out", out+"2").ok(t)
+	if !strings.Contains(r.stdout, fmt.Sprintf("schema version %d", known)) {
+		t.Errorf("backup --data-dir: %q", r.stdout)
+	}
+	if r = run(t, env, "restore", "--known-schema").ok(t); r.stdout != fmt.Sprintf("%d\n", known) {
+		t.Errorf("--known-schema = %q, want %d", r.stdout, known)
+	}
 
 	r = run(t, env, "restore", "--in", out, "--verify").ok(t)
 	if !strings.Contains(r.stdout, "the archive matches its manifest") || !strings.Contains(r.stdout, fmt.Sprintf("this binary knows up to %d", known)) {
