@@ -186,6 +186,7 @@ func (a *app) printRestore(s restoreSummary) error {
     the same way. Join each again with a new token made with
     --allow-reclaim: it takes back its node (same id, next generation).
   - removed or retired after it: are back; remove them again.
+API keys revoked after it are live again: revoke them again before serving.
 Start serve on these paths with BETTER_COMPUTE_SECRET set to the secret of
 the backed-up PKI.
 `, s.Nodes, m.CreatedAt.Format(time.RFC3339))
