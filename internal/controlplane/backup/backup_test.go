@@ -126,8 +126,17 @@ func TestBackupDuringJoinsRestores(t *testing.T) {
 	_, err = r.srv.Join().Join(ctx, m2.Request(t, r.bundle, tok.Token, ""), joinPeer)
 	jointest.WantRefused(t, err)
 
+	checkRecorded(t, r, tok.Id)
+}
+
+// checkRecorded checks what the restore wrote into the restored database:
+// a controlplane.restored audit row, and the token's revocation audited and
+// announced.
+func checkRecorded(t *testing.T, r *plane, tokenID string) {
+	t.Helper()
+	ctx := context.Background()
 	var actions []string
-	err = r.db.ReadTx(ctx, func(tx *store.Tx) error {
+	err := r.db.ReadTx(ctx, func(tx *store.Tx) error {
 		rows, err := tx.ListAudit(ctx, r.root, 0, 100)
 		for _, a := range rows {
 			actions = append(actions, a.Action)
@@ -142,7 +151,7 @@ func TestBackupDuringJoinsRestores(t *testing.T) {
 	}
 	err = r.db.ReadTx(ctx, func(tx *store.Tx) error {
 		evs, err := tx.ListEvents(ctx, r.root, 0, 0, "security.join-token.revoked", 10)
-		if err == nil && (len(evs) != 1 || evs[0].Subject != tok.Id) {
+		if err == nil && (len(evs) != 1 || evs[0].Subject != tokenID) {
 			t.Errorf("revocation events %+v", evs)
 		}
 		return err
