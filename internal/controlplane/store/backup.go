@@ -9,8 +9,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-
-	"github.com/pressly/goose/v3"
+	"strconv"
+	"strings"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -24,28 +24,21 @@ import (
 // database whose schema is newer was written by a newer binary, and this one
 // must not run (or restore) it.
 func KnownSchemaVersion(d Dialect) (int64, error) {
-	sub, err := fs.Sub(migrations, "migrations/"+string(d))
+	ents, err := fs.ReadDir(migrations, "migrations/"+string(d))
 	if err != nil {
 		return 0, fmt.Errorf("migrations: %w", err)
 	}
-	// The provider only reads the embedded files here; it needs a handle
-	// but never touches it.
-	p, err := goose.NewProvider(gooseDialect(d), &sql.DB{}, sub)
-	if err != nil {
-		return 0, fmt.Errorf("migrations: %w", err)
-	}
+	// goose's naming: NNNNN_name.sql, versioned by the leading number.
 	var v int64
-	for _, s := range p.ListSources() {
-		v = max(v, s.Version)
+	for _, e := range ents {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		n, err := strconv.ParseInt(num, 10, 64)
+		if !ok || err != nil || !strings.HasSuffix(e.Name(), ".sql") {
+			return 0, fmt.Errorf("migrations: %s is not NNNNN_name.sql", e.Name())
+		}
+		v = max(v, n)
 	}
 	return v, nil
-}
-
-func gooseDialect(d Dialect) goose.Dialect {
-	if d == Postgres {
-		return goose.DialectPostgres
-	}
-	return goose.DialectSQLite3
 }
 
 // schemaVersion reads the highest migration applied to h from goose's
