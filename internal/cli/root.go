@@ -99,6 +99,7 @@ BETTER_COMPUTE_API_KEY and BETTER_COMPUTE_CA_FILE (flags override them).`,
 		a.nodesCmd(), a.commandsCmd(), a.eventsCmd(), a.auditCmd(), a.pkiCmd(), a.serveCmd(), a.bootstrapCmd(), a.gatewayCmd(), a.devCmd(), a.versionCmd(),
 		a.daemonCmd(),
 	)
+	root.AddCommand(a.backupCmds()...)
 	return root
 }
 
