@@ -46,9 +46,15 @@ func (c *Config) progress(format string, args ...any) {
 }
 
 // pkiSuffixes are the PKI files a backup holds: the manifest (bundle.json),
-// certificates, encrypted keys and the public JWK. Anything else in the
-// directory is left out and named in the progress lines.
-var pkiSuffixes = []string{".json", ".crt", ".key", ".jwk", ".pem"}
+// certificates, encrypted keys (with their copies under the other secret
+// while BETTER_COMPUTE_SECRET rotates) and the public JWK. Anything else in
+// the directory is left out and named in the progress lines.
+var pkiSuffixes = []string{".json", ".crt", ".key", ".key" + ca.SuffixNext, ".key" + ca.SuffixPrev, ".jwk", ".pem"}
+
+// isKeyFile reports whether name is an encrypted key file.
+func isKeyFile(name string) bool {
+	return strings.HasSuffix(name, ".key") || strings.HasSuffix(name, ".key"+ca.SuffixNext) || strings.HasSuffix(name, ".key"+ca.SuffixPrev)
+}
 
 // member is one file going into the archive: in memory (PKI files, small)
 // or on disk (the database copy).
@@ -143,7 +149,7 @@ func readPKI(dir string, progress func(string, ...any)) ([]member, string, error
 		if err != nil {
 			return err
 		}
-		if strings.HasSuffix(d.Name(), ".key") && !encryptedKey(b) {
+		if isKeyFile(d.Name()) && !encryptedKey(b) {
 			return errs.New(errs.InvalidState, "%s is not a key encrypted with BETTER_COMPUTE_SECRET: refusing to put a key in the clear into a backup", p)
 		}
 		sum := sha256.Sum256(b)

@@ -196,7 +196,7 @@ func stageWriter(stage string) func(name string) (io.WriteCloser, error) {
 		mode := os.FileMode(0o600)
 		if name != memberDB {
 			p = filepath.Join(stage, PKIDir, filepath.FromSlash(name[len(pkiPrefix):]))
-			if filepath.Ext(p) != ".key" {
+			if !isKeyFile(p) {
 				mode = 0o644
 			}
 		}
