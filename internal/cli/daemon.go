@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"io"
 	"os"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/installscript"
+	"github.com/better-compute/better-compute/internal/controlplane/rotation"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -18,6 +20,7 @@ func (a *app) daemonCmd() *cobra.Command {
 	var p installscript.Params
 	var sums []string
 	var dir, caFile string
+	var d deployment
 	script := &cobra.Command{
 		Use:   "install-script --pool P --site S --gateway-url URL --base-url URL --bcd-version V --sha256 amd64=HEX,arm64=HEX",
 		Short: "Print a POSIX sh script that installs bcd and joins the machine",
@@ -38,7 +41,11 @@ already has /etc/bcd/config.toml it upgrades bcd in place.
 --download-ca-file embeds CA certificates the script trusts for the download
 instead of the system's: for a control plane with a private CA, such as
 better-compute dev (bc-dev/ca.pem). The download is still checked against
-its SHA-256; the script never falls back to plain http.`,
+its SHA-256; the script never falls back to plain http.
+
+With --config (or --dev) the pins and the encryption key are the database's,
+the keys in force after a rotation: use it once any key has rotated (the
+PKI directory only holds the first generation).`,
 		Example: `  better-compute daemon install-script --pool $POOL --site $SITE \
     --gateway-url https://gw.eu.example.com --base-url https://compute.example.com \
     --bcd-version 0.1.0 --sha256 amd64=<hex>,arm64=<hex> > install-bcd.sh
@@ -69,14 +76,9 @@ its SHA-256; the script never falls back to plain http.`,
 			if err := p.ValidateFlags(); err != nil {
 				return err
 			}
-			b, err := ca.LoadPublic(a.pkiDir(dir))
-			if err != nil {
+			if err := a.installKeys(cmd.Context(), &p, d, dir); err != nil {
 				return err
 			}
-			if p.Pins, err = b.Pins(); err != nil {
-				return err
-			}
-			p.EncryptionKey = b.JoinEncryption
 			out, err := installscript.Generate(p)
 			if err != nil {
 				return err
@@ -95,6 +97,7 @@ its SHA-256; the script never falls back to plain http.`,
 	f.StringVar(&p.Version, "bcd-version", "", "bcd version to install, like 0.1.0")
 	f.StringSliceVar(&sums, "sha256", nil, "SHA-256 of each build: amd64=<hex>,arm64=<hex>")
 	f.StringVar(&dir, "pki-dir", "", "PKI bundle directory (default $BETTER_COMPUTE_PKI_DIR or "+DefaultPKIDir+")")
+	d.flags(script)
 	f.StringVar(&caFile, "download-ca-file", "", "PEM CA certificates the script trusts for the download (a private CA, like better-compute dev's bc-dev/ca.pem)")
 	cmd.AddCommand(script)
 	return cmd
@@ -115,4 +118,31 @@ func readSmallFile(flag, path string) ([]byte, error) {
 		return nil, errs.Invalid(flag, "%s is larger than 1 MiB", path)
 	}
 	return data, nil
+}
+
+// installKeys fills p's pins and encryption key: the database's keys in
+// force with --config or --dev, else the PKI directory's public files.
+func (a *app) installKeys(ctx context.Context, p *installscript.Params, d deployment, dir string) error {
+	if d.config != "" || d.dev != "" {
+		db, _, _, err := a.openDeployment(ctx, d, false)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		pub, err := rotation.PublicKeys(ctx, db)
+		if err != nil {
+			return err
+		}
+		p.Pins, p.EncryptionKey = pub.Pins, pub.EncryptionKey
+		return nil
+	}
+	b, err := ca.LoadPublic(a.pkiDir(dir))
+	if err != nil {
+		return err
+	}
+	if p.Pins, err = b.Pins(); err != nil {
+		return err
+	}
+	p.EncryptionKey = b.JoinEncryption
+	return nil
 }

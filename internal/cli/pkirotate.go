@@ -275,32 +275,21 @@ func (a *app) printPinSets(ctx context.Context, d deployment) error {
 		return err
 	}
 	defer db.Close()
-	st, err := rotation.Status(ctx, db, time.Now())
+	pub, err := rotation.PublicKeys(ctx, db)
 	if err != nil {
 		return err
-	}
-	sets := map[string][]string{}
-	for _, k := range st {
-		for _, g := range k.Generations {
-			if g.State == rotation.StateCurrent || g.State == rotation.StateNext || g.State == rotation.StatePrevious {
-				sets[k.Kind] = append(sets[k.Kind], g.Fingerprint)
-			}
-		}
-	}
-	if len(sets[ca.KindServingCA]) == 0 {
-		return errs.New(errs.NotFound, "no keys in the database yet: start the server once (it records the PKI directory's keys), or use --dir")
 	}
 	if a.wantJSON() {
 		out := map[string][]string{}
 		for _, k := range pinSetKeys {
-			out[k.jsonKey] = sets[k.kind]
+			out[k.jsonKey] = pub.Sets[k.kind]
 		}
 		return a.printJSON(out)
 	}
 	fmt.Fprintln(a.env.Stdout, "# for /etc/bcd/config.toml")
 	for _, k := range pinSetKeys {
-		quoted := make([]string, len(sets[k.kind]))
-		for i, p := range sets[k.kind] {
+		quoted := make([]string, len(pub.Sets[k.kind]))
+		for i, p := range pub.Sets[k.kind] {
 			quoted[i] = fmt.Sprintf("%q", p)
 		}
 		fmt.Fprintf(a.env.Stdout, "%s = [%s]\n", k.key, strings.Join(quoted, ", "))

@@ -79,6 +79,26 @@ func TestPKIRotateCommandsR16_1(t *testing.T) {
 		t.Fatalf("issue-gateway after activate: issued by %q, want the serving CA of generation 2", leaf.Issuer.CommonName)
 	}
 
+	// The install script embeds the serving CA in force (R16.2).
+	var st map[string]any
+	if err := json.Unmarshal([]byte(run(t, env, "pki", "status", "--config", config, "--json").ok(t).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	var servingNow string
+	for _, k := range st["keys"].([]any) {
+		k := k.(map[string]any)
+		for _, g := range k["generations"].([]any) {
+			if g := g.(map[string]any); k["key"] == "serving-ca" && g["state"] == "current" {
+				servingNow = g["fingerprint"].(string)
+			}
+		}
+	}
+	script := run(t, env, "daemon", "install-script", "--config", config, "--pool", "pool_a", "--site", "site_a", "--gateway-url", "https://gw.example.com",
+		"--base-url", "https://compute.example.com", "--bcd-version", "0.1.0", "--sha256", "amd64="+strings.Repeat("ab", 32)).ok(t).stdout
+	if servingNow == "" || !strings.Contains(script, servingNow) {
+		t.Fatalf("the install script does not embed the current serving CA pin %q", servingNow)
+	}
+
 	run(t, env, "pki", "rotate", "serving-ca", "--phase", "retire", "--config", config).ok(t)
 	run(t, env, "pki", "rotate", "serving-ca", "--phase", "retire", "--config", config).fails(t, "INVALID_STATE", "no previous")
 	run(t, env, "pki", "rotate", "root-ca", "--phase", "prepare", "--config", config).fails(t, "INVALID_ARGUMENT", "not a key")
