@@ -64,7 +64,7 @@ func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, erro
 	}
 	var out []KeyStatus
 	for _, kind := range append(slices.Clone(ca.Kinds), KindSecret) {
-		ks := KeyStatus{Kind: kind, Nodes: len(leaves)}
+		ks := KeyStatus{Kind: kind, Nodes: len(leaves), Generations: []Generation{}}
 		var newest time.Time
 		var current *x509.Certificate
 		for _, k := range kindRows(rows, kind) {
