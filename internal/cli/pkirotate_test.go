@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
 // rotationWorld is a server config on a SQLite file and a fresh PKI.
@@ -93,7 +95,7 @@ func TestPKIRotateCommandsR16_1(t *testing.T) {
 			}
 		}
 	}
-	script := run(t, env, "daemon", "install-script", "--config", config, "--pool", "pool_a", "--site", "site_a", "--gateway-url", "https://gw.example.com",
+	script := run(t, env, "daemon", "install-script", "--config", config, "--pool", ids.New(ids.Pool, time.Now()), "--site", ids.New(ids.Site, time.Now()), "--gateway-url", "https://gw.example.com",
 		"--base-url", "https://compute.example.com", "--bcd-version", "0.1.0", "--sha256", "amd64="+strings.Repeat("ab", 32)).ok(t).stdout
 	if servingNow == "" || !strings.Contains(script, servingNow) {
 		t.Fatalf("the install script does not embed the current serving CA pin %q", servingNow)
