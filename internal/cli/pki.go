@@ -43,7 +43,7 @@ func (a *app) pkiDir(flag string) string {
 
 func (a *app) pkiCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pki", Short: "The machine PKI: CAs, JoinService keys, gateway certificates, pins"}
-	cmd.AddCommand(a.pkiInitCmdCmd(), a.pkiIssueCmd(), a.pkiPinsCmd(), a.pkiGenCmd(), a.pkiRotateCmd(), a.pkiStatusCmd())
+	cmd.AddCommand(a.pkiInitCmdCmd(), a.pkiIssueCmd(), a.pkiPinsCmd(), a.pkiGenCmd(), a.pkiRotateCmd(), a.pkiStatusCmd(), a.pkiCAFileCmd())
 	return cmd
 }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/server"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/fsutil"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // NewSecretEnv holds the next secret while BETTER_COMPUTE_SECRET rotates.
@@ -295,4 +297,48 @@ func (a *app) printPinSets(ctx context.Context, d deployment) error {
 		fmt.Fprintf(a.env.Stdout, "%s = [%s]\n", k.key, strings.Join(quoted, ", "))
 	}
 	return nil
+}
+
+func (a *app) pkiCAFileCmd() *cobra.Command {
+	var d deployment
+	var out string
+	cmd := &cobra.Command{
+		Use:   "ca-file --config FILE [--out FILE]",
+		Short: "Write the serving CAs in force: what a gateway's api_ca_file holds",
+		Long: `Print (or write atomically to --out) the PEM of every serving CA in force:
+the current one and, while it rotates, the next or previous one. A gateway
+verifies the API's agent listener against its api_ca_file and reloads it
+when it changes, so after 'pki rotate serving-ca --phase prepare' write
+this over every gateway's api_ca_file, and again after retire. Needs no
+secret.`,
+		Example: `  better-compute pki ca-file --config /etc/better-compute/server.toml --out /etc/better-compute/serving-ca.crt`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			db, _, _, err := a.openDeployment(cmd.Context(), d, false)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			pub, err := rotation.PublicKeys(cmd.Context(), db)
+			if err != nil {
+				return err
+			}
+			var pemData []byte
+			for _, c := range pub.ServingCAs {
+				pemData = append(pemData, pki.CertPEM(c)...)
+			}
+			if out == "" {
+				_, err := a.env.Stdout.Write(pemData)
+				return err
+			}
+			if err := fsutil.WriteFileAtomic(out, pemData, 0o644); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stderr, "wrote %d serving CA(s) to %s\n", len(pub.ServingCAs), out)
+			return nil
+		},
+	}
+	d.flags(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "file to write (atomically) instead of standard output")
+	return cmd
 }

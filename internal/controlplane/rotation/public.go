@@ -3,6 +3,7 @@ package rotation
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/x509"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -21,6 +22,9 @@ type Public struct {
 	Sets map[string][]string
 	// EncryptionKey is the current join-encryption key.
 	EncryptionKey *ecdsa.PublicKey
+	// ServingCAs are the serving CAs in force, oldest first: what a
+	// gateway's api_ca_file holds while the serving CA rotates.
+	ServingCAs []*x509.Certificate
 }
 
 // ErrNoKeys: no server recorded its PKI directory's keys yet.
@@ -42,9 +46,12 @@ func PublicKeys(ctx context.Context, db *store.DB) (Public, error) {
 		if !ca.Pinned(k.Kind) || (k.State != StateCurrent && k.State != StateNext && k.State != StatePrevious) {
 			continue
 		}
-		pub, _, err := ca.PublicKeyOfDER(k.Kind, k.Cert)
+		pub, cert, err := ca.PublicKeyOfDER(k.Kind, k.Cert)
 		if err != nil {
 			return Public{}, err
+		}
+		if k.Kind == ca.KindServingCA {
+			p.ServingCAs = append(p.ServingCAs, cert)
 		}
 		pin, err := pki.Pin(pub)
 		if err != nil {
