@@ -312,7 +312,7 @@ when it changes, so after 'pki rotate serving-ca --phase prepare' write
 this over every gateway's api_ca_file, and again after retire. Needs no
 secret.`,
 		Example: `  better-compute pki ca-file --config /etc/better-compute/server.toml --out /etc/better-compute/serving-ca.crt`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			db, _, _, err := a.openDeployment(cmd.Context(), d, false)
 			if err != nil {

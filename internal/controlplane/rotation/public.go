@@ -71,4 +71,3 @@ func PublicKeys(ctx context.Context, db *store.DB) (Public, error) {
 	}
 	return p, nil
 }
-
