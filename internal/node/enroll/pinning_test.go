@@ -70,7 +70,7 @@ func TestVerifyPinnedChain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := VerifyPinnedChain(tt.chain, pins.ServingCA, tt.server, tt.at)
+			err := VerifyPinnedChain(tt.chain, []string{pins.ServingCA}, tt.server, tt.at)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("R4.3: %v", err)
@@ -85,15 +85,15 @@ func TestVerifyPinnedChain(t *testing.T) {
 }
 
 func TestPinnedTLSConfig(t *testing.T) {
-	if _, err := PinnedTLSConfig("sha256/x", "gw", nil); err == nil {
+	if _, err := PinnedTLSConfig([]string{"sha256/x"}, "gw", nil); err == nil {
 		t.Error("accepted a bad pin")
 	}
 	b, _ := ca.Generate("compute.example.com", time.Now())
 	pins, _ := b.Pins()
-	if _, err := PinnedTLSConfig(pins.ServingCA, "", nil); err == nil {
+	if _, err := PinnedTLSConfig([]string{pins.ServingCA}, "", nil); err == nil {
 		t.Error("accepted no server name")
 	}
-	c, err := PinnedTLSConfig(pins.ServingCA, "gw", nil)
+	c, err := PinnedTLSConfig([]string{pins.ServingCA}, "gw", nil)
 	if err != nil || c.ServerName != "gw" || c.VerifyConnection == nil || c.MinVersion < tls.VersionTLS12 {
 		t.Fatalf("R4.3: %+v %v", c, err)
 	}
