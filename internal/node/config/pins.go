@@ -140,8 +140,35 @@ func (c *Config) ApplyStatements(statements []string) PinUpdate {
 //  3. config.toml gets the final sets, when step 1 kept a retired pin.
 //
 // A crash after step 1 leaves a retired encryption pin in the set until the
-// next answer's statements retire it again.
+// next answer's statements retire it again, and a jwk behind the newest pin
+// is caught up by the next statements that carry the newest key (the only
+// write when no set changed).
 func LearnStatements(path string, statements []string) (*Config, PinUpdate, error) {
+	return learnStatements(path, statements, diskIO{})
+}
+
+// learnIO is the writes LearnStatements makes, in order; tests stop it
+// between two of them, as a crash would.
+type learnIO interface {
+	writeConfig(c *Config, path string) error
+	writeKey(dir, pin string, pub *ecdsa.PublicKey) error
+	removeKey(dir string) error
+}
+
+type diskIO struct{}
+
+func (diskIO) writeConfig(c *Config, path string) error { return c.Write(path) }
+func (diskIO) writeKey(dir, pin string, pub *ecdsa.PublicKey) error {
+	return WriteEncryptionKey(dir, pin, pub)
+}
+func (diskIO) removeKey(dir string) error {
+	if err := os.Remove(filepath.Join(dir, EncryptionKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the stale %s: %w", EncryptionKeyFile, err)
+	}
+	return nil
+}
+
+func learnStatements(path string, statements []string, w learnIO) (*Config, PinUpdate, error) {
 	c, err := readRaw(path)
 	if err != nil {
 		return nil, PinUpdate{}, err
@@ -150,11 +177,11 @@ func LearnStatements(path string, statements []string) (*Config, PinUpdate, erro
 	before := c.JoinEncryptionPins()
 	u := c.ApplyStatements(statements)
 	if !u.Changed() {
-		return c, u, nil
+		return c, u, catchUpKey(dir, before, statements, w)
 	}
 	encChange, encChanged := u.Kind(pki.KindJoinEncryption)
 	if !encChanged {
-		return c, u, c.Write(path)
+		return c, u, w.writeConfig(c, path)
 	}
 	after := c.JoinEncryptionPins()
 	newest := Newest(after)
@@ -165,34 +192,78 @@ func LearnStatements(path string, statements []string) (*Config, PinUpdate, erro
 		onDisk, found = "", false
 	}
 	newKey := encChange.Keys[newest]
+	if newKey == nil {
+		newKey = keyOf(newest, statements)
+	}
 	switch {
 	case found && onDisk == newest:
-		return c, u, c.Write(path)
+		return c, u, w.writeConfig(c, path)
 	case newKey == nil:
 		// A rollback to a key bcd does not hold: the stale file goes
 		// first, so no state names a key the set no longer has.
-		if found {
-			if err := os.Remove(filepath.Join(dir, EncryptionKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return c, u, fmt.Errorf("remove the stale %s: %w", EncryptionKeyFile, err)
+		if found && !slices.Contains(after, onDisk) {
+			if err := w.removeKey(dir); err != nil {
+				return c, u, err
 			}
 		}
-		return c, u, c.Write(path)
+		return c, u, w.writeConfig(c, path)
 	}
 	step := *c
 	kept := found && !slices.Contains(after, onDisk)
 	if kept {
 		step.SetPinSet(pki.KindJoinEncryption, append([]string{onDisk}, after...))
 	}
-	if err := step.Write(path); err != nil {
+	if err := w.writeConfig(&step, path); err != nil {
 		return c, u, err
 	}
-	if err := WriteEncryptionKey(dir, newest, newKey); err != nil {
+	if err := w.writeKey(dir, newest, newKey); err != nil {
 		return c, u, err
 	}
 	if !kept {
 		return c, u, nil
 	}
-	return c, u, c.Write(path)
+	return c, u, w.writeConfig(c, path)
+}
+
+// catchUpKey writes the newest encryption key of pins to the jwk when the
+// jwk holds an older pinned one and the statements carry the newest (a
+// crash left it behind): the sets did not change, so config.toml is not
+// written.
+func catchUpKey(dir string, pins, statements []string, w learnIO) error {
+	newest := Newest(pins)
+	_, onDisk, found, err := LoadEncryptionKeySet(dir, pins)
+	if err != nil || !found || onDisk == newest {
+		return nil
+	}
+	if k := keyOf(newest, statements); k != nil {
+		return w.writeKey(dir, newest, k)
+	}
+	return nil
+}
+
+// keyOf returns the join-encryption key that hashes to pin from the
+// statements' signers and subjects, nil when none does. The pin is already
+// in the set, so who signed the statement does not matter: the key is the
+// pinned one because it hashes to the pin (after a crash, the statements
+// that added it may have been applied by the earlier, interrupted run).
+func keyOf(pin string, statements []string) *ecdsa.PublicKey {
+	for i, enc := range statements {
+		if i >= pki.MaxKeyStatements {
+			break
+		}
+		st, err := pki.ParseKeyStatement(enc)
+		if err != nil || st.Kind != pki.KindJoinEncryption {
+			continue
+		}
+		for _, der := range [][]byte{st.Subject, st.Signer} {
+			if pki.PinSPKI(der) == pin {
+				if k, err := pki.ParseP256SPKI(der); err == nil {
+					return k
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // readRaw reads config.toml without applying defaults, and validates it.
