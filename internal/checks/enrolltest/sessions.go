@@ -22,6 +22,8 @@ type Sessions struct {
 	// Retired makes every session end with the API's "This node was
 	// retired" after Hello.
 	Retired bool
+	// rotation is the JoinService's: a Welcome carries its statements.
+	rotation *rotation
 }
 
 // Connect serves one session.
@@ -38,7 +40,7 @@ func (f *Sessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.Se
 	if f.Retired {
 		return wire.ToWire(discard, "Connect", wire.ErrNodeRetired())
 	}
-	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{HeartbeatSeconds: 15}}}); err != nil {
+	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{HeartbeatSeconds: 15, KeyStatements: f.rotation.statements()}}}); err != nil {
 		return nil
 	}
 	for {
