@@ -394,7 +394,8 @@ func New(t testing.TB, o Options) *Server {
 	joinPath, joinHandler := agentv1connect.NewJoinServiceHandler(s.JoinService)
 	mux.Handle(joinPath, s.JoinService.lossy(joinHandler, func() { srv.CloseClientConnections() }))
 	s.Sessions = &Sessions{rotation: &s.JoinService.rotation}
-	mux.Handle(agentv1connect.NewSessionServiceHandler(s.Sessions))
+	sessionPath, sessionHandler := agentv1connect.NewSessionServiceHandler(s.Sessions)
+	mux.Handle(sessionPath, withPeer(sessionHandler))
 	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		doc := s.doc
@@ -413,7 +414,8 @@ func New(t testing.TB, o Options) *Server {
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return &tls.Config{Certificates: []tls.Certificate{*s.cert}, NextProtos: []string{"h2", "http/1.1"}}, nil
+		// A node's session presents its certificate (Welcome names its node).
+		return &tls.Config{Certificates: []tls.Certificate{*s.cert}, NextProtos: []string{"h2", "http/1.1"}, ClientAuth: tls.RequestClientCert}, nil
 	}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
