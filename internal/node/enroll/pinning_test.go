@@ -50,14 +50,20 @@ func TestVerifyPinnedChain(t *testing.T) {
 	}
 	good := issue(b)
 	foreign := issue(other)
+	otherPins, _ := other.Pins()
 	tests := []struct {
 		name   string
 		chain  []*x509.Certificate
 		server string
 		at     time.Time
-		want   string // empty: accepted
+		pins   []string // nil: pins.ServingCA
+		want   string   // empty: accepted
 	}{
 		{name: "pinned CA", chain: good, server: "gw.eu.example.com", at: now},
+		// R16.2: during a rotation the set holds the old and the next CA.
+		{name: "any CA of the set", chain: foreign, server: "gw.eu.example.com", at: now, pins: []string{pins.ServingCA, otherPins.ServingCA}},
+		{name: "the older CA of the set", chain: good, server: "gw.eu.example.com", at: now, pins: []string{pins.ServingCA, otherPins.ServingCA}},
+		{name: "a set without the CA", chain: good, server: "gw.eu.example.com", at: now, pins: []string{otherPins.ServingCA}, want: "does not contain the serving CA"},
 		{name: "nothing presented", chain: nil, server: "gw.eu.example.com", at: now, want: "no certificate"},
 		{name: "leaf only", chain: good[:1], server: "gw.eu.example.com", at: now, want: "only its own certificate"},
 		{name: "another CA", chain: foreign, server: "gw.eu.example.com", at: now, want: "does not contain the serving CA"},
@@ -70,7 +76,11 @@ func TestVerifyPinnedChain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := VerifyPinnedChain(tt.chain, []string{pins.ServingCA}, tt.server, tt.at)
+			set := tt.pins
+			if set == nil {
+				set = []string{pins.ServingCA}
+			}
+			err := VerifyPinnedChain(tt.chain, set, tt.server, tt.at)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("R4.3: %v", err)
