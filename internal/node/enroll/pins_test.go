@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -182,5 +183,38 @@ func TestJoinAfterOfflineServingCARotation(t *testing.T) {
 				t.Errorf("serving-CA set (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// R16.2: a machine offline long enough for its certificate to expire
+// re-joins with x509pop through a gateway on a rotated serving CA (Keys,
+// then the second dial), and learns the rest of the chain, a rotated
+// join-signing key whose answer it accepts, from the re-join answer.
+func TestRejoinAfterOfflineRotation(t *testing.T) {
+	e := newEnv(t, envOption{})
+	e.onDisk()
+	e.joinExpired(t)
+	next := e.generation()
+	e.fake.SetKeyStatements([]string{
+		enrolltest.Statement(t, pki.KindServingCA, pki.ActionTrust, e.bundle.ServingCAKey, next.ServingCA.PublicKey),
+		enrolltest.Statement(t, pki.KindServingCA, pki.ActionRetire, next.ServingCAKey, e.bundle.ServingCA.PublicKey),
+		enrolltest.Statement(t, pki.KindJoinSigning, pki.ActionTrust, e.bundle.JoinSigningKey, next.JoinSigningCert.PublicKey),
+	})
+	e.srv.SetGatewayBundle(t, next)
+	// The control plane signs with the next key already: bcd learns it
+	// from Keys before the answer comes.
+	e.fake.UseSigner(next.JoinSigningKey, next.JoinSigningCert)
+	if _, err := e.joiner(e.cfg).Join(context.Background(), Options{Attestor: identity.AttestorX509Pop}); err != nil {
+		t.Fatalf("x509pop re-join after an offline rotation: %v", err)
+	}
+	saved := e.saved()
+	if diff := cmp.Diff([]string{pinOfKey(t, next.ServingCA.PublicKey)}, saved.ServingCAPins()); diff != "" {
+		t.Errorf("serving-CA set (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{e.pins.JoinSigning, pinOfKey(t, next.JoinSigningCert.PublicKey)}, saved.JoinSigningPins()); diff != "" {
+		t.Errorf("signing set (-want +got):\n%s", diff)
+	}
+	if n := e.fake.KeysCalls(); n != 1 {
+		t.Errorf("Keys calls = %d, want 1", n)
 	}
 }
