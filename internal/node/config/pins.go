@@ -360,6 +360,14 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	for _, k := range Kinds {
 		mem.SetPinSet(k, p.sets[k])
 	}
+	// Most answers repeat what bcd knows: then config.toml is not even
+	// read (only a jwk a crash left behind is caught up, silently).
+	if probe := *mem; !probe.ApplyStatements(statements).Changed() {
+		if p.path != "" {
+			_ = catchUpKey(filepath.Dir(p.path), p.sets[pki.KindJoinEncryption], statements, diskIO{})
+		}
+		return PinUpdate{}, nil
+	}
 	var u PinUpdate
 	var err error
 	if p.path != "" {
