@@ -7,8 +7,10 @@
 // silently falls back to a default. Every error is errs.InvalidConfig and
 // names the key it is about.
 //
-// SECURITY: the three pins are the daemon's only trust anchors. Nothing here
-// accepts a key or a gateway without comparing it with a pin.
+// SECURITY: the three pin sets are the daemon's only trust anchors. Nothing
+// here accepts a key or a gateway without comparing it with a pin, and a
+// set gains a key only through a statement signed by a key it already holds
+// (Pins, LearnStatements, R16.2).
 package config
 
 import (

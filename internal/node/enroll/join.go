@@ -18,10 +18,13 @@
 // config.toml, the gateway come from the control plane's well-known
 // document, and nothing in it is used unless it matches a pin.
 //
-// SECURITY: bcd's only trust anchors are the three pins. The gateway is
-// authenticated by the serving CA pin alone (PinnedTLSConfig), the token is
-// readable only by the holder of the pinned encryption key, and the answer
-// is accepted only under the pinned join-signing key. Nothing but
+// SECURITY: bcd's only trust anchors are the three pin sets (R16.2: each
+// grows only through a statement a key of the set signed, config.Pins). The
+// gateway is authenticated by the serving CA pins alone (PinnedTLSConfig;
+// the one unverified dial, FetchKeyStatements, sends nothing and trusts
+// nothing it gets back), the token is readable only by the holder of a
+// pinned encryption key, and the answer is accepted only under a pinned
+// join-signing key. Nothing but
 // join.pending (the new key and the request, 0600, never the token) is
 // written to the data directory until every check passed.
 package enroll
