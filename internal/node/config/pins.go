@@ -18,8 +18,11 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
-// Kinds lists the kinds of key bcd pins, in the order logs name them.
-var Kinds = []string{pki.KindServingCA, pki.KindJoinSigning, pki.KindJoinEncryption}
+// PinKinds lists the kinds of key bcd pins, in the order logs and bcd
+// doctor name them.
+func PinKinds() []string {
+	return []string{pki.KindServingCA, pki.KindJoinSigning, pki.KindJoinEncryption}
+}
 
 // PinSet returns the effective pin set of kind (pki.KindServingCA,
 // KindJoinSigning or KindJoinEncryption), oldest first: the array key, then
@@ -108,7 +111,7 @@ func (c *Config) ApplyStatements(statements []string) PinUpdate {
 	if len(statements) == 0 {
 		return u
 	}
-	for _, kind := range Kinds {
+	for _, kind := range PinKinds() {
 		next, change := pki.ApplyStatements(kind, c.PinSet(kind), statements)
 		if change.Changed() && len(next) > 0 {
 			c.SetPinSet(kind, next)
@@ -332,7 +335,7 @@ func NewPins(path string, c *Config, log *slog.Logger) *Pins {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	p := &Pins{path: path, sets: map[string][]string{}, log: log}
-	for _, k := range Kinds {
+	for _, k := range PinKinds() {
 		p.sets[k] = c.PinSet(k)
 	}
 	return p
@@ -357,7 +360,7 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	mem := &Config{}
-	for _, k := range Kinds {
+	for _, k := range PinKinds() {
 		mem.SetPinSet(k, p.sets[k])
 	}
 	// Most answers repeat what bcd knows: then config.toml is not even
@@ -380,7 +383,7 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	if p.path == "" || err != nil {
 		u = mem.ApplyStatements(statements)
 	}
-	for _, k := range Kinds {
+	for _, k := range PinKinds() {
 		p.sets[k] = mem.PinSet(k)
 	}
 	for _, c := range u.Changes {

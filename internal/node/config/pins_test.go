@@ -51,7 +51,7 @@ func TestPinSet(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, kind := range Kinds {
+			for _, kind := range PinKinds() {
 				var cfg Config
 				single, set := cfg.pinFields(kind)
 				*single, *set = tt.single, tt.set

@@ -167,7 +167,7 @@ func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
 // during a rotation a kind has two.
 func pinsCheck(cfg *config.Config) Check {
 	var parts []string
-	for _, k := range config.Kinds {
+	for _, k := range config.PinKinds() {
 		set := cfg.PinSet(k)
 		s := make([]string, len(set))
 		for i, p := range set {

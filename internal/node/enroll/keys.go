@@ -96,7 +96,7 @@ func syncPins(cfg *config.Config, pins *config.Pins) {
 	if pins == nil {
 		return
 	}
-	for _, k := range config.Kinds {
+	for _, k := range config.PinKinds() {
 		if s := pins.Set(k); len(s) > 0 {
 			cfg.SetPinSet(k, s)
 		}
