@@ -171,7 +171,7 @@ func newStormBCD(t *testing.T, dir, gatewayURL, site string, pins map[string]any
 	if err != nil || !found {
 		t.Fatalf("encryption key: %v (found %v)", err, found)
 	}
-	tlsConf, err := enroll.PinnedTLSConfig(bcfg.ServingCASPKIPin, "127.0.0.1", time.Now)
+	tlsConf, err := enroll.PinnedTLSConfig(bcfg.ServingCAPins(), "127.0.0.1", time.Now)
 	must(t, err)
 	return stormBCD{Conf: conf, Config: bcfg, EncKey: encKey, TLS: tlsConf}
 }

@@ -83,6 +83,8 @@ type JoinService struct {
 	deferrals   int
 	refuseAfter bool
 	deferMod    func(*agentv1.JoinResponseBody)
+	// rotation is what the fake says of rotated keys (keys.go).
+	rotation rotation
 }
 
 // DeferNext answers the next n calls with a signed deferral naming join
@@ -232,6 +234,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		Signer:      f.bundle.JoinSigningKey,
 		SigningCert: f.bundle.JoinSigningCert.Raw,
 	}
+	f.rotated(a)
 	if before != nil {
 		before(a)
 	}
@@ -248,6 +251,7 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 		TrustDomain:   f.bundle.TrustDomain,
 		SiteId:        f.site,
 		Role:          a.Params.Role,
+		KeyStatements: f.rotation.statements(),
 	}
 	if after != nil {
 		after(a)
@@ -348,6 +352,8 @@ type Server struct {
 
 	mu  sync.Mutex
 	doc wire.WellKnown
+	// cert is the gateway's serving certificate (SetGatewayBundle).
+	cert *tls.Certificate
 }
 
 // New starts a Server, closed when the test ends. Its bundle is valid from
@@ -387,8 +393,9 @@ func New(t testing.TB, o Options) *Server {
 	var srv *httptest.Server
 	joinPath, joinHandler := agentv1connect.NewJoinServiceHandler(s.JoinService)
 	mux.Handle(joinPath, s.JoinService.lossy(joinHandler, func() { srv.CloseClientConnections() }))
-	s.Sessions = &Sessions{}
-	mux.Handle(agentv1connect.NewSessionServiceHandler(s.Sessions))
+	s.Sessions = &Sessions{rotation: &s.JoinService.rotation}
+	sessionPath, sessionHandler := agentv1connect.NewSessionServiceHandler(s.Sessions)
+	mux.Handle(sessionPath, withPeer(sessionHandler))
 	mux.HandleFunc("GET /api/compute/.well-known/better-compute", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		doc := s.doc
@@ -400,7 +407,16 @@ func New(t testing.TB, o Options) *Server {
 	srv.EnableHTTP2 = true
 	// The refused handshakes of the pin tests are expected.
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	s.cert = &pair
+	// The certificate of each handshake is the current one
+	// (SetGatewayBundle); GetCertificate would not do, as a client dialing
+	// an IP address sends no server name and gets Certificates[0].
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		// A node's session presents its certificate (Welcome names its node).
+		return &tls.Config{Certificates: []tls.Certificate{*s.cert}, NextProtos: []string{"h2", "http/1.1"}, ClientAuth: tls.RequestClientCert}, nil
+	}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	s.URL = srv.URL

@@ -3,6 +3,8 @@ package enrolltest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"net/http"
 
 	"connectrpc.com/connect"
 
@@ -22,6 +24,8 @@ type Sessions struct {
 	// Retired makes every session end with the API's "This node was
 	// retired" after Hello.
 	Retired bool
+	// rotation is the JoinService's: a Welcome carries its statements.
+	rotation *rotation
 }
 
 // Connect serves one session.
@@ -38,7 +42,7 @@ func (f *Sessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.Se
 	if f.Retired {
 		return wire.ToWire(discard, "Connect", wire.ErrNodeRetired())
 	}
-	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{HeartbeatSeconds: 15}}}); err != nil {
+	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{NodeId: peerNode(ctx), HeartbeatSeconds: 15, KeyStatements: f.rotation.statements()}}}); err != nil {
 		return nil
 	}
 	for {
@@ -46,4 +50,28 @@ func (f *Sessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.Se
 			return nil
 		}
 	}
+}
+
+// peerKey carries the TLS state of a session's connection in its context.
+type peerKey struct{}
+
+// withPeer puts the request's TLS state into its context, for peerNode.
+func withPeer(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, r.TLS)))
+	})
+}
+
+// peerNode is the node id of the certificate the session's client
+// presented, "" without one. The fake checks no signature.
+func peerNode(ctx context.Context) string {
+	cs, _ := ctx.Value(peerKey{}).(*tls.ConnectionState)
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	id, err := pki.NodeIdentityOf(cs.PeerCertificates[0])
+	if err != nil {
+		return ""
+	}
+	return id.NodeID
 }

@@ -2,11 +2,16 @@ package bcdcmd
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // doctorAt runs bcd doctor with the clock at now.
@@ -52,5 +57,39 @@ func TestDoctorNoConfig(t *testing.T) {
 	h := newHost(t, false)
 	if r := h.doctorAt(h.srv.Now); r.code != 1 || !strings.Contains(r.stdout, "does not exist") {
 		t.Fatalf("doctor without config: %d\n%s", r.code, r.stdout)
+	}
+}
+
+// R16.2: doctor shows each pin set, oldest first, the newest marked, and
+// reaches the gateway under any pin of the serving-CA set.
+func TestDoctorShowsPinSets(t *testing.T) {
+	h := newHost(t, true)
+	cfg, err := config.Load(h.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := pki.Pin(&k.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gateway is on the older CA of the set.
+	cfg.SetPinSet(pki.KindServingCA, []string{h.srv.Pins.ServingCA, next})
+	if err := cfg.Write(h.cfgPath); err != nil {
+		t.Fatal(err)
+	}
+	r := h.doctorAt(h.srv.Now)
+	for _, want := range []string{
+		"serving-ca: " + h.srv.Pins.ServingCA + ", " + next + " (newest)",
+		"join-signing: " + h.srv.Pins.JoinSigning + ";",
+		"join-encryption: " + h.srv.Pins.JoinEncryption,
+		"answers TLS under a pinned serving CA",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, r.stdout)
+		}
 	}
 }

@@ -63,6 +63,7 @@ func (a *app) renew(ctx context.Context, f *renewFlags) error {
 	}
 	r, err := renew.New(renew.Config{
 		BCD: &c, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
+		Pins: config.NewPins(f.configPath, &c, a.log),
 	})
 	if err != nil {
 		return err

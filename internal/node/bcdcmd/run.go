@@ -71,7 +71,10 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// A renewal tells the session at once (R19.3); a renewal the
 			// session has not taken yet is enough, so the channel holds one.
 			renewed := make(chan struct{}, 1)
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log,
+			// One live pin set for the renewer and the session (R16.2):
+			// a key either learns is saved to config.toml and used by both.
+			pins := config.NewPins(configPath, cfg, log)
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
 				OnRenewed: func(*identity.Identity) {
 					select {
 					case renewed <- struct{}{}:
@@ -82,7 +85,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket})
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins})
 			if err != nil {
 				return err
 			}

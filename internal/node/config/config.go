@@ -7,8 +7,10 @@
 // silently falls back to a default. Every error is errs.InvalidConfig and
 // names the key it is about.
 //
-// SECURITY: the three pins are the daemon's only trust anchors. Nothing here
-// accepts a key or a gateway without comparing it with a pin.
+// SECURITY: the three pin sets are the daemon's only trust anchors. Nothing
+// here accepts a key or a gateway without comparing it with a pin, and a
+// set gains a key only through a statement signed by a key it already holds
+// (Pins, LearnStatements, R16.2).
 package config
 
 import (
@@ -99,6 +101,14 @@ type Config struct {
 	JoinSigningKeyPin string `toml:"join_signing_key_pin"`
 	// JoinEncryptionKeyPin pins the key the join token is sealed to.
 	JoinEncryptionKeyPin string `toml:"join_encryption_key_pin"`
+	// ServingCASPKIPins, JoinSigningKeyPins and JoinEncryptionKeyPins are
+	// the pin sets (R16.2), oldest first. The effective set of a kind is
+	// its array plus its singular key when the array lacks it (PinSet); when
+	// bcd learns a key it writes both, the singular naming the newest, so
+	// an older bcd that reads only the singular keys still works.
+	ServingCASPKIPins     []string `toml:"serving_ca_spki_pins,omitempty"`
+	JoinSigningKeyPins    []string `toml:"join_signing_key_pins,omitempty"`
+	JoinEncryptionKeyPins []string `toml:"join_encryption_key_pins,omitempty"`
 	// DataDir holds the identity; DefaultDataDir when empty.
 	DataDir string `toml:"data_dir,omitempty"`
 	// SysfsRoot and ProcfsRoot are where claims are read; tests point them
@@ -191,16 +201,24 @@ func (c *Config) Validate() error {
 	case !ids.Valid(ids.Site, c.Site):
 		bad("site", "want a site id like site_01k5w…")
 	}
-	for _, p := range []struct{ key, val string }{
-		{"serving_ca_spki_pin", c.ServingCASPKIPin},
-		{"join_signing_key_pin", c.JoinSigningKeyPin},
-		{"join_encryption_key_pin", c.JoinEncryptionKeyPin},
+	for _, p := range []struct {
+		key, val string
+		set      []string
+	}{
+		{"serving_ca_spki_pin", c.ServingCASPKIPin, c.ServingCASPKIPins},
+		{"join_signing_key_pin", c.JoinSigningKeyPin, c.JoinSigningKeyPins},
+		{"join_encryption_key_pin", c.JoinEncryptionKeyPin, c.JoinEncryptionKeyPins},
 	} {
 		switch {
-		case p.val == "":
+		case p.val == "" && len(p.set) == 0:
 			bad(p.key, "required: a pin sha256/<base64 of the SHA-256 of the SPKI>")
-		case !pki.ValidPin(p.val):
+		case p.val != "" && !pki.ValidPin(p.val):
 			bad(p.key, "want sha256/<base64 of a SHA-256> (44 characters after sha256/)")
+		}
+		for i, v := range p.set {
+			if !pki.ValidPin(v) {
+				bad(fmt.Sprintf("%ss[%d]", p.key, i), "want sha256/<base64 of a SHA-256> (44 characters after sha256/)")
+			}
 		}
 	}
 	for _, p := range []struct{ key, val string }{

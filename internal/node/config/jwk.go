@@ -27,10 +27,17 @@ const fixRotatedKey = "after rotating the JoinService encryption key, generate t
 //     SECURITY: a present file that does not match never falls back to the
 //     well-known document; it fails bcd join.
 func LoadEncryptionKey(dir, pin string) (key *ecdsa.PublicKey, found bool, err error) {
-	path := filepath.Join(dir, EncryptionKeyFile)
 	if !pki.ValidPin(pin) {
 		return nil, false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: want sha256/<base64 of a SHA-256>")
 	}
+	key, _, found, err = LoadEncryptionKeySet(dir, []string{pin})
+	return key, found, err
+}
+
+// readEncryptionKey reads and parses dir/join-encryption.jwk; found is
+// false (err nil) when the file is missing.
+func readEncryptionKey(dir string) (*ecdsa.PublicKey, bool, error) {
+	path := filepath.Join(dir, EncryptionKeyFile)
 	data, err := readBounded(path, maxJWKFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
@@ -48,10 +55,6 @@ func LoadEncryptionKey(dir, pin string) (key *ecdsa.PublicKey, found bool, err e
 			msg = e.Message
 		}
 		return nil, true, errs.New(errs.InvalidConfig, "%s: %s; %s", path, msg, fixRotatedKey)
-	}
-	if !pki.PinMatches(pin, pub) {
-		return nil, true, errs.New(errs.InvalidConfig,
-			"%s does not match join_encryption_key_pin: the key was rotated or the file is stale; %s", path, fixRotatedKey)
 	}
 	return pub, true, nil
 }

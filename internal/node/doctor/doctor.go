@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"crypto/tls"
@@ -77,12 +78,13 @@ func Run(ctx context.Context, o Options) []Check {
 	}
 	add("config", OK, "%s is valid (gateway %s, site %s)", o.ConfigPath, cfg.GatewayURL, cfg.Site)
 
-	if _, found, err := config.LoadEncryptionKey(filepath.Dir(o.ConfigPath), cfg.JoinEncryptionKeyPin); err != nil {
+	out = append(out, pinsCheck(cfg))
+	if _, pin, found, err := config.LoadEncryptionKeySet(filepath.Dir(o.ConfigPath), cfg.JoinEncryptionPins()); err != nil {
 		add("join key", Fail, "%v", err)
 	} else if !found {
 		add("join key", Warn, "no %s beside the config: bcd join needs --server https://<control plane> to fetch the key", config.EncryptionKeyFile)
 	} else {
-		add("join key", OK, "%s matches join_encryption_key_pin", config.EncryptionKeyFile)
+		add("join key", OK, "%s matches join-encryption pin %s", config.EncryptionKeyFile, pin)
 	}
 
 	dataDir := cfg.DataDir
@@ -143,7 +145,7 @@ func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
 	if name == "" {
 		name = u.Hostname()
 	}
-	tc, err := enroll.PinnedTLSConfig(cfg.ServingCASPKIPin, name, o.Clock.Now)
+	tc, err := enroll.PinnedTLSConfig(cfg.ServingCAPins(), name, o.Clock.Now)
 	if err != nil {
 		c.Status, c.Detail = Fail, err.Error()
 		return c
@@ -157,8 +159,26 @@ func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
 		return c
 	}
 	conn.Close()
-	c.Status, c.Detail = OK, fmt.Sprintf("%s answers TLS under serving_ca_spki_pin", host)
+	c.Status, c.Detail = OK, fmt.Sprintf("%s answers TLS under a pinned serving CA", host)
 	return c
+}
+
+// pinsCheck shows the pin sets (R16.2), oldest first, the newest marked;
+// during a rotation a kind has two.
+func pinsCheck(cfg *config.Config) Check {
+	var parts []string
+	for _, k := range config.PinKinds() {
+		set := cfg.PinSet(k)
+		s := make([]string, len(set))
+		for i, p := range set {
+			s[i] = p
+			if i == len(set)-1 && len(set) > 1 {
+				s[i] += " (newest)"
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s", k, strings.Join(s, ", ")))
+	}
+	return Check{Name: "pins", Status: OK, Detail: strings.Join(parts, "; ")}
 }
 
 // tpmCheck reports the TPM (R9.1): whether it opens, its EK's kind, the

@@ -105,7 +105,7 @@ func TestDeferralChecks(t *testing.T) {
 	body, _ := proto.Marshal(&agentv1.JoinResponseBody{Deferral: &agentv1.JoinDeferral{RequestId: enrolltest.DeferredRequest}})
 	e := newEnv(t, envOption{})
 	sig, _ := pki.SignResponse(e.bundle.JoinSigningKey, body)
-	if _, err := verifySigned(body, sig, e.bundle.JoinSigningCert.Raw, expectation{signingPin: e.pins.JoinSigning, renewal: true}); err == nil {
+	if _, err := verifySigned(body, sig, e.bundle.JoinSigningCert.Raw, expectation{signingPins: []string{e.pins.JoinSigning}, renewal: true}); err == nil {
 		t.Fatal("a renewal answer that defers was accepted")
 	}
 }

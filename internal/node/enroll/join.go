@@ -18,10 +18,13 @@
 // config.toml, the gateway come from the control plane's well-known
 // document, and nothing in it is used unless it matches a pin.
 //
-// SECURITY: bcd's only trust anchors are the three pins. The gateway is
-// authenticated by the serving CA pin alone (PinnedTLSConfig), the token is
-// readable only by the holder of the pinned encryption key, and the answer
-// is accepted only under the pinned join-signing key. Nothing but
+// SECURITY: bcd's only trust anchors are the three pin sets (R16.2: each
+// grows only through a statement a key of the set signed, config.Pins). The
+// gateway is authenticated by the serving CA pins alone (PinnedTLSConfig;
+// the one unverified dial, FetchKeyStatements, sends nothing and trusts
+// nothing it gets back), the token is readable only by the holder of a
+// pinned encryption key, and the answer is accepted only under a pinned
+// join-signing key. Nothing but
 // join.pending (the new key and the request, 0600, never the token) is
 // written to the data directory until every check passed.
 package enroll
@@ -41,6 +44,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -129,6 +133,9 @@ type Config struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// CallTimeout bounds one Join call; zero means two minutes.
 	CallTimeout time.Duration
+	// Pins are the live pin sets (R16.2), shared with bcd run's session
+	// and renewer; nil: BCD's, persisted to ConfigPath.
+	Pins *config.Pins
 }
 
 // Joiner joins this machine; build it with New.
@@ -143,6 +150,9 @@ type Joiner struct {
 	// waiting is set while a join waits on a join request: its repeated
 	// sends say nothing (untilDecided says when it still waits).
 	waiting bool
+	// pins are the live pin sets; a host build (no config.toml yet) has
+	// them in memory until it wrote one.
+	pins *config.Pins
 }
 
 // New returns a Joiner for cfg. cfg.Store is required.
@@ -171,6 +181,10 @@ func New(cfg Config) (*Joiner, error) {
 	}
 	if j.log == nil {
 		j.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	j.pins = cfg.Pins
+	if j.pins == nil && cfg.BCD != nil {
+		j.pins = config.NewPins(cfg.ConfigPath, cfg.BCD, j.log)
 	}
 	return j, nil
 }
@@ -328,7 +342,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		docCert = wk.signingCert
 	}
 	want2 := expectation{
-		signingPin:    cfg.JoinSigningKeyPin,
+		livePins:      cfg.JoinSigningPins,
 		docCert:       docCert,
 		csrHash:       pki.CSRHash(req.GetCsr()),
 		nodeKey:       p.signer.Public(),
@@ -356,8 +370,19 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		if err := j.writeConfig(cfg, encKey, opts.Bootstrap); err != nil {
 			return id, err
 		}
+		j.pins = config.NewPins(j.cfg.ConfigPath, cfg, j.log)
 	}
+	j.learn("join answer", body.GetKeyStatements())
 	return id, nil
+}
+
+// learn applies the key statements of a verified answer or document to the
+// live pin sets and config.toml (R16.2). A failure to save is logged (by
+// Pins.Learn) and never fails the join: its identity is saved.
+func (j *Joiner) learn(source string, statements []string) {
+	if j.pins != nil {
+		_, _ = j.pins.Learn(source, statements)
+	}
 }
 
 // joinConfig is the configuration a token join uses: config.toml, or one
@@ -372,6 +397,7 @@ func (j *Joiner) joinConfig(ctx context.Context, opts Options) (*config.Config, 
 	}
 	c := *j.cfg.BCD
 	c.ApplyDefaults()
+	syncPins(&c, j.pins)
 	if err := c.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -585,32 +611,7 @@ func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config,
 		}
 	}
 
-	wk, err := j.fetchWellKnown(ctx, opts.Server, b.JoinEncryptionPin, b.JoinSigningPin)
-	if err != nil {
-		return nil, nil, err
-	}
-	g := wk.doc.Gateway
-	if g == nil || g.URL == "" {
-		return nil, nil, errs.New(errs.InvalidConfig, "%s has no gateway section: the control plane's options do not name a gateway (gateway: { url })", wk.url)
-	}
-	// SECURITY: the document only says where; the pins say who.
-	var differ []string
-	if g.ServingCAPin != b.ServingCAPin {
-		differ = append(differ, "gateway.servingCaPin differs from --serving-ca-pin")
-	}
-	if wk.doc.Join.SigningKeyPin != b.JoinSigningPin {
-		differ = append(differ, "join.signingKeyPin differs from --join-signing-pin")
-	}
-	if wk.doc.Join.EncryptionKeyPin != b.JoinEncryptionPin {
-		differ = append(differ, "join.encryptionKeyPin differs from --join-encryption-pin")
-	}
-	if len(differ) > 0 {
-		return nil, nil, errs.New(errs.InvalidConfig,
-			"refusing the well-known document at %s: %v; it belongs to another PKI, or the pins of this install are stale", wk.url, differ)
-	}
 	c := &config.Config{
-		GatewayURL:           g.URL,
-		GatewayServerName:    g.ServerName,
 		Site:                 b.Site,
 		ServingCASPKIPin:     b.ServingCAPin,
 		JoinSigningKeyPin:    b.JoinSigningPin,
@@ -619,7 +620,35 @@ func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config,
 		SysfsRoot:            b.SysfsRoot,
 		ProcfsRoot:           b.ProcfsRoot,
 	}
+	wk, err := j.fetchWellKnown(ctx, opts.Server, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The document's statements that the flags' keys vouch for (R16.2):
+	// an install script older than a rotation still builds.
+	c = wk.pins
+	g := wk.doc.Gateway
+	if g == nil || g.URL == "" {
+		return nil, nil, errs.New(errs.InvalidConfig, "%s has no gateway section: the control plane's options do not name a gateway (gateway: { url })", wk.url)
+	}
+	// SECURITY: the document only says where; the pins say who.
+	var differ []string
+	if !slices.Contains(c.ServingCAPins(), g.ServingCAPin) {
+		differ = append(differ, "gateway.servingCaPin differs from --serving-ca-pin")
+	}
+	if !slices.Contains(c.JoinSigningPins(), wk.doc.Join.SigningKeyPin) {
+		differ = append(differ, "join.signingKeyPin differs from --join-signing-pin")
+	}
+	if !slices.Contains(c.JoinEncryptionPins(), wk.doc.Join.EncryptionKeyPin) {
+		differ = append(differ, "join.encryptionKeyPin differs from --join-encryption-pin")
+	}
+	if len(differ) > 0 {
+		return nil, nil, errs.New(errs.InvalidConfig,
+			"refusing the well-known document at %s: %v; it belongs to another PKI, or the pins of this install are stale", wk.url, differ)
+	}
+	c.GatewayURL, c.GatewayServerName = g.URL, g.ServerName
 	c.ApplyDefaults()
+	j.pins = config.NewPins("", c, j.log)
 	if err := c.Validate(); err != nil {
 		e, _ := errs.As(err)
 		return nil, nil, errs.New(errs.InvalidConfig, "the configuration built from %s and the flags is not valid: %s", wk.url, e.Message)
@@ -643,7 +672,11 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fail(err)
 	}
-	if err := config.WriteEncryptionKey(dir, cfg.JoinEncryptionKeyPin, encKey); err != nil {
+	encPin, err := pki.Pin(encKey)
+	if err != nil {
+		return fail(err)
+	}
+	if err := config.WriteEncryptionKey(dir, encPin, encKey); err != nil {
 		return fail(err)
 	}
 	if err := out.Write(j.cfg.ConfigPath); err != nil {
@@ -660,7 +693,7 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 // fetched it, or wk as given.
 func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server string, wk *wellKnown) (*ecdsa.PublicKey, *wellKnown, error) {
 	dir := filepath.Dir(j.cfg.ConfigPath)
-	key, found, err := config.LoadEncryptionKey(dir, cfg.JoinEncryptionKeyPin)
+	key, _, found, err := config.LoadEncryptionKeySet(dir, cfg.JoinEncryptionPins())
 	if err != nil {
 		return nil, wk, err
 	}
@@ -673,8 +706,12 @@ func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server s
 				"no JoinService encryption key: %s is missing; install it (the install script writes it), or pass --server with the control plane's URL to fetch it from its well-known document",
 				filepath.Join(dir, config.EncryptionKeyFile))
 		}
-		if wk, err = j.fetchWellKnown(ctx, server, cfg.JoinEncryptionKeyPin, cfg.JoinSigningKeyPin); err != nil {
+		if wk, err = j.fetchWellKnown(ctx, server, cfg); err != nil {
 			return nil, nil, err
+		}
+		if wk.learned.Changed() {
+			j.learn("well-known", wk.doc.Join.KeyStatements)
+			syncPins(cfg, j.pins)
 		}
 	}
 	return wk.encKey, wk, nil
@@ -701,16 +738,23 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	if serverName == "" {
 		serverName = u.Hostname()
 	}
-	tlsConfig, err := PinnedTLSConfig(cfg.ServingCASPKIPin, serverName, j.clock.Now)
-	if err != nil {
-		return nil, false, errs.Wrap(err, errs.InvalidConfig, "%v", err)
+	newClient := func() (agentv1connect.JoinServiceClient, error) {
+		tlsConfig, err := PinnedTLSConfig(cfg.ServingCAPins(), serverName, j.clock.Now)
+		if err != nil {
+			return nil, errs.Wrap(err, errs.InvalidConfig, "%v", err)
+		}
+		return agentv1connect.NewJoinServiceClient(j.httpClient(tlsConfig), cfg.GatewayURL,
+			connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize)), nil
 	}
 	if !j.waiting {
 		j.progress("joining through %s…", u.Host)
 	}
 	// One client for every attempt: its connection is reused.
-	client := agentv1connect.NewJoinServiceClient(j.httpClient(tlsConfig), cfg.GatewayURL,
-		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
+	client, err := newClient()
+	if err != nil {
+		return nil, false, err
+	}
+	recovered := false
 	for attempt := 1; ; attempt++ {
 		if reseal != nil {
 			if err := reseal(req); err != nil {
@@ -722,6 +766,20 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 		cancel()
 		if err == nil {
 			return r.Msg, true, nil
+		}
+		// R16.2: a gateway on a serving CA rotated while this machine was
+		// offline; once per send, and only with a CA a pinned key vouched
+		// for.
+		if isPinError(err) && !recovered && ctx.Err() == nil {
+			recovered = true
+			if RecoverPins(ctx, j.pins, j.httpClient, cfg.GatewayURL, serverName, j.log) {
+				syncPins(cfg, j.pins)
+				if client, err = newClient(); err != nil {
+					return nil, false, err
+				}
+				attempt--
+				continue
+			}
 		}
 		out, transient := j.callError(err, u.Host)
 		if !transient || ctx.Err() != nil {

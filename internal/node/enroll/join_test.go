@@ -609,7 +609,7 @@ func TestVerifySignatureFirst(t *testing.T) {
 	// A body that is garbage but "signed" wrongly must fail the
 	// signature check, not the parse.
 	res := &agentv1.JoinResponse{Body: []byte("not a protobuf"), Sig: []byte("x"), SigningCertificate: cert.Raw}
-	_, err := verifyResponse(res, expectation{signingPin: e.pins.JoinSigning})
+	_, err := verifyResponse(res, expectation{signingPins: []string{e.pins.JoinSigning}})
 	var re *ResponseError
 	if !errors.As(err, &re) || re.Check != CheckSignature {
 		t.Fatalf("R4.6: %v", err)
@@ -617,7 +617,7 @@ func TestVerifySignatureFirst(t *testing.T) {
 	// A pinned document certificate stands in for a missing one.
 	sig, _ := pki.SignResponse(e.bundle.JoinSigningKey, []byte("not a protobuf"))
 	res = &agentv1.JoinResponse{Body: []byte("not a protobuf"), Sig: sig}
-	_, err = verifyResponse(res, expectation{signingPin: e.pins.JoinSigning, docCert: cert})
+	_, err = verifyResponse(res, expectation{signingPins: []string{e.pins.JoinSigning}, docCert: cert})
 	if !errors.As(err, &re) || re.Check != CheckCSR {
 		t.Fatalf("R4.6: %v", err)
 	}

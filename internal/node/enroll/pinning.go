@@ -4,14 +4,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
 // PinnedTLSConfig returns the TLS configuration bcd dials its gateway with
-// (R4.3): the gateway is authenticated by the serving CA whose SPKI hashes
-// to servingCAPin, and by nothing else. The system roots play no part, so a
+// (R4.3): the gateway is authenticated by a serving CA whose SPKI hashes
+// to a pin of servingCAPins (the pinned set, R16.2: during a rotation the
+// old and the next CA), and by nothing else. The system roots play no part, so a
 // public CA that misissues a certificate for the gateway's name is not
 // trusted, and a gateway whose serving CA is private needs no root store.
 //
@@ -23,10 +25,16 @@ import (
 // against the system roots; VerifyConnection below replaces it and runs on
 // every handshake, resumed sessions included (VerifyPeerCertificate would
 // not run on resumption).
-func PinnedTLSConfig(servingCAPin, serverName string, now func() time.Time) (*tls.Config, error) {
-	if !pki.ValidPin(servingCAPin) {
-		return nil, errors.New("pinned TLS: serving_ca_spki_pin is not a pin")
+func PinnedTLSConfig(servingCAPins []string, serverName string, now func() time.Time) (*tls.Config, error) {
+	if len(servingCAPins) == 0 {
+		return nil, errors.New("pinned TLS: no serving_ca_spki_pin")
 	}
+	for _, p := range servingCAPins {
+		if !pki.ValidPin(p) {
+			return nil, errors.New("pinned TLS: serving_ca_spki_pin is not a pin")
+		}
+	}
+	servingCAPins = slices.Clone(servingCAPins)
 	if serverName == "" {
 		return nil, errors.New("pinned TLS: no server name to verify")
 	}
@@ -38,7 +46,7 @@ func PinnedTLSConfig(servingCAPin, serverName string, now func() time.Time) (*tl
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: true, // replaced by VerifyConnection, see above
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return VerifyPinnedChain(cs.PeerCertificates, servingCAPin, serverName, now())
+			return VerifyPinnedChain(cs.PeerCertificates, servingCAPins, serverName, now())
 		},
 	}, nil
 }
@@ -47,7 +55,7 @@ func PinnedTLSConfig(servingCAPin, serverName string, now func() time.Time) (*tl
 // first) only when
 //
 //  1. one of the presented certificates after the leaf is a CA whose
-//     SubjectPublicKeyInfo hashes to servingCAPin, and
+//     SubjectPublicKeyInfo hashes to a pin of servingCAPins, and
 //  2. the leaf verifies with crypto/x509 against that CA as the only root
 //     (any other presented certificates may serve as intermediates), for
 //     serverName, for server authentication, at now.
@@ -57,14 +65,14 @@ func PinnedTLSConfig(servingCAPin, serverName string, now func() time.Time) (*tl
 // proves the leaf was issued by the holder of the pinned key, whatever else
 // the presented CA certificate says. A gateway that sends only its leaf
 // cannot be verified and is refused with a message that says so.
-func VerifyPinnedChain(presented []*x509.Certificate, servingCAPin, serverName string, now time.Time) error {
+func VerifyPinnedChain(presented []*x509.Certificate, servingCAPins []string, serverName string, now time.Time) error {
 	if len(presented) == 0 {
 		return &pinError{msg: "the gateway presented no certificate"}
 	}
 	leaf := presented[0]
 	var pinnedCAs []*x509.Certificate
 	for _, c := range presented[1:] {
-		if c.BasicConstraintsValid && c.IsCA && pki.PinMatches(servingCAPin, c.PublicKey) {
+		if c.BasicConstraintsValid && c.IsCA && pki.PinIn(servingCAPins, c.PublicKey) {
 			pinnedCAs = append(pinnedCAs, c)
 		}
 	}

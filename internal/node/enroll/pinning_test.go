@@ -50,14 +50,20 @@ func TestVerifyPinnedChain(t *testing.T) {
 	}
 	good := issue(b)
 	foreign := issue(other)
+	otherPins, _ := other.Pins()
 	tests := []struct {
 		name   string
 		chain  []*x509.Certificate
 		server string
 		at     time.Time
-		want   string // empty: accepted
+		pins   []string // nil: pins.ServingCA
+		want   string   // empty: accepted
 	}{
 		{name: "pinned CA", chain: good, server: "gw.eu.example.com", at: now},
+		// R16.2: during a rotation the set holds the old and the next CA.
+		{name: "any CA of the set", chain: foreign, server: "gw.eu.example.com", at: now, pins: []string{pins.ServingCA, otherPins.ServingCA}},
+		{name: "the older CA of the set", chain: good, server: "gw.eu.example.com", at: now, pins: []string{pins.ServingCA, otherPins.ServingCA}},
+		{name: "a set without the CA", chain: good, server: "gw.eu.example.com", at: now, pins: []string{otherPins.ServingCA}, want: "does not contain the serving CA"},
 		{name: "nothing presented", chain: nil, server: "gw.eu.example.com", at: now, want: "no certificate"},
 		{name: "leaf only", chain: good[:1], server: "gw.eu.example.com", at: now, want: "only its own certificate"},
 		{name: "another CA", chain: foreign, server: "gw.eu.example.com", at: now, want: "does not contain the serving CA"},
@@ -70,7 +76,11 @@ func TestVerifyPinnedChain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := VerifyPinnedChain(tt.chain, pins.ServingCA, tt.server, tt.at)
+			set := tt.pins
+			if set == nil {
+				set = []string{pins.ServingCA}
+			}
+			err := VerifyPinnedChain(tt.chain, set, tt.server, tt.at)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("R4.3: %v", err)
@@ -85,15 +95,15 @@ func TestVerifyPinnedChain(t *testing.T) {
 }
 
 func TestPinnedTLSConfig(t *testing.T) {
-	if _, err := PinnedTLSConfig("sha256/x", "gw", nil); err == nil {
+	if _, err := PinnedTLSConfig([]string{"sha256/x"}, "gw", nil); err == nil {
 		t.Error("accepted a bad pin")
 	}
 	b, _ := ca.Generate("compute.example.com", time.Now())
 	pins, _ := b.Pins()
-	if _, err := PinnedTLSConfig(pins.ServingCA, "", nil); err == nil {
+	if _, err := PinnedTLSConfig([]string{pins.ServingCA}, "", nil); err == nil {
 		t.Error("accepted no server name")
 	}
-	c, err := PinnedTLSConfig(pins.ServingCA, "gw", nil)
+	c, err := PinnedTLSConfig([]string{pins.ServingCA}, "gw", nil)
 	if err != nil || c.ServerName != "gw" || c.VerifyConnection == nil || c.MinVersion < tls.VersionTLS12 {
 		t.Fatalf("R4.3: %+v %v", c, err)
 	}

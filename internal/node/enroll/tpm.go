@@ -36,6 +36,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	}
 	cfg := *j.cfg.BCD
 	cfg.ApplyDefaults()
+	syncPins(&cfg, j.pins)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -92,7 +93,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		return j.send(ctx, &cfg, req, nil)
 	}
 	body, err := j.untilDecided(ctx, expectation{
-		signingPin:    cfg.JoinSigningKeyPin,
+		livePins:      cfg.JoinSigningPins,
 		csrHash:       pki.CSRHash(csr),
 		nodeKey:       signer.Public(),
 		siteID:        cfg.Site,
@@ -110,6 +111,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	if err != nil {
 		return nil, err
 	}
+	j.learn("join answer", body.GetKeyStatements())
 	if aside != "" {
 		j.progress("moved the old identity aside to %s", aside)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/x509"
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -66,7 +67,11 @@ func (want expectation) bad(check Check, format string, args ...any) error {
 
 // expectation is what a join response must match.
 type expectation struct {
-	signingPin string
+	// signingPins is the join-signing pin set (R16.2): the answer's key
+	// must hash to one of them. livePins, when set, is asked instead at
+	// verification time (a send may have learned keys meanwhile).
+	signingPins []string
+	livePins    func() []string
 	// docCert is the well-known document's signing certificate when it was
 	// fetched and matched the pin; used when the response carries none.
 	docCert *x509.Certificate
@@ -107,11 +112,14 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 	// (1) Signature. bcd holds only the pin, so the key comes with the
 	// answer (signing_certificate) or from the well-known document, and is
 	// used only when it hashes to the pin.
+	if want.livePins != nil {
+		want.signingPins = want.livePins()
+	}
 	var key crypto.PublicKey
 	var sawCert bool
 	if der := signingCert; len(der) > 0 {
 		sawCert = true
-		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinMatches(want.signingPin, cert.PublicKey) {
+		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinIn(want.signingPins, cert.PublicKey) {
 			key = cert.PublicKey
 		}
 	}
@@ -250,22 +258,28 @@ func checkSPIFFEID(body *agentv1.JoinResponseBody, leaf *x509.Certificate, want 
 // Expectation is what a join answer must match, for callers outside bcd
 // that check answers exactly as bcd does (the load generator).
 type Expectation struct {
-	SigningPin string
-	CSRHash    []byte
-	NodeKey    crypto.PublicKey
-	SiteID     string
-	Role       string
+	// SigningPins is the join-signing pin set; SigningPin, when set, is
+	// added to it (callers that know one pin).
+	SigningPins []string
+	SigningPin  string
+	CSRHash     []byte
+	NodeKey     crypto.PublicKey
+	SiteID      string
+	Role        string
 }
 
 // VerifyResponse checks a JoinResponse in the order of R4.6 (see
 // verifyResponse) and returns its body.
 func VerifyResponse(res *agentv1.JoinResponse, e Expectation) (*agentv1.JoinResponseBody, error) {
-	return verifyResponse(res, expectation{signingPin: e.SigningPin, csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, role: e.Role})
+	return verifyResponse(res, expectation{signingPins: pinSet(e.SigningPins, e.SigningPin), csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, role: e.Role})
 }
 
 // RenewExpectation is what a renewal answer must match: the same node, in
 // the same site and trust domain, with the same role, for the new key.
 type RenewExpectation struct {
+	// SigningPins is the join-signing pin set; SigningPin, when set, is
+	// added to it.
+	SigningPins []string
 	SigningPin  string
 	CSRHash     []byte
 	NodeKey     crypto.PublicKey
@@ -285,7 +299,16 @@ func VerifyRenewResponse(res *agentv1.RenewResponse, e RenewExpectation) (*agent
 		return nil, errs.New(errs.InvalidArgument, "verify renewal: the current node, site and role are required")
 	}
 	return verifySigned(res.GetBody(), res.GetSig(), res.GetSigningCertificate(), expectation{
-		signingPin: e.SigningPin, csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, nodeID: e.NodeID, role: e.Role,
+		signingPins: pinSet(e.SigningPins, e.SigningPin), csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, nodeID: e.NodeID, role: e.Role,
 		renewal: true, trustDomain: e.TrustDomain,
 	})
+}
+
+// pinSet is pins plus pin when set and missing.
+func pinSet(pins []string, pin string) []string {
+	out := slices.Clone(pins)
+	if pin != "" && !slices.Contains(out, pin) {
+		out = append(out, pin)
+	}
+	return out
 }

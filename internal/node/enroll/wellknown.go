@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -67,15 +68,23 @@ type wellKnown struct {
 	// signingCert is join.signingCertificate, when its key matched the
 	// signing pin.
 	signingCert *x509.Certificate
+	// pins are the pin sets the document was checked against: the caller's,
+	// after the document's key statements (R16.2) that a pinned key signed.
+	pins *config.Config
+	// learned says whether the statements changed a set.
+	learned config.PinUpdate
 }
 
 // fetchWellKnown GETs the document with a bounded body and timeout and
-// parses the join section against the pins. It trusts nothing in the
-// document: the encryption key and the signing certificate are kept only
-// when they match encPin and sigPin. An encryption key that does not match
-// is an error (there is nothing else to seal to); a signing certificate
-// that does not match is dropped (the response carries its own).
-func (j *Joiner) fetchWellKnown(ctx context.Context, server, encPin, sigPin string) (*wellKnown, error) {
+// parses the join section against the pin sets of pins. It trusts nothing in
+// the document: its key statements count only when signed by a key pins
+// already pins (applied to a copy, wellKnown.pins; the caller persists
+// them), and the encryption key and the signing certificate are kept only
+// when they match a pin of their (updated) set. An encryption key that does
+// not match is an error (there is nothing else to seal to); a signing
+// certificate that does not match is dropped (the response carries its
+// own).
+func (j *Joiner) fetchWellKnown(ctx context.Context, server string, pins *config.Config) (*wellKnown, error) {
 	u, err := WellKnownURL(server)
 	if err != nil {
 		return nil, err
@@ -109,18 +118,22 @@ func (j *Joiner) fetchWellKnown(ctx context.Context, server, encPin, sigPin stri
 	if wk.doc.Join == nil {
 		return nil, errs.New(errs.InvalidConfig, "%s has no join section: the control plane's JoinService is not configured (pki.join)", u)
 	}
+	checked := *pins
+	wk.pins = &checked
+	// SECURITY (R16.2): only statements signed by a pinned key count.
+	wk.learned = wk.pins.ApplyStatements(wk.doc.Join.KeyStatements)
 	pub, err := pki.ParseEncryptionJWK(wk.doc.Join.EncryptionJWK)
 	if err != nil {
 		return nil, errs.New(errs.InvalidConfig, "%s: join.encryptionJwk is not a P-256 public JWK", u)
 	}
 	// SECURITY: the pin is what makes an unauthenticated fetch safe.
-	if !pki.PinMatches(encPin, pub) {
+	if !pki.PinIn(wk.pins.JoinEncryptionPins(), pub) {
 		return nil, errs.New(errs.InvalidConfig,
 			"the JoinService encryption key at %s does not match join_encryption_key_pin: the key was rotated (generate the install script again for the new pins) or this is not your control plane", u)
 	}
 	wk.encKey = pub
 	if der, err := base64.StdEncoding.DecodeString(wk.doc.Join.SigningCertificate); err == nil {
-		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinMatches(sigPin, cert.PublicKey) {
+		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinIn(wk.pins.JoinSigningPins(), cert.PublicKey) {
 			wk.signingCert = cert
 		}
 	}

@@ -35,6 +35,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 	}
 	cfg := *j.cfg.BCD
 	cfg.ApplyDefaults()
+	syncPins(&cfg, j.pins)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -103,7 +104,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 			return nil, err
 		}
 		body, err := verifyResponse(res, expectation{
-			signingPin:  cfg.JoinSigningKeyPin,
+			livePins:    cfg.JoinSigningPins,
 			csrHash:     pki.CSRHash(p.req.GetCsr()),
 			nodeKey:     p.signer.Public(),
 			siteID:      cfg.Site,
@@ -122,6 +123,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 		if err != nil {
 			return nil, fmt.Errorf("%w; the expired identity is still in place", err)
 		}
+		j.learn("re-join answer", body.GetKeyStatements())
 		j.progress("re-joined as %s; the expired identity is in %s", id.NodeID, aside)
 		return id, nil
 	}

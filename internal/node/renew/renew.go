@@ -84,6 +84,10 @@ type Config struct {
 	// run's session then reconnects with the new certificate at once,
 	// R19.3).
 	OnRenewed func(*identity.Identity)
+	// Pins are the live pin sets (R16.2), shared with bcd run's session;
+	// nil: BCD's, kept in memory only (bcd passes config.NewPins with
+	// config.toml's path, so what a renewal learns is saved).
+	Pins *config.Pins
 }
 
 // Renewer renews this node's certificate; build it with New.
@@ -96,6 +100,7 @@ type Renewer struct {
 	log   *slog.Logger
 	rand  func() float64
 	sleep func(ctx context.Context, d time.Duration) error
+	pins  *config.Pins
 }
 
 // New returns a Renewer for cfg. Errors are INVALID_CONFIG.
@@ -129,6 +134,10 @@ func New(cfg Config) (*Renewer, error) {
 	}
 	if r.sleep == nil {
 		r.sleep = r.clockSleep
+	}
+	r.pins = cfg.Pins
+	if r.pins == nil {
+		r.pins = config.NewPins("", &c, r.log)
 	}
 	return r, nil
 }
@@ -276,7 +285,7 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 		return nil, err
 	}
 	body, err := enroll.VerifyRenewResponse(res, enroll.RenewExpectation{
-		SigningPin: r.bcd.JoinSigningKeyPin, CSRHash: pki.CSRHash(csr), NodeKey: signer.Public(),
+		SigningPins: r.pins.Set(pki.KindJoinSigning), CSRHash: pki.CSRHash(csr), NodeKey: signer.Public(),
 		TrustDomain: id.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
 	})
 	if err != nil {
@@ -301,11 +310,17 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reload the renewed identity: %w", err)
 	}
+	// R16.2: the verified answer's statements; a failure to save them is
+	// logged and never fails the renewal, which is saved.
+	_, _ = r.pins.Learn("renewal answer", body.GetKeyStatements())
 	return saved, nil
 }
 
 // call dials the gateway with the pinned TLS configuration and the current
-// certificate as client certificate, and calls Renew.
+// certificate as client certificate, and calls Renew. When the gateway's
+// chain matches no pinned serving CA, it asks the gateway for rotated keys
+// (enroll.RecoverPins, R16.2) and, when a pinned key vouched for a new
+// serving CA, dials once more.
 func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byte, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
 	u, err := url.Parse(r.bcd.GatewayURL)
 	if err != nil {
@@ -315,7 +330,20 @@ func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byt
 	if serverName == "" {
 		serverName = u.Hostname()
 	}
-	tlsConfig, err := enroll.PinnedTLSConfig(r.bcd.ServingCASPKIPin, serverName, r.clock.Now)
+	res, err := r.callOnce(ctx, id, chain, req, serverName)
+	if _, pinned := enroll.PinFailure(err); pinned && ctx.Err() == nil &&
+		enroll.RecoverPins(ctx, r.pins, r.hc, r.bcd.GatewayURL, serverName, r.log) {
+		res, err = r.callOnce(ctx, id, chain, req, serverName)
+	}
+	if err != nil {
+		return nil, callError(err, u.Host)
+	}
+	return res, nil
+}
+
+// callOnce is one Renew call over TLS pinned to the serving-CA set now.
+func (r *Renewer) callOnce(ctx context.Context, id *identity.Identity, chain [][]byte, req *agentv1.RenewRequest, serverName string) (*agentv1.RenewResponse, error) {
+	tlsConfig, err := enroll.PinnedTLSConfig(r.pins.Set(pki.KindServingCA), serverName, r.clock.Now)
 	if err != nil {
 		return nil, errs.Wrap(err, errs.InvalidConfig, "%v", err)
 	}
@@ -329,7 +357,7 @@ func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byt
 	defer cancel()
 	res, err := client.Renew(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, callError(err, u.Host)
+		return nil, err
 	}
 	return res.Msg, nil
 }

@@ -40,6 +40,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -120,6 +121,9 @@ type Config struct {
 	// site.BootedPath of the data directory).
 	BootedCheck time.Duration
 	BootedFile  string
+	// Pins are the live pin sets (R16.2), shared with the renewer; nil:
+	// BCD's, kept in memory only.
+	Pins *config.Pins
 }
 
 // Daemon is bcd's service loop. Build it with New.
@@ -134,6 +138,10 @@ type Daemon struct {
 	// session is up: a command that outlives its session is answered on
 	// the next one.
 	results chan *answer
+	// pins are the live pin sets; pinFailed notes a session that failed on
+	// the gateway's chain (pins.go).
+	pins      *config.Pins
+	pinFailed atomic.Bool
 }
 
 // answer is a command's result waiting for a session to sign and send it,
@@ -168,6 +176,7 @@ func New(cfg Config) (*Daemon, error) {
 		d.clock = clock.Real{}
 	}
 	d.ran = newRanLog(cfg.Store.Dir, d.clock)
+	d.pins = livePins(cfg)
 	if d.log == nil {
 		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -227,7 +236,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		}
 		start := d.clock.Now()
-		err = d.session(ctx, id)
+		err = d.sessionRecovering(ctx, id)
 		if ctx.Err() != nil {
 			break
 		}
@@ -266,10 +275,11 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 	if serverName == "" {
 		serverName = u.Hostname()
 	}
-	tc, err := enroll.PinnedTLSConfig(d.cfg.BCD.ServingCASPKIPin, serverName, d.clock.Now)
+	tc, err := enroll.PinnedTLSConfig(d.servingCAPins(), serverName, d.clock.Now)
 	if err != nil {
 		return nil, "", errs.Wrap(err, errs.InvalidConfig, "%v", err)
 	}
+	d.notePinFailure(tc)
 	chain := make([][]byte, len(id.Chain))
 	for i, c := range id.Chain {
 		chain[i] = c.Raw
@@ -384,6 +394,7 @@ func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host str
 	if w == nil || w.GetNodeId() != id.NodeID {
 		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
 	}
+	d.learnWelcome(w)
 	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
 	if beat <= 0 {
 		beat = defaultHeartbeat

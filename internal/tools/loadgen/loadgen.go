@@ -185,7 +185,7 @@ func loadTarget(path string) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	encKey, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(path), bc.JoinEncryptionKeyPin)
+	encKey, _, found, err := bcdconfig.LoadEncryptionKeySet(filepath.Dir(path), bc.JoinEncryptionPins())
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +200,7 @@ func loadTarget(path string) (*target, error) {
 	if serverName == "" {
 		serverName = u.Hostname()
 	}
-	tlsConf, err := enroll.PinnedTLSConfig(bc.ServingCASPKIPin, serverName, time.Now)
+	tlsConf, err := enroll.PinnedTLSConfig(bc.ServingCAPins(), serverName, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func runJoin(ctx context.Context, cfg Config, tg *target, progress func(string))
 				continue
 			}
 			sum := sha256.Sum256(m.csr)
-			body, err := enroll.VerifyResponse(m.res, enroll.Expectation{SigningPin: bc.JoinSigningKeyPin, CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: bc.Site, Role: pki.RoleNode})
+			body, err := enroll.VerifyResponse(m.res, enroll.Expectation{SigningPins: bc.JoinSigningPins(), CSRHash: sum[:], NodeKey: m.key.Public(), SiteID: bc.Site, Role: pki.RoleNode})
 			if err != nil {
 				return r, ms, fmt.Errorf("answer for machine %d: %w", i, err)
 			}

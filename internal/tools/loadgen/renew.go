@@ -212,7 +212,7 @@ func verifyRenewals(tg *target, first []node, nodes []*node, r *RenewResult) err
 				break
 			}
 			body, err := enroll.VerifyRenewResponse(rn.res, enroll.RenewExpectation{
-				SigningPin: tg.bc.JoinSigningKeyPin, CSRHash: pki.CSRHash(rn.csr), NodeKey: rn.key.Public(),
+				SigningPins: tg.bc.JoinSigningPins(), CSRHash: pki.CSRHash(rn.csr), NodeKey: rn.key.Public(),
 				TrustDomain: cur.trustDomain, SiteID: cur.site, NodeID: cur.id, Role: cur.role,
 			})
 			if err != nil {

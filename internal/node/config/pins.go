@@ -1,0 +1,397 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+// PinKinds lists the kinds of key bcd pins, in the order logs and bcd
+// doctor name them.
+func PinKinds() []string {
+	return []string{pki.KindServingCA, pki.KindJoinSigning, pki.KindJoinEncryption}
+}
+
+// PinSet returns the effective pin set of kind (pki.KindServingCA,
+// KindJoinSigning or KindJoinEncryption), oldest first: the array key, then
+// the singular key when the array lacks it (an install that wrote only the
+// singular, or an operator who replaced it by hand, names the newest key).
+// An unknown kind has no pins.
+func (c *Config) PinSet(kind string) []string {
+	single, set := c.pinFields(kind)
+	if single == nil {
+		return nil
+	}
+	out := slices.Clone(*set)
+	if *single != "" && !slices.Contains(out, *single) {
+		out = append(out, *single)
+	}
+	return out
+}
+
+// ServingCAPins, JoinSigningPins and JoinEncryptionPins are PinSet of each
+// kind.
+func (c *Config) ServingCAPins() []string      { return c.PinSet(pki.KindServingCA) }
+func (c *Config) JoinSigningPins() []string    { return c.PinSet(pki.KindJoinSigning) }
+func (c *Config) JoinEncryptionPins() []string { return c.PinSet(pki.KindJoinEncryption) }
+
+// SetPinSet replaces kind's pin set (oldest first, not empty). The singular
+// key becomes the newest pin, so an older bcd that reads only it uses the
+// newest key; the array is written only while the set holds more than one
+// pin, so a config.toml whose rotation is over reads in an older bcd too
+// (it refuses unknown keys).
+func (c *Config) SetPinSet(kind string, pins []string) {
+	single, set := c.pinFields(kind)
+	if single == nil || len(pins) == 0 {
+		return
+	}
+	*single = pins[len(pins)-1]
+	*set = nil
+	if len(pins) > 1 {
+		*set = slices.Clone(pins)
+	}
+}
+
+func (c *Config) pinFields(kind string) (*string, *[]string) {
+	switch kind {
+	case pki.KindServingCA:
+		return &c.ServingCASPKIPin, &c.ServingCASPKIPins
+	case pki.KindJoinSigning:
+		return &c.JoinSigningKeyPin, &c.JoinSigningKeyPins
+	case pki.KindJoinEncryption:
+		return &c.JoinEncryptionKeyPin, &c.JoinEncryptionKeyPins
+	}
+	return nil, nil
+}
+
+// Newest returns the last pin of pins, "" when there is none.
+func Newest(pins []string) string {
+	if len(pins) == 0 {
+		return ""
+	}
+	return pins[len(pins)-1]
+}
+
+// PinUpdate is what LearnStatements did: one pki.PinChange per kind that
+// changed.
+type PinUpdate struct {
+	Changes []pki.PinChange
+}
+
+// Changed reports whether any set changed.
+func (u PinUpdate) Changed() bool { return len(u.Changes) > 0 }
+
+// Kind returns the change of kind, if it changed.
+func (u PinUpdate) Kind(kind string) (pki.PinChange, bool) {
+	for _, c := range u.Changes {
+		if c.Kind == kind {
+			return c, true
+		}
+	}
+	return pki.PinChange{}, false
+}
+
+// ApplyStatements applies the rotation statements to c's pin sets in memory
+// (pki.ApplyStatements per kind: only statements signed by a key c already
+// pins count) and reports what changed. It writes nothing.
+func (c *Config) ApplyStatements(statements []string) PinUpdate {
+	var u PinUpdate
+	if len(statements) == 0 {
+		return u
+	}
+	for _, kind := range PinKinds() {
+		next, change := pki.ApplyStatements(kind, c.PinSet(kind), statements)
+		if change.Changed() && len(next) > 0 {
+			c.SetPinSet(kind, next)
+			u.Changes = append(u.Changes, change)
+		}
+	}
+	return u
+}
+
+// LearnStatements applies the rotation statements (R16.2) to the
+// config.toml at path and, when a pin set changed, writes it back
+// atomically, with join-encryption.jwk beside it following the newest
+// encryption key. It returns the file's configuration as it now is (no
+// defaults applied) and what changed; nothing is written when nothing
+// changed.
+//
+// The file is re-read, not taken from the caller's memory, so a --data-dir
+// override or applied defaults never leak into it.
+//
+// Crash safety: at every step the encryption key on disk hashes to a pin of
+// the config.toml on disk (the loader accepts any pin of the set), so a
+// crash between two writes leaves a working bcd:
+//  1. config.toml gets the new sets, keeping the pin of the key the jwk
+//     holds now if the statements retired it;
+//  2. join-encryption.jwk gets the newest encryption key (when bcd learned
+//     its key; when a rollback leaves a newest key bcd does not hold, the
+//     file goes first, and a join fetches the key from the well-known
+//     document, checked against the set);
+//  3. config.toml gets the final sets, when step 1 kept a retired pin.
+//
+// A crash after step 1 leaves a retired encryption pin in the set until the
+// next answer's statements retire it again, and a jwk behind the newest pin
+// is caught up by the next statements that carry the newest key (the only
+// write when no set changed).
+func LearnStatements(path string, statements []string) (*Config, PinUpdate, error) {
+	return learnStatements(path, statements, diskIO{})
+}
+
+// learnIO is the writes LearnStatements makes, in order; tests stop it
+// between two of them, as a crash would.
+type learnIO interface {
+	writeConfig(c *Config, path string) error
+	writeKey(dir, pin string, pub *ecdsa.PublicKey) error
+	removeKey(dir string) error
+}
+
+type diskIO struct{}
+
+func (diskIO) writeConfig(c *Config, path string) error { return c.Write(path) }
+func (diskIO) writeKey(dir, pin string, pub *ecdsa.PublicKey) error {
+	return WriteEncryptionKey(dir, pin, pub)
+}
+func (diskIO) removeKey(dir string) error {
+	if err := os.Remove(filepath.Join(dir, EncryptionKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the stale %s: %w", EncryptionKeyFile, err)
+	}
+	return nil
+}
+
+func learnStatements(path string, statements []string, w learnIO) (*Config, PinUpdate, error) {
+	c, err := readRaw(path)
+	if err != nil {
+		return nil, PinUpdate{}, err
+	}
+	dir := filepath.Dir(path)
+	before := c.JoinEncryptionPins()
+	u := c.ApplyStatements(statements)
+	if !u.Changed() {
+		return c, u, catchUpKey(dir, before, statements, w)
+	}
+	encChange, encChanged := u.Kind(pki.KindJoinEncryption)
+	if !encChanged {
+		return c, u, w.writeConfig(c, path)
+	}
+	after := c.JoinEncryptionPins()
+	newest := Newest(after)
+	_, onDisk, found, err := LoadEncryptionKeySet(dir, before)
+	if err != nil {
+		// A broken jwk is the operator's to fix (LoadEncryptionKey says
+		// how); the pins are still worth keeping.
+		onDisk, found = "", false
+	}
+	newKey := encChange.Keys[newest]
+	if newKey == nil {
+		newKey = keyOf(newest, statements)
+	}
+	switch {
+	case found && onDisk == newest:
+		return c, u, w.writeConfig(c, path)
+	case newKey == nil:
+		// A rollback to a key bcd does not hold: the stale file goes
+		// first, so no state names a key the set no longer has.
+		if found && !slices.Contains(after, onDisk) {
+			if err := w.removeKey(dir); err != nil {
+				return c, u, err
+			}
+		}
+		return c, u, w.writeConfig(c, path)
+	}
+	step := *c
+	kept := found && !slices.Contains(after, onDisk)
+	if kept {
+		step.SetPinSet(pki.KindJoinEncryption, append([]string{onDisk}, after...))
+	}
+	if err := w.writeConfig(&step, path); err != nil {
+		return c, u, err
+	}
+	if err := w.writeKey(dir, newest, newKey); err != nil {
+		return c, u, err
+	}
+	if !kept {
+		return c, u, nil
+	}
+	return c, u, w.writeConfig(c, path)
+}
+
+// catchUpKey writes the newest encryption key of pins to the jwk when the
+// jwk holds an older pinned one and the statements carry the newest (a
+// crash left it behind): the sets did not change, so config.toml is not
+// written.
+func catchUpKey(dir string, pins, statements []string, w learnIO) error {
+	newest := Newest(pins)
+	_, onDisk, found, err := LoadEncryptionKeySet(dir, pins)
+	if err != nil || !found || onDisk == newest {
+		return nil
+	}
+	if k := keyOf(newest, statements); k != nil {
+		return w.writeKey(dir, newest, k)
+	}
+	return nil
+}
+
+// keyOf returns the join-encryption key that hashes to pin from the
+// statements' signers and subjects, nil when none does. The pin is already
+// in the set, so who signed the statement does not matter: the key is the
+// pinned one because it hashes to the pin (after a crash, the statements
+// that added it may have been applied by the earlier, interrupted run).
+func keyOf(pin string, statements []string) *ecdsa.PublicKey {
+	for i, enc := range statements {
+		if i >= pki.MaxKeyStatements {
+			break
+		}
+		st, err := pki.ParseKeyStatement(enc)
+		if err != nil || st.Kind != pki.KindJoinEncryption {
+			continue
+		}
+		for _, der := range [][]byte{st.Subject, st.Signer} {
+			if pki.PinSPKI(der) == pin {
+				if k, err := pki.ParseP256SPKI(der); err == nil {
+					return k
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// readRaw reads config.toml without applying defaults, and validates it.
+func readRaw(path string) (*Config, error) {
+	data, err := readBounded(path, maxConfigSize)
+	if err != nil {
+		return nil, errs.Wrap(err, errs.InvalidConfig, "cannot read the bcd config: %v", err)
+	}
+	var c Config
+	md, err := toml.Decode(string(data), &c)
+	if err != nil {
+		return nil, errs.Wrap(err, errs.InvalidConfig, "%s: not valid TOML: %v", path, err)
+	}
+	if len(md.Undecoded()) > 0 {
+		return nil, errs.New(errs.InvalidConfig, "%s: unknown keys", path)
+	}
+	full := c
+	full.ApplyDefaults()
+	if err := full.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// LoadEncryptionKeySet is LoadEncryptionKey for a pin set: the key in
+// dir/join-encryption.jwk is accepted when it hashes to any pin of pins
+// (during a rotation the file may hold the next key while an older one is
+// still pinned, or the reverse), and pin is the one it matched.
+func LoadEncryptionKeySet(dir string, pins []string) (key *ecdsa.PublicKey, pin string, found bool, err error) {
+	if len(pins) == 0 {
+		return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: required")
+	}
+	for _, p := range pins {
+		if !pki.ValidPin(p) {
+			return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: want sha256/<base64 of a SHA-256>")
+		}
+	}
+	pub, found, err := readEncryptionKey(dir)
+	if err != nil || !found {
+		return nil, "", found, err
+	}
+	for _, p := range pins {
+		if pki.PinMatches(p, pub) {
+			return pub, p, true, nil
+		}
+	}
+	return nil, "", true, errs.New(errs.InvalidConfig,
+		"%s does not match join_encryption_key_pin: the key was rotated or the file is stale; %s", filepath.Join(dir, EncryptionKeyFile), fixRotatedKey)
+}
+
+// Pins is bcd's live trust anchors: the pin sets of config.toml, shared by
+// the join, the renewer and the session, so a key one of them learns is
+// used by the others at their next dial. Build it with NewPins.
+type Pins struct {
+	mu   sync.Mutex
+	path string
+	sets map[string][]string
+	log  *slog.Logger
+}
+
+// NewPins returns the live pin sets of c, persisted to the config.toml at
+// path ("" keeps what is learned in memory only). log receives a line per
+// change; nil discards.
+func NewPins(path string, c *Config, log *slog.Logger) *Pins {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	p := &Pins{path: path, sets: map[string][]string{}, log: log}
+	for _, k := range PinKinds() {
+		p.sets[k] = c.PinSet(k)
+	}
+	return p
+}
+
+// Set returns kind's pin set now, oldest first (a copy).
+func (p *Pins) Set(kind string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.sets[kind])
+}
+
+// Learn applies statements (from source, for the log: "join answer",
+// "renewal answer", "welcome", "well-known", "keys") to the pin sets and
+// persists them (LearnStatements). Only statements signed by a pinned key
+// count; when nothing changed nothing is written. On a write error the
+// sets learned are still used in memory, and the error is returned.
+func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
+	if len(statements) == 0 {
+		return PinUpdate{}, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mem := &Config{}
+	for _, k := range PinKinds() {
+		mem.SetPinSet(k, p.sets[k])
+	}
+	// Most answers repeat what bcd knows: then config.toml is not even
+	// read (only a jwk a crash left behind is caught up, silently).
+	if probe := *mem; !probe.ApplyStatements(statements).Changed() {
+		if p.path != "" {
+			_ = catchUpKey(filepath.Dir(p.path), p.sets[pki.KindJoinEncryption], statements, diskIO{})
+		}
+		return PinUpdate{}, nil
+	}
+	var u PinUpdate
+	var err error
+	if p.path != "" {
+		var file *Config
+		file, u, err = LearnStatements(p.path, statements)
+		if err == nil {
+			mem = file
+		}
+	}
+	if p.path == "" || err != nil {
+		u = mem.ApplyStatements(statements)
+	}
+	for _, k := range PinKinds() {
+		p.sets[k] = mem.PinSet(k)
+	}
+	for _, c := range u.Changes {
+		p.log.Info("learned rotated keys", "source", source, "kind", c.Kind, "added", c.Added, "retired", c.Retired, "pins", p.sets[c.Kind])
+	}
+	if err != nil {
+		p.log.Error("cannot save the learned pins; using them until bcd restarts", "source", source, "config", p.path, "err", err)
+		return u, err
+	}
+	return u, nil
+}

@@ -1,0 +1,362 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+func stmt(t *testing.T, kind, action string, signer, subject *ecdsa.PrivateKey) string {
+	t.Helper()
+	spki := func(k *ecdsa.PrivateKey) []byte {
+		der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	enc, err := pki.SignKeyStatement(signer, pki.KeyStatement{Kind: kind, Action: action, Signer: spki(signer), Subject: spki(subject), IssuedAt: time.Unix(1_700_000_000, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc
+}
+
+// R16.2: the effective set is the array plus the singular key; setting it
+// keeps the singular on the newest pin, and the array only while there are
+// two or more.
+func TestPinSet(t *testing.T) {
+	a, b, c := pinOf(t, newKey(t)), pinOf(t, newKey(t)), pinOf(t, newKey(t))
+	tests := []struct {
+		name   string
+		single string
+		set    []string
+		want   []string
+	}{
+		{name: "singular only", single: a, want: []string{a}},
+		{name: "array holds the singular", single: b, set: []string{a, b}, want: []string{a, b}},
+		{name: "singular newer than the array", single: c, set: []string{a, b}, want: []string{a, b, c}},
+		{name: "array only", set: []string{a, b}, want: []string{a, b}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, kind := range PinKinds() {
+				var cfg Config
+				single, set := cfg.pinFields(kind)
+				*single, *set = tt.single, tt.set
+				if diff := cmp.Diff(tt.want, cfg.PinSet(kind)); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", kind, diff)
+				}
+			}
+		})
+	}
+	var cfg Config
+	cfg.SetPinSet(pki.KindJoinSigning, []string{a, b})
+	if cfg.JoinSigningKeyPin != b || !slices.Equal(cfg.JoinSigningKeyPins, []string{a, b}) {
+		t.Errorf("set of two: singular %s, array %v", cfg.JoinSigningKeyPin, cfg.JoinSigningKeyPins)
+	}
+	cfg.SetPinSet(pki.KindJoinSigning, []string{b})
+	if cfg.JoinSigningKeyPin != b || cfg.JoinSigningKeyPins != nil {
+		t.Errorf("set of one: singular %s, array %v (an older bcd refuses the array key)", cfg.JoinSigningKeyPin, cfg.JoinSigningKeyPins)
+	}
+	if cfg.PinSet("node-ca") != nil {
+		t.Error("an unknown kind has pins")
+	}
+}
+
+// R16.2: every entry of a set is a pin, and a set may stand for its
+// singular key.
+func TestValidatePinSets(t *testing.T) {
+	f := newFixture(t)
+	other := pinOf(t, newKey(t))
+	if _, err := Parse([]byte(f.toml(`serving_ca_spki_pins = ["` + other + `", "` + f.caPin + `"]`))); err != nil {
+		t.Errorf("two serving CA pins: %v", err)
+	}
+	_, err := Parse([]byte(f.toml(`join_signing_key_pins = ["` + other + `", "sha256/nope"]`)))
+	if e, ok := errs.As(err); !ok || e.Code != errs.InvalidConfig || !strings.Contains(e.Message, "join_signing_key_pins[1]: want sha256/") {
+		t.Errorf("a bad entry: %v", err)
+	}
+	noSingle := strings.Replace(f.toml(`join_encryption_key_pins = ["`+other+`", "`+f.encPin+`"]`), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
+	c, err := Parse([]byte(noSingle))
+	if err != nil {
+		t.Fatalf("array without the singular: %v", err)
+	}
+	if diff := cmp.Diff([]string{other, f.encPin}, c.JoinEncryptionPins()); diff != "" {
+		t.Errorf("set (-want +got):\n%s", diff)
+	}
+	noPins := strings.Replace(f.toml(""), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
+	if _, err := Parse([]byte(noPins)); err == nil || !strings.Contains(err.Error(), "join_encryption_key_pin: required") {
+		t.Errorf("no encryption pin at all: %v", err)
+	}
+}
+
+// rotation is one install's keys (three generations of each kind) and its
+// config.toml with the first generation pinned.
+type rotation struct {
+	dir, path  string
+	ca, sg, en [3]*ecdsa.PrivateKey
+}
+
+func newRotation(t *testing.T) *rotation {
+	r := &rotation{dir: t.TempDir()}
+	r.path = filepath.Join(r.dir, "config.toml")
+	for i := range 3 {
+		r.ca[i], r.sg[i], r.en[i] = newKey(t), newKey(t), newKey(t)
+	}
+	f := newFixture(t)
+	f.caPin, f.sigPin, f.encPin = pinOf(t, r.ca[0]), pinOf(t, r.sg[0]), pinOf(t, r.en[0])
+	if err := os.WriteFile(r.path, []byte(f.toml(`data_dir = "/var/lib/bcd-test"`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteEncryptionKey(r.dir, f.encPin, &r.en[0].PublicKey); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// twoRotations is every kind rotated twice (0 vouches for 1, 1 for 2, then
+// 0 and 1 retired by 2), as one answer carries them.
+func (r *rotation) twoRotations(t *testing.T) []string {
+	var out []string
+	for _, k := range []struct {
+		kind string
+		keys [3]*ecdsa.PrivateKey
+	}{{pki.KindServingCA, r.ca}, {pki.KindJoinSigning, r.sg}, {pki.KindJoinEncryption, r.en}} {
+		out = append(out,
+			stmt(t, k.kind, pki.ActionTrust, k.keys[0], k.keys[1]),
+			stmt(t, k.kind, pki.ActionTrust, k.keys[1], k.keys[2]),
+			stmt(t, k.kind, pki.ActionRetire, k.keys[2], k.keys[0]),
+			stmt(t, k.kind, pki.ActionRetire, k.keys[2], k.keys[1]))
+	}
+	return out
+}
+
+// R16.2: statements no pinned key signed change nothing and write nothing.
+func TestLearnStatementsRefusesUnpinned(t *testing.T) {
+	r := newRotation(t)
+	stranger := newKey(t)
+	before, _ := os.ReadFile(r.path)
+	jwkBefore, _ := os.ReadFile(filepath.Join(r.dir, EncryptionKeyFile))
+	injected := []string{
+		stmt(t, pki.KindServingCA, pki.ActionTrust, stranger, r.ca[1]),
+		stmt(t, pki.KindJoinSigning, pki.ActionTrust, stranger, r.sg[1]),
+		stmt(t, pki.KindJoinEncryption, pki.ActionTrust, stranger, r.en[1]),
+		stmt(t, pki.KindServingCA, pki.ActionRetire, stranger, r.ca[0]),
+		// The right signer, the wrong kind.
+		stmt(t, pki.KindJoinSigning, pki.ActionTrust, r.ca[0], r.ca[1]),
+		"garbage",
+	}
+	_, u, err := LearnStatements(r.path, injected)
+	if err != nil || u.Changed() {
+		t.Fatalf("changed %v, err %v", u.Changes, err)
+	}
+	after, _ := os.ReadFile(r.path)
+	jwkAfter, _ := os.ReadFile(filepath.Join(r.dir, EncryptionKeyFile))
+	if string(before) != string(after) || string(jwkBefore) != string(jwkAfter) {
+		t.Error("files were written")
+	}
+}
+
+// R16.2: a chain of two rotations of all three kinds in one answer: every
+// set ends on the third key, the jwk holds the third encryption key, and
+// the file keeps its own keys (no defaults written).
+func TestLearnStatementsChain(t *testing.T) {
+	r := newRotation(t)
+	c, u, err := LearnStatements(r.path, r.twoRotations(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Changes) != 3 {
+		t.Errorf("changes %+v", u.Changes)
+	}
+	loaded, err := Load(r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []struct {
+		kind string
+		key  *ecdsa.PrivateKey
+	}{{pki.KindServingCA, r.ca[2]}, {pki.KindJoinSigning, r.sg[2]}, {pki.KindJoinEncryption, r.en[2]}} {
+		want := []string{pinOf(t, k.key)}
+		if diff := cmp.Diff(want, loaded.PinSet(k.kind)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", k.kind, diff)
+		}
+		if diff := cmp.Diff(want, c.PinSet(k.kind)); diff != "" {
+			t.Errorf("returned %s (-want +got):\n%s", k.kind, diff)
+		}
+	}
+	if loaded.ServingCASPKIPin != pinOf(t, r.ca[2]) {
+		t.Errorf("singular serving_ca_spki_pin %s is not the newest", loaded.ServingCASPKIPin)
+	}
+	key, found, err := LoadEncryptionKey(r.dir, loaded.JoinEncryptionKeyPin)
+	if err != nil || !found || !key.Equal(&r.en[2].PublicKey) {
+		t.Errorf("jwk: found %v, err %v", found, err)
+	}
+	raw, _ := os.ReadFile(r.path)
+	if strings.Contains(string(raw), "sysfs_root") || !strings.Contains(string(raw), "/var/lib/bcd-test") {
+		t.Errorf("the file lost its keys or gained defaults:\n%s", raw)
+	}
+	// The same answer again changes nothing.
+	if _, u, err := LearnStatements(r.path, r.twoRotations(t)); err != nil || u.Changed() {
+		t.Errorf("again: %v, %v", u.Changes, err)
+	}
+}
+
+// crashIO fails every write after the first n, as a crash would.
+type crashIO struct {
+	n, done int
+}
+
+var errCrash = errors.New("crash")
+
+func (w *crashIO) step() error {
+	if w.done >= w.n {
+		return errCrash
+	}
+	w.done++
+	return nil
+}
+func (w *crashIO) writeConfig(c *Config, path string) error {
+	if err := w.step(); err != nil {
+		return err
+	}
+	return diskIO{}.writeConfig(c, path)
+}
+func (w *crashIO) writeKey(dir, pin string, pub *ecdsa.PublicKey) error {
+	if err := w.step(); err != nil {
+		return err
+	}
+	return diskIO{}.writeKey(dir, pin, pub)
+}
+func (w *crashIO) removeKey(dir string) error {
+	if err := w.step(); err != nil {
+		return err
+	}
+	return diskIO{}.removeKey(dir)
+}
+
+// R16.2: a crash between any two writes leaves a config.toml that loads
+// and a join-encryption.jwk that matches one of its pins; learning again
+// completes the rotation.
+func TestLearnStatementsCrashSafe(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		statements func(r *rotation) []string
+	}{
+		{name: "two rotations, old keys retired", statements: func(r *rotation) []string { return r.twoRotations(t) }},
+		{name: "one rotation prepared", statements: func(r *rotation) []string {
+			return []string{stmt(t, pki.KindJoinEncryption, pki.ActionTrust, r.en[0], r.en[1])}
+		}},
+	} {
+		for n := range 4 {
+			r := newRotation(t)
+			_, _, err := learnStatements(r.path, tt.statements(r), &crashIO{n: n})
+			if err != nil && !errors.Is(err, errCrash) {
+				t.Fatalf("%s, crash after %d writes: %v", tt.name, n, err)
+			}
+			cfg, err := Load(r.path)
+			if err != nil {
+				t.Fatalf("%s, crash after %d writes: config: %v", tt.name, n, err)
+			}
+			if _, _, found, err := LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins()); err != nil || !found {
+				t.Errorf("%s, crash after %d writes: jwk found %v, err %v (pins %v)", tt.name, n, found, err, cfg.JoinEncryptionPins())
+			}
+			if _, _, err := LearnStatements(r.path, tt.statements(r)); err != nil {
+				t.Fatal(err)
+			}
+			cfg, _ = Load(r.path)
+			key, _, _, err := LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins())
+			if err != nil || !pki.PinMatches(Newest(cfg.JoinEncryptionPins()), key) {
+				t.Errorf("%s, crash after %d writes, learnt again: the jwk is not the newest key (%v)", tt.name, n, err)
+			}
+		}
+	}
+}
+
+// R16.2: the loader accepts a jwk matching any pin of the set, and refuses
+// one matching none.
+func TestLoadEncryptionKeySet(t *testing.T) {
+	dir := t.TempDir()
+	k1, k2 := newKey(t), newKey(t)
+	p1, p2, p3 := pinOf(t, k1), pinOf(t, k2), pinOf(t, newKey(t))
+	if _, _, found, err := LoadEncryptionKeySet(dir, []string{p1}); found || err != nil {
+		t.Errorf("missing file: found %v, err %v", found, err)
+	}
+	if err := WriteEncryptionKey(dir, p2, &k2.PublicKey); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name    string
+		pins    []string
+		wantPin string
+	}{
+		{name: "the newest", pins: []string{p1, p2}, wantPin: p2},
+		{name: "an older one", pins: []string{p2, p3}, wantPin: p2},
+		{name: "none", pins: []string{p1, p3}},
+	} {
+		key, pin, found, err := LoadEncryptionKeySet(dir, tt.pins)
+		switch {
+		case !found:
+			t.Errorf("%s: not found", tt.name)
+		case tt.wantPin == "" && (err == nil || errs.CodeOf(err) != errs.InvalidConfig || !strings.Contains(err.Error(), "does not match")):
+			t.Errorf("%s: err %v", tt.name, err)
+		case tt.wantPin != "" && (err != nil || pin != tt.wantPin || !key.Equal(&k2.PublicKey)):
+			t.Errorf("%s: pin %s, err %v", tt.name, pin, err)
+		}
+	}
+	if _, _, _, err := LoadEncryptionKeySet(dir, []string{"sha256/x"}); err == nil {
+		t.Error("a bad pin accepted")
+	}
+}
+
+// R16.2: the live sets follow what was learned and persist it; without a
+// path they change in memory only.
+func TestPinsLearn(t *testing.T) {
+	r := newRotation(t)
+	cfg, err := Load(r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewPins(r.path, cfg, nil)
+	st := []string{stmt(t, pki.KindServingCA, pki.ActionTrust, r.ca[0], r.ca[1])}
+	u, err := p.Learn("test", st)
+	if err != nil || !u.Changed() {
+		t.Fatalf("changed %v, err %v", u.Changed(), err)
+	}
+	want := []string{pinOf(t, r.ca[0]), pinOf(t, r.ca[1])}
+	if diff := cmp.Diff(want, p.Set(pki.KindServingCA)); diff != "" {
+		t.Errorf("live (-want +got):\n%s", diff)
+	}
+	saved, _ := Load(r.path)
+	if diff := cmp.Diff(want, saved.ServingCAPins()); diff != "" {
+		t.Errorf("saved (-want +got):\n%s", diff)
+	}
+
+	mem := NewPins("", cfg, nil)
+	if _, err := mem.Learn("test", st); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, mem.Set(pki.KindServingCA)); diff != "" {
+		t.Errorf("in memory (-want +got):\n%s", diff)
+	}
+
+	// A config.toml that cannot be written: the sets are used anyway.
+	gone := NewPins(filepath.Join(t.TempDir(), "missing", "config.toml"), cfg, nil)
+	if _, err := gone.Learn("test", st); err == nil {
+		t.Error("no error for a config that cannot be read")
+	}
+	if diff := cmp.Diff(want, gone.Set(pki.KindServingCA)); diff != "" {
+		t.Errorf("after a failed save (-want +got):\n%s", diff)
+	}
+}
