@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -254,7 +255,7 @@ type rotationPlane struct {
 	bc, dir, conf, gwCA string
 	secretEnv           []string
 	pins                map[string]any
-	gwURL               string
+	gwURL, apiURL       string
 	cli                 func(args ...string) map[string]any
 	op                  *client.Client
 	tenant, pool, site  string
@@ -293,7 +294,7 @@ cert_ttl_seconds = %d
 	must(t, os.WriteFile(gwConf, []byte(fmt.Sprintf("listen = %q\ncert_file = %q\nkey_file = %q\napi_url = %q\napi_ca_file = %q\n",
 		gw, filepath.Join(dir, "gateway.crt"), filepath.Join(dir, "gateway.key"), "https://"+agent, p.gwCA)), 0o600))
 	logged(t, start(t, nil, bc, "gateway", "--config", gwConf), gatewayRE, "gateway")
-	p.gwURL = "https://" + gw
+	p.gwURL, p.apiURL = "https://"+gw, "http://"+api
 	p.tenant = b["tenantId"].(string)
 	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
 	p.cli = jsonCLI(t, bc, e)
@@ -324,6 +325,25 @@ func (p *rotationPlane) behind(t *testing.T) map[string]int {
 		out[k["key"].(string)] = int(k["nodesBehind"].(float64))
 	}
 	return out
+}
+
+// statements waits until the API hands out n key statements: it has
+// reloaded the keys the CLI changed.
+func (p *rotationPlane) statements(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the API handing out %d key statements", n), 30*time.Second, func() bool {
+		res, err := http.Get(p.apiURL + "/api/compute/.well-known/better-compute")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		var doc struct {
+			Join struct {
+				KeyStatements []string `json:"keyStatements"`
+			} `json:"join"`
+		}
+		return json.NewDecoder(res.Body).Decode(&doc) == nil && len(doc.Join.KeyStatements) == n
+	})
 }
 
 // reissue writes new gateway and agent certificates from the serving CA
@@ -358,7 +378,7 @@ func TestRotateEveryKeyUnderLoad(t *testing.T) {
 	// learn keys).
 	var nodes, confs []string
 	for i := range daemons {
-		sb := newStormBCD(t, filepath.Join(p.dir, fmt.Sprintf("d%d", i)), p.gwURL, p.site, p.pins)
+		sb := newBCDIn(t, p.dir, fmt.Sprintf("bcd-%d", i), p.gwURL, p.site, p.pins)
 		sys, data := filepath.Join(p.dir, fmt.Sprintf("sys-%d", i)), filepath.Join(p.dir, fmt.Sprintf("data-%d", i))
 		fakeSysfs(t, sys, fmt.Sprintf("RT-%04d", i), fmt.Sprintf("c1a57e00-0000-4000-8000-%012d", i), fmt.Sprintf("3c:ec:ef:00:20:%02x", i))
 		out, errOut, code := run(t, nil, daemonTok+"\n", bcd, "join", "--config", sb.Conf, "--data-dir", data, "--sysfs-root", sys)
@@ -371,7 +391,7 @@ func TestRotateEveryKeyUnderLoad(t *testing.T) {
 	}
 	waitFor(t, "every daemon's session", 30*time.Second, func() bool { return p.connected(t) == daemons })
 
-	encKey := newStormBCD(t, filepath.Join(p.dir, "fleet"), p.gwURL, p.site, p.pins).EncKey
+	encKey := newBCDIn(t, p.dir, "fleet", p.gwURL, p.site, p.pins).EncKey
 	f := &fleet{}
 	for i := range machines {
 		f.machines = append(f.machines, newFleetMachine(i, p.pins, encKey))
@@ -407,6 +427,7 @@ func TestRotateEveryKeyUnderLoad(t *testing.T) {
 			p.pki(t, "ca-file", "--out", p.gwCA)
 		}
 	}
+	p.statements(t, 3) // a trust statement for each pinned kind
 	caughtUp("every node learned the next keys", kinds...)
 	for _, k := range kinds {
 		p.pki(t, "rotate", k, "--phase", "activate")
@@ -421,6 +442,7 @@ func TestRotateEveryKeyUnderLoad(t *testing.T) {
 			p.pki(t, "ca-file", "--out", p.gwCA)
 		}
 	}
+	p.statements(t, 6) // and a retire statement for each
 	cycle("the fleet after retire")
 	stop()
 	f.wg.Wait()

@@ -156,7 +156,14 @@ type stormBCD struct {
 
 func newStormBCD(t *testing.T, dir, gatewayURL, site string, pins map[string]any) stormBCD {
 	t.Helper()
-	bcdDir := filepath.Join(dir, "bcd")
+	return newBCDIn(t, dir, "bcd", gatewayURL, site, pins)
+}
+
+// newBCDIn is newStormBCD in dir/sub, for daemons that each keep their
+// own config (bcd rewrites it as it learns rotated keys).
+func newBCDIn(t *testing.T, dir, sub, gatewayURL, site string, pins map[string]any) stormBCD {
+	t.Helper()
+	bcdDir := filepath.Join(dir, sub)
 	must(t, os.MkdirAll(bcdDir, 0o700))
 	jwk, err := os.ReadFile(filepath.Join(dir, "pki", bcdconfig.EncryptionKeyFile))
 	must(t, err)

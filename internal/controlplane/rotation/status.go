@@ -37,6 +37,11 @@ type KeyStatus struct {
 	Nodes int `json:"nodes"`
 }
 
+// ReloadMargin is how long after a generation is made pki status still
+// counts a renewal as too early to have carried it: every replica has
+// reloaded the keys by then (DefaultPoll, twice over).
+const ReloadMargin = 2 * DefaultPoll
+
 // Status reads every kind's generations and who is behind, as of now.
 func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, error) {
 	var rows []store.PKIKey
@@ -81,7 +86,9 @@ func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, erro
 				}
 			}
 			if k.State == StateCurrent || k.State == StateNext {
-				newest = later(newest, k.CreatedAt)
+				// Replicas pick a generation up within a poll: a node
+				// renewed before then may not have been told.
+				newest = later(newest, k.CreatedAt.Add(ReloadMargin))
 			}
 			ks.Generations = append(ks.Generations, g)
 		}
