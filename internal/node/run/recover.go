@@ -37,9 +37,21 @@ func (d *Daemon) lifecycleEnd(id *identity.Identity, err error) bool {
 }
 
 // expiresSoon reports whether id expires before the next heartbeat: a
-// session opened on it would end at once.
+// session opened on it would end at once. The margin is at most a quarter
+// of the certificate's lifetime, so a heartbeat as long as a short
+// certificate never keeps bcd from connecting (the renewer renews at 60%).
 func (d *Daemon) expiresSoon(id *identity.Identity) bool {
-	return id.NotAfter.Sub(d.clock.Now()) < d.beatOrDefault()
+	return id.NotAfter.Sub(d.clock.Now()) < d.expiryMargin(id)
+}
+
+// expiryMargin is how long before its expiry a certificate opens no
+// session.
+func (d *Daemon) expiryMargin(id *identity.Identity) time.Duration {
+	margin := d.beatOrDefault()
+	if leaf := id.Leaf(); leaf != nil {
+		margin = min(margin, leaf.NotAfter.Sub(leaf.NotBefore)/4)
+	}
+	return margin
 }
 
 // beatOrDefault is the heartbeat interval the last Welcome named, or the
@@ -59,7 +71,7 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 	for logged := false; d.expiresSoon(id); logged = true {
 		if !logged {
 			d.log.Warn("the certificate expires before the next heartbeat: waiting for its renewal before opening a session",
-				"not_after", id.NotAfter.UTC().Format(time.RFC3339), "heartbeat", d.beatOrDefault().String())
+				"not_after", id.NotAfter.UTC().Format(time.RFC3339), "margin", d.expiryMargin(id).String())
 		}
 		// At least a second, so a clock at the very expiry cannot spin.
 		wait := max(min(d.cfg.IdentityCheck, id.NotAfter.Sub(d.clock.Now())), time.Second)
