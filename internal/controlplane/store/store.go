@@ -585,9 +585,12 @@ var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisec
 // fn read committed. On PostgreSQL a transaction fails because of another
 // only once that one committed (it saw its rows or waited on its locks),
 // so a read transaction sees them.
+//
+// Like ReadTx it does not wait out an outage (outage.go): a join that
+// failed on one reads its stored answer once, and answers at once.
 func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
 	if db.dialect == SQLite {
-		return db.WithTx(ctx, fn)
+		return db.withTx(ctx, fn)
 	}
 	return db.ReadTx(ctx, fn)
 }
