@@ -22,10 +22,19 @@ Config (TOML, unknown keys are errors):
   cert_file    = "/etc/better-compute/gateway.crt"
   key_file     = "/etc/better-compute/gateway.key"
   api_url      = "https://api.internal:8444"     # the API's [agent] listener
+  # api_urls   = ["https://api-1.internal:8444", "https://api-2.internal:8444"]
   api_ca_file  = "/etc/better-compute/serving-ca.crt"
   max_body_bytes = 65536
   request_timeout = "30s"
-  max_concurrent = 1024`,
+  attempt_timeout = "5s"
+  max_concurrent = 1024
+
+With several replicas (api_urls), a join or renewal that one replica does
+not answer within attempt_timeout, or whose replica fails or is taken out
+meanwhile, is sent again (the same bytes) to another healthy replica, and
+the first answer wins: a join asked again gets its stored answer, and a
+renewal's refusal is held while an earlier copy may have landed. Sessions
+are never resent.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := required("config", path); err != nil {

@@ -18,6 +18,7 @@ const (
 	DefaultListen         = ":443"
 	DefaultMaxBodyBytes   = 64 << 10
 	DefaultRequestTimeout = 30 * time.Second
+	DefaultAttemptTimeout = 5 * time.Second
 	DefaultMaxConcurrent  = 1024
 	DefaultMaxSessions    = 100000
 	DefaultUpstreamConns  = 4
@@ -47,6 +48,12 @@ type Config struct {
 	MaxBodyBytes int `toml:"max_body_bytes"`
 	// RequestTimeout bounds one relayed call, e.g. "30s" (the default).
 	RequestTimeout time.Duration `toml:"request_timeout"`
+	// AttemptTimeout is how long a join or renewal waits for one API
+	// replica before it is sent again, the same bytes, to another healthy
+	// one, e.g. "5s" (the default); the first answer wins (hedge.go,
+	// R19.2). Keep it well under request_timeout and over the API's own
+	// store wait.
+	AttemptTimeout time.Duration `toml:"attempt_timeout"`
 	// MaxConcurrent bounds the calls in flight; beyond it a call is refused
 	// at once with RESOURCE_EXHAUSTED instead of queueing (default 1024).
 	MaxConcurrent int `toml:"max_concurrent"`
@@ -145,6 +152,14 @@ func (c *Config) validate() error {
 		c.RequestTimeout = DefaultRequestTimeout
 	}
 	switch {
+	case c.AttemptTimeout < 0:
+		return badKey("attempt_timeout", "cannot be negative")
+	case c.AttemptTimeout == 0:
+		c.AttemptTimeout = min(DefaultAttemptTimeout, c.RequestTimeout)
+	case c.AttemptTimeout > c.RequestTimeout:
+		return badKey("attempt_timeout", "%s is longer than request_timeout %s: a call would never be resent", c.AttemptTimeout, c.RequestTimeout)
+	}
+	switch {
 	case c.MaxConcurrent < 0:
 		return badKey("max_concurrent", "cannot be negative")
 	case c.MaxConcurrent == 0:
@@ -189,6 +204,7 @@ api_ca_file = "/etc/better-compute/serving-ca.pem"
 
 max_body_bytes = 65536
 request_timeout = "30s"
+attempt_timeout = "5s"    # a join or renewal with no answer by then is resent to another replica
 max_concurrent = 1024
 max_sessions = 100000
 upstream_conns = 4

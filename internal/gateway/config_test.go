@@ -49,6 +49,24 @@ func TestParseConfig(t *testing.T) {
 		{name: "api url with query", toml: strings.Replace(goodTOML, ":8444", ":8444/?x=1", 1), wantErr: "api_url: must be"},
 		{name: "negative body", toml: goodTOML + "max_body_bytes = -1\n", wantErr: "max_body_bytes: cannot be negative"},
 		{name: "negative timeout", toml: goodTOML + "request_timeout = \"-1s\"\n", wantErr: "request_timeout: cannot be negative"},
+		// R19.2: the per-attempt deadline of a resent join or renewal.
+		{name: "attempt timeout default", toml: goodTOML, check: func(t *testing.T, c Config) {
+			if c.AttemptTimeout != 5*time.Second {
+				t.Errorf("attempt_timeout %s, want 5s", c.AttemptTimeout)
+			}
+		}},
+		{name: "attempt timeout default under a short request timeout", toml: goodTOML + "request_timeout = \"2s\"\n", check: func(t *testing.T, c Config) {
+			if c.AttemptTimeout != 2*time.Second {
+				t.Errorf("attempt_timeout %s, want 2s", c.AttemptTimeout)
+			}
+		}},
+		{name: "attempt timeout set", toml: goodTOML + "attempt_timeout = \"1500ms\"\n", check: func(t *testing.T, c Config) {
+			if c.AttemptTimeout != 1500*time.Millisecond {
+				t.Errorf("attempt_timeout %s, want 1.5s", c.AttemptTimeout)
+			}
+		}},
+		{name: "negative attempt timeout", toml: goodTOML + "attempt_timeout = \"-1s\"\n", wantErr: "attempt_timeout: cannot be negative"},
+		{name: "attempt timeout over the request timeout", toml: goodTOML + "attempt_timeout = \"40s\"\n", wantErr: "attempt_timeout: 40s is longer than request_timeout 30s"},
 		{name: "negative concurrency", toml: goodTOML + "max_concurrent = -1\n", wantErr: "max_concurrent: cannot be negative"},
 	}
 	for _, tc := range tests {

@@ -373,43 +373,33 @@ func (r *relay) Keys(ctx context.Context, req *connect.Request[agentv1.KeysReque
 
 // relayUnary forwards one call to an API replica with the daemon's address
 // and, on Renew, its client certificate (unverified: the API checks it),
-// and passes the answer back. A call that failed on one replica goes to
-// another only where that is idempotent (upstreams.go, retryable): a
-// replica that answered with anything but UNAVAILABLE has the last word.
+// and passes the answer back. It resends the call to another replica where
+// that is safe (hedge.go).
 func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string, req *connect.Request[Req],
 	call func(*upstream) func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*connect.Response[Res], error) {
 	p := peerOf(ctx)
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
+	// Ends the attempts still running once one settled the call: their
+	// late answers are dropped.
 	defer cancel()
 	start := g.clock.Now()
-	var tried []*upstream
-	for {
-		u := g.pick(tried)
-		tried = append(tried, u)
+	h := newHedge[Res](g, procedure)
+	h.send = func(u *upstream) {
 		up := connect.NewRequest(req.Msg)
 		up.Header().Set(wire.PeerAddrHeader, p.addr)
 		if procedure == agentv1connect.JoinServiceRenewProcedure && len(p.certDER) > 0 {
 			wire.SetPeerCertificate(up.Header(), p.certDER)
 		}
-		res, err := call(u)(ctx, up)
-		if err == nil {
-			return connect.NewResponse(res.Msg), nil
-		}
-		var ce *connect.Error
-		answered := errors.As(err, &ce) && connect.IsWireError(ce)
-		if !answered && ctx.Err() == nil {
-			g.markDown(u, err)
-		}
-		again := len(tried) < len(g.ups) && ctx.Err() == nil &&
-			(!answered && retryable(procedure, err) ||
-				// The replica answered that the outcome is unknown
-				// (its database): a join asked again gets its answer.
-				answered && ce.Code() == connect.CodeUnavailable && procedure == agentv1connect.JoinServiceJoinProcedure)
-		if !again {
-			return nil, g.upstreamError(procedure, p, start, err)
-		}
-		g.lines.Log(slog.LevelInfo, "retried\x1f"+procedure, "relay retried on another API replica", "procedure", procedure, "peer", p.addr, "api_url", u.base, "err", err)
+		go func() {
+			res, err := call(u)(ctx, up)
+			h.results <- attempt[Res]{u: u, res: res, err: err}
+		}()
 	}
+	res, err := h.run(ctx)
+	if err != nil {
+		return nil, g.upstreamError(procedure, p, start, err)
+	}
+	return connect.NewResponse(res.Msg), nil
 }
 
 // rawMsg is a message relayed as the bytes received: the gateway never

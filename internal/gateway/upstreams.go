@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,14 +24,10 @@ import (
 //   - checks each one's /readyz every healthEvery, and takes a replica out
 //     at its first failed check or failed call, so a dead replica gets no
 //     new call within a second; it comes back at its first good check;
-//   - retries a join or renewal on another replica only where that is
-//     idempotent by design: any call that never reached a replica (the
-//     connection was refused), and a join whatever happened to it, because
-//     a join request that arrives again gets the answer stored for it and
-//     spends nothing (R4.9). A renewal that may have reached a replica is
-//     not retried: it may have superseded the certificate it presents, and
-//     renewal never accepts a superseded one, so bcd retries it itself
-//     after reading the outcome.
+//   - resends a join or renewal, the same bytes, to another replica when
+//     its replica fails it without an answer, is taken out while it is in
+//     flight, or misses the per-attempt deadline (hedge.go, R19.2). The
+//     first answer wins; the others are cancelled and dropped.
 
 const (
 	// healthEvery is how often each replica is checked.
@@ -54,6 +51,37 @@ type upstream struct {
 	sessTrs  []*http.Transport
 	next     atomic.Uint64
 	down     atomic.Bool
+	// mu guards outC, closed when the replica is taken out (a hedged call
+	// in flight on it moves on at once) and replaced when it comes back.
+	mu   sync.Mutex
+	outC chan struct{}
+}
+
+// setDown marks the replica out or back and reports whether that changed.
+func (u *upstream) setDown(down bool) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.down.Load() == down {
+		return false
+	}
+	u.down.Store(down)
+	if down {
+		close(u.outC)
+	} else {
+		u.outC = make(chan struct{})
+	}
+	return true
+}
+
+// outSignal returns a channel closed when the replica is taken out, nil
+// when it is out already (a fallback pick: nothing to wait for).
+func (u *upstream) outSignal() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.down.Load() {
+		return nil
+	}
+	return u.outC
 }
 
 func (u *upstream) closeIdle() {
@@ -72,7 +100,7 @@ func (u *upstream) session() agentv1connect.SessionServiceClient {
 // connection's transport.
 func (g *Gateway) newUpstream(apiURL string, newTransport func() *http.Transport) *upstream {
 	base := strings.TrimSuffix(apiURL, "/")
-	u := &upstream{base: base, tr: newTransport(), raw: map[string]*connect.Client[rawMsg, rawMsg]{}}
+	u := &upstream{base: base, tr: newTransport(), raw: map[string]*connect.Client[rawMsg, rawMsg]{}, outC: make(chan struct{})}
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	u.http = &http.Client{Transport: u.tr, CheckRedirect: noRedirect}
 	u.join = agentv1connect.NewJoinServiceClient(u.http, base, g.upstreamOptions()...)
@@ -115,7 +143,7 @@ func (g *Gateway) markDown(u *upstream, err error) {
 	if len(g.ups) == 1 {
 		return // the only one: nowhere else to send, and no checks bring it back
 	}
-	if !u.down.Swap(true) {
+	if u.setDown(true) {
 		g.log.Warn("API replica out", "api_url", u.base, "err", err)
 	}
 }
@@ -161,7 +189,7 @@ func (g *Gateway) check(u *upstream) {
 		g.markDown(u, err)
 		return
 	}
-	if u.down.Swap(false) {
+	if u.setDown(false) {
 		g.log.Info("API replica back", "api_url", u.base)
 	}
 }
@@ -171,10 +199,4 @@ func (g *Gateway) check(u *upstream) {
 func notSent(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
-}
-
-// retryable reports whether a call that failed with err (not an answer of
-// the API) may go to another replica.
-func retryable(procedure string, err error) bool {
-	return notSent(err) || procedure == agentv1connect.JoinServiceJoinProcedure
 }

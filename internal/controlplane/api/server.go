@@ -220,12 +220,24 @@ func (s *Server) Sessions() *session.Service { return s.sessions }
 // readers.
 func (s *Server) Hub() *events.Hub { return s.hub }
 
+// ready is /readyz: 200 while the database answers reads and takes
+// writes, else 503 with the reason (R19.1), so load balancers and gateways
+// route away from a replica whose database is down, read-only or full.
+// The write check costs at most one small write a second (CheckWrites).
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2e9)
 	defer cancel()
-	if err := s.db.Ping(ctx); err != nil {
-		s.lines.Log(slog.LevelWarn, "not-ready", "not ready", "err", err)
-		http.Error(w, "database unavailable\n", http.StatusServiceUnavailable)
+	what, err := "reads", s.db.Ping(ctx)
+	if err == nil {
+		what, err = "writes", s.db.CheckWrites(ctx)
+	}
+	if err != nil {
+		s.lines.Log(slog.LevelWarn, "not-ready", "not ready", "failing", what, "err", err)
+		reason := store.UnavailableReason(err)
+		if reason == "" {
+			reason = "failing"
+		}
+		http.Error(w, "database unavailable: "+what+" fail ("+reason+")", http.StatusServiceUnavailable)
 		return
 	}
 	w.Write([]byte("ok\n"))

@@ -91,6 +91,11 @@ type Config struct {
 	DSN string `toml:"dsn"`
 	// MaxConns bounds PostgreSQL connections (default 16).
 	MaxConns int `toml:"max_conns"`
+	// OutageWait is how long a write transaction waits for a database that
+	// is down, read-only or full to take writes again before it answers
+	// UNAVAILABLE, e.g. "2s" (the default); "-1s" answers at once (R19.1,
+	// outage.go).
+	OutageWait time.Duration `toml:"outage_wait"`
 
 	// busyTimeout is how long SQLite waits for a lock another process
 	// holds (default 10 s); tests shorten it.
@@ -119,6 +124,10 @@ type DB struct {
 	dsn, channel string
 	// streamKey seals event and audit cursors (streamkey.go).
 	streamKey StreamKey
+	// outageWait bounds a write's wait for the database (outage.go); probe
+	// caches the readiness write probe.
+	outageWait time.Duration
+	probe      writeProbe
 
 	stmt sync.Map // query text -> rewritten text
 
@@ -235,7 +244,8 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	// statements with it.
 	r.SetMaxIdleConns(8)
 	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r},
-		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout}
+		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout,
+		outageWait: cfg.outageWait()}
 	if err := db.migrate(ctx); err != nil {
 		close(db.writerDone)
 		db.Close()
@@ -293,7 +303,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 		p.Close()
 		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
 	}
-	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout, dsn: cfg.DSN}
+	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout, dsn: cfg.DSN, outageWait: cfg.outageWait()}
 	if err := db.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -539,7 +549,16 @@ var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is 
 // except an error wrapping ErrCommitUnknown. ctx interrupts fn's statements
 // (fn then fails and everything rolls back); once fn has returned nil the
 // commit no longer depends on ctx.
+//
+// A database that is down, read-only or full is waited for up to
+// OutageWait, fn run anew each time (outage.go): a short outage costs a
+// join or renewal latency, not a failure.
 func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
+	return db.withOutageWait(ctx, db.outageWait, func() error { return db.withTx(ctx, fn) })
+}
+
+// withTx is WithTx without the outage wait.
+func (db *DB) withTx(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
 		err = db.runTx(ctx, db.w, nil, fn)
@@ -567,9 +586,12 @@ var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisec
 // fn read committed. On PostgreSQL a transaction fails because of another
 // only once that one committed (it saw its rows or waited on its locks),
 // so a read transaction sees them.
+//
+// Like ReadTx it does not wait out an outage (outage.go): a join that
+// failed on one reads its stored answer once, and answers at once.
 func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
 	if db.dialect == SQLite {
-		return db.WithTx(ctx, fn)
+		return db.withTx(ctx, fn)
 	}
 	return db.ReadTx(ctx, fn)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
@@ -27,7 +28,9 @@ func wantUnavailable(t *testing.T, err error, reason string) {
 // R19.1: a database that is out of space answers UNAVAILABLE, never an
 // internal error, and takes writes again once there is room.
 func TestFullDatabaseIsUnavailableR19_1(t *testing.T) {
-	db := storetest.OpenSQLite(t)
+	// No outage wait: a retry may land on a new writer connection, which
+	// has room again (max_page_count is the connection's).
+	db := openSQLiteWait(t, -time.Second)
 	ctx := context.Background()
 	err := db.WithTx(ctx, func(tx *store.Tx) error {
 		if err := tx.ExecRaw(ctx, "CREATE TABLE filler (b BLOB)"); err != nil {

@@ -26,7 +26,8 @@
 //
 // The certificate renewer (internal/node/renew), when given, runs in the
 // same process; the session notices a new identity on disk and reconnects
-// with it.
+// with it. How soon bcd reconnects after a session ended (a renewal or an
+// expiry is not a failure; a failure backs off) is in recover.go (R19.3).
 package run
 
 import (
@@ -133,7 +134,9 @@ type Daemon struct {
 	log   *slog.Logger
 	rand  func() float64
 	ready bool
-	ran   *ranLog
+	// beat is the heartbeat interval the last Welcome named (recover.go).
+	beat time.Duration
+	ran  *ranLog
 	// results are the answers waiting to be signed and sent, by whichever
 	// session is up: a command that outlives its session is answered on
 	// the next one.
@@ -228,12 +231,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	failures := 0
+	failures, serial := 0, ""
 	for ctx.Err() == nil {
 		id, err := d.load()
+		if err == nil {
+			// R19.3: not on a certificate about to expire (recover.go).
+			id, err = d.awaitUsable(ctx, id)
+		}
+		if ctx.Err() != nil {
+			break
+		}
 		if err != nil {
 			// Expired or damaged while running: a session cannot help.
 			return err
+		}
+		if id.Serial != serial {
+			failures, serial = 0, id.Serial // joined or renewed: a fresh start
 		}
 		start := d.clock.Now()
 		err = d.sessionRecovering(ctx, id)
@@ -244,19 +257,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Error("this node was retired: stopping", "node", id.NodeID)
 			return fmt.Errorf("%w", ErrRetired)
 		}
-		if errors.Is(err, errIdentityChanged) {
-			d.log.Info("identity renewed: reconnecting")
-			failures = 0
+		if d.lifecycleEnd(id, err) {
+			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", "err", err)
 			continue
 		}
 		if d.clock.Since(start) >= stableAfter {
 			failures = 0
 		}
 		failures++
-		wait := Backoff(failures)
-		wait = time.Duration(float64(wait) * (0.8 + 0.4*d.rand()))
+		wait := reconnectWait(failures, d.rand())
 		d.log.Warn("session ended", "err", err, "reconnect_in", wait.Round(time.Millisecond).String(), "attempt", failures)
-		clock.Sleep(d.clock, ctx.Done(), wait)
+		d.sleepOrRenewed(ctx, wait)
 	}
 	d.log.Info("shutting down")
 	return nil
@@ -399,6 +410,7 @@ func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host str
 	if beat <= 0 {
 		beat = defaultHeartbeat
 	}
+	d.beat = beat
 	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
 	if !d.ready {
 		d.ready = true
