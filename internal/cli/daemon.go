@@ -9,7 +9,6 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/installscript"
-	"github.com/better-compute/better-compute/internal/controlplane/rotation"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -124,12 +123,7 @@ func readSmallFile(flag, path string) ([]byte, error) {
 // force with --config or --dev, else the PKI directory's public files.
 func (a *app) installKeys(ctx context.Context, p *installscript.Params, d deployment, dir string) error {
 	if d.config != "" || d.dev != "" {
-		db, _, _, err := a.openDeployment(ctx, d, false)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		pub, err := rotation.PublicKeys(ctx, db)
+		pub, err := a.publicKeys(ctx, d)
 		if err != nil {
 			return err
 		}

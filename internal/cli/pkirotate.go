@@ -272,12 +272,7 @@ var pinSetKeys = []struct{ kind, key, jsonKey string }{
 // printPinSets prints the database's pin sets: the generations in force,
 // oldest first.
 func (a *app) printPinSets(ctx context.Context, d deployment) error {
-	db, _, _, err := a.openDeployment(ctx, d, false)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	pub, err := rotation.PublicKeys(ctx, db)
+	pub, err := a.publicKeys(ctx, d)
 	if err != nil {
 		return err
 	}
@@ -314,12 +309,7 @@ secret.`,
 		Example: `  better-compute pki ca-file --config /etc/better-compute/server.toml --out /etc/better-compute/serving-ca.crt`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			db, _, _, err := a.openDeployment(cmd.Context(), d, false)
-			if err != nil {
-				return err
-			}
-			defer db.Close()
-			pub, err := rotation.PublicKeys(cmd.Context(), db)
+			pub, err := a.publicKeys(cmd.Context(), d)
 			if err != nil {
 				return err
 			}
@@ -341,4 +331,15 @@ secret.`,
 	d.flags(cmd)
 	cmd.Flags().StringVar(&out, "out", "", "file to write (atomically) instead of standard output")
 	return cmd
+}
+
+// publicKeys reads the keys in force from the deployment's database
+// (public parts only: no secret).
+func (a *app) publicKeys(ctx context.Context, d deployment) (rotation.Public, error) {
+	db, _, _, err := a.openDeployment(ctx, d, false)
+	if err != nil {
+		return rotation.Public{}, err
+	}
+	defer db.Close()
+	return rotation.PublicKeys(ctx, db)
 }

@@ -68,6 +68,18 @@ func Rotate(ctx context.Context, db *store.DB, base *ca.Bundle, secret []byte, o
 	if err := seed(ctx, db, base); err != nil {
 		return Result{}, err
 	}
+	return phaseTx(ctx, db, op, func(rows []store.PKIKey) (changes, error) {
+		if secretRotating(rows) {
+			return changes{}, errs.New(errs.InvalidState, "BETTER_COMPUTE_SECRET is rotating: retire or roll back that rotation before rotating a key (every key must stay readable under both secrets)")
+		}
+		return transition{base: base, secret: secret, op: op, rows: kindRows(rows, op.Kind)}.apply()
+	})
+}
+
+// phaseTx runs one phase in one transaction: under the rotation lock it
+// reads every row, lets apply compute the change, writes it, and records
+// the phase's event and audit row.
+func phaseTx(ctx context.Context, db *store.DB, op Op, apply func(rows []store.PKIKey) (changes, error)) (Result, error) {
 	var res Result
 	err := db.WithTx(ctx, func(tx *store.Tx) error {
 		if err := tx.LockPKIKeys(ctx); err != nil {
@@ -77,11 +89,7 @@ func Rotate(ctx context.Context, db *store.DB, base *ca.Bundle, secret []byte, o
 		if err != nil {
 			return err
 		}
-		if secretRotating(rows) {
-			return errs.New(errs.InvalidState, "BETTER_COMPUTE_SECRET is rotating: retire or roll back that rotation before rotating a key (every key must stay readable under both secrets)")
-		}
-		t := transition{base: base, secret: secret, op: op, rows: kindRows(rows, op.Kind)}
-		changed, err := t.apply()
+		changed, err := apply(rows)
 		if err != nil {
 			return err
 		}

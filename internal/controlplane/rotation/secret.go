@@ -48,40 +48,22 @@ func RotateSecret(ctx context.Context, db *store.DB, base *ca.Bundle, op SecretO
 	if err := seed(ctx, db, base); err != nil {
 		return Result{}, err
 	}
-	var res Result
-	err := db.WithTx(ctx, func(tx *store.Tx) error {
-		if err := tx.LockPKIKeys(ctx); err != nil {
-			return err
-		}
-		rows, err := tx.ListPKIKeys(ctx)
-		if err != nil {
-			return err
-		}
+	first := store.PKIKey{Kind: KindSecret, Gen: 1, State: StateCurrent, Cert: []byte(SecretFingerprint(op.Secret))}
+	res, err := phaseTx(ctx, db, Op{Kind: KindSecret, Phase: op.Phase, Actor: op.Actor}, func(rows []store.PKIKey) (changes, error) {
+		var c changes
 		secrets := kindRows(rows, KindSecret)
 		if len(secrets) == 0 {
-			first := store.PKIKey{Kind: KindSecret, Gen: 1, State: StateCurrent, Cert: []byte(SecretFingerprint(op.Secret))}
-			if _, err := tx.InsertPKIKey(ctx, first); err != nil {
-				return err
-			}
-			secrets = []store.PKIKey{first}
+			// The secret in force becomes generation 1.
+			secrets, c.inserted = []store.PKIKey{first}, []store.PKIKey{first}
 		}
 		t := secretTransition{op: op, base: base, secrets: secrets, keys: keyRows(rows)}
 		updated, inserted, r, err := t.apply()
 		if err != nil {
-			return err
+			return changes{}, err
 		}
-		for _, k := range inserted {
-			if _, err := tx.InsertPKIKey(ctx, k); err != nil {
-				return err
-			}
-		}
-		for _, k := range updated {
-			if err := tx.UpdatePKIKey(ctx, k); err != nil {
-				return err
-			}
-		}
-		res = r
-		return record(ctx, tx, Op{Kind: KindSecret, Phase: op.Phase, Actor: op.Actor}, res)
+		c.inserted = append(c.inserted, inserted...)
+		c.updated, c.result = updated, r
+		return c, nil
 	})
 	if err != nil {
 		return Result{}, err
