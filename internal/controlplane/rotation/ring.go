@@ -215,7 +215,12 @@ func (r *Ring) keyLocked(k store.PKIKey) (crypto.Signer, error) {
 // decrypted with secret, checked against the row's public key.
 func decryptKey(base *ca.Bundle, secret []byte, k store.PKIKey) (crypto.Signer, error) {
 	if k.KeyPEM == "" {
-		_, key := base.KeyOf(k.Kind)
+		// Only generation 1 lives in the PKI directory, and only as the
+		// directory's own certificate: a row cannot borrow its key.
+		der, key := base.KeyOf(k.Kind)
+		if k.Gen != 1 || string(der) != string(k.Cert) {
+			return nil, fmt.Errorf("%s generation %d: no key, and not the PKI directory's", k.Kind, k.Gen)
+		}
 		return key, nil
 	}
 	key, err := ca.DecryptKey([]byte(k.KeyPEM), secret)
