@@ -59,6 +59,8 @@ type scriptRun struct {
 	log    string // BCD_FAKE_LOG
 	script string
 	env    []string
+	// shell, when set, runs the script instead of testShell (argv).
+	shell []string
 	// onStart, when set, is called with the shell's pid (the script's $$)
 	// once it has started.
 	onStart func(pid int)
@@ -71,7 +73,11 @@ type runResult struct {
 
 func (r *scriptRun) run(stdin string, useStdin bool, args ...string) runResult {
 	r.t.Helper()
-	cmd := exec.Command(testShell(r.t), append([]string{r.script}, args...)...)
+	argv := []string{testShell(r.t)}
+	if len(r.shell) > 0 {
+		argv = r.shell
+	}
+	cmd := exec.Command(argv[0], append(append(argv[1:], r.script), args...)...)
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"BCD_ROOT=" + r.root,
