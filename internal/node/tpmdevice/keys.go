@@ -260,10 +260,25 @@ func (t *TPM) AK() (*AK, error) {
 	return &AK{Public: h.pub, Name: h.name.Buffer}, nil
 }
 
-// srk derives the owner hierarchy's storage root key (the TCG ECC SRK
-// template), the parent of every node key.
-func (t *TPM) srk() (*handle, error) {
-	h, err := t.createPrimary(tpm2.TPMRHOwner, tpm2.ECCSRKTemplate)
+// SRKTemplate is the parent of node keys: the owner hierarchy's ECC P-256
+// storage key as tpm2-openssl and tpm2-tools derive it for a key whose
+// record names the owner hierarchy (TCG's ECC SRK template with an empty
+// unique field), so `openssl pkey -provider tpm2 -in node.key` loads
+// node.key (R20.3).
+var SRKTemplate = func() tpm2.TPMTPublic {
+	t := tpm2.ECCSRKTemplate
+	t.Unique = tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{})
+	return t
+}()
+
+// legacySRKTemplate is the parent of node keys made before SRKTemplate:
+// go-tpm's ECC SRK template (a unique field of two 32-byte zero buffers).
+// Those keys still load (load tries it second); new keys never use it.
+var legacySRKTemplate = tpm2.ECCSRKTemplate
+
+// srk derives the owner hierarchy's storage root key from tmpl.
+func (t *TPM) srk(tmpl tpm2.TPMTPublic) (*handle, error) {
+	h, err := t.createPrimary(tpm2.TPMRHOwner, tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("create the SRK: %w", err)
 	}
@@ -277,6 +292,9 @@ type Key struct {
 	public  tpm2.TPMTPublic
 	private []byte // TPM2B_PRIVATE's buffer, opaque outside the TPM
 	pub     *ecdsa.PublicKey
+	// legacy: the key was made under legacySRKTemplate (found at its
+	// first load), so later loads go there first.
+	legacy bool
 }
 
 // NewNodeKey makes a node key (NodeKeyTemplate) under the SRK.
@@ -285,11 +303,16 @@ func (t *TPM) NewNodeKey() (*Key, error) { return t.CreateKey(NodeKeyTemplate) }
 // CreateKey makes a P-256 signing key from tmpl under the SRK. Node keys
 // use NodeKeyTemplate; tests make keys the server must refuse.
 func (t *TPM) CreateKey(tmpl tpm2.TPMTPublic) (*Key, error) {
+	return t.createKeyUnder(SRKTemplate, tmpl)
+}
+
+// createKeyUnder is CreateKey under the SRK made from parent.
+func (t *TPM) createKeyUnder(parent, tmpl tpm2.TPMTPublic) (*Key, error) {
 	if err := t.acquire(); err != nil {
 		return nil, err
 	}
 	defer t.unlock()
-	srk, err := t.srk()
+	srk, err := t.srk(parent)
 	if err != nil {
 		return nil, err
 	}
@@ -321,9 +344,31 @@ func (t *TPM) newKey(public tpm2.TPMTPublic, private []byte) (*Key, error) {
 }
 
 // load loads k under a fresh SRK, which it flushes at once: k then holds
-// one slot. The caller releases it.
+// one slot. The caller releases it. A key made under the legacy SRK is
+// found there when the standard one refuses it (a TPM whose seed is the
+// same derives both), and remembered.
 func (t *TPM) load(k *Key) (*handle, error) {
-	srk, err := t.srk()
+	order := []bool{k.legacy, !k.legacy} // legacy parent or not, in turn
+	var first error
+	for _, legacy := range order {
+		parent := SRKTemplate
+		if legacy {
+			parent = legacySRKTemplate
+		}
+		h, err := t.loadUnder(parent, k)
+		if err == nil {
+			k.legacy = legacy
+			return h, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return nil, fmt.Errorf("load the node key into the TPM (was the TPM cleared or replaced?): %w", first)
+}
+
+func (t *TPM) loadUnder(parent tpm2.TPMTPublic, k *Key) (*handle, error) {
+	srk, err := t.srk(parent)
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +379,7 @@ func (t *TPM) load(k *Key) (*handle, error) {
 		InPublic:     tpm2.New2B(k.public),
 	}.Execute(t.t)
 	if err != nil {
-		return nil, fmt.Errorf("load the node key into the TPM (was the TPM cleared or replaced?): %w", err)
+		return nil, err
 	}
 	return &handle{h: rsp.ObjectHandle, name: rsp.Name, pub: k.public, flush: true}, nil
 }
@@ -482,8 +527,8 @@ const PEMTypeRecord = "TSS2 PRIVATE KEY"
 // under a parent).
 var oidLoadableKey = asn1.ObjectIdentifier{2, 23, 133, 10, 1, 3}
 
-// parentOwner is the record's parent: the owner hierarchy, whose SRK bcd
-// re-derives from the TCG ECC SRK template.
+// parentOwner is the record's parent: the owner hierarchy, whose SRK bcd,
+// tpm2-openssl and tpm2-tools re-derive from SRKTemplate.
 const parentOwner = 0x40000001
 
 // tssKey is the "TSS2 PRIVATE KEY" ASN.1 structure.

@@ -100,6 +100,13 @@ func (s *Sim) Restart(t testing.TB) {
 	s.Addr, s.cmd, s.done = ns.Addr, ns.cmd, ns.done
 }
 
+// TCTI is the TSS's name for this simulator, for tools built on tpm2-tss
+// (TPM2OPENSSL_TCTI, TPM2TOOLS_TCTI).
+func (s *Sim) TCTI() string {
+	host, port, _ := net.SplitHostPort(s.Addr)
+	return "swtpm:host=" + host + ",port=" + port
+}
+
 // Stop stops swtpm (a TPM that is gone).
 func (s *Sim) Stop() { s.stop() }
 
@@ -147,12 +154,12 @@ func runOnce(dir string, cas []string) (*Sim, error) {
 	}
 	pidFile := filepath.Join(dir, "swtpm.pid")
 	_ = os.Remove(pidFile)
-	ctrl := filepath.Join(dir, "ctrl.sock")
-	_ = os.Remove(ctrl)
 	cmd := exec.Command("swtpm", "socket", "--tpm2",
 		"--tpmstate", "dir="+filepath.Join(dir, "state"),
 		"--server", "type=tcp,bindaddr=127.0.0.1,port="+strconv.Itoa(port),
-		"--ctrl", "type=unixio,path="+ctrl,
+		// The control channel on the next port, where the TSS's swtpm
+		// TCTI (tpm2-openssl, tpm2-tools) looks for it: Sim.TCTI.
+		"--ctrl", "type=tcp,bindaddr=127.0.0.1,port="+strconv.Itoa(port+1),
 		"--flags", "not-need-init,startup-clear",
 		"--pid", "file="+pidFile)
 	var stderr strings.Builder
