@@ -1,0 +1,139 @@
+// Command testprogress reads `go test -json` on standard input and prints
+// what `go test` would (each package's ok/FAIL line, and the output of
+// every test that failed), plus, at least once a minute while tests run, a
+// line saying which are still running: the suite's long end-to-end tests
+// are otherwise silent for minutes. It exits 1 when any test or package
+// failed, or the input holds no result at all.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// event is one line of `go test -json` (test2json).
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Output  string
+	Elapsed float64
+}
+
+type state struct {
+	mu      sync.Mutex
+	out     io.Writer
+	running map[string]time.Time        // "pkg Test" -> started
+	logs    map[string]*strings.Builder // output of a test until it ends
+	failed  bool
+	results int
+	start   time.Time
+}
+
+func (s *state) handle(e event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := e.Package + " " + e.Test
+	switch {
+	case e.Action == "build-output":
+		fmt.Fprint(s.out, e.Output)
+	case e.Action == "build-fail":
+		s.failed = true
+	case e.Test == "" && e.Action == "output":
+		// The package's own lines: ok, FAIL, "?   … [no test files]";
+		// not the bare PASS a non-verbose go test does not show either.
+		if e.Output != "PASS\n" {
+			fmt.Fprint(s.out, e.Output)
+		}
+	case e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip"):
+		s.results++
+		if e.Action == "fail" {
+			s.failed = true
+		}
+	case e.Action == "run":
+		s.running[key] = time.Now()
+		s.logs[key] = &strings.Builder{}
+	case e.Action == "output":
+		if b := s.logs[key]; b != nil {
+			b.WriteString(e.Output)
+		}
+	case e.Action == "pass" || e.Action == "skip" || e.Action == "fail":
+		if e.Action == "fail" {
+			s.failed = true
+			if b := s.logs[key]; b != nil {
+				fmt.Fprint(s.out, b.String())
+			}
+		}
+		delete(s.running, key)
+		delete(s.logs, key)
+	}
+}
+
+// progress prints which tests are running, longest first.
+func (s *state) progress() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type r struct {
+		name  string
+		since time.Time
+	}
+	var rs []r
+	for k, t := range s.running {
+		pkg, test, _ := strings.Cut(k, " ")
+		if strings.Contains(test, "/") {
+			continue // subtests: their parent is listed
+		}
+		rs = append(rs, r{pkg[strings.LastIndex(pkg, "/")+1:] + "." + test, t})
+	}
+	slices.SortFunc(rs, func(a, b r) int { return a.since.Compare(b.since) })
+	names := make([]string, 0, len(rs))
+	for _, x := range rs[:min(len(rs), 6)] {
+		names = append(names, fmt.Sprintf("%s (%s)", x.name, time.Since(x.since).Round(time.Second)))
+	}
+	more := ""
+	if len(rs) > 6 {
+		more = fmt.Sprintf(" and %d more", len(rs)-6)
+	}
+	fmt.Fprintf(s.out, "… %s into the suite, %d packages done; running: %s%s\n",
+		time.Since(s.start).Round(time.Second), s.results, strings.Join(names, ", "), more)
+}
+
+func main() {
+	s := &state{out: os.Stdout, running: map[string]time.Time{}, logs: map[string]*strings.Builder{}, start: time.Now()}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				s.progress()
+			}
+		}
+	}()
+	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			// Not test2json (a build failure before any test): pass it on.
+			fmt.Fprintln(s.out, sc.Text())
+			s.failed = true
+			continue
+		}
+		s.handle(e)
+	}
+	close(done)
+	if s.failed || s.results == 0 {
+		os.Exit(1)
+	}
+}
