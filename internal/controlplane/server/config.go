@@ -235,8 +235,8 @@ listen = ":8443"
 base_path = "/api/compute"
 root_tenant = "root"
 
-[tls]                      # omit behind a TLS-terminating proxy
-cert_file = "/etc/better-compute/tls.crt"
+[tls]                      # omit behind a TLS-terminating proxy; serve refuses to start without these files
+cert_file = "/etc/better-compute/tls.crt"   # your CA's, or: better-compute pki issue-gateway --san compute.example.com
 key_file = "/etc/better-compute/tls.key"
 
 [store]

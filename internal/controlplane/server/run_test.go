@@ -17,6 +17,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 	secretpkg "github.com/better-compute/better-compute/internal/shared/secret"
 )
 
@@ -255,5 +256,22 @@ func TestRunClosesStartedListenersOnFailure(t *testing.T) {
 	if c, err := net.Dial("tcp", addr); err == nil {
 		c.Close()
 		t.Fatalf("the metrics listener %s still accepts after Run failed (%v)", addr, err)
+	}
+}
+
+// The API's TLS files are read before anything listens: a config naming
+// files that are not there is INVALID_CONFIG naming them, and Ready is
+// never called (the first install must not say it listens and then exit).
+func TestRunChecksTLSFilesFirst(t *testing.T) {
+	dir := t.TempDir()
+	crt, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	ready := false
+	err := Run(context.Background(), Config{Listen: "127.0.0.1:0", RootTenant: "root", Store: store.Config{Path: filepath.Join(dir, "bc.db")},
+		TLS: TLSConfig{CertFile: crt, KeyFile: key}}, Options{Ready: func(string) { ready = true }})
+	if e, ok := errs.As(err); !ok || e.Code != errs.InvalidConfig || !strings.Contains(e.Message, crt) {
+		t.Fatalf("err = %v, want INVALID_CONFIG naming %s", err, crt)
+	}
+	if ready {
+		t.Fatal("the API said it was listening")
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
@@ -84,6 +85,15 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 
 	reg, handler := apiMetrics(srv)
 
+	// The API's certificate is read before anything listens: a missing or
+	// bad file is a config error, never a server that said it listens and
+	// then exits. Replaced files are served from the next handshake on.
+	var apiCert *certfile.Pair
+	if cfg.TLS.CertFile != "" {
+		if apiCert, err = certfile.LoadPair(cfg.TLS.CertFile, cfg.TLS.KeyFile, nil, log); err != nil {
+			return errs.New(errs.InvalidConfig, "tls: cannot load cert_file %s and key_file %s: %v", cfg.TLS.CertFile, cfg.TLS.KeyFile, err)
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return errs.New(errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
@@ -114,8 +124,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	}()
 	go func() {
 		var err error
-		if cfg.TLS.CertFile != "" {
-			err = hs.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+		if apiCert != nil {
+			hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return apiCert.Get(), nil }}
+			err = hs.ServeTLS(ln, "", "")
 		} else {
 			err = hs.Serve(ln)
 		}
