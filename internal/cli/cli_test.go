@@ -1148,3 +1148,10 @@ func TestPKI(t *testing.T) {
 		}
 	})
 }
+
+// R3.6: cobra's own usage errors have the product's form too.
+func TestUsageErrorsCoded(t *testing.T) {
+	for _, args := range [][]string{{"join-tokens", "revoke"}, {"--bogus"}, {"frobnicate"}, {"pools", "list", "extra", "--bogus-flag"}} {
+		run(t, map[string]string{}, args...).fails(t, "INVALID_ARGUMENT")
+	}
+}

@@ -59,11 +59,13 @@ func Main(ctx context.Context, args []string, env Env) int {
 	env.Stdout, env.Stderr = stdout, stderr
 	a := &app{env: env}
 	root := a.rootCmd()
+	codeUsageErrors(root)
 	root.SetArgs(args)
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
 	if err := root.ExecuteContext(ctx); err != nil {
+		err = coded(err)
 		var e *errs.E
 		if errors.As(err, &e) {
 			fmt.Fprintf(env.Stderr, "Error: %s: %s\n", e.Code, e.Message)
