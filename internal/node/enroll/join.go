@@ -545,8 +545,8 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 		}
 		return role, identity.AttestorTPM, nil
 	default:
-		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), as a ramdisk its site booted with %s, or re-joins after its certificate expired with %s",
-			identity.AttestorJoinToken, identity.AttestorDiscovery, identity.AttestorX509Pop)
+		return "", "", errs.Invalid("--attestor", "this bcd joins with a join token (attestor %s; leave --attestor out), with its TPM and no token with %s, as a ramdisk its site booted with %s, or re-joins after its certificate expired with %s",
+			identity.AttestorJoinToken, identity.AttestorTPM, identity.AttestorDiscovery, identity.AttestorX509Pop)
 	}
 	if opts.Boot != nil && attestor != identity.AttestorDiscovery {
 		return "", "", errs.New(errs.InvalidArgument, "--boot-mac, --boot-ip, --boot-lease-epoch and --workflow-id are the discovery attestor's evidence: add --attestor discovery")
