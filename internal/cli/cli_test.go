@@ -465,6 +465,9 @@ func TestJoinTokensList(t *testing.T) {
 				for _, format := range [][]string{{"--json"}, {"-o", "json"}} {
 					r := w.cli(t, slices.Concat(args, format)...).ok(t)
 					noSecret(t, r)
+					if strings.Contains(r.stdout, `"token"`) {
+						t.Fatalf("a listed token has a \"token\" key:\n%s", r.stdout)
+					}
 					var l bcv1.ListJoinTokensResponse
 					r.decode(t, &l)
 					got := map[string]string{}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -182,7 +183,7 @@ func (a *app) joinTokensListCmd() *cobra.Command {
 				return err
 			}
 			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListJoinTokensResponse{Items: items})
+				return a.printTokenList(items)
 			}
 			a.showTokens(items...)
 			return nil
@@ -251,4 +252,26 @@ func (a *app) showTokens(ts ...*bcv1.JoinToken) {
 		rows = append(rows, []string{t.Id, t.State, fmt.Sprintf("%d/%d", t.UsesLeft, t.MaxUses), fmtTime(t.ExpiresAt), expect, fmt.Sprint(t.AllowReclaim), hosted})
 	}
 	a.table([]string{"ID", "STATE", "USES LEFT", "EXPIRES", "EXPECT", "RECLAIM", "HOSTED"}, rows)
+}
+
+// printTokenList prints a list of tokens as JSON without the "token" key:
+// a listed token never carries its secret, and an empty "token" on every
+// row reads as if it might.
+func (a *app) printTokenList(items []*bcv1.JoinToken) error {
+	raw, err := stableJSON(&bcv1.ListJoinTokensResponse{Items: items}, "")
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	if list, ok := doc["items"].([]any); ok {
+		for _, it := range list {
+			if m, ok := it.(map[string]any); ok {
+				delete(m, "token")
+			}
+		}
+	}
+	return a.printJSON(doc)
 }
