@@ -282,7 +282,7 @@ func (s *Service) Revoke(ctx context.Context, p authz.Principal, tenantID, poolI
 		return store.JoinToken{}, err
 	}
 	if !ids.Valid(ids.JoinToken, tokenID) {
-		return store.JoinToken{}, errs.Invalid("tokenId", "want a token id jt_…, never the token itself")
+		return store.JoinToken{}, errs.Invalid("tokenId", "not a token id: want jt_ and 26 characters, as join-tokens list shows (a token's secret is never accepted here, nor echoed)")
 	}
 	var out store.JoinToken
 	err := s.db.WithTx(ctx, func(tx *store.Tx) error {

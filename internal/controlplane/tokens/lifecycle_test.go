@@ -116,7 +116,7 @@ func TestRevoke(t *testing.T) {
 		_, err := f.svc.Revoke(ctx, f.admin, f.acme, f.cpu.ID, c.Token.ID)
 		errstest.Want(t, err, errs.NotFound, "join token "+c.Token.ID+" not found in pool "+f.cpu.ID)
 		_, err = f.svc.Revoke(ctx, f.admin, f.acme, f.gpu.ID, c.Bearer)
-		errstest.Want(t, err, errs.InvalidArgument, "tokenId: want a token id jt_…, never the token itself")
+		errstest.Want(t, err, errs.InvalidArgument, "tokenId: not a token id: want jt_ and 26 characters, as join-tokens list shows (a token's secret is never accepted here, nor echoed)")
 		_, err = f.svc.Revoke(ctx, f.globAdm, f.globex, f.gpu.ID, c.Token.ID)
 		errstest.Want(t, err, errs.NotFound, "pool "+f.gpu.ID+" not found")
 	})
