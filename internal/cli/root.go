@@ -64,8 +64,8 @@ func Main(ctx context.Context, args []string, env Env) int {
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
-	if err := root.ExecuteContext(ctx); err != nil {
-		err = coded(err)
+	if cmd, err := root.ExecuteContextC(ctx); err != nil {
+		err = asFlag(cmd, coded(err))
 		var e *errs.E
 		if errors.As(err, &e) {
 			fmt.Fprintf(env.Stderr, "Error: %s: %s\n", e.Code, e.Message)

@@ -53,3 +53,41 @@ func coded(err error) error {
 	}
 	return err
 }
+
+// asFlag rewrites an INVALID_ARGUMENT about an API field (expect.mac,
+// hosted, ttlSeconds) to name the flag of cmd that set it (--expect-mac,
+// --hosted, --ttl-seconds), when cmd has one: a person typed the flag, not
+// the field.
+func asFlag(cmd *cobra.Command, err error) error {
+	var e *errs.E
+	if cmd == nil || !errors.As(err, &e) || e.Field == "" || !strings.HasPrefix(e.Message, e.Field+": ") {
+		return err
+	}
+	name := kebab(e.Field)
+	if cmd.Flags().Lookup(name) == nil {
+		return err
+	}
+	c := *e
+	c.Message = "--" + name + ": " + strings.TrimPrefix(e.Message, e.Field+": ")
+	return &c
+}
+
+// kebab turns a field path (expect.mac, ttlSeconds) into a flag name
+// (expect-mac, ttl-seconds).
+func kebab(field string) string {
+	var b strings.Builder
+	for i, r := range field {
+		switch {
+		case r == '.' || r == '_':
+			b.WriteByte('-')
+		case r >= 'A' && r <= 'Z':
+			if i > 0 {
+				b.WriteByte('-')
+			}
+			b.WriteRune(r + ('a' - 'A'))
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
