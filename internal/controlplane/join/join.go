@@ -423,6 +423,15 @@ func (s *Service) gather(ctx context.Context, tx *store.Tx, a *admission, reques
 			return fmt.Errorf("read the re-joining node: %w", err)
 		}
 		a.sit.Existing = &n
+	case adm.ReclaimNodeID != "" && adm.AllowReclaim:
+		// The attestor proved which node this machine is (R15.3).
+		n, err := tx.GetNode(ctx, adm.ReclaimNodeID)
+		if err != nil {
+			return fmt.Errorf("read the node to reclaim: %w", err)
+		}
+		if n.TenantID == adm.TenantID && n.State != store.NodeRetired {
+			a.sit.Existing = &n
+		}
 	case in.Key.Trusted && !in.Key.PlaceholderHardware():
 		// Hardware keys are matched within the token's tenant: another
 		// tenant's node never makes this a reclaim (nor refuses it).

@@ -120,6 +120,10 @@ type TPMPoolConfig struct {
 	EKSHA256 []string `toml:"ek_sha256"`
 	// Enrollment turns an unknown EK into a join request in this pool.
 	Enrollment bool `toml:"enrollment"`
+	// AllowReclaim lets a machine whose TPM (the same EK and AK) belongs
+	// to a node of this pool take that node back after its disk was wiped
+	// or bcd was reset, instead of joining as another node.
+	AllowReclaim bool `toml:"allow_reclaim"`
 }
 
 // MetricsConfig serves Prometheus metrics on their own listener.
@@ -280,7 +284,7 @@ func (t TPMJoinConfig) AttestorPools() ([]tpm.Pool, error) {
 		if !ids.Valid(ids.Pool, p.Pool) {
 			return nil, errs.New(errs.InvalidConfig, "config: join.tpm.pools[%d].pool: want a pool id like pool_01k…", i)
 		}
-		ap := tpm.Pool{PoolID: p.Pool, Enrollment: p.Enrollment}
+		ap := tpm.Pool{PoolID: p.Pool, Enrollment: p.Enrollment, AllowReclaim: p.AllowReclaim}
 		if len(p.ManufacturerCAFiles) > 0 {
 			cas, err := tpmverify.LoadCAs(p.ManufacturerCAFiles)
 			if err != nil {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -71,4 +72,19 @@ func (db *DB) RemakeStreamKey(ctx context.Context) error {
 		return err
 	}
 	return db.loadStreamKey(ctx)
+}
+
+// MigrationUp returns the Up section of migration file name of d (tests
+// only: re-running a backfill on rows written afterwards).
+func MigrationUp(d Dialect, name string) (string, error) {
+	b, err := migrations.ReadFile("migrations/" + string(d) + "/" + name)
+	if err != nil {
+		return "", err
+	}
+	s := string(b)
+	up, down := strings.Index(s, "-- +goose Up"), strings.Index(s, "-- +goose Down")
+	if up < 0 || down < up {
+		return "", fmt.Errorf("%s: no Up section", name)
+	}
+	return s[up:down], nil
 }

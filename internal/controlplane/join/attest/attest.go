@@ -93,6 +93,12 @@ type Admission struct {
 	// evidence, so the expect, placeholder and hardware-key reclaim rules
 	// do not apply; TenantID, PoolID and SiteID must be the node's.
 	NodeID string
+	// ReclaimNodeID, when set (with AllowReclaim), is the node the attestor
+	// proved this machine is from its own evidence (tpm: the same EK and
+	// AK, R15.3), whatever its claims say: the join reclaims it under the
+	// reclaim rules (same tenant, site and pool, a new key), as the next
+	// identity generation of the same node.
+	ReclaimNodeID string
 	// Spend, when not nil, consumes what the admission uses up (one use of
 	// a join token). JoinService runs it as the last statement of the
 	// admission transaction, after every insert and after signing: on

@@ -82,6 +82,10 @@ type Pool struct {
 	Trust tpmverify.Trust
 	// Enrollment turns an unknown EK into a join request in this pool.
 	Enrollment bool
+	// AllowReclaim lets a machine whose EK and AK already belong to a node
+	// of this pool's tenant take that node back (a wiped disk, a reset
+	// bcd: R15.3), as its next identity generation.
+	AllowReclaim bool
 }
 
 // Config lists the attestor's dependencies.
@@ -213,12 +217,12 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 			return nil, refusal(err)
 		}
 		if ok {
-			return a.admission(ctx, tx, p.PoolID, in, stmt, nil)
+			return a.admission(ctx, tx, p, in, stmt, nil)
 		}
 	}
 	for _, p := range a.cfg.Pools {
 		if p.Enrollment {
-			return a.admission(ctx, tx, p.PoolID, in, stmt, &attest.Approval{
+			return a.admission(ctx, tx, Pool{PoolID: p.PoolID}, in, stmt, &attest.Approval{
 				MachineKey: attest.MachineKeyFor(hwid.HardwareKey{}, ekHash, "", ""), EKHash: ekHash,
 			})
 		}
@@ -226,18 +230,36 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	return nil, attest.Refuse(ReasonEKUnknown, "")
 }
 
-func (a *Attestor) admission(ctx context.Context, tx *store.Tx, poolID string, in *attest.Input, stmt string, approval *attest.Approval) (*attest.Admission, error) {
-	pool, site, err := tx.GetPoolWithSite(ctx, poolID)
+func (a *Attestor) admission(ctx context.Context, tx *store.Tx, p Pool, in *attest.Input, stmt string, approval *attest.Approval) (*attest.Admission, error) {
+	pool, site, err := tx.GetPoolWithSite(ctx, p.PoolID)
 	if err != nil {
-		return nil, fmt.Errorf("tpm attestor: read pool %s: %w", poolID, err)
+		return nil, fmt.Errorf("tpm attestor: read pool %s: %w", p.PoolID, err)
 	}
 	if approval != nil {
 		approval.MachineKey = attest.MachineKeyFor(hwid.HardwareKey{}, approval.EKHash, site.ID, "")
 	}
-	return &attest.Admission{
-		TenantID: pool.OwnerTenantID, PoolID: pool.ID, SiteID: site.ID, Role: Role,
+	tenant := pool.OwnerTenantID
+	adm := &attest.Admission{
+		TenantID: tenant, PoolID: pool.ID, SiteID: site.ID, Role: Role,
 		NodeKey: NodeKeyTPM, Statements: []string{stmt}, Approval: approval,
-	}, nil
+		// The AK is this TPM's (a primary of its endorsement seed, which
+		// survives a TPM clear): the node admitted is the one it names.
+		Bind: func(ctx context.Context, tx *store.Tx, nodeID string) error {
+			return tx.SetNodeTPMAK(ctx, tenant, stmt, nodeID)
+		},
+	}
+	if p.AllowReclaim && approval == nil {
+		// R15.3: the same EK (trusted above) and the same AK as a node
+		// of this tenant is proof of the same machine, whatever its
+		// claims say now.
+		switch n, err := tx.NodeByTPMAK(ctx, tenant, stmt); {
+		case err == nil:
+			adm.ReclaimNodeID, adm.AllowReclaim = n.ID, true
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
+	}
+	return adm, nil
 }
 
 // refusal turns a tpmverify failure into a refusal with its reason.
