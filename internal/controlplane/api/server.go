@@ -69,6 +69,9 @@ type Config struct {
 	MaxBodyBytes int
 	// CertTTL is JoinService's certTtlSeconds (default and maximum 24 h).
 	CertTTL time.Duration
+	// SVIDForm is the form of issued node certificates
+	// (nodeident.Config.SVIDForm; default pki.SVIDFormPage).
+	SVIDForm string
 	// Attestors names JoinService's attestors (KnownAttestors; default
 	// DefaultAttestors, join-token only).
 	Attestors []string
@@ -150,7 +153,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	// One identity core checks, issues and records refusals for joins,
 	// renewals and sessions, with one refusal limiter.
-	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL})
+	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL,
+		SVIDForm: cfg.SVIDForm})
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,6 +82,9 @@ func TestNodeCertGoSPIFFEVerify(t *testing.T) {
 			got, err := pki.NodeIdentityOf(nc.Cert)
 			if err != nil {
 				t.Fatalf("NodeIdentityOf: %v", err)
+			}
+			if !slices.Equal(pki.CertStatements(nc.Cert), got.Statements) {
+				t.Errorf("CertStatements %v, NodeIdentityOf %v", pki.CertStatements(nc.Cert), got.Statements)
 			}
 			if strings.HasPrefix(tt.name, "tpm") && (len(got.Statements) != 1 || got.Statements[0] != "urn:bc:tpm-ak:sha256:0a1b2c") {
 				t.Errorf("statements %v", got.Statements)

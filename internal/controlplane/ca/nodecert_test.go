@@ -289,7 +289,9 @@ func TestParseNodeCertRefusals(t *testing.T) {
 		{"CA", func(c *x509.Certificate) { c.IsCA = true; c.KeyUsage |= x509.KeyUsageCertSign }, nil, "CA certificate"},
 		{"P-384 key", func(*x509.Certificate) {}, mustP384(t), "not ECDSA P-256"},
 		// R20.1: the SPIFFE-strict form.
-		{"strict form", func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:tpm-ak:sha256:00")} }, nil, ""},
+		{"strict form", func(c *x509.Certificate) {
+			c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:tpm-ak:sha256:00")}
+		}, nil, ""},
 		{"strict form beside a statement SAN", func(c *x509.Certificate) {
 			c.URIs = append(c.URIs, mustURL(t, "urn:bc:x"))
 			c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:tpm-ak:sha256:00")}

@@ -214,7 +214,7 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	}
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
-		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools, SVIDForm: cfg.Join.SVIDForm,
 		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
 	if err != nil {
 		return nil, err
