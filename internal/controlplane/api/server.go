@@ -199,6 +199,7 @@ func New(cfg Config) (*Server, error) {
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, s.authenticateFirst(h, errw)))
 	}
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
+	s.mux.HandleFunc("GET "+cfg.BasePath+SPIFFEBundlePath, s.spiffeBundleHandler)
 	s.mountDownloads()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
@@ -312,6 +313,7 @@ func (s *Server) BuildWellKnown() (wire.WellKnown, error) {
 			return doc, err
 		}
 		doc.Join = &j
+		doc.SPIFFE = s.wellKnownSPIFFE(b)
 		if g := s.cfg.Gateway; g != nil && g.URL != "" {
 			pins, err := b.Pins()
 			if err != nil {
