@@ -197,7 +197,14 @@ func New(cfg Config) (*Server, error) {
 	} {
 		path, h := mount()
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, s.authenticateFirst(h, errw)))
+		// R20.4: standard gRPC clients (grpcurl) cannot add a path prefix,
+		// so the same services, authenticated the same way, answer at the
+		// root path too.
+		if cfg.BasePath != "/" {
+			s.mux.Handle(path, s.authenticateFirst(h, errw))
+		}
 	}
+	s.mountReflection(errw)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
 	s.mux.HandleFunc("GET "+cfg.BasePath+SPIFFEBundlePath, s.spiffeBundleHandler)
 	s.mountDownloads()

@@ -100,6 +100,10 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
+		// R20.4: gRPC clients need HTTP/2; without tls.cert_file the
+		// listener speaks it in cleartext with prior knowledge (grpcurl
+		// -plaintext), beside HTTP/1.1.
+		Protocols: apiProtocols(),
 	}
 	errc := make(chan error, 3)
 	// Every server started is closed on every way out of Run: a listener
@@ -167,6 +171,16 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		_ = as.Shutdown(sctx)
 	}
 	return hs.Shutdown(sctx)
+}
+
+// apiProtocols are the operator listener's: HTTP/1.1, HTTP/2 over TLS, and
+// HTTP/2 in cleartext.
+func apiProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
 
 type statusWriter struct {
