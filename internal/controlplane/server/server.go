@@ -9,7 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,31 +183,18 @@ func apiProtocols() *http.Protocols {
 	return p
 }
 
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // instrument counts and times requests by route. The label comes from
 // label (api.Server.RouteLabel): a bounded set decided by the route table,
-// never the raw path, because it is taken before authentication. The status code is bounded by http.Server (three digits).
+// never the raw path, because it is taken before authentication. The code
+// is the RPC's Connect/gRPC code for a procedure (codeLabel) and the HTTP
+// status, bounded by http.Server to three digits, for the other routes.
 func instrument(h http.Handler, label func(*http.Request) string, reqs *prometheus.CounterVec, dur *prometheus.HistogramVec) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		route := label(r) // before serving: handlers may rewrite r.URL
 		sw := &statusWriter{ResponseWriter: w, code: 200}
 		h.ServeHTTP(sw, r)
-		reqs.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
+		reqs.WithLabelValues(route, codeLabel(r, sw, strings.HasPrefix(route, "/"))).Inc()
 		dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	})
 }
