@@ -40,6 +40,10 @@ func (s *Server) RouteLabel(r *http.Request) string {
 	if rest, ok := strings.CutPrefix(r.URL.Path, s.cfg.BasePath); ok && s.procedures[rest] {
 		return rest
 	}
+	// The same procedure at the root path (R20.4) has the same label.
+	if s.procedures[r.URL.Path] {
+		return r.URL.Path
+	}
 	_, pattern := s.mux.Handler(r)
 	if pattern == "" || strings.HasSuffix(pattern, "/") {
 		// No route, or a service prefix (an unknown procedure under

@@ -69,6 +69,9 @@ type Config struct {
 	MaxBodyBytes int
 	// CertTTL is JoinService's certTtlSeconds (default and maximum 24 h).
 	CertTTL time.Duration
+	// SVIDForm is the form of issued node certificates
+	// (nodeident.Config.SVIDForm; default pki.SVIDFormPage).
+	SVIDForm string
 	// Attestors names JoinService's attestors (KnownAttestors; default
 	// DefaultAttestors, join-token only).
 	Attestors []string
@@ -150,7 +153,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	// One identity core checks, issues and records refusals for joins,
 	// renewals and sessions, with one refusal limiter.
-	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL})
+	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL,
+		SVIDForm: cfg.SVIDForm})
 	if err != nil {
 		return nil, err
 	}
@@ -193,8 +197,16 @@ func New(cfg Config) (*Server, error) {
 	} {
 		path, h := mount()
 		s.mux.Handle(cfg.BasePath+path, http.StripPrefix(cfg.BasePath, s.authenticateFirst(h, errw)))
+		// R20.4: standard gRPC clients (grpcurl) cannot add a path prefix,
+		// so the same services, authenticated the same way, answer at the
+		// root path too.
+		if cfg.BasePath != "/" {
+			s.mux.Handle(path, s.authenticateFirst(h, errw))
+		}
 	}
+	s.mountReflection(errw)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
+	s.mux.HandleFunc("GET "+cfg.BasePath+SPIFFEBundlePath, s.spiffeBundleHandler)
 	s.mountDownloads()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
@@ -308,6 +320,7 @@ func (s *Server) BuildWellKnown() (wire.WellKnown, error) {
 			return doc, err
 		}
 		doc.Join = &j
+		doc.SPIFFE = s.wellKnownSPIFFE(b)
 		if g := s.cfg.Gateway; g != nil && g.URL != "" {
 			pins, err := b.Pins()
 			if err != nil {

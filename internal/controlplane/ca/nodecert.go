@@ -21,9 +21,13 @@ type NodeCertParams struct {
 	SiteID      string
 	NodeID      string
 	Role        string
-	// Statements are extra URI SANs after the SPIFFE ID; each starts with
-	// "urn:bc:".
+	// Statements are the urn:bc: statements about the node key: extra URI
+	// SANs after the SPIFFE ID, or, with StatementsInExtension, the value
+	// of the pki.OIDNodeStatements extension.
 	Statements []string
+	// StatementsInExtension issues the SPIFFE-strict form
+	// (pki.SVIDFormStrict, R20.1): the SPIFFE ID is the only URI SAN.
+	StatementsInExtension bool
 	// NotBefore and NotAfter are used as given (at second precision).
 	NotBefore, NotAfter time.Time
 }
@@ -46,7 +50,10 @@ type NodeCert struct {
 //
 // The certificate has exactly one SPIFFE URI SAN,
 // spiffe://<td>/site/<site>/node/<node>, first, then p.Statements; subject
-// CN=<node>, OU=bc-role:<role>; EKU clientAuth; a random 128-bit serial.
+// CN=<node>, OU=bc-role:<role>; EKU serverAuth and clientAuth (X.509-SVID
+// 4.4: an SVID may serve TLS too, R20.1); a random 128-bit serial. With
+// p.StatementsInExtension the statements go into the pki.OIDNodeStatements
+// extension instead, and the SPIFFE ID is the only URI SAN.
 //
 // Errors: errs.InvalidArgument for a bad CSR or bad params.
 func SignNodeCert(ca *x509.Certificate, caKey crypto.Signer, csrDER []byte, p NodeCertParams) (*NodeCert, error) {
@@ -82,7 +89,14 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 		if !pki.ValidStatement(s) || slices.Contains(p.Statements[:i], s) {
 			return nil, errs.Invalid("statements", "%q is not a distinct urn:bc: URI", s)
 		}
-		uris = append(uris, s)
+	}
+	var stmtExt []byte
+	if p.StatementsInExtension && len(p.Statements) > 0 {
+		if stmtExt, err = pki.MarshalNodeStatements(p.Statements); err != nil {
+			return nil, errs.Invalid("statements", "%v", err)
+		}
+	} else {
+		uris = append(uris, p.Statements...)
 	}
 	notBefore := p.NotBefore.UTC().Truncate(time.Second)
 	notAfter := p.NotAfter.UTC().Truncate(time.Second)
@@ -104,7 +118,7 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 	// 3. Sign: the TBS is assembled here (node certificates have one fixed
 	// shape, the same bytes x509.CreateCertificate would produce for it),
 	// signed with caKey, and the signature verified once.
-	der, err := signNodeTBS(ca, caKey, pub, serial, p, notBefore, notAfter, uris)
+	der, err := signNodeTBS(ca, caKey, pub, serial, p, notBefore, notAfter, uris, stmtExt)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}
@@ -120,7 +134,7 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 	want := pki.NodeIdentity{TrustDomain: p.TrustDomain, SiteID: p.SiteID, NodeID: p.NodeID, Role: p.Role, Statements: p.Statements}
 	if got.TrustDomain != want.TrustDomain || got.SiteID != want.SiteID || got.NodeID != want.NodeID ||
 		got.Role != want.Role || !slices.Equal(got.Statements, want.Statements) ||
-		!pub.Equal(cert.PublicKey) || !cert.NotBefore.Equal(notBefore) || !cert.NotAfter.Equal(notAfter) ||
+		len(cert.URIs) != len(uris) || !pub.Equal(cert.PublicKey) || !cert.NotBefore.Equal(notBefore) || !cert.NotAfter.Equal(notAfter) ||
 		cert.SerialNumber.Cmp(serial) != 0 || !bytes.Equal(cert.RawIssuer, ca.RawSubject) {
 		return nil, errors.New("check issued certificate: it differs from the template")
 	}

@@ -30,6 +30,7 @@ var (
 	oidExtBasicCons       = asn1.ObjectIdentifier{2, 5, 29, 19}
 	oidExtAuthorityKeyID  = asn1.ObjectIdentifier{2, 5, 29, 35}
 	oidExtSubjectAltName  = asn1.ObjectIdentifier{2, 5, 29, 17}
+	oidEKUServerAuth      = asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 1}
 	oidEKUClientAuth      = asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 2}
 )
 
@@ -37,8 +38,10 @@ var (
 // TBSCertificate x509.CreateCertificate builds for SignNodeCertKey's
 // template (v3; serial; ecdsa-with-SHA256; issuer = ca's subject; validity;
 // subject OU=bc-role:<role>, CN=<node>; pub; extensions key usage
-// digitalSignature (critical), EKU clientAuth, basic constraints CA:false
-// (critical), the CA's authority key id, the URI SANs) byte for byte
+// digitalSignature (critical), EKU serverAuth and clientAuth, basic
+// constraints CA:false (critical), the CA's authority key id, the URI SANs,
+// then, when stmtExt is not nil, the pki.OIDNodeStatements extension
+// (non-critical, value stmtExt), as ExtraExtensions would append it) byte for byte
 // (TestSignNodeCertMatchesCreateCertificate), signed once by caKey and
 // verified once against ca's public key. x509.CreateCertificate would spend
 // most of its time on reflection-based ASN.1 and on a second verification
@@ -47,7 +50,7 @@ var (
 // The node CA is ECDSA P-256 (the bundle refuses anything else); caKey must
 // be its key.
 func signNodeTBS(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey, serial *big.Int,
-	p NodeCertParams, notBefore, notAfter time.Time, uris []string) ([]byte, error) {
+	p NodeCertParams, notBefore, notAfter time.Time, uris []string, stmtExt []byte) ([]byte, error) {
 	caPub, ok := ca.PublicKey.(*ecdsa.PublicKey)
 	if !ok || caPub.Curve != elliptic.P256() {
 		return nil, errors.New("the node CA's key is not ECDSA P-256")
@@ -106,7 +109,10 @@ func signNodeTBS(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey
 					b.AddASN1(cbasn1.BIT_STRING, func(b *cryptobyte.Builder) { b.AddBytes([]byte{7, 0x80}) })
 				})
 				ext(b, oidExtExtKeyUsage, false, func(b *cryptobyte.Builder) {
-					b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) { b.AddASN1ObjectIdentifier(oidEKUClientAuth) })
+					b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+						b.AddASN1ObjectIdentifier(oidEKUServerAuth)
+						b.AddASN1ObjectIdentifier(oidEKUClientAuth)
+					})
 				})
 				ext(b, oidExtBasicCons, true, func(b *cryptobyte.Builder) {
 					b.AddASN1(cbasn1.SEQUENCE, func(*cryptobyte.Builder) {})
@@ -125,6 +131,9 @@ func signNodeTBS(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.PublicKey
 						}
 					})
 				})
+				if stmtExt != nil {
+					ext(b, pki.OIDNodeStatements, false, func(b *cryptobyte.Builder) { b.AddBytes(stmtExt) })
+				}
 			})
 		})
 	})

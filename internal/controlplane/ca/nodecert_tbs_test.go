@@ -14,7 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
-// R7.2, R7.3: SignNodeCertKey assembles the certificate itself; its
+// R7.2, R7.3, R20.1: SignNodeCertKey assembles the certificate itself; its
 // TBSCertificate is, byte for byte, what x509.CreateCertificate builds from
 // the same template, and the certificate verifies under the node CA.
 func TestSignNodeCertMatchesCreateCertificate(t *testing.T) {
@@ -33,6 +33,10 @@ func TestSignNodeCertMatchesCreateCertificate(t *testing.T) {
 			p.Role, p.NotBefore, p.NotAfter = pki.RoleRamdisk, t0.Add(1500*time.Millisecond), t0.Add(time.Hour+time.Second)
 		}},
 		{name: "CA without a subject key id", edit: func(*NodeCertParams) {}, noSKID: true},
+		{name: "strict form, statements", edit: func(p *NodeCertParams) {
+			p.Statements, p.StatementsInExtension = []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, true
+		}},
+		{name: "strict form, no statement", edit: func(p *NodeCertParams) { p.StatementsInExtension = true }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,9 +62,16 @@ func TestSignNodeCertMatchesCreateCertificate(t *testing.T) {
 				NotBefore:             p.NotBefore.Truncate(time.Second),
 				NotAfter:              p.NotAfter.Truncate(time.Second),
 				KeyUsage:              x509.KeyUsageDigitalSignature,
-				ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+				ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 				BasicConstraintsValid: true,
 				URIs:                  nc.Cert.URIs,
+			}
+			if p.StatementsInExtension && len(p.Statements) > 0 {
+				v, err := pki.MarshalNodeStatements(p.Statements)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tmpl.ExtraExtensions = []pkix.Extension{{Id: pki.OIDNodeStatements, Value: v}}
 			}
 			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, b.NodeCAKey)
 			if err != nil {

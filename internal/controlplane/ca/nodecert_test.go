@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"math/big"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,8 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
-// R7.1, R7.2, R7.3: the issued certificate's key, lifetime, names and role.
+// R7.1, R7.2, R7.3, R20.1: the issued certificate's key, lifetime, names
+// and role, in both SVID forms.
 func TestSignNodeCertProperties(t *testing.T) {
 	b := newBundle(t)
 	tests := []struct {
@@ -33,19 +35,24 @@ func TestSignNodeCertProperties(t *testing.T) {
 		role       string
 		statements []string
 		ttl        time.Duration
+		strict     bool
 	}{
-		{"node", pki.RoleNode, nil, 24 * time.Hour},
-		{"site", pki.RoleSite, nil, time.Hour},
-		{"ramdisk", pki.RoleRamdisk, nil, 2 * time.Hour},
-		{"node-tenant", pki.RoleNodeTenant, nil, 24 * time.Hour},
-		{"tpm statement", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour},
-		{"two statements", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour},
+		{"node", pki.RoleNode, nil, 24 * time.Hour, false},
+		{"site", pki.RoleSite, nil, time.Hour, false},
+		{"ramdisk", pki.RoleRamdisk, nil, 2 * time.Hour, false},
+		{"node-tenant", pki.RoleNodeTenant, nil, 24 * time.Hour, false},
+		{"tpm statement", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour, false},
+		{"two statements", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour, false},
+		{"strict, no statement", pki.RoleNode, nil, 24 * time.Hour, true},
+		{"strict, tpm statement", pki.RoleNode, []string{"urn:bc:tpm-ak:sha256:0a1b2c"}, 24 * time.Hour, true},
+		{"strict, two statements", pki.RoleNodeTenant, []string{"urn:bc:tpm-ak:sha256:0a1b2c", "urn:bc:other:x"}, 24 * time.Hour, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			key := newP256(t)
 			p := nodeParams()
 			p.Role, p.Statements, p.NotAfter = tt.role, tt.statements, p.NotBefore.Add(tt.ttl)
+			p.StatementsInExtension = tt.strict
 			nc, err := SignNodeCert(b.NodeCA, b.NodeCAKey, newCSR(t, key), p)
 			if err != nil {
 				t.Fatalf("SignNodeCert: %v", err)
@@ -57,7 +64,11 @@ func TestSignNodeCertProperties(t *testing.T) {
 			}
 			// R7.2: exactly one SPIFFE URI SAN, first; statements after; the
 			// CSR's own names are ignored.
-			wantURIs := append([]string{"spiffe://compute.example.com/site/site_01k5w/node/node_01k5x"}, tt.statements...)
+			// R20.1: in the strict form the SPIFFE ID is the only one.
+			wantURIs := []string{"spiffe://compute.example.com/site/site_01k5w/node/node_01k5x"}
+			if !tt.strict {
+				wantURIs = append(wantURIs, tt.statements...)
+			}
 			var gotURIs []string
 			spiffeCount := 0
 			for _, u := range cert.URIs {
@@ -86,7 +97,9 @@ func TestSignNodeCertProperties(t *testing.T) {
 			if !cert.NotBefore.Equal(p.NotBefore) || !cert.NotAfter.Equal(p.NotAfter) {
 				t.Errorf("validity %v..%v, want %v..%v", cert.NotBefore, cert.NotAfter, p.NotBefore, p.NotAfter)
 			}
-			if cert.IsCA || len(cert.ExtKeyUsage) != 1 || cert.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
+			// R20.1: X.509-SVID 4.4 wants both usages when the extension is
+			// present.
+			if cert.IsCA || !slices.Equal(cert.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}) {
 				t.Errorf("IsCA %v EKU %v", cert.IsCA, cert.ExtKeyUsage)
 			}
 			if cert.SerialNumber.BitLen() > 128 || cert.SerialNumber.Sign() <= 0 {
@@ -95,11 +108,13 @@ func TestSignNodeCertProperties(t *testing.T) {
 			if nc.Serial != cert.SerialNumber.Text(16) || len(nc.SPKISHA256) != 32 || hex.EncodeToString(nc.SPKISHA256) != hex.EncodeToString(pki.SPKIHash(cert)) {
 				t.Errorf("Serial %q SPKI %x", nc.Serial, nc.SPKISHA256)
 			}
-			// It chains to the node CA for client auth.
+			// It chains to the node CA for client and for server auth.
 			roots := x509.NewCertPool()
 			roots.AddCert(b.NodeCA)
-			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0.Add(time.Minute), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-				t.Errorf("Verify: %v", err)
+			for _, use := range []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth} {
+				if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0.Add(time.Minute), KeyUsages: []x509.ExtKeyUsage{use}}); err != nil {
+					t.Errorf("Verify for %v: %v", use, err)
+				}
 			}
 			// ParseNodeCert reads back what was asked for.
 			id, err := pki.ParseNodeCert(nc.DER)
@@ -114,11 +129,12 @@ func TestSignNodeCertProperties(t *testing.T) {
 				t.Errorf("SPIFFEID = %q", id.SPIFFEID())
 			}
 			// go-spiffe accepts it as an X509-SVID. The SVID spec allows one
-			// URI SAN only, so a certificate with statements is not an SVID
-			// to go-spiffe; ParseNodeCert is the parser for those.
+			// URI SAN only, so a page-form certificate with statements is not
+			// an SVID to go-spiffe (ParseNodeCert is the parser for those);
+			// the strict form is (R20.1).
 			td := spiffeid.RequireTrustDomainFromString(testTD)
 			_, _, err = x509svid.ParseAndVerify([][]byte{nc.DER}, x509bundle.FromX509Authorities(td, []*x509.Certificate{b.NodeCA}), x509svid.WithTime(t0.Add(time.Minute)))
-			if len(tt.statements) == 0 {
+			if len(tt.statements) == 0 || tt.strict {
 				if err != nil {
 					t.Errorf("x509svid.ParseAndVerify: %v", err)
 				}
@@ -272,6 +288,25 @@ func TestParseNodeCertRefusals(t *testing.T) {
 		{"server only", func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} }, nil, "clientAuth"},
 		{"CA", func(c *x509.Certificate) { c.IsCA = true; c.KeyUsage |= x509.KeyUsageCertSign }, nil, "CA certificate"},
 		{"P-384 key", func(*x509.Certificate) {}, mustP384(t), "not ECDSA P-256"},
+		// R20.1: the SPIFFE-strict form.
+		{"strict form", func(c *x509.Certificate) {
+			c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:tpm-ak:sha256:00")}
+		}, nil, ""},
+		{"strict form beside a statement SAN", func(c *x509.Certificate) {
+			c.URIs = append(c.URIs, mustURL(t, "urn:bc:x"))
+			c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:tpm-ak:sha256:00")}
+		}, nil, "beside further URI SANs"},
+		{"critical statements extension", func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{stmtExt(t, true, "urn:bc:x")} }, nil, "critical"},
+		{"two statements extensions", func(c *x509.Certificate) {
+			c.ExtraExtensions = []pkix.Extension{stmtExt(t, false, "urn:bc:x"), stmtExt(t, false, "urn:bc:y")}
+		}, nil, "duplicate extension"},
+		{"empty statements extension", func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{stmtExt(t, false)} }, nil, "holds 0 statements"},
+		{"not a statement in the extension", func(c *x509.Certificate) {
+			c.ExtraExtensions = []pkix.Extension{{Id: pki.OIDNodeStatements, Value: []byte{0x30, 0x07, 0x16, 0x05, 'h', 't', 't', 'p', ':'}}}
+		}, nil, "not a urn:bc: statement"},
+		{"garbage statements extension", func(c *x509.Certificate) {
+			c.ExtraExtensions = []pkix.Extension{{Id: pki.OIDNodeStatements, Value: []byte{0x04, 0x00}}}
+		}, nil, "not a SEQUENCE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -297,6 +332,17 @@ func TestParseNodeCertRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stmtExt is a statements extension (pki.OIDNodeStatements) holding
+// statements.
+func stmtExt(t *testing.T, critical bool, statements ...string) pkix.Extension {
+	t.Helper()
+	v, err := pki.MarshalNodeStatements(statements)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkix.Extension{Id: pki.OIDNodeStatements, Critical: critical, Value: v}
 }
 
 func mustURL(t *testing.T, s string) *url.URL {

@@ -85,7 +85,7 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 	nb := c.clock.Now().Add(-backdateFor(ttl))
 	cert, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, p.Pub, ca.NodeCertParams{
 		TrustDomain: b.TrustDomain, SiteID: p.Node.SiteID, NodeID: p.Node.ID, Role: p.Role, Statements: p.Statements,
-		NotBefore: nb, NotAfter: nb.Add(ttl),
+		NotBefore: nb, NotAfter: nb.Add(ttl), StatementsInExtension: c.cfg.SVIDForm == pki.SVIDFormStrict,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)

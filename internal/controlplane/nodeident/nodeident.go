@@ -64,6 +64,11 @@ type Config struct {
 	Hub    *events.Hub
 	// CertTTL is certTtlSeconds: default and maximum 24 h.
 	CertTTL time.Duration
+	// SVIDForm is where issued certificates carry their statements
+	// (pki.SVIDFormPage, the default, or pki.SVIDFormStrict; R20.1). It
+	// applies to every issue, so a renewal moves a node to it: the
+	// statements themselves come from the node_certs row, in either form.
+	SVIDForm string
 	// Limiter bounds refusal events: 60 per tenant, kind, attestor and
 	// reason per minute by default.
 	Limiter *events.Limiter
@@ -108,6 +113,9 @@ func New(cfg Config) (*Core, error) {
 	}
 	if cfg.CertTTL < time.Minute || cfg.CertTTL > MaxCertTTL {
 		return nil, errs.New(errs.InvalidConfig, "certTtlSeconds must be from 60 to 86400")
+	}
+	if !pki.ValidSVIDForm(cfg.SVIDForm) {
+		return nil, errs.New(errs.InvalidConfig, "svid_form must be %q or %q", pki.SVIDFormPage, pki.SVIDFormStrict)
 	}
 	if cfg.Limiter == nil {
 		cfg.Limiter = events.NewLimiter(cfg.Clock, 60, time.Minute)

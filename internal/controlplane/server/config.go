@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
+	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -84,6 +85,12 @@ type JoinConfig struct {
 	// CertTTLSeconds is the node certificate lifetime (default and maximum
 	// 86400).
 	CertTTLSeconds int `toml:"cert_ttl_seconds"`
+	// SVIDForm is where node certificates carry the TPM statement
+	// (R20.1): "page" (the default, a second URI SAN, as the product page
+	// says) or "spiffe-strict" (one URI SAN, the statement in a
+	// non-critical extension, for relying parties that enforce the SPIFFE
+	// X.509-SVID spec). Nodes move to it at their next renewal.
+	SVIDForm string `toml:"svid_form"`
 	// Attestors are the attestors JoinService runs (default
 	// ["join-token"]; "x509pop" re-joins nodes whose certificate expired
 	// while offline, R10.5). Unknown names are config errors.
@@ -204,6 +211,12 @@ func (c *Config) validate() error {
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")
 	}
+	if c.Join.SVIDForm == "" {
+		c.Join.SVIDForm = pki.SVIDFormPage
+	}
+	if !pki.ValidSVIDForm(c.Join.SVIDForm) {
+		return errs.New(errs.InvalidConfig, "config: join.svid_form must be %q or %q", pki.SVIDFormPage, pki.SVIDFormStrict)
+	}
 	if c.Join.Attestors == nil {
 		c.Join.Attestors = append([]string(nil), api.DefaultAttestors...)
 	}
@@ -263,6 +276,7 @@ key_file = "/etc/better-compute/agent.key"
 [join]
 cert_ttl_seconds = 86400
 attestors = ["join-token"] # add "x509pop" to re-join nodes whose certificate expired while offline
+svid_form = "page"         # "spiffe-strict": one URI SAN, the TPM statement in an extension (go-spiffe, Envoy)
 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"

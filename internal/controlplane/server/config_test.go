@@ -44,3 +44,33 @@ func TestJoinAttestorsConfigR10_5(t *testing.T) {
 		t.Errorf("the example config: %v", err)
 	}
 }
+
+// R20.1: [join] svid_form is "page" by default, "spiffe-strict" on request,
+// and anything else is a config error.
+func TestJoinSVIDFormConfigR20_1(t *testing.T) {
+	base := "[store]\npath = \"/tmp/bc.db\"\n"
+	for _, c := range []struct {
+		name, toml, want, err string
+	}{
+		{name: "default", toml: base, want: "page"},
+		{name: "page", toml: base + "[join]\nsvid_form = \"page\"\n", want: "page"},
+		{name: "strict", toml: base + "[join]\nsvid_form = \"spiffe-strict\"\n", want: "spiffe-strict"},
+		{name: "unknown", toml: base + "[join]\nsvid_form = \"strict\"\n", err: `join.svid_form must be "page" or "spiffe-strict"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(c.toml))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("got %v, want an error containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Join.SVIDForm != c.want {
+				t.Errorf("svid_form %q, want %q", cfg.Join.SVIDForm, c.want)
+			}
+		})
+	}
+}

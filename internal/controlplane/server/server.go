@@ -9,7 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,6 +110,10 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
+		// R20.4: gRPC clients need HTTP/2; without tls.cert_file the
+		// listener speaks it in cleartext with prior knowledge (grpcurl
+		// -plaintext), beside HTTP/1.1.
+		Protocols: apiProtocols(),
 	}
 	errc := make(chan error, 3)
 	// Every server started is closed on every way out of Run: a listener
@@ -180,31 +184,28 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	return hs.Shutdown(sctx)
 }
 
-type statusWriter struct {
-	http.ResponseWriter
-	code int
+// apiProtocols are the operator listener's: HTTP/1.1, HTTP/2 over TLS, and
+// HTTP/2 in cleartext.
+func apiProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetHTTP2(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }
-
-func (w *statusWriter) WriteHeader(c int) { w.code = c; w.ResponseWriter.WriteHeader(c) }
-
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // instrument counts and times requests by route. The label comes from
 // label (api.Server.RouteLabel): a bounded set decided by the route table,
-// never the raw path, because it is taken before authentication. The status code is bounded by http.Server (three digits).
+// never the raw path, because it is taken before authentication. The code
+// is the RPC's Connect/gRPC code for a procedure (codeLabel) and the HTTP
+// status, bounded by http.Server to three digits, for the other routes.
 func instrument(h http.Handler, label func(*http.Request) string, reqs *prometheus.CounterVec, dur *prometheus.HistogramVec) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		route := label(r) // before serving: handlers may rewrite r.URL
 		sw := &statusWriter{ResponseWriter: w, code: 200}
 		h.ServeHTTP(sw, r)
-		reqs.WithLabelValues(route, strconv.Itoa(sw.code)).Inc()
+		reqs.WithLabelValues(route, codeLabel(r, sw, strings.HasPrefix(route, "/"))).Inc()
 		dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	})
 }
@@ -225,7 +226,7 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	}
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
-		Attestors: cfg.Join.Attestors, TPMPools: tpmPools,
+		Attestors: cfg.Join.Attestors, TPMPools: tpmPools, SVIDForm: cfg.Join.SVIDForm,
 		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
 	if err != nil {
 		return nil, err

@@ -235,16 +235,18 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	// the control plane would only refuse (never downgrade).
 	var wantAK []byte
 	var attester identity.KeyAttester
-	for _, u := range leaf.URIs[1:] {
-		if !tpmverify.IsStatement(u.String()) {
+	// The statements in either SVID form (URI SANs or the strict form's
+	// extension, R20.1).
+	for _, st := range pki.CertStatements(leaf) {
+		if !tpmverify.IsStatement(st) {
 			continue
 		}
-		name, ok := tpmverify.ParseStatement(u.String())
+		name, ok := tpmverify.ParseStatement(st)
 		a, isTPM := r.keys.(identity.KeyAttester)
 		if !ok || !isTPM {
 			return nil, errs.New(errs.InvalidState,
 				"the certificate names a TPM attestation key (%s), but no TPM is open (tpm.mode and tpm.device or tpm.simulator in config.toml); nothing was sent. Before it expires at %s, bring the TPM back, or join again as root: bcd join --reset --yes, then bcd join --attestor tpm",
-				u.String(), id.NotAfter.Format(time.RFC3339))
+				st, id.NotAfter.Format(time.RFC3339))
 		}
 		wantAK, attester = name, a
 	}

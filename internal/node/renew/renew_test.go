@@ -350,46 +350,52 @@ func TestRenewRefusedThroughGatewayR13_5(t *testing.T) {
 	})
 }
 
-// R13.3: a certificate naming a TPM attestation key is not renewed without
-// the TPM's attestation: bcd fails loudly and sends nothing.
+// R13.3, R20.1: a certificate naming a TPM attestation key is not renewed
+// without the TPM's attestation: bcd fails loudly and sends nothing, whichever
+// SVID form carries the statement (a second URI SAN, or the strict form's
+// extension).
 func TestRenewTPMKeyFailsWithoutSendingR13_3(t *testing.T) {
-	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
-		s := newStack(t, e)
-		b := e.Bundle
-		id := s.joined
-		nb := time.Now().Add(-time.Minute)
-		nc, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), ca.NodeCertParams{
-			TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
-			Statements: []string{"urn:bc:tpm-ak:sha256:0a0b"}, NotBefore: nb, NotAfter: nb.Add(time.Hour),
+	for _, strict := range []bool{false, true} {
+		t.Run(map[bool]string{false: "page", true: "spiffe-strict"}[strict], func(t *testing.T) {
+			apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+				s := newStack(t, e)
+				b := e.Bundle
+				id := s.joined
+				nb := time.Now().Add(-time.Minute)
+				nc, err := ca.SignNodeCertKey(b.NodeCA, b.NodeCAKey, keyOf(t, id), ca.NodeCertParams{
+					TrustDomain: b.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
+					Statements: []string{"urn:bc:tpm-ak:sha256:0a0b"}, NotBefore: nb, NotAfter: nb.Add(time.Hour), StatementsInExtension: strict,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				chainPEM := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: nc.DER}), pki.CertPEM(b.NodeCA)...)
+				keyRecord, err := os.ReadFile(filepath.Join(s.store.Dir, identity.KeyFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				bundlePEM, err := os.ReadFile(filepath.Join(s.store.Dir, identity.BundleFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				tpmID, err := identity.NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.store.Save(tpmID, keyRecord, chainPEM, bundlePEM); err != nil {
+					t.Fatal(err)
+				}
+				before := s.calls.Load()
+				_, err = s.renewer(t, nil).RenewOnce(context.Background())
+				if ee, ok := errs.As(err); !ok || ee.Code != errs.InvalidState {
+					t.Fatalf("got %v, want INVALID_STATE", err)
+				}
+				if n := s.calls.Load() - before; n != 0 {
+					t.Errorf("%d calls reached the API, want none", n)
+				}
+			})
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		chainPEM := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: nc.DER}), pki.CertPEM(b.NodeCA)...)
-		keyRecord, err := os.ReadFile(filepath.Join(s.store.Dir, identity.KeyFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		bundlePEM, err := os.ReadFile(filepath.Join(s.store.Dir, identity.BundleFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tpmID, err := identity.NewIdentity(chainPEM, id.Attestor, id.JoinedAt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.store.Save(tpmID, keyRecord, chainPEM, bundlePEM); err != nil {
-			t.Fatal(err)
-		}
-		before := s.calls.Load()
-		_, err = s.renewer(t, nil).RenewOnce(context.Background())
-		if ee, ok := errs.As(err); !ok || ee.Code != errs.InvalidState {
-			t.Fatalf("got %v, want INVALID_STATE", err)
-		}
-		if n := s.calls.Load() - before; n != 0 {
-			t.Errorf("%d calls reached the API, want none", n)
-		}
-	})
+	}
 }
 
 // R13.1: Loop sleeps until 60% of the lifetime (jitter injected), renews,

@@ -143,8 +143,9 @@ func ParseNodeCert(der []byte) (NodeIdentity, error) {
 
 // NodeIdentityOf checks that cert has the shape of a node certificate and
 // returns its identity: exactly one SPIFFE URI SAN, first, of the form
-// spiffe://<td>/site/<site>/node/<node>; every further URI SAN a urn:bc:
-// statement; no DNS, IP or email SANs; exactly one subject OU, bc-role:<role>
+// spiffe://<td>/site/<site>/node/<node>; the urn:bc: statements either as
+// every further URI SAN (SVIDFormPage) or in the OIDNodeStatements
+// extension with no further URI SAN (SVIDFormStrict); no DNS, IP or email SANs; exactly one subject OU, bc-role:<role>
 // with a known role; not a CA; EKU clientAuth; an ECDSA P-256 key. bcd (on
 // its join response) and the gateway (on a session) use it.
 func NodeIdentityOf(cert *x509.Certificate) (NodeIdentity, error) {
@@ -162,13 +163,9 @@ func NodeIdentityOf(cert *x509.Certificate) (NodeIdentity, error) {
 	if len(segs) != 4 || segs[0] != "site" || segs[2] != "node" {
 		return bad("SPIFFE ID %s is not a node ID", id)
 	}
-	var statements []string
-	for _, u := range cert.URIs[1:] {
-		s := u.String()
-		if !ValidStatement(s) {
-			return bad("URI SAN %q is not a urn:bc: statement", s)
-		}
-		statements = append(statements, s)
+	statements, err := nodeStatements(cert)
+	if err != nil {
+		return bad("%w", err)
 	}
 	if len(cert.DNSNames)+len(cert.IPAddresses)+len(cert.EmailAddresses) != 0 {
 		return bad("unexpected DNS, IP or email SAN")

@@ -22,6 +22,22 @@ type WellKnown struct {
 	Protocol WellKnownProtocol  `json:"protocol"`
 	Join     *pki.WellKnownJoin `json:"join,omitempty"`
 	Gateway  *WellKnownGateway  `json:"gateway,omitempty"`
+	// SPIFFE publishes the node CAs, for services that accept nodes' mTLS
+	// (R20.2); present when the server has a machine PKI.
+	SPIFFE *WellKnownSPIFFE `json:"spiffe,omitempty"`
+}
+
+// WellKnownSPIFFE is the trust domain's bundle: the node CAs a node
+// certificate may chain to (more than one while the node CA rotates).
+type WellKnownSPIFFE struct {
+	TrustDomain string `json:"trustDomain"`
+	// BundleEndpoint is the path of the SPIFFE bundle endpoint (https_web
+	// profile) on this server, which relying parties poll.
+	BundleEndpoint string `json:"bundleEndpoint"`
+	// Sequence is the bundle's spiffe_sequence.
+	Sequence uint64 `json:"sequence"`
+	// NodeCAs are the node CA certificates, DER in standard base64.
+	NodeCAs []string `json:"nodeCas"`
 }
 
 // WellKnownProtocol is the agent protocol range the server speaks.
