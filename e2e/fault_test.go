@@ -581,3 +581,126 @@ key_file = %q
 	}
 	checkStormInvariants(t, store.Config{Driver: "sqlite", Path: dbPath}, tenant, tok["id"].(string), ms, 0)
 }
+
+// checkNoFailureAfterCommit fails the test for every machine of ms told
+// an error after its node's join had begun in the database (created_ms):
+// that machine was told it failed for a join that committed.
+func checkNoFailureAfterCommit(t *testing.T, dsn, tokenID string, ms []*stormMachine) {
+	t.Helper()
+	raw, err := sql.Open("pgx", dsn)
+	must(t, err)
+	defer raw.Close()
+	rows, err := raw.Query("SELECT hostname, created_ms FROM nodes WHERE join_token_id = $1", tokenID)
+	must(t, err)
+	created := map[string]int64{}
+	for rows.Next() {
+		var h string
+		var ms int64
+		must(t, rows.Scan(&h, &ms))
+		created[h] = ms
+	}
+	must(t, rows.Err())
+	rows.Close()
+	for _, m := range ms {
+		c, ok := created[m.host]
+		if !ok {
+			continue
+		}
+		for _, at := range m.errAt {
+			if at.UnixMilli() > c {
+				t.Errorf("machine %s was told %q at %s, after its node was made at %s", m.host, m.lastErr,
+					at.Format(time.StampMilli), time.UnixMilli(c).Format(time.StampMilli))
+			}
+		}
+	}
+}
+
+// One of two API replicas stalls mid-storm: a proxy in front of its
+// agent listener stops forwarding (holding the bytes, connections open)
+// for 20 s. The gateway (attempt_timeout 1 s) resends joins in flight on
+// it to the other replica and takes it out; every machine joins once
+// (one node each, uses spent == machines, each told the node the
+// database has), nobody sees INTERNAL, and no machine is told an error
+// after its join committed, though the stalled replica processes the
+// held copies once it resumes. R19.2, R4.9
+func TestStalledReplicaDuringJoinStorm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a replica stalled for 20 s during a join storm (about 45 s)")
+	}
+	const (
+		machines = 800
+		stallFor = 20 * time.Second
+	)
+	dsn := faultPostgresDSN(t)
+	bc, _ := binaries(t)
+	dir := t.TempDir()
+	secretEnv, pins := initPKI(t, bc, dir)
+	rs, b := startReplicas(t, bc, dir, secretEnv, dsn, dsn, 2, "")
+	stalled := startFaultProxy(t, rs[0].agent)
+	gwAddr := freePort(t)
+	gwConf := filepath.Join(dir, "gateway.toml")
+	must(t, os.WriteFile(gwConf, []byte(`listen = "`+gwAddr+`"
+cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
+key_file = "`+filepath.Join(dir, "gateway.key")+`"
+api_urls = ["https://`+stalled.addr+`", "https://`+rs[1].agent+`"]
+api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
+request_timeout = "15s"
+attempt_timeout = "1s"
+`), 0o600))
+	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
+	logged(t, gateway, gatewayRE, "gateway")
+	gw := "https://" + gwAddr
+
+	tenant, apiKey := b["tenantId"].(string), b["apiKey"].(string)
+	cli := jsonCLI(t, bc, []string{"BETTER_COMPUTE_URL=http://" + rs[1].api, "BETTER_COMPUTE_API_KEY=" + apiKey})
+	site := cli("sites", "create", "stall", "--tenant", tenant)["id"].(string)
+	pool := cli("pools", "create", "stall", "--tenant", tenant, "--site", site)["id"].(string)
+	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(machines))
+
+	sb := newStormBCD(t, dir, gw, site, pins)
+	ms := make([]*stormMachine, machines)
+	for i := range ms {
+		ms[i] = prepareMachine(t, i, tok["token"].(string), sb.EncKey)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	began := time.Now()
+	storm := startStorm(ctx, t, stormConfig{URL: gw, TLS: sb.TLS, SigningPin: sb.Config.JoinSigningKeyPin, Site: site,
+		Machines: ms, Concurrency: 16, Every: 25 * time.Millisecond, OnlyRetryable: true})
+
+	waitFor(t, "a fifth of the storm", time.Minute, func() bool { return storm.confirmed.Load() >= machines/5 })
+	stalled.stall()
+	stalledAt := time.Now()
+	t.Logf("replica 1 stalled after %d confirmed joins, %v into the storm", storm.confirmed.Load(), stalledAt.Sub(began).Round(time.Millisecond))
+	waitFor(t, "the gateway to take the stalled replica out", 30*time.Second, func() bool {
+		return strings.Contains(gateway.output(), `"API replica out" api_url=https://`+stalled.addr)
+	})
+	t.Logf("the gateway took it out %v after the stall", time.Since(stalledAt).Round(time.Millisecond))
+	if d := stallFor - time.Since(stalledAt); d > 0 {
+		time.Sleep(d)
+	}
+	confirmedAtResume := storm.confirmed.Load()
+	stalled.resume()
+	t.Logf("replica 1 forwarding again after %v; %d confirmed meanwhile", time.Since(stalledAt).Round(time.Millisecond), confirmedAtResume)
+	waitFor(t, "the gateway to take the replica back", 30*time.Second, func() bool {
+		return strings.Contains(gateway.output(), `"API replica back" api_url=https://`+stalled.addr)
+	})
+
+	storm.wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the storm did not finish: %d of %d confirmed", storm.confirmed.Load(), machines)
+	}
+	refused, ambiguous := stormCounts(ms)
+	resent := strings.Count(gateway.output(), "relay resent to another API replica")
+	t.Logf("storm: %d machines in %v, %d confirmed, %d refused, %d retried by the machine; errors by code %v; the gateway resent %d (log lines, rate-limited)",
+		machines, time.Since(began).Round(time.Millisecond), storm.confirmed.Load(), refused, ambiguous, storm.errorCodes(), resent)
+	if n := storm.errorCodes()[errs.Internal]; n != 0 {
+		t.Errorf("%d INTERNAL answers during the storm", n)
+	}
+	checkNoFailureAfterCommit(t, dsn, tok["id"].(string), ms)
+	for _, r := range rs {
+		must(t, r.p.cmd.Process.Signal(os.Interrupt))
+		<-r.p.done
+	}
+	checkStormInvariants(t, store.Config{Driver: "postgres", DSN: dsn, MaxConns: 2}, tenant, tok["id"].(string), ms, 0)
+}

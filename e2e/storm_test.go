@@ -110,6 +110,7 @@ func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
 					if internal {
 						code = errs.Internal
 					}
+					m.errAt = append(m.errAt, time.Now())
 					r.mu.Lock()
 					r.codes[code]++
 					r.mu.Unlock()
