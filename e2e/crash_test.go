@@ -81,6 +81,7 @@ type stormMachine struct {
 	refused   bool   // ACCESS_DENIED
 	ambiguous bool   // an answer that says neither (UNAVAILABLE, transport error, ...)
 	lastErr   string
+	errAt     []time.Time // when it got an error (startStorm)
 }
 
 func crashStorm(t *testing.T, storeTOML string, check store.Config) {

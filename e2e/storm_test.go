@@ -37,6 +37,10 @@ type stormConfig struct {
 	// Every, so the storm lasts at least len(Machines) x Every and a kill
 	// lands in the middle of it whatever the machine's speed.
 	Every time.Duration
+	// OnlyRetryable, when set, resends a request only after an answer
+	// that says it may be retried (UNAVAILABLE, or no answer at all); any
+	// other error is final for that machine and fails the test.
+	OnlyRetryable bool
 }
 
 // stormRun is a running storm.
@@ -45,7 +49,8 @@ type stormRun struct {
 	wg        sync.WaitGroup
 
 	mu       sync.Mutex
-	failures []time.Time // when an attempt got no answer (retried)
+	failures []time.Time       // when an attempt got no answer (retried)
+	codes    map[errs.Code]int // the errors seen, by product code
 }
 
 // startStorm starts the storm: every machine tries until it is told yes
@@ -53,7 +58,7 @@ type stormRun struct {
 // gateway died, a timeout, an unknown outcome), as bcd does (R4.9). Each
 // worker keeps one connection and dials again after it broke.
 func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
-	r := &stormRun{}
+	r := &stormRun{codes: map[errs.Code]int{}}
 	feed := make(chan *stormMachine)
 	go func() {
 		defer close(feed)
@@ -99,7 +104,21 @@ func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
 						r.confirmed.Add(1)
 						break
 					}
+					internal := connect.CodeOf(err) == connect.CodeInternal
 					err = wire.FromWire(err)
+					code := errs.CodeOf(err)
+					if internal {
+						code = errs.Internal
+					}
+					m.errAt = append(m.errAt, time.Now())
+					r.mu.Lock()
+					r.codes[code]++
+					r.mu.Unlock()
+					if cfg.OnlyRetryable && code != errs.Unavailable && code != errs.AccessDenied {
+						t.Errorf("machine %s: %s: not retryable", m.host, err)
+						m.lastErr = err.Error()
+						break
+					}
 					if errs.Is(err, errs.AccessDenied) {
 						m.refused = true
 						break
@@ -117,6 +136,17 @@ func startStorm(ctx context.Context, t *testing.T, cfg stormConfig) *stormRun {
 		}()
 	}
 	return r
+}
+
+// errorCodes returns how many errors of each product code the storm saw.
+func (r *stormRun) errorCodes() map[errs.Code]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[errs.Code]int{}
+	for c, n := range r.codes {
+		out[c] = n
+	}
+	return out
 }
 
 // wait waits for every worker to finish.

@@ -73,7 +73,12 @@ func UnavailableReason(err error) string {
 		return UnavailableUnreachable
 	case errors.As(err, &ce), errors.As(err, &ne),
 		errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone),
-		errors.Is(err, io.ErrUnexpectedEOF), pgconn.SafeToRetry(err):
+		errors.Is(err, io.ErrUnexpectedEOF), pgconn.SafeToRetry(err),
+		// A pooled connection the server or the network closed under
+		// it: pgx says only "conn closed" (not SafeToRetry) on the first
+		// use after it, e.g. at BEGIN. A COMMIT never gets here with it
+		// unwrapped (commit wraps ErrCommitUnknown).
+		errors.Is(err, pgconn.ErrConnClosed):
 		return UnavailableUnreachable
 	}
 	return ""

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -102,6 +104,9 @@ func TestUnavailableReason(t *testing.T) {
 		{"a product error", errs.New(errs.NotFound, "x"), ""},
 		{"a plain error", errors.New("boom"), ""},
 		{"not found", store.ErrNotFound, ""},
+		// pgx's error for a pooled connection closed under it (found by
+		// e2e: BEGIN after PostgreSQL dropped its connections).
+		{"a closed connection", fmt.Errorf("begin transaction: %w", pgconn.ErrConnClosed), store.UnavailableUnreachable},
 	} {
 		if got := store.UnavailableReason(tc.err); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
