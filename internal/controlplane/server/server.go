@@ -85,14 +85,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 
 	reg, handler := apiMetrics(srv)
 
-	// The API's certificate is read before anything listens: a missing or
-	// bad file is a config error, never a server that said it listens and
-	// then exits. Replaced files are served from the next handshake on.
-	var apiCert *certfile.Pair
-	if cfg.TLS.CertFile != "" {
-		if apiCert, err = certfile.LoadPair(cfg.TLS.CertFile, cfg.TLS.KeyFile, nil, log); err != nil {
-			return errs.New(errs.InvalidConfig, "tls: cannot load cert_file %s and key_file %s: %v", cfg.TLS.CertFile, cfg.TLS.KeyFile, err)
-		}
+	apiCert, err := loadAPICert(cfg, log)
+	if err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -399,4 +394,19 @@ func apiMetrics(srv *api.Server) (*prometheus.Registry, http.Handler) {
 		func() float64 { return float64(srv.Sessions().Held()) })
 	reg.MustRegister(reqs, dur, held)
 	return reg, instrument(srv, srv.RouteLabel, reqs, dur)
+}
+
+// loadAPICert reads the API's certificate before anything listens: a
+// missing or bad file is a config error, never a server that said it
+// listens and then exits. Replaced files are served from the next
+// handshake on. nil without [tls].
+func loadAPICert(cfg Config, log *slog.Logger) (*certfile.Pair, error) {
+	if cfg.TLS.CertFile == "" {
+		return nil, nil
+	}
+	p, err := certfile.LoadPair(cfg.TLS.CertFile, cfg.TLS.KeyFile, nil, log)
+	if err != nil {
+		return nil, errs.New(errs.InvalidConfig, "tls: cannot load cert_file %s and key_file %s: %v", cfg.TLS.CertFile, cfg.TLS.KeyFile, err)
+	}
+	return p, nil
 }
