@@ -17,6 +17,7 @@ before(async () => {
 });
 after(async () => dev?.stop());
 
+// R18.1, R10.1: the page's join-request snippet, as written.
 test("the page's joinRequests.list and approve run as written", async () => {
   const site = join(dev.dir, "site/config.toml");
   // The site token comes on standard input, as the README pipes it.

@@ -35,6 +35,7 @@ async function rejects(code: ComputeErrorCode, p: Promise<unknown>): Promise<Com
   assert.fail(`no ${code}`);
 }
 
+// R18.1, R2.1: the page's first snippet, as written.
 test("the page's joinTokens.create runs as written, and the token joins a machine", async () => {
   // ---- verbatim from the page ("Creating a token")
   const created = await compute.api.joinTokens.create(credential, {
