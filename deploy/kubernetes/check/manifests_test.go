@@ -30,11 +30,14 @@ type kustomization struct {
 	Patches    []struct {
 		Path string `json:"path"`
 	} `json:"patches,omitempty"`
-	Images []struct {
-		Name    string `json:"name"`
-		NewName string `json:"newName"`
-		NewTag  string `json:"newTag"`
-	} `json:"images,omitempty"`
+	Images []image `json:"images,omitempty"`
+}
+
+// image is one of kustomize's image replacements.
+type image struct {
+	Name    string `json:"name"`
+	NewName string `json:"newName"`
+	NewTag  string `json:"newTag"`
 }
 
 const (
@@ -134,6 +137,12 @@ func TestBase(t *testing.T) {
 	}
 	checkDaemonSet(t, ds, diagnosticsPort(t, cm))
 	spec := ds.Spec.Template.Spec
+	k := readKustomization(t, base)
+	for _, c := range allContainers(spec) {
+		if !slices.ContainsFunc(k.Images, func(i image) bool { return i.Name == c.Image && i.NewName != "" && i.NewTag != "" }) {
+			t.Errorf("container %s: image %q is not set by the kustomization's images", c.Name, c.Image)
+		}
+	}
 	for _, c := range allContainers(spec) {
 		sc := c.SecurityContext
 		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged != nil && *sc.Privileged ||
@@ -238,6 +247,13 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, port int32) {
 	}
 	if probes != 3 {
 		t.Errorf("%d probes, want startup, liveness and readiness", probes)
+	}
+	for _, c := range allContainers(spec) {
+		// The API server refuses a privileged container that may not
+		// escalate; strict decoding does not validate, so check it here.
+		if sc := c.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+			t.Errorf("container %s: privileged with allowPrivilegeEscalation false is invalid", c.Name)
+		}
 	}
 }
 
