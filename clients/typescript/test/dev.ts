@@ -42,6 +42,10 @@ function background(child: ChildProcess): Background {
   child.stdout?.on("data", (b) => (out += b));
   child.stderr?.on("data", (b) => (out += b));
   const done = new Promise<void>((res) => child.on("exit", (c) => ((code = c), res())));
+  // A test process that dies still ends what it started.
+  const orphan = () => child.kill("SIGKILL");
+  process.once("exit", orphan);
+  void done.then(() => process.off("exit", orphan));
   return {
     output: () => out,
     exited: () => code,
