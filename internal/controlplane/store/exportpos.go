@@ -142,10 +142,11 @@ func (t *Tx) ExportAuditRows(ctx context.Context, afterOrder, afterID int64, lim
 	args := []any{afterID, limit}
 	if t.db.dialect == Postgres {
 		// One statement: the horizon is that of the snapshot that reads.
-		q = `SELECT writer_xid, ` + auditCols + ` FROM audit
-			WHERE (writer_xid > ? OR (writer_xid = ? AND id > ?))
-			  AND writer_xid < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT
-			ORDER BY writer_xid, id LIMIT ?`
+		// Rows from before migration 00020 have no writer_xid: 0, first.
+		q = `SELECT COALESCE(writer_xid, 0), ` + auditCols + ` FROM audit
+			WHERE (COALESCE(writer_xid, 0) > ? OR (COALESCE(writer_xid, 0) = ? AND id > ?))
+			  AND COALESCE(writer_xid, 0) < pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT
+			ORDER BY COALESCE(writer_xid, 0), id LIMIT ?`
 		args = []any{afterOrder, afterOrder, afterID, limit}
 	}
 	rows, err := t.query(ctx, q, args...)

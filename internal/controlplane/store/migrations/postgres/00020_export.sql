@@ -9,10 +9,14 @@
 -- written by transactions older than every one still running
 -- (pg_snapshot_xmin): such a row is committed or gone for good, and no
 -- later row can appear before the exporter's position. writer_xid is the
--- writing transaction's id, as events' (00008); rows written before this
--- migration get the migration's own.
-ALTER TABLE audit ADD COLUMN writer_xid BIGINT NOT NULL DEFAULT (pg_current_xact_id()::TEXT::BIGINT);
-CREATE INDEX audit_export ON audit (writer_xid, id);
+-- writing transaction's id, as events' (00008). Rows written before this
+-- migration keep NULL and are read as 0, first: all committed before it
+-- (the ALTER waits for every transaction writing audit). Adding the column
+-- without a default and then setting one leaves the table unrewritten, so
+-- a rolling upgrade does not stop the old replicas' writes for a rewrite.
+ALTER TABLE audit ADD COLUMN writer_xid BIGINT;
+ALTER TABLE audit ALTER COLUMN writer_xid SET DEFAULT (pg_current_xact_id()::TEXT::BIGINT);
+CREATE INDEX audit_export ON audit ((COALESCE(writer_xid, 0)), id);
 CREATE INDEX events_export ON events (tx_order, id) WHERE tx_order IS NOT NULL;
 
 -- One row per lease: the replica exporting holds "export" until
