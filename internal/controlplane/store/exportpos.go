@@ -115,24 +115,12 @@ func (t *Tx) CommitExportPosition(ctx context.Context, lease, holder, sink strin
 // ExportEvents reads up to limit events of every tenant after the position
 // (afterOrder, afterID), in stream order.
 func (t *Tx) ExportEvents(ctx context.Context, afterOrder, afterID int64, limit int) ([]Event, error) {
-	rows, err := t.query(ctx, `SELECT id, tx_order, tenant_id, type, subject, data, created_ms FROM events
+	rows, err := t.query(ctx, `SELECT `+eventCols+` FROM events
 		WHERE tx_order > ? OR (tx_order = ? AND id > ?) ORDER BY tx_order, id LIMIT ?`, afterOrder, afterOrder, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("export events: %w", err)
 	}
-	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		var e Event
-		var data string
-		var created int64
-		if err := rows.Scan(&e.ID, &e.TxOrder, &e.TenantID, &e.Type, &e.Subject, &data, &created); err != nil {
-			return nil, err
-		}
-		e.Data, e.CreatedAt = []byte(data), fromMS(created)
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return scanEvents(rows)
 }
 
 // ExportAuditRows reads up to limit audit rows of every tenant after the
