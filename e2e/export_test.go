@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -95,11 +96,12 @@ func (s *webhookSink) ids() map[string][]string {
 }
 
 // The audit export's promise with real processes: `better-compute serve`
-// exports to a webhook while operators create sites, pools and tokens; the
-// webhook goes down mid-stream, the API is killed with SIGKILL and
-// restarted (its successor takes the export lease over once it expired),
-// then the webhook comes back. The webhook ends with every event and
-// audit row the API lists, each once by id, none missing. R17.4
+// exports to a webhook while machines join through a gateway and
+// operators create and revoke tokens; the webhook goes down mid-stream,
+// the API is killed with SIGKILL and restarted (its successor takes the
+// export lease over once it expired), then the webhook comes back. The
+// webhook ends with every event and audit row the API lists, each once by
+// id, none missing. R17.4
 func TestExportSurvivesSinkOutageAndCrash(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		exportThroughFaults(t, "driver = \"sqlite\"\npath = "+fmt.Sprintf("%q", filepath.Join(t.TempDir(), "bc.db")))
@@ -109,18 +111,28 @@ func TestExportSurvivesSinkOutageAndCrash(t *testing.T) {
 	})
 }
 
+const exportMachines = 30
+
 func exportThroughFaults(t *testing.T, storeTOML string) {
 	bc, _ := binaries(t)
 	dir := t.TempDir()
+	secretEnv, pins := initPKI(t, bc, dir)
 	sink := &webhookSink{t: t, addr: freePort(t), got: map[string]map[string]any{}}
 	sink.serve()
 	t.Cleanup(sink.stop)
 
+	// The API keeps the ports the kernel gave it on its first start.
 	serveConf := filepath.Join(dir, "serve.toml")
-	writeServe := func(api string) {
+	writeServe := func(api, agent string) {
 		must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
 [store]
 `+storeTOML+`
+[pki]
+dir = "`+filepath.Join(dir, "pki")+`"
+[agent]
+listen = "`+agent+`"
+cert_file = "`+filepath.Join(dir, "agent.crt")+`"
+key_file = "`+filepath.Join(dir, "agent.key")+`"
 [export]
 interval = "100ms"
 lease = "2s"
@@ -131,17 +143,27 @@ url = "http://`+sink.addr+`/ingest"
 timeout = "1s"
 `), 0o600))
 	}
-	writeServe("127.0.0.1:0")
+	writeServe("127.0.0.1:0", "127.0.0.1:0")
 	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
 	if code != 0 {
 		t.Fatal(errOut)
 	}
 	b := jsonOf(t, boot)
-	serve := start(t, nil, bc, "serve", "--config", serveConf)
+	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
+	agent := logged(t, serve, agentAddrRE, "the agent listener")
 	apiURL := logged(t, serve, apiURLRE, "the API listener")
 	u, err := url.Parse(apiURL)
 	must(t, err)
-	writeServe(u.Host)
+	writeServe(u.Host, agent)
+	gwConf := filepath.Join(dir, "gateway.toml")
+	must(t, os.WriteFile(gwConf, []byte(`listen = "127.0.0.1:0"
+cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
+key_file = "`+filepath.Join(dir, "gateway.key")+`"
+api_url = "https://`+agent+`"
+api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
+request_timeout = "5s"
+`), 0o600))
+	gw := logged(t, start(t, nil, bc, "gateway", "--config", gwConf), gatewayRE, "the gateway listener")
 
 	env := []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
 	tenant := b["tenantId"].(string)
@@ -155,17 +177,40 @@ timeout = "1s"
 			cli("join-tokens", "revoke", tok["id"].(string), "--tenant", tenant, "--pool", pool)
 		}
 	}
+	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(exportMachines))
+	sb := newStormBCD(t, dir, "https://"+gw, site, pins)
+	ms := make([]*stormMachine, exportMachines)
+	for i := range ms {
+		ms[i] = prepareMachine(t, i, tok["token"].(string), sb.EncKey)
+	}
+	// Machines join the whole time, paced so that the outage and the
+	// kill land among them; each retries until it is told yes or no.
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	storm := startStorm(ctx, t, stormConfig{URL: sb.Config.GatewayURL, TLS: sb.TLS, SigningPin: sb.Config.JoinSigningKeyPin, Site: site,
+		Machines: ms, Concurrency: 2, Every: 100 * time.Millisecond})
+	joined := func(n int64) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%d joins", n), 30*time.Second, func() bool { return storm.confirmed.Load() >= n })
+	}
 
-	tokens(4)
+	tokens(2)
+	joined(5)
 	waitFor(t, "the first rows at the webhook", 20*time.Second, func() bool { return sink.count() > 0 })
 	sink.stop()
 	t.Logf("webhook down after %d rows", sink.count())
-	tokens(4)
+	tokens(2)
+	joined(12)
 	must(t, serve.cmd.Process.Kill())
 	<-serve.done
-	serve = start(t, nil, bc, "serve", "--config", serveConf)
+	t.Logf("killed the API (SIGKILL) after %d joins", storm.confirmed.Load())
+	serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
 	logged(t, serve, apiURLRE, "the restarted API")
-	tokens(4)
+	tokens(2)
+	storm.wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the joins did not finish: %d of %d confirmed", storm.confirmed.Load(), exportMachines)
+	}
 	sink.serve()
 
 	// What the API lists, for every tenant the webhook heard of (and the
@@ -204,5 +249,8 @@ timeout = "1s"
 	t.Logf("the webhook has the %d listed rows once by id; it was sent %d items in %d posts (%d resent)", n, sink.sent, sink.posts, sink.sent-n)
 	if !strings.Contains(serve.output(), "export lease") {
 		t.Errorf("the restarted API never took the export lease")
+	}
+	if joinedEvents := strings.Count(fmt.Sprint(sink.got), "node.joined"); joinedEvents < exportMachines {
+		t.Errorf("the webhook has %d node.joined rows, want at least %d", joinedEvents, exportMachines)
 	}
 }
