@@ -105,20 +105,35 @@ func New(cfg Config) (*Exporter, error) {
 	if cfg.Retry.Min <= 0 {
 		cfg.Retry = backoff.Policy{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 	}
-	e := &Exporter{cfg: cfg}
+	sinks, err := buildSinks(cfg.Sinks, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	return &Exporter{cfg: cfg, sinks: sinks}, nil
+}
+
+// Check reports what New would refuse in the sinks of cfg (a config file
+// is checked when it is loaded).
+func Check(cfg Config) error {
+	_, err := buildSinks(cfg.Sinks, slog.New(slog.DiscardHandler))
+	return err
+}
+
+func buildSinks(cfgs []SinkConfig, log *slog.Logger) ([]*sink, error) {
+	var out []*sink
 	seen := map[string]bool{}
-	for i, sc := range cfg.Sinks {
-		s, err := newSink(sc, cfg.Log)
+	for i, sc := range cfgs {
+		s, err := newSink(sc, log)
 		if err != nil {
-			return nil, fmt.Errorf("export: sinks[%d]: %w", i, err)
+			return nil, fmt.Errorf("export.sinks[%d]: %w", i, err)
 		}
 		if seen[s.name] {
-			return nil, fmt.Errorf("export: sinks[%d]: a second sink named %q (give each a name)", i, s.name)
+			return nil, fmt.Errorf("export.sinks[%d]: a second sink named %q (give each a name)", i, s.name)
 		}
 		seen[s.name] = true
-		e.sinks = append(e.sinks, s)
+		out = append(out, s)
 	}
-	return e, nil
+	return out, nil
 }
 
 // Holding reports whether this exporter holds the lease.

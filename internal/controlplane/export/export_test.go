@@ -2,14 +2,22 @@ package export_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -184,7 +192,7 @@ func start(t *testing.T, cfg export.Config) (e *export.Exporter, stop func()) {
 		cfg.Lease = 3 * time.Second
 	}
 	cfg.Retry = backoff.Policy{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
-	if os.Getenv("EXPORT_DEBUG") != "" {
+	if cfg.Log == nil && os.Getenv("EXPORT_DEBUG") != "" {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	e, err := export.New(cfg)
@@ -412,3 +420,60 @@ func TestOneExporterAtATime(t *testing.T) {
 		})
 	}
 }
+
+// R17.4: with ca_file a webhook's server must chain to those CAs: with
+// another CA's file the server is refused and takes nothing; with its own
+// CA's it takes everything.
+func TestWebhookCAFile(t *testing.T) {
+	db := storetest.OpenSQLite(t)
+	codec := codecOf(t, db)
+	f := &fakeSink{}
+	f.t, f.got = t, map[string]export.Item{}
+	srv := httptest.NewTLSServer(f)
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	ca, otherCA := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "other-ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(otherCA, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, db, nil, 2, "ten_a")
+	var refused bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused.Write(p)
+	}), nil))
+	start(t, export.Config{DB: db, Codec: codec, Log: log, Sinks: []export.SinkConfig{
+		{Kind: "webhook", Name: "wrong-ca", URL: srv.URL, CAFile: otherCA},
+		{Kind: "webhook", Name: "right-ca", URL: srv.URL, CAFile: ca}}})
+	want := listed(t, db, codec, "ten_a")
+	waitFor(t, "the right CA's server to take every row", func() bool { return equal(f.ids(), want) })
+	waitFor(t, "the wrong CA's server to be refused", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(refused.String(), "sink=wrong-ca") && strings.Contains(refused.String(), "certificate")
+	})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sent != len(want) {
+		t.Fatalf("the servers were sent %d items for %d rows: the wrong CA's server took some", f.sent, len(want))
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
