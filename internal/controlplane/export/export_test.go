@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/export"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -211,12 +212,7 @@ func start(t *testing.T, cfg export.Config) (e *export.Exporter, stop func()) {
 // waitFor polls cond for up to 15 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 15*time.Second, what, cond)
 }
 
 // caughtUp reports whether the sink's committed position is past every

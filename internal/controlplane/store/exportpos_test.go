@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
@@ -108,7 +109,7 @@ func TestExportReadsPage(t *testing.T) {
 		var aus []store.ExportAudit
 		// Polls: on PostgreSQL another test's open transaction in the
 		// cluster holds audit rows back until it ends.
-		for deadline := time.Now().Add(10 * time.Second); (len(evs) < 3 || len(aus) < 3) && time.Now().Before(deadline); {
+		poll.Until(t, 10*time.Second, "every row read", func() bool {
 			err := db.ReadTx(ctx, func(tx *store.Tx) error {
 				e, err := tx.ExportEvents(ctx, p.EventOrder, p.EventID, 2)
 				if err != nil {
@@ -127,8 +128,8 @@ func TestExportReadsPage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return len(evs) >= 3 && len(aus) >= 3
+		})
 		if len(evs) != 3 || len(aus) != 3 {
 			t.Fatalf("read %d events and %d audit rows, want 3 of each", len(evs), len(aus))
 		}
@@ -183,10 +184,8 @@ func TestExportAuditWaitsForOpenTransactions(t *testing.T) {
 	}
 	// Polls: another test's open transaction in the cluster holds the
 	// rows back too, until it ends.
-	got := read()
-	for deadline := time.Now().Add(10 * time.Second); len(got) < 3 && time.Now().Before(deadline); got = read() {
-		time.Sleep(10 * time.Millisecond)
-	}
+	var got []string
+	poll.Until(t, 10*time.Second, "the rows after the commit", func() bool { got = read(); return len(got) >= 3 })
 	if len(got) != 3 || got[1] != "early" || got[2] != "late" {
 		t.Fatalf("exported %v after the commit, want [legacy early late]", got)
 	}
