@@ -12,6 +12,7 @@ import (
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
@@ -43,6 +44,21 @@ func jsonStruct(b []byte) *structpb.Struct {
 		return &structpb.Struct{}
 	}
 	return s
+}
+
+// EventPB is an event as ListEvents answers it, its id and cursor sealed
+// for its tenant (R14.3). The audit export writes the same (export).
+func EventPB(c *events.Codec, e store.Event) *bcv1.Event {
+	id := c.EventCursor(e.TenantID, e.TxOrder, e.ID)
+	return &bcv1.Event{Id: id, TenantId: e.TenantID, Type: e.Type, Subject: e.Subject,
+		Time: ts(e.CreatedAt), Data: jsonStruct(e.Data), Cursor: id}
+}
+
+// AuditPB is an audit row as ListAudit answers it, as EventPB.
+func AuditPB(c *events.Codec, a store.AuditEntry) *bcv1.AuditEntry {
+	id := c.AuditCursor(a.TenantID, a.ID)
+	return &bcv1.AuditEntry{Id: id, TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
+		Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data), Cursor: id}
 }
 
 func tenantPB(t store.Tenant, root string) *bcv1.Tenant {

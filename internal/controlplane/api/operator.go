@@ -287,10 +287,9 @@ func (o *operator) ListEvents(ctx context.Context, req *connect.Request[bcv1.Lis
 		}
 		out := &bcv1.ListEventsResponse{NextCursor: next}
 		for _, e := range items {
-			c := o.s.cursors.EventCursor(tenant, e.TxOrder, e.ID)
-			out.Events = append(out.Events, &bcv1.Event{Id: c, TenantId: e.TenantID, Type: e.Type, Subject: e.Subject,
-				Time: ts(e.CreatedAt), Data: jsonStruct(e.Data), Cursor: c})
-			out.NextCursor = c
+			ev := EventPB(o.s.cursors, e)
+			out.Events = append(out.Events, ev)
+			out.NextCursor = ev.Cursor
 		}
 		return connect.NewResponse(out), nil
 	}
@@ -368,10 +367,9 @@ func (o *operator) ListAudit(ctx context.Context, req *connect.Request[bcv1.List
 		out.NextCursor = o.s.cursors.AuditCursor(tenant, after)
 	}
 	for _, a := range items {
-		c := o.s.cursors.AuditCursor(tenant, a.ID)
-		out.Items = append(out.Items, &bcv1.AuditEntry{Id: c, TenantId: a.TenantID, Actor: a.Actor, Action: a.Action,
-			Resource: a.Resource, Time: ts(a.CreatedAt), Data: jsonStruct(a.Data), Cursor: c})
-		out.NextCursor = c
+		entry := AuditPB(o.s.cursors, a)
+		out.Items = append(out.Items, entry)
+		out.NextCursor = entry.Cursor
 	}
 	return connect.NewResponse(out), nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/export"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -41,6 +42,8 @@ type Config struct {
 	Join       JoinConfig    `toml:"join"`
 	Metrics    MetricsConfig `toml:"metrics"`
 	Limits     LimitsConfig  `toml:"limits"`
+	// Export ships events and audit rows to external sinks (R17.4).
+	Export export.Config `toml:"export"`
 	// Downloads serves the bcd builds install scripts fetch (R11.5).
 	Downloads DownloadsConfig `toml:"downloads"`
 }
@@ -211,6 +214,9 @@ func (c *Config) validate() error {
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")
 	}
+	if err := export.Check(c.Export); err != nil {
+		return errs.New(errs.InvalidConfig, "config: %v", err)
+	}
 	if c.Join.SVIDForm == "" {
 		c.Join.SVIDForm = pki.SVIDFormPage
 	}
@@ -280,6 +286,16 @@ svid_form = "page"         # "spiffe-strict": one URI SAN, the TPM statement in 
 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"
+
+# [[export.sinks]]         # events and audit rows to a SIEM, at least once, deduped by id (docs/operations.md)
+# kind = "webhook"
+# url = "https://siem.example.com/ingest"
+# ca_file = "/etc/better-compute/siem-ca.pem"
+# secret_file = "/etc/better-compute/siem.token"   # sent as a bearer token; auth = "hmac" signs the body instead
+# kinds = ["events", "audit"]
+# [[export.sinks]]
+# kind = "file"
+# path = "/var/log/better-compute/audit.jsonl"
 
 [metrics]
 listen = "127.0.0.1:9090"

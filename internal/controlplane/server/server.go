@@ -19,6 +19,8 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
+	"github.com/better-compute/better-compute/internal/controlplane/events"
+	"github.com/better-compute/better-compute/internal/controlplane/export"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -147,7 +149,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if as != nil {
 		started = append(started, as)
 	}
-	stopBackground := runBackground(ctx, db, srv, log)
+	stopBackground := runBackground(ctx, cfg.Export, db, srv, log)
 	defer stopBackground()
 
 	scheme := "http"
@@ -332,8 +334,9 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 // runBackground starts the controller, command expiry, the commands
 // listener and the loop that wakes the controller on commits, and returns
 // the function that stops them and waits for them (before the store
-// closes: the controller releases its lease when it stops).
-func runBackground(ctx context.Context, db *store.DB, srv *api.Server, log *slog.Logger) (stop func()) {
+// closes: the controller releases its lease when it stops), and the
+// export of events and audit rows when [export] names sinks.
+func runBackground(ctx context.Context, exp export.Config, db *store.DB, srv *api.Server, log *slog.Logger) (stop func()) {
 	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub(), Notify: srv.Sessions().Notify})
 	srv.Sessions().OnResult(ctrl.Wake)
 	cctx, cstop := context.WithCancel(ctx)
@@ -357,7 +360,30 @@ func runBackground(ctx context.Context, db *store.DB, srv *api.Server, log *slog
 			}
 		}
 	}()
-	return func() { cstop(); <-lstDone; <-ctrlDone }
+	expDone := make(chan struct{})
+	go func() { defer close(expDone); runExport(cctx, exp, db, srv, log) }()
+	return func() { cstop(); <-lstDone; <-ctrlDone; <-expDone }
+}
+
+// runExport exports events and audit rows to the configured sinks until
+// ctx ends (R17.4). The config was checked when it was loaded
+// (export.Check); what fails only now (a CA file removed since) is logged
+// as an error and exports nothing.
+func runExport(ctx context.Context, exp export.Config, db *store.DB, srv *api.Server, log *slog.Logger) {
+	if len(exp.Sinks) == 0 {
+		return
+	}
+	codec, err := events.NewCodec(db.StreamKey())
+	if err == nil {
+		exp.DB, exp.Codec, exp.Hub, exp.Log = db, codec, srv.Hub(), log
+		var e *export.Exporter
+		if e, err = export.New(exp); err == nil {
+			log.Info("exporting events and audit rows", "sinks", len(exp.Sinks))
+			e.Run(ctx)
+			return
+		}
+	}
+	log.Error("export: not exporting", "err", err)
 }
 
 // loadBundle loads the machine PKI from cfg.PKI.Dir; nil when none is

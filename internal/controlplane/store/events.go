@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -61,13 +62,21 @@ func (t *Tx) InsertEvent(ctx context.Context, tenantID, typ, subject string, dat
 // PostgreSQL events get their position only after they committed (the
 // sequencer) and are hidden until then (tx_order NULL matches nothing).
 func (t *Tx) ListEvents(ctx context.Context, tenantID string, afterTx, afterID int64, typePrefix string, limit int) ([]Event, error) {
-	q := `SELECT id, tx_order, tenant_id, type, subject, data, created_ms FROM events
+	q := `SELECT ` + eventCols + ` FROM events
 		WHERE tenant_id = ? AND (tx_order > ? OR (tx_order = ? AND id > ?)) AND (? = '' OR type LIKE ?)
 		ORDER BY tx_order, id LIMIT ?`
 	rows, err := t.query(ctx, q, tenantID, afterTx, afterTx, afterID, typePrefix, escapeLike(typePrefix)+"%", limit)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
+	return scanEvents(rows)
+}
+
+// eventCols are the columns scanEvents reads, in its order.
+const eventCols = "id, tx_order, tenant_id, type, subject, data, created_ms"
+
+// scanEvents reads every event of rows and closes them.
+func scanEvents(rows *sql.Rows) ([]Event, error) {
 	defer rows.Close()
 	var out []Event
 	for rows.Next() {

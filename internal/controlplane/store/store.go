@@ -34,7 +34,8 @@
 // commands.go and commandlist.go (commands, and listing them);
 // workqueue.go (the controllers' work queue) and workowners.go (its owner
 // leases and owned claims); events.go; audit.go; limits.go (rate-limit
-// counters); streamkey.go (the cursor-sealing key); backup.go (online
+// counters); streamkey.go (the cursor-sealing key); exportpos.go (the
+// export lease, sinks' positions and the reads across tenants); backup.go (online
 // SQLite snapshots, schema versions, a restore's token revocations).
 //
 // Importers: domain packages and the API (through DB, Tx and their typed
