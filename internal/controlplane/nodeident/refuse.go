@@ -98,6 +98,7 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 			"peer", peer, "recorded", recorded)
 	}
 	if c.limiter.Drop(key) {
+		c.cfg.Metrics.Suppressed(r.Kind)
 		line(false)
 		return
 	}
@@ -128,6 +129,9 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 		}
 		return events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: tenant, Type: "security." + r.Kind + ".refused", Subject: subject, Data: data})
 	})
+	if !ok && err == nil {
+		c.cfg.Metrics.Suppressed(r.Kind)
+	}
 	line(ok && err == nil)
 	if err != nil {
 		c.lines.Log(slog.LevelError, key+"\x1ferror", "record refusal", "kind", r.Kind, "err", err)

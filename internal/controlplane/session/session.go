@@ -97,6 +97,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -174,6 +175,8 @@ type Config struct {
 	Check time.Duration
 	// TouchEvery throttles last_seen writes (default 30 s).
 	TouchEvery time.Duration
+	// Metrics, when set, counts sessions opened and commands delivered.
+	Metrics *telemetry.API
 }
 
 // Service is SessionService. Build it with New.
@@ -424,6 +427,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		c.end(endClosed, nil)
 		return nil
 	}
+	s.cfg.Metrics.SessionOpened()
 	msgs := make(chan *agentv1.SessionClientMessage, 8)
 	recvErr := make(chan error, 1)
 	go func() {
@@ -865,6 +869,7 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 			c.sent[cmd.ID] = struct{}{}
 			return fmt.Errorf("send command: %w", err)
 		}
+		s.cfg.Metrics.Command(telemetry.CommandDelivered, 1)
 		if len(c.sent) < maxUnanswered {
 			c.sent[cmd.ID] = struct{}{}
 		}
