@@ -32,14 +32,25 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
-func (a *app) logger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, errs.Invalid("--log-level", "want debug, info, warn or error")
+// logger builds the process's log from its config file's [log] section,
+// with --log-level and --log-format, when given, taking precedence.
+func (a *app) logger(c telemetry.LogConfig, cmd *cobra.Command) (*slog.Logger, error) {
+	if f := cmd.Flags().Lookup("log-level"); f != nil && (f.Changed || c.Level == "") {
+		c.Level = f.Value.String()
 	}
-	return slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: l})), nil
+	if f := cmd.Flags().Lookup("log-format"); f != nil && (f.Changed || c.Format == "") {
+		c.Format = f.Value.String()
+	}
+	return telemetry.NewLogger(a.env.Stderr, c)
+}
+
+// logFlags adds --log-level and --log-format.
+func logFlags(cmd *cobra.Command) {
+	cmd.Flags().String("log-level", "info", "debug, info, warn or error (overrides [log] level)")
+	cmd.Flags().String("log-format", telemetry.FormatText, "text or json (overrides [log] format)")
 }
 
 func signalContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -47,7 +58,7 @@ func signalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 func (a *app) serveCmd() *cobra.Command {
-	var path, level string
+	var path string
 	var printConfig bool
 	cmd := &cobra.Command{
 		Use:   "serve --config FILE",
@@ -68,7 +79,7 @@ gracefully. --print-config prints a commented example.`,
 			if err != nil {
 				return err
 			}
-			log, err := a.logger(level)
+			log, err := a.logger(cfg.Log, cmd)
 			if err != nil {
 				return err
 			}
@@ -78,7 +89,7 @@ gracefully. --print-config prints a commented example.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "TOML config file")
-	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	logFlags(cmd)
 	cmd.Flags().BoolVar(&printConfig, "print-config", false, "print an example config and exit")
 	return cmd
 }
@@ -96,7 +107,6 @@ const (
 
 func (a *app) devCmd() *cobra.Command {
 	var o devOptions
-	var level string
 	cmd := &cobra.Command{
 		Use:   "dev [--data-dir DIR]",
 		Short: "Run a complete local control plane on an embedded database",
@@ -141,7 +151,7 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 					return errs.Invalid("--cert-ttl", "want a duration from 60s to 24h in whole seconds, like 2m")
 				}
 			}
-			log, err := a.logger(level)
+			log, err := a.logger(telemetry.LogConfig{}, cmd)
 			if err != nil {
 				return err
 			}
@@ -160,7 +170,7 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
 	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
 	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
-	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	logFlags(cmd)
 	return cmd
 }
 

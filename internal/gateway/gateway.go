@@ -68,6 +68,9 @@ type Options struct {
 	// Ready, when set, receives the address Run listens on (listen on port
 	// 0 and learn the port here).
 	Ready func(addr string)
+	// MetricsReady, when set, receives the address of the [metrics]
+	// listener.
+	MetricsReady func(addr string)
 }
 
 // Gateway relays agent calls to the API. Build it with New.
@@ -91,6 +94,10 @@ type Gateway struct {
 	lines   *ratelimit.Logger
 	handler http.Handler
 	hs      *http.Server
+	// pair is the serving certificate in force (readiness, expiry).
+	pair         *certfile.Pair
+	metrics      *metrics
+	metricsReady func(addr string)
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -99,7 +106,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, metricsReady: o.MetricsReady, sem: make(chan struct{}, cfg.MaxConcurrent)}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -118,6 +125,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, badKey("cert_file", "load the gateway certificate and key: %v", err)
 	}
 	leaf := pair.Get().Leaf
+	g.pair = pair
 	roots, err := certfile.LoadPool(cfg.APICAFile, g.log)
 	if err != nil {
 		return nil, badKey("api_ca_file", "%v", err)
@@ -162,6 +170,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.ups = append(g.ups, g.newUpstream(u, newTransport))
 	}
 
+	g.newMetrics()
 	g.held = make(chan struct{}, cfg.MaxSessions)
 	g.stopped, g.stop = context.WithCancel(context.Background())
 	if len(g.ups) > 1 {
@@ -250,7 +259,15 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if err != nil {
 		return badKey("listen", "listen %s: %v", g.cfg.Listen, err)
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	ds, err := g.serveDiagnostics(errc)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if ds != nil {
+		defer ds.Close()
+	}
 	go func() { errc <- g.Serve(ln) }()
 	g.log.Info("gateway listening", "addr", ln.Addr().String())
 	if g.ready != nil {

@@ -92,9 +92,11 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	// Open the upstream stream now: the API's Challenge comes first, before
 	// the daemon sends anything.
 	if err := up.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		g.relayError(u)
 		g.markDown(u, err)
 		return g.upstreamError(proc, p, start, err)
 	}
+	g.metrics.opened.Inc()
 	// up.Send is used by both goroutines (relayed messages; results of
 	// refused commands).
 	var sendMu sync.Mutex
@@ -139,6 +141,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 			case ctx.Err() != nil:
 				return nil // the daemon left
 			}
+			g.relayError(u)
 			return g.upstreamError(proc, p, start, err)
 		}
 		switch msg := m.GetMsg().(type) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 )
@@ -55,6 +56,8 @@ type upstream struct {
 	// in flight on it moves on at once) and replaced when it comes back.
 	mu   sync.Mutex
 	outC chan struct{}
+	// relayErrors counts this replica's relay errors (pre-curried).
+	relayErrors prometheus.Counter
 }
 
 // setDown marks the replica out or back and reports whether that changed.
