@@ -164,6 +164,8 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringVar(&o.dir, "data-dir", "bc-dev", "data directory (created 0700)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "API address (https on loopback; :0 picks a port)")
 	f.StringVar(&o.gwListen, "gateway-listen", "127.0.0.1:8443", "gateway address daemons join through (TLS; :0 picks a port)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", "serve the API's /metrics here, e.g. 127.0.0.1:9090 (default: none)")
+	f.StringVar(&o.gwMetricsListen, "gateway-metrics-listen", "", "serve the gateway's /metrics, /livez and /readyz here, e.g. 127.0.0.1:9465 (default: none)")
 	f.StringVar(&o.td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
 	f.DurationVar(&o.certTTL, "cert-ttl", 0, "node certificate lifetime, 60s to 24h (default 24h); short ones show renewal and x509pop in minutes")
 	f.StringVar(&o.bcdBinary, "bcd-binary", "", "the linux bcd the downloads path serves (default: the bcd beside better-compute, else go build)")
@@ -176,8 +178,11 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 
 type devOptions struct {
 	dir, listen, gwListen, td string
-	certTTL                   time.Duration
-	bcdBinary                 string
+	// metricsListen and gwMetricsListen serve the API's and the gateway's
+	// /metrics (and the gateway's /livez, /readyz); empty: none.
+	metricsListen, gwMetricsListen string
+	certTTL                        time.Duration
+	bcdBinary                      string
 	// The tpm attestor for the dev pool, and the swtpm of dev's bcd.
 	tpmCAFiles    []string
 	tpmEnrollment bool
@@ -247,6 +252,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		// dev enables every attestor that is built, so all of the page can be tried.
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
+		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
 	}
 	envPath := filepath.Join(dir, "dev.env")
 	// The tenant, site and pool are made before the API is built, so the
@@ -261,7 +267,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
+	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, metricsListen: o.gwMetricsListen, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
 	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
 	err = server.Run(runCtx, cfg, server.Options{
 		Log:    log,
@@ -321,13 +327,14 @@ func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, s
 // devGateway is dev's gateway: started on its listener once the agent
 // listener is up, stopped when dev stops; a failure stops dev.
 type devGateway struct {
-	ln          net.Listener
-	dir, pkiDir string
-	log         *slog.Logger
-	cancel      context.CancelFunc
-	errc        chan error
-	done        chan struct{}
-	started     bool
+	ln            net.Listener
+	dir, pkiDir   string
+	metricsListen string
+	log           *slog.Logger
+	cancel        context.CancelFunc
+	errc          chan error
+	done          chan struct{}
+	started       bool
 }
 
 // start runs the gateway in front of the agent listener at addr until ctx
@@ -336,6 +343,7 @@ func (g *devGateway) start(ctx context.Context, addr string) {
 	gw, err := gateway.New(gateway.Config{
 		Listen: g.ln.Addr().String(), CertFile: filepath.Join(g.dir, "gateway.crt"), KeyFile: filepath.Join(g.dir, "gateway.key"),
 		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, ca.FileServingCACert),
+		Metrics: gateway.MetricsConfig{Listen: g.metricsListen},
 	}, gateway.Options{Log: g.log})
 	if err != nil {
 		g.errc <- err

@@ -143,24 +143,25 @@ func probe(ctx context.Context, u *upstream) error {
 }
 
 // serveDiagnostics serves DiagnosticsHandler on cfg.Metrics.Listen until
-// ctx ends; nil when none is configured.
-func (g *Gateway) serveDiagnostics(errc chan<- error) (*http.Server, error) {
+// Shutdown; nothing when none is configured.
+func (g *Gateway) serveDiagnostics() error {
 	if g.cfg.Metrics.Listen == "" {
-		return nil, nil
+		return nil
 	}
 	ln, err := net.Listen("tcp", g.cfg.Metrics.Listen)
 	if err != nil {
-		return nil, badKey("metrics.listen", "listen %s: %v", g.cfg.Metrics.Listen, err)
+		return badKey("metrics.listen", "listen %s: %v", g.cfg.Metrics.Listen, err)
 	}
-	hs := &http.Server{Handler: g.DiagnosticsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	ds := &http.Server{Handler: g.DiagnosticsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	g.ds.Store(ds)
 	go func() {
-		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
+		if err := ds.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			g.log.Error("gateway metrics listener stopped", telemetry.LogErr, err)
 		}
 	}()
-	g.log.Info("metrics listening", "addr", ln.Addr().String())
+	g.log.Info("gateway metrics listening", "addr", ln.Addr().String())
 	if g.metricsReady != nil {
 		g.metricsReady(ln.Addr().String())
 	}
-	return hs, nil
+	return nil
 }

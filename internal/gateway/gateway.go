@@ -98,6 +98,7 @@ type Gateway struct {
 	pair         *certfile.Pair
 	metrics      *metrics
 	metricsReady func(addr string)
+	ds           atomic.Pointer[http.Server] // the [metrics] listener's, once serving
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -259,15 +260,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if err != nil {
 		return badKey("listen", "listen %s: %v", g.cfg.Listen, err)
 	}
-	errc := make(chan error, 2)
-	ds, err := g.serveDiagnostics(errc)
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	if ds != nil {
-		defer ds.Close()
-	}
+	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()
 	g.log.Info("gateway listening", "addr", ln.Addr().String())
 	if g.ready != nil {
@@ -287,6 +280,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 // Serve serves TLS (HTTP/2 and HTTP/1.1) on ln until Shutdown; it returns nil
 // after a shutdown. A Gateway serves once.
 func (g *Gateway) Serve(ln net.Listener) error {
+	if err := g.serveDiagnostics(); err != nil {
+		ln.Close()
+		return err
+	}
 	// ServeTLS configures HTTP/2 on the server; the certificate comes from
 	// TLSConfig.
 	if err := g.hs.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
@@ -302,6 +299,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	// to another gateway if this one is going away) so the graceful wait
 	// covers only joins and renewals.
 	g.stop()
+	if ds := g.ds.Load(); ds != nil {
+		_ = ds.Close()
+	}
 	err := g.hs.Shutdown(ctx)
 	for _, u := range g.ups {
 		u.closeIdle()
