@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"connectrpc.com/connect"
@@ -351,7 +352,7 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 			select {
 			case g.sem <- struct{}{}:
 			default:
-				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, "peer", peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
+				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, telemetry.LogPeer, peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
 				return nil, wire.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 			}
 			defer func() { <-g.sem }()
@@ -509,7 +510,7 @@ func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err e
 		}
 		return out
 	}
-	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, "peer", p.addr,
+	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, telemetry.LogPeer, p.addr,
 		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
 	return wire.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
 }

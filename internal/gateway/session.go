@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -73,7 +74,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	select {
 	case g.held <- struct{}{}:
 	default:
-		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
+		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, p.addr, "max_sessions", g.cfg.MaxSessions)
 		return wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 	}
 	defer func() { <-g.held }()

@@ -473,7 +473,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 				if ctx.Err() != nil {
 					continue // the ctx.Done case says how the session ended
 				}
-				s.log.Warn("deliver commands", "node", c.nodeID, "err", err)
+				s.log.Warn("deliver commands", telemetry.LogNodeID, c.nodeID, "err", err)
 			}
 		}
 	}
@@ -671,7 +671,7 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 		return events.Audit(ctx, tx, events.Entry{TenantID: c.tenantID, Actor: actor, Action: "node.disconnected", Resource: nodeResource(c.nodeID), Data: data})
 	})
 	if err != nil {
-		s.log.Error("mark node disconnected", "node", c.nodeID, "err", err)
+		s.log.Error("mark node disconnected", telemetry.LogNodeID, c.nodeID, "err", err)
 	}
 }
 
@@ -695,7 +695,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 			return err
 		})
 		if err != nil {
-			s.log.Warn("record heartbeat", "node", c.nodeID, "err", err)
+			s.log.Warn("record heartbeat", telemetry.LogNodeID, c.nodeID, "err", err)
 			return nil
 		}
 		if !ok {
@@ -760,7 +760,7 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 		return tx.WakeNodeWork(ctx, c.nodeID)
 	})
 	if err != nil {
-		s.log.Error("record command result", "node", c.nodeID, "command", r.GetCommandId(), "err", err)
+		s.log.Error("record command result", telemetry.LogNodeID, c.nodeID, "command", r.GetCommandId(), "err", err)
 		return nil
 	}
 	if forged {
