@@ -7,10 +7,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/join/attest/discovery"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/secret"
@@ -63,4 +66,50 @@ func TestJoinMetricsR17_1(t *testing.T) {
 func unknownToken() string {
 	plain, _ := secret.Mint()
 	return secret.Format("bcjt", ids.New(ids.JoinToken, time.Now()), plain)
+}
+
+// R17.1: a deferred join is one deferral and one pending join request;
+// its approval through the operator API is one decision, and the retry is
+// one admitted discovery join; the pending gauge is counted at scrape
+// time.
+func TestApprovalMetricsR17_1(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := discoveryAttestors
+	opts.Metrics = telemetry.NewAPI(reg)
+	e := apitest.Start(t, storetest.OpenSQLite(t), opts)
+	e.Server.RegisterMetrics(reg)
+	d := newDisco(t, e, tenancy.ApprovalAlways)
+	d.vouch(t, d.site.Id, boot1.mac, boot1.ip, boot1.epoch)
+	m := ramdiskMachine(t, boot1.mac)
+	req := d.request(t, m, d.ramdisk, boot1, time.Time{})
+	df := d.mustDefer(t, d.svc, m, req)
+
+	v := telemetrytest.Gather(t, reg)
+	if got := v.Get(telemetry.Joins, "attestor", discovery.Name, "outcome", telemetry.OutcomeDeferred); got != 1 {
+		t.Errorf("deferred joins %v, want 1", got)
+	}
+	if got := v.Get(telemetry.JoinRequests, "state", "pending"); got != 1 {
+		t.Errorf("pending join requests %v, want 1", got)
+	}
+	if _, err := e.Admin.JoinRequests.ApproveJoinRequest(context.Background(), rq(&bcv1.ApproveJoinRequestRequest{
+		TenantId: d.root, PoolId: d.pool.Id, RequestId: df.GetRequestId(), TtlSeconds: 900, Reason: "rack B7 intake"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.joinWith(d.svc, req); err != nil {
+		t.Fatalf("join after the approval: %v", err)
+	}
+	v = telemetrytest.Gather(t, reg)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{telemetry.JoinRequestsDecided, []string{"decision", telemetry.DecisionApproved}, 1},
+		{telemetry.Joins, []string{"attestor", discovery.Name, "outcome", telemetry.OutcomeAdmitted}, 1},
+		{telemetry.TokenSpends, nil, 1},
+	} {
+		if got := v.Get(c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
 }
