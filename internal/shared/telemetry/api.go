@@ -20,17 +20,18 @@ type API struct {
 	suppressed *prometheus.CounterVec
 	opened     prometheus.Counter
 
-	// admitted caches the pre-curried counters of admitted joins (the hot
-	// path: no label hashing or allocation per join).
-	admitted sync.Map // joinKey -> prometheus.Counter
+	// admitted caches the pre-curried counters of admitted joins by
+	// attestor and role (the hot path: no label hashing and no allocation
+	// per join).
+	mu       sync.RWMutex
+	admitted map[string]map[string]prometheus.Counter
 	phases   [2]prometheus.Observer
 }
-
-type joinKey struct{ attestor, role string }
 
 // NewAPI registers the API's fleet metrics on reg.
 func NewAPI(reg prometheus.Registerer) *API {
 	m := &API{
+		admitted: map[string]map[string]prometheus.Counter{},
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Joins,
 			Help: "Joins by attestor, role and outcome (admitted, refused, deferred, conflict, challenged, error); reason is the refusal reason, empty otherwise."},
 			[]string{LabelAttestor, LabelRole, LabelOutcome, LabelReason}),
@@ -71,13 +72,18 @@ func (m *API) Join(attestor, role, outcome, reason string) {
 	}
 	attestor, role = Attestor(attestor), Role(role)
 	if outcome == OutcomeAdmitted {
-		k := joinKey{attestor, role}
-		if c, ok := m.admitted.Load(k); ok {
-			c.(prometheus.Counter).Inc()
-			return
+		m.mu.RLock()
+		c, ok := m.admitted[attestor][role]
+		m.mu.RUnlock()
+		if !ok {
+			c = m.joins.WithLabelValues(attestor, role, outcome, "")
+			m.mu.Lock()
+			if m.admitted[attestor] == nil {
+				m.admitted[attestor] = map[string]prometheus.Counter{}
+			}
+			m.admitted[attestor][role] = c
+			m.mu.Unlock()
 		}
-		c := m.joins.WithLabelValues(attestor, role, outcome, "")
-		m.admitted.Store(k, c)
 		c.Inc()
 		return
 	}
