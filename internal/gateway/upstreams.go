@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -173,18 +172,7 @@ func (g *Gateway) checkHealth() {
 func (g *Gateway) check(u *upstream) {
 	ctx, cancel := context.WithTimeout(g.stopped, healthTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.base+"/readyz", nil)
-	if err != nil {
-		return
-	}
-	res, err := u.http.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<10))
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			err = errors.New(res.Status)
-		}
-	}
+	err := probe(ctx, u)
 	if g.stopped.Err() != nil {
 		return
 	}
