@@ -142,8 +142,27 @@ func TestMetricsMoveR17_1(t *testing.T) {
 		t.Errorf("node CA expiry %v s", exp)
 	}
 
-	// R17.3: no secret in any log line.
-	logs := dev.output() + daemon.output()
+	// R17.3: no secret in any log line; the refusal's line has the
+	// common keys.
+	checkLogs(t, dev.output(), daemon.output(), env, tokens)
+}
+
+func httpGet(url string) (int, string) {
+	res, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// checkLogs looks for the API key, private keys and every token (whole,
+// and its secret) in the logs, and for the refusal's JSON line with its
+// reason and tenant.
+func checkLogs(t *testing.T, devOut, bcdOut string, env map[string]string, tokens []string) {
+	t.Helper()
+	logs := devOut + bcdOut
 	_, apiKeySecret, _ := strings.Cut(env["BETTER_COMPUTE_API_KEY"], ".")
 	secrets := map[string]string{"API key": env["BETTER_COMPUTE_API_KEY"], "API key secret": apiKeySecret, "private key": "PRIVATE KEY"}
 	for i, tk := range tokens {
@@ -160,7 +179,7 @@ func TestMetricsMoveR17_1(t *testing.T) {
 	}
 	// The refusal is one JSON line with the common keys.
 	var refused map[string]any
-	for _, line := range strings.Split(dev.output(), "\n") {
+	for _, line := range strings.Split(devOut, "\n") {
 		var l map[string]any
 		if json.Unmarshal([]byte(line), &l) == nil && l["msg"] == "join refused" {
 			refused = l
@@ -169,14 +188,4 @@ func TestMetricsMoveR17_1(t *testing.T) {
 	if refused[telemetry.LogReason] != "join-token:token-used-up" || refused[telemetry.LogTenant] != env["TENANT"] {
 		t.Errorf("the refusal's log line %v, want reason join-token:token-used-up and tenant %s", refused, env["TENANT"])
 	}
-}
-
-func httpGet(url string) (int, string) {
-	res, err := http.Get(url)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
 }
