@@ -236,6 +236,9 @@ func (s *Server) Sessions() *session.Service { return s.sessions }
 // readers.
 func (s *Server) Hub() *events.Hub { return s.hub }
 
+// ReadyHandler is /readyz, for another listener (the metrics one).
+func (s *Server) ReadyHandler() http.Handler { return http.HandlerFunc(s.ready) }
+
 // ready is /readyz: 200 while the database answers reads and takes
 // writes, else 503 with the reason (R19.1), so load balancers and gateways
 // route away from a replica whose database is down, read-only or full.

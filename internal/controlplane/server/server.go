@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 			errc <- err
 		}
 	}()
-	ms, err := serveMetrics(cfg, o, log, reg, errc)
+	ms, err := serveMetrics(cfg, o, log, reg, srv, errc)
 	if err != nil {
 		return err
 	}
@@ -242,9 +242,10 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	return srv, nil
 }
 
-// serveMetrics serves Prometheus metrics (and pprof when configured) on
+// serveMetrics serves Prometheus metrics, /livez and /readyz (and pprof
+// when configured) on
 // cfg.Metrics.Listen; nil when none is configured.
-func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, errc chan<- error) (*http.Server, error) {
+func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, srv *api.Server, errc chan<- error) (*http.Server, error) {
 	if cfg.Metrics.Listen == "" {
 		return nil, nil
 	}
@@ -254,6 +255,10 @@ func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Regis
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// The same health as the gateway's and bcd's listeners (R17.2): a
+	// probe needs no route to the API's own listener.
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("GET /readyz", srv.ReadyHandler())
 	if cfg.Metrics.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
