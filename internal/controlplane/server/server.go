@@ -243,8 +243,7 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 }
 
 // serveMetrics serves Prometheus metrics, /livez and /readyz (and pprof
-// when configured) on
-// cfg.Metrics.Listen; nil when none is configured.
+// when configured) on cfg.Metrics.Listen; nil when none is configured.
 func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, srv *api.Server, errc chan<- error) (*http.Server, error) {
 	if cfg.Metrics.Listen == "" {
 		return nil, nil
