@@ -7,7 +7,7 @@ import (
 )
 
 func (a *app) gatewayCmd() *cobra.Command {
-	var path, level string
+	var path string
 	cmd := &cobra.Command{
 		Use:   "gateway --config FILE",
 		Short: "Run a regional gateway that daemons connect to",
@@ -29,6 +29,11 @@ Config (TOML, unknown keys are errors):
   attempt_timeout = "5s"
   max_concurrent = 1024
 
+  [metrics]
+  listen = "127.0.0.1:9465"   # /metrics, /livez, /readyz
+  [log]
+  format = "json"             # or "text" (the default)
+
 With several replicas (api_urls), a join or renewal that one replica does
 not answer within attempt_timeout, or whose replica fails or is taken out
 meanwhile, is sent again (the same bytes) to another healthy replica, and
@@ -44,7 +49,7 @@ are never resent.`,
 			if err != nil {
 				return err
 			}
-			log, err := a.logger(level)
+			log, err := a.logger(cfg.Log, cmd)
 			if err != nil {
 				return err
 			}
@@ -58,6 +63,6 @@ are never resent.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "TOML config file")
-	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	logFlags(cmd)
 	return cmd
 }

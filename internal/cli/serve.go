@@ -32,14 +32,25 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
-func (a *app) logger(level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, errs.Invalid("--log-level", "want debug, info, warn or error")
+// logger builds the process's log from its config file's [log] section,
+// with --log-level and --log-format, when given, taking precedence.
+func (a *app) logger(c telemetry.LogConfig, cmd *cobra.Command) (*slog.Logger, error) {
+	if f := cmd.Flags().Lookup("log-level"); f != nil && (f.Changed || c.Level == "") {
+		c.Level = f.Value.String()
 	}
-	return slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: l})), nil
+	if f := cmd.Flags().Lookup("log-format"); f != nil && (f.Changed || c.Format == "") {
+		c.Format = f.Value.String()
+	}
+	return telemetry.NewLogger(a.env.Stderr, c)
+}
+
+// logFlags adds --log-level and --log-format.
+func logFlags(cmd *cobra.Command) {
+	cmd.Flags().String("log-level", "info", "debug, info, warn or error (overrides [log] level)")
+	cmd.Flags().String("log-format", telemetry.FormatText, "text or json (overrides [log] format)")
 }
 
 func signalContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -47,7 +58,7 @@ func signalContext(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 func (a *app) serveCmd() *cobra.Command {
-	var path, level string
+	var path string
 	var printConfig bool
 	cmd := &cobra.Command{
 		Use:   "serve --config FILE",
@@ -68,7 +79,7 @@ gracefully. --print-config prints a commented example.`,
 			if err != nil {
 				return err
 			}
-			log, err := a.logger(level)
+			log, err := a.logger(cfg.Log, cmd)
 			if err != nil {
 				return err
 			}
@@ -78,7 +89,7 @@ gracefully. --print-config prints a commented example.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "TOML config file")
-	cmd.Flags().StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	logFlags(cmd)
 	cmd.Flags().BoolVar(&printConfig, "print-config", false, "print an example config and exit")
 	return cmd
 }
@@ -96,7 +107,6 @@ const (
 
 func (a *app) devCmd() *cobra.Command {
 	var o devOptions
-	var level string
 	cmd := &cobra.Command{
 		Use:   "dev [--data-dir DIR]",
 		Short: "Run a complete local control plane on an embedded database",
@@ -141,7 +151,7 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 					return errs.Invalid("--cert-ttl", "want a duration from 60s to 24h in whole seconds, like 2m")
 				}
 			}
-			log, err := a.logger(level)
+			log, err := a.logger(telemetry.LogConfig{}, cmd)
 			if err != nil {
 				return err
 			}
@@ -154,20 +164,25 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringVar(&o.dir, "data-dir", "bc-dev", "data directory (created 0700)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "API address (https on loopback; :0 picks a port)")
 	f.StringVar(&o.gwListen, "gateway-listen", "127.0.0.1:8443", "gateway address daemons join through (TLS; :0 picks a port)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "", "serve the API's /metrics here, e.g. 127.0.0.1:9090 (default: none)")
+	f.StringVar(&o.gwMetricsListen, "gateway-metrics-listen", "", "serve the gateway's /metrics, /livez and /readyz here, e.g. 127.0.0.1:9465 (default: none)")
 	f.StringVar(&o.td, "trust-domain", "dev.better-compute.internal", "SPIFFE trust domain of a new PKI")
 	f.DurationVar(&o.certTTL, "cert-ttl", 0, "node certificate lifetime, 60s to 24h (default 24h); short ones show renewal and x509pop in minutes")
 	f.StringVar(&o.bcdBinary, "bcd-binary", "", "the linux bcd the downloads path serves (default: the bcd beside better-compute, else go build)")
 	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
 	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
 	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
-	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	logFlags(cmd)
 	return cmd
 }
 
 type devOptions struct {
 	dir, listen, gwListen, td string
-	certTTL                   time.Duration
-	bcdBinary                 string
+	// metricsListen and gwMetricsListen serve the API's and the gateway's
+	// /metrics (and the gateway's /livez, /readyz); empty: none.
+	metricsListen, gwMetricsListen string
+	certTTL                        time.Duration
+	bcdBinary                      string
 	// The tpm attestor for the dev pool, and the swtpm of dev's bcd.
 	tpmCAFiles    []string
 	tpmEnrollment bool
@@ -237,6 +252,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		// dev enables every attestor that is built, so all of the page can be tried.
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
+		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
 	}
 	envPath := filepath.Join(dir, "dev.env")
 	// The tenant, site and pool are made before the API is built, so the
@@ -251,7 +267,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
+	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, metricsListen: o.gwMetricsListen, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
 	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
 	err = server.Run(runCtx, cfg, server.Options{
 		Log:    log,
@@ -311,13 +327,14 @@ func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, s
 // devGateway is dev's gateway: started on its listener once the agent
 // listener is up, stopped when dev stops; a failure stops dev.
 type devGateway struct {
-	ln          net.Listener
-	dir, pkiDir string
-	log         *slog.Logger
-	cancel      context.CancelFunc
-	errc        chan error
-	done        chan struct{}
-	started     bool
+	ln            net.Listener
+	dir, pkiDir   string
+	metricsListen string
+	log           *slog.Logger
+	cancel        context.CancelFunc
+	errc          chan error
+	done          chan struct{}
+	started       bool
 }
 
 // start runs the gateway in front of the agent listener at addr until ctx
@@ -326,6 +343,7 @@ func (g *devGateway) start(ctx context.Context, addr string) {
 	gw, err := gateway.New(gateway.Config{
 		Listen: g.ln.Addr().String(), CertFile: filepath.Join(g.dir, "gateway.crt"), KeyFile: filepath.Join(g.dir, "gateway.key"),
 		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, ca.FileServingCACert),
+		Metrics: gateway.MetricsConfig{Listen: g.metricsListen},
 	}, gateway.Options{Log: g.log})
 	if err != nil {
 		g.errc <- err

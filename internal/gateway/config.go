@@ -11,6 +11,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Defaults for the limits in Config.
@@ -64,6 +65,11 @@ type Config struct {
 	// sessions (default 4), each session on one of them in turn; with
 	// several API replicas behind one address, sessions spread over them.
 	UpstreamConns int `toml:"upstream_conns"`
+	// Metrics serves /metrics, /livez and /readyz on their own listener
+	// ([metrics] listen, e.g. "127.0.0.1:9465"; off when empty).
+	Metrics MetricsConfig `toml:"metrics"`
+	// Log is the gateway's log format and level ([log] format = "json").
+	Log telemetry.LogConfig `toml:"log"`
 }
 
 // LoadConfig reads a TOML config file; unknown keys are errors.
@@ -208,4 +214,13 @@ attempt_timeout = "5s"    # a join or renewal with no answer by then is resent t
 max_concurrent = 1024
 max_sessions = 100000
 upstream_conns = 4
+
+# /metrics, /livez and /readyz (ready: the certificate is valid and an API
+# replica answers); off when empty
+[metrics]
+listen = "127.0.0.1:9465"
+
+[log]
+format = "text"   # or "json"
+level = "info"
 `

@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"connectrpc.com/connect"
@@ -68,6 +69,9 @@ type Options struct {
 	// Ready, when set, receives the address Run listens on (listen on port
 	// 0 and learn the port here).
 	Ready func(addr string)
+	// MetricsReady, when set, receives the address of the [metrics]
+	// listener.
+	MetricsReady func(addr string)
 }
 
 // Gateway relays agent calls to the API. Build it with New.
@@ -91,6 +95,11 @@ type Gateway struct {
 	lines   *ratelimit.Logger
 	handler http.Handler
 	hs      *http.Server
+	// pair is the serving certificate in force (readiness, expiry).
+	pair         *certfile.Pair
+	metrics      *metrics
+	metricsReady func(addr string)
+	ds           atomic.Pointer[http.Server] // the [metrics] listener's, once serving
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -99,7 +108,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, metricsReady: o.MetricsReady, sem: make(chan struct{}, cfg.MaxConcurrent)}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -118,6 +127,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, badKey("cert_file", "load the gateway certificate and key: %v", err)
 	}
 	leaf := pair.Get().Leaf
+	g.pair = pair
 	roots, err := certfile.LoadPool(cfg.APICAFile, g.log)
 	if err != nil {
 		return nil, badKey("api_ca_file", "%v", err)
@@ -162,6 +172,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.ups = append(g.ups, g.newUpstream(u, newTransport))
 	}
 
+	g.newMetrics()
 	g.held = make(chan struct{}, cfg.MaxSessions)
 	g.stopped, g.stop = context.WithCancel(context.Background())
 	if len(g.ups) > 1 {
@@ -270,6 +281,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 // Serve serves TLS (HTTP/2 and HTTP/1.1) on ln until Shutdown; it returns nil
 // after a shutdown. A Gateway serves once.
 func (g *Gateway) Serve(ln net.Listener) error {
+	if err := g.serveDiagnostics(); err != nil {
+		ln.Close()
+		return err
+	}
 	// ServeTLS configures HTTP/2 on the server; the certificate comes from
 	// TLSConfig.
 	if err := g.hs.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
@@ -285,6 +300,9 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	// to another gateway if this one is going away) so the graceful wait
 	// covers only joins and renewals.
 	g.stop()
+	if ds := g.ds.Load(); ds != nil {
+		_ = ds.Close()
+	}
 	err := g.hs.Shutdown(ctx)
 	for _, u := range g.ups {
 		u.closeIdle()
@@ -334,7 +352,7 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 			select {
 			case g.sem <- struct{}{}:
 			default:
-				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, "peer", peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
+				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, telemetry.LogPeer, peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
 				return nil, wire.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 			}
 			defer func() { <-g.sem }()
@@ -492,7 +510,7 @@ func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err e
 		}
 		return out
 	}
-	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, "peer", p.addr,
+	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, telemetry.LogPeer, p.addr,
 		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
 	return wire.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
 }

@@ -140,6 +140,7 @@ func (h *hedge[Res]) settle(ctx context.Context, a attempt[Res]) (*connect.Respo
 	switch {
 	case !answered:
 		if ctx.Err() == nil {
+			h.g.relayError(a.u)
 			h.g.markDown(a.u, a.err)
 		}
 		if !notSent(a.err) {

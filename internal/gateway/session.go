@@ -16,6 +16,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -73,7 +74,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	select {
 	case g.held <- struct{}{}:
 	default:
-		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", "peer", p.addr, "max_sessions", g.cfg.MaxSessions)
+		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, p.addr, "max_sessions", g.cfg.MaxSessions)
 		return wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 	}
 	defer func() { <-g.held }()
@@ -92,9 +93,11 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	// Open the upstream stream now: the API's Challenge comes first, before
 	// the daemon sends anything.
 	if err := up.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		g.relayError(u)
 		g.markDown(u, err)
 		return g.upstreamError(proc, p, start, err)
 	}
+	g.metrics.opened.Inc()
 	// up.Send is used by both goroutines (relayed messages; results of
 	// refused commands).
 	var sendMu sync.Mutex
@@ -139,6 +142,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 			case ctx.Err() != nil:
 				return nil // the daemon left
 			}
+			g.relayError(u)
 			return g.upstreamError(proc, p, start, err)
 		}
 		switch msg := m.GetMsg().(type) {

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 )
@@ -55,6 +55,8 @@ type upstream struct {
 	// in flight on it moves on at once) and replaced when it comes back.
 	mu   sync.Mutex
 	outC chan struct{}
+	// relayErrors counts this replica's relay errors (pre-curried).
+	relayErrors prometheus.Counter
 }
 
 // setDown marks the replica out or back and reports whether that changed.
@@ -170,18 +172,7 @@ func (g *Gateway) checkHealth() {
 func (g *Gateway) check(u *upstream) {
 	ctx, cancel := context.WithTimeout(g.stopped, healthTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.base+"/readyz", nil)
-	if err != nil {
-		return
-	}
-	res, err := u.http.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<10))
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			err = errors.New(res.Status)
-		}
-	}
+	err := probe(ctx, u)
 	if g.stopped.Err() != nil {
 		return
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -87,6 +88,9 @@ type Config struct {
 	// commands nobody notified it of (session.Config.Poll; 0: the
 	// default).
 	SessionPoll time.Duration
+	// Metrics, when set, counts joins, renewals, token spends, decisions,
+	// issuance, commands and sessions (telemetry.NewAPI).
+	Metrics *telemetry.API
 }
 
 // Server is the API.
@@ -146,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		tenancy:  tenancy.New(tenancy.Config{DB: cfg.DB, Hub: hub}),
 		authz:    authz.New(authz.Config{DB: cfg.DB, Hub: hub}),
 		tokens:   tokens.New(tokens.Config{DB: cfg.DB, Hub: hub}),
-		joinReqs: joinreq.New(joinreq.Config{DB: cfg.DB, Hub: hub, Clock: cfg.Clock}),
+		joinReqs: joinreq.New(joinreq.Config{DB: cfg.DB, Hub: hub, Clock: cfg.Clock, Metrics: cfg.Metrics}),
 		mux:      http.NewServeMux(),
 		// Read once: RouteLabel runs on every request.
 		procedures: operatorProcedures(),
@@ -154,7 +158,7 @@ func New(cfg Config) (*Server, error) {
 	// One identity core checks, issues and records refusals for joins,
 	// renewals and sessions, with one refusal limiter.
 	core, err := nodeident.New(nodeident.Config{DB: cfg.DB, Bundle: cfg.Bundle, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, CertTTL: cfg.CertTTL,
-		SVIDForm: cfg.SVIDForm})
+		SVIDForm: cfg.SVIDForm, Metrics: cfg.Metrics})
 	if err != nil {
 		return nil, err
 	}
@@ -162,15 +166,15 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll})
-	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits,
+	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll, Metrics: cfg.Metrics})
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits, Metrics: cfg.Metrics,
 		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err
 	}
 	// A retired node's session on this replica ends at once (R12.1); other
 	// replicas' end at their next check of held sessions.
 	s.nodes = nodes.New(nodes.Config{DB: cfg.DB, Hub: hub, EndSession: func(id string) { s.sessions.EndNode(id, session.EndRetired) }})
-	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Clock: cfg.Clock, Notify: s.sessions.Notify})
+	s.commands = commands.New(commands.Config{DB: cfg.DB, Hub: hub, Log: cfg.Log, Clock: cfg.Clock, Notify: s.sessions.Notify, Metrics: cfg.Metrics})
 	op := &operator{s: s}
 	opts := []connect.HandlerOption{
 		connect.WithCodec(jsonCodec{}),
@@ -232,6 +236,9 @@ func (s *Server) Sessions() *session.Service { return s.sessions }
 // readers.
 func (s *Server) Hub() *events.Hub { return s.hub }
 
+// ReadyHandler is /readyz, for another listener (the metrics one).
+func (s *Server) ReadyHandler() http.Handler { return http.HandlerFunc(s.ready) }
+
 // ready is /readyz: 200 while the database answers reads and takes
 // writes, else 503 with the reason (R19.1), so load balancers and gateways
 // route away from a replica whose database is down, read-only or full.
@@ -275,7 +282,7 @@ func (s *Server) authenticateFirst(h http.Handler, errw *connect.ErrorWriter) ht
 				// The store failed (UNAVAILABLE, or an error it did not
 				// classify): no key vouches for the caller, so the line
 				// is rate-limited and ToWire writes none.
-				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, "peer", r.RemoteAddr, "err", err)
+				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, telemetry.LogPeer, r.RemoteAddr, "err", err)
 				log = discard
 			}
 			_ = errw.Write(w, r, wire.ToWire(log, r.URL.Path, err))

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Env is a running API with a root tenant and its admin key.
@@ -51,6 +52,9 @@ type Options struct {
 	Clock clock.Clock
 	// Log is the API's log (api.Config.Log); nil discards it.
 	Log *slog.Logger
+	// Metrics is the API's fleet metrics (api.Config.Metrics); nil counts
+	// nothing.
+	Metrics *telemetry.API
 }
 
 // Start runs the API on db.
@@ -69,7 +73,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log})
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics})
 	if err != nil {
 		t.Fatalf("api.New: %v", err)
 	}

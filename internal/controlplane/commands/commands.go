@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -71,6 +72,8 @@ type Config struct {
 	// replica learns of it by the store's notification (PostgreSQL), or
 	// by its session service's poll.
 	Notify func(nodeID string)
+	// Metrics, when set, counts commands enqueued and expired.
+	Metrics *telemetry.API
 }
 
 // Service enqueues, reads and expires commands.
@@ -209,6 +212,9 @@ func (s *Service) Enqueue(ctx context.Context, p authz.Principal, tenantID, node
 		}
 		return nil
 	})
+	if err == nil {
+		s.cfg.Metrics.Command(telemetry.CommandEnqueued, 1)
+	}
 	return cmd, err
 }
 
@@ -308,6 +314,7 @@ func (s *Service) Expire(ctx context.Context) (int, error) {
 			return total, fmt.Errorf("expire commands: %w", err)
 		}
 		total += n
+		s.cfg.Metrics.Command(telemetry.CommandExpired, n)
 		if !more {
 			return total, nil
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/ids"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Config lists the controller's dependencies.
@@ -220,7 +221,7 @@ func (c *Controller) RunOnce(ctx context.Context) (int, error) {
 		err := c.cfg.DB.WithTx(ctx, func(tx *store.Tx) error { return c.process(ctx, tx, w) })
 		if err != nil {
 			backoff := min(time.Duration(1<<min(w.Attempts, 8))*time.Second, 5*time.Minute)
-			c.cfg.Log.Warn("work failed", "kind", w.Kind, "node", w.NodeID, "attempt", w.Attempts+1, "err", err)
+			c.cfg.Log.Warn("work failed", "kind", w.Kind, telemetry.LogNodeID, w.NodeID, "attempt", w.Attempts+1, "err", err)
 			if errors.Is(err, store.ErrLeaseLost) {
 				// Another replica took it over; it is theirs now.
 				continue

@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/ids"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // DefaultRetryAfter is how long a deferred daemon is told to wait before
@@ -55,6 +56,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 			if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
 				return approved{}, err
 			}
+			tx.AfterCommit(func() { s.cfg.Metrics.Decided(telemetry.DecisionExpired) })
 			found = false
 		default:
 			// Still pending: the daemon asks again later.

@@ -39,6 +39,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -89,6 +90,9 @@ type Config struct {
 	// Limits bound the join requests unauthenticated callers can make
 	// (R15.4); zero fields take their defaults.
 	Limits RequestLimits
+	// Metrics, when set, counts joins by outcome, renewals, token spends
+	// and times the join's phases.
+	Metrics *telemetry.API
 }
 
 // Service is JoinService.
@@ -153,8 +157,12 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 	if s.core.Bundle() == nil {
 		return nil, nodeident.ErrNotConfigured
 	}
+	m := s.cfg.Metrics
+	start := s.clock.Now()
 	in, pub, ref := s.check(req)
+	m.Phase(telemetry.PhaseCheck, s.clock.Now().Sub(start))
 	if ref != nil {
+		m.Join(ref.attestor, ref.role, telemetry.OutcomeRefused, ref.Reason)
 		s.refused(ctx, ref)
 		return nil, errRefused
 	}
@@ -162,27 +170,34 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 	att := s.cfg.Attestors[attestorName(req.GetAttestor())]
 	var res *agentv1.JoinResponse
 	var err error
+	outcome := telemetry.OutcomeAdmitted
 	if c, ok := att.(attest.Challenger); ok && len(in.Answer) == 0 {
 		// The first leg of a two-leg attestor: a challenge for the
 		// machine, outside any transaction; nothing is read, written,
 		// issued or spent, and a challenge is never stored (R4.9).
 		var ch []byte
 		if ch, err = c.Challenge(ctx, in); err == nil {
-			res = &agentv1.JoinResponse{Challenge: ch}
+			res, outcome = &agentv1.JoinResponse{Challenge: ch}, telemetry.OutcomeChallenged
 		}
 	} else {
-		res, err = s.admit(ctx, att, in, pub, req, peer)
+		start = s.clock.Now()
+		res, outcome, err = s.admit(ctx, att, in, pub, req, peer)
+		m.Phase(telemetry.PhaseAdmit, s.clock.Now().Sub(start))
 	}
 	var r *nodeident.Refusal
 	switch {
 	case err == nil:
+		m.Join(att.Name(), in.Role, outcome, "")
 		return res, nil
 	case errors.As(err, &r):
+		m.Join(att.Name(), in.Role, telemetry.OutcomeRefused, r.Reason)
 		s.refused(ctx, &joinRefusal{Refusal: r, attestor: att.Name(), role: in.Role, csrHash: in.CSRSHA256, hwKey: in.Key})
 		return nil, errRefused
 	case errors.Is(err, errRace):
+		m.Join(att.Name(), in.Role, telemetry.OutcomeConflict, "")
 		return nil, errRace
 	default:
+		m.Join(att.Name(), in.Role, telemetry.OutcomeError, "")
 		return nil, err
 	}
 }
@@ -294,16 +309,17 @@ type admitted struct {
 // (events, audit, the stored answer), and the attestor's spend last. Its
 // statements are ordered for the hot token row (PostgreSQL): the spend
 // locks it, so it is held only from the spend to the commit.
-func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, pub *ecdsa.PublicKey, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, error) {
+// The outcome is telemetry.OutcomeAdmitted or telemetry.OutcomeDeferred.
+func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Input, pub *ecdsa.PublicKey, req *agentv1.JoinRequest, peer Peer) (*agentv1.JoinResponse, string, error) {
 	// Neither depends on the transaction, and a retried transaction reuses
 	// them.
 	a := &admission{att: att, in: in, pub: pub, peer: peer, claims: in.Claims.Claims()}
 	var err error
 	if a.claimsJSON, err = json.Marshal(a.claims); err != nil {
-		return nil, fmt.Errorf("marshal claims: %w", err)
+		return nil, "", fmt.Errorf("marshal claims: %w", err)
 	}
 	if a.spki, err = pki.PublicKeySPKIHash(pub); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var out admitted
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
@@ -359,6 +375,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 			if err := a.adm.Spend(ctx, tx); err != nil {
 				return err
 			}
+			tx.AfterCommit(s.cfg.Metrics.TokenSpent)
 		}
 		out.res, out.changed = w.issued.Response, w.changed
 		return nil
@@ -369,9 +386,9 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// the stored answer, whatever made this attempt fail; anything
 		// else keeps its failure.
 		if prior, rerr := s.answerFor(ctx, in.RequestDigest); rerr == nil && prior != nil {
-			return prior, nil
+			return prior, telemetry.OutcomeAdmitted, nil
 		}
-		return nil, err
+		return nil, "", err
 	}
 	if s.cfg.AfterCommit != nil {
 		s.cfg.AfterCommit()
@@ -379,12 +396,13 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 	if out.waiting != nil {
 		// R10.1: a signed deferral, never stored as the request's answer:
 		// the same request asks again until a person decided.
-		return s.core.Defer(in.CSRSHA256, out.waiting.SiteID, out.waitRole, out.waiting.ID, s.cfg.RetryAfter)
+		res, err := s.core.Defer(in.CSRSHA256, out.waiting.SiteID, out.waitRole, out.waiting.ID, s.cfg.RetryAfter)
+		return res, telemetry.OutcomeDeferred, err
 	}
 	if out.changed != "" && s.cfg.OnIdentityChanged != nil {
 		s.cfg.OnIdentityChanged(out.changed)
 	}
-	return out.res, nil
+	return out.res, telemetry.OutcomeAdmitted, nil
 }
 
 // gather reads what decide needs (the gather phase): the pool, its site

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 )
 
@@ -65,7 +66,9 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		return nil, nodeident.ErrNotConfigured
 	}
 	csrHash := pki.CSRHash(req.GetCsr())
+	var role string // the leaf's, once checked (metrics)
 	refuse := func(r *nodeident.Refusal) (*agentv1.RenewResponse, error) {
+		s.cfg.Metrics.Renewal(role, telemetry.OutcomeRefused, r.Reason)
 		s.core.Refused(ctx, nodeident.Refused{Kind: nodeident.KindRenew, Refusal: r, Data: map[string]any{"csrSha256": hex.EncodeToString(csrHash)}})
 		return nil, errRenewRefused
 	}
@@ -96,6 +99,7 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 			return err
 		}
 		n, row := c.Node, c.Row
+		role = row.Role
 		// From here the caller proved the key of this node's newest
 		// certificate: refusals go to the node's owner.
 		ref := func(reason string) error {
@@ -167,8 +171,10 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		return refuse(rr)
 	}
 	if err != nil {
+		s.cfg.Metrics.Renewal(role, telemetry.OutcomeError, "")
 		return nil, err
 	}
+	s.cfg.Metrics.Renewal(role, telemetry.OutcomeAdmitted, "")
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Limits of a decision.
@@ -95,9 +96,10 @@ func Publish(ctx context.Context, tx *store.Tx, hub *events.Hub, typ string, r s
 
 // Service lists and decides join requests.
 type Service struct {
-	db    *store.DB
-	hub   *events.Hub
-	clock clock.Clock
+	db      *store.DB
+	hub     *events.Hub
+	clock   clock.Clock
+	metrics *telemetry.API
 }
 
 // Config lists the Service's dependencies.
@@ -107,6 +109,8 @@ type Config struct {
 	// Clock times decisions and tells expired approvals (default: the
 	// wall clock); JoinService consumes approvals on the same clock.
 	Clock clock.Clock
+	// Metrics, when set, counts decisions.
+	Metrics *telemetry.API
 }
 
 // New returns a Service.
@@ -114,7 +118,7 @@ func New(cfg Config) *Service {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	return &Service{db: cfg.DB, hub: cfg.Hub, clock: cfg.Clock}
+	return &Service{db: cfg.DB, hub: cfg.Hub, clock: cfg.Clock, metrics: cfg.Metrics}
 }
 
 // listStates turns the states asked for into the stored states to read and
@@ -278,5 +282,8 @@ func (s *Service) decide(ctx context.Context, p authz.Principal, tenantID, poolI
 		}
 		return events.Audit(ctx, tx, events.Entry{TenantID: tenantID, Actor: p.ID, Action: audit, Resource: Resource(out.ID), Data: Published(out)})
 	})
+	if err == nil {
+		s.metrics.Decided(state)
+	}
 	return out, err
 }

@@ -103,6 +103,9 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 		NotBefore: cert.Cert.NotBefore, NotAfter: cert.Cert.NotAfter}); err != nil {
 		return nil, err
 	}
+	if m := c.cfg.Metrics; m != nil {
+		tx.AfterCommit(func() { m.Issued(p.Role) })
+	}
 	body := &agentv1.JoinResponseBody{
 		NodeId: p.Node.ID, CertChain: [][]byte{cert.DER, b.NodeCA.Raw}, CommandBundle: b.CommandBundle(),
 		CsrSha256: p.CSRSHA256, TrustDomain: b.TrustDomain, SiteId: p.Node.SiteID, Role: p.Role,

@@ -32,6 +32,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Certificate lifetimes (R7.1).
@@ -75,6 +76,9 @@ type Config struct {
 	// LogLimiter bounds refusal log lines, by the same key: 10 per minute
 	// by default (LogLinesPerMinute).
 	LogLimiter *ratelimit.Limiter
+	// Metrics, when set, counts issued certificates and suppressed
+	// refusal events.
+	Metrics *telemetry.API
 }
 
 // LogLinesPerMinute is how many log lines a refusal key (tenant, kind,

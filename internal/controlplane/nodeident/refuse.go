@@ -7,6 +7,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Kinds of refusal, each its own event type security.<kind>.refused.
@@ -83,7 +84,7 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 		}
 		if tenant == "" {
 			// Before bootstrap there is no tenant to tell.
-			c.lines.Log(slog.LevelInfo, "\x1f"+r.Kind+"\x1f"+r.Reason, r.Kind+" refused", "reason", r.Reason, "peer", peer, "recorded", false)
+			c.lines.Log(slog.LevelInfo, "\x1f"+r.Kind+"\x1f"+r.Reason, r.Kind+" refused", telemetry.LogReason, r.Reason, telemetry.LogPeer, peer, "recorded", false)
 			return
 		}
 	}
@@ -94,10 +95,11 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 	// \x1f, not NUL: PostgreSQL text cannot hold NUL.
 	key := tenant + "\x1f" + r.Kind + "\x1f" + reason
 	line := func(recorded bool) {
-		c.lines.Log(slog.LevelInfo, key, r.Kind+" refused", "reason", reason, "tenant", tenant, "node", r.NodeID, "serial", r.Serial,
+		c.lines.Log(slog.LevelInfo, key, r.Kind+" refused", telemetry.LogReason, reason, telemetry.LogTenant, tenant, telemetry.LogNodeID, r.NodeID, "serial", r.Serial,
 			"peer", peer, "recorded", recorded)
 	}
 	if c.limiter.Drop(key) {
+		c.cfg.Metrics.Suppressed(r.Kind)
 		line(false)
 		return
 	}
@@ -128,6 +130,9 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 		}
 		return events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: tenant, Type: "security." + r.Kind + ".refused", Subject: subject, Data: data})
 	})
+	if !ok && err == nil {
+		c.cfg.Metrics.Suppressed(r.Kind)
+	}
 	line(ok && err == nil)
 	if err != nil {
 		c.lines.Log(slog.LevelError, key+"\x1ferror", "record refusal", "kind", r.Kind, "err", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -41,7 +42,9 @@ type Config struct {
 	Agent      AgentConfig   `toml:"agent"`
 	Join       JoinConfig    `toml:"join"`
 	Metrics    MetricsConfig `toml:"metrics"`
-	Limits     LimitsConfig  `toml:"limits"`
+	// Log is the log format and level ([log] format = "json").
+	Log    telemetry.LogConfig `toml:"log"`
+	Limits LimitsConfig        `toml:"limits"`
 	// Export ships events and audit rows to external sinks (R17.4).
 	Export export.Config `toml:"export"`
 	// Downloads serves the bcd builds install scripts fetch (R11.5).
@@ -299,6 +302,10 @@ dir = "/var/lib/better-compute/downloads"
 
 [metrics]
 listen = "127.0.0.1:9090"
+
+[log]
+format = "text"            # or "json": one object a line, the same keys on every process
+level = "info"
 
 [limits]
 max_body_bytes = 1048576

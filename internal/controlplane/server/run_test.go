@@ -193,6 +193,14 @@ func TestMetricsLabelsBounded(t *testing.T) {
 		t.Fatalf("healthz: %d", code)
 	}
 
+	// R17.2: the metrics listener answers health too.
+	for _, p := range []string{"/livez", "/readyz"} {
+		res, err := c.Get("http://" + r.metrics + p)
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("metrics listener %s: %v %v", p, res, err)
+		}
+		res.Body.Close()
+	}
 	res, err := c.Get("http://" + r.metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Options are the process-level inputs that do not belong in the file.
@@ -80,12 +81,13 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		return err
 	}
 	defer stopRing()
-	srv, err := newAPI(ctx, cfg, o, db, bundle, log)
+	reg := prometheus.NewRegistry()
+	srv, err := newAPI(ctx, cfg, o, db, bundle, log, telemetry.NewAPI(reg))
 	if err != nil {
 		return err
 	}
 
-	reg, handler := apiMetrics(srv)
+	handler := apiMetrics(reg, srv)
 
 	apiCert, err := loadAPICert(cfg, log)
 	if err != nil {
@@ -135,7 +137,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 			errc <- err
 		}
 	}()
-	ms, err := serveMetrics(cfg, o, log, reg, errc)
+	ms, err := serveMetrics(cfg, o, log, reg, srv, errc)
 	if err != nil {
 		return err
 	}
@@ -209,7 +211,7 @@ func instrument(h http.Handler, label func(*http.Request) string, reqs *promethe
 
 // newAPI builds the API server on db and bundle and makes sure the root
 // tenant exists, then runs o.Setup.
-func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger) (*api.Server, error) {
+func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger, m *telemetry.API) (*api.Server, error) {
 	var gw *api.GatewayInfo
 	if cfg.Gateway.URL != "" {
 		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
@@ -224,7 +226,8 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	srv, err := api.New(api.Config{DB: db, Clock: clock.Real{}, Log: log, BasePath: cfg.BasePath, Bundle: bundle, Gateway: gw,
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
 		Attestors: cfg.Join.Attestors, TPMPools: tpmPools, SVIDForm: cfg.Join.SVIDForm,
-		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource}})
+		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource},
+		Metrics:           m})
 	if err != nil {
 		return nil, err
 	}
@@ -241,9 +244,9 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	return srv, nil
 }
 
-// serveMetrics serves Prometheus metrics (and pprof when configured) on
-// cfg.Metrics.Listen; nil when none is configured.
-func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, errc chan<- error) (*http.Server, error) {
+// serveMetrics serves Prometheus metrics, /livez and /readyz (and pprof
+// when configured) on cfg.Metrics.Listen; nil when none is configured.
+func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, srv *api.Server, errc chan<- error) (*http.Server, error) {
 	if cfg.Metrics.Listen == "" {
 		return nil, nil
 	}
@@ -253,6 +256,10 @@ func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Regis
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// The same health as the gateway's and bcd's listeners (R17.2): a
+	// probe needs no route to the API's own listener.
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.Handle("GET /readyz", srv.ReadyHandler())
 	if cfg.Metrics.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -409,17 +416,21 @@ func loadBundle(cfg Config, o Options, log *slog.Logger) (*ca.Bundle, error) {
 	return bundle, nil
 }
 
-// apiMetrics registers the API's metrics and returns the registry and the
-// API's handler counting requests by route.
-func apiMetrics(srv *api.Server) (*prometheus.Registry, http.Handler) {
-	reg := prometheus.NewRegistry()
+// apiMetrics registers the API's request and session metrics and its
+// scrape-time collectors on reg (the fleet counters were registered by
+// telemetry.NewAPI) and returns the API's handler counting requests by
+// route.
+func apiMetrics(reg *prometheus.Registry, srv *api.Server) http.Handler {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bc_api_requests_total", Help: "API requests by route (procedure or route pattern; \"other\" for no route) and status."}, []string{"path", "code"})
-	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "bc_api_request_seconds", Help: "API request latency by route.", Buckets: prometheus.DefBuckets}, []string{"path"})
-	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bc_sessions_held", Help: "Node sessions this API replica holds."},
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.APIRequests, Help: "API requests by route (procedure or route pattern; \"other\" for no route) and status."},
+		[]string{telemetry.LabelPath, telemetry.LabelCode})
+	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: telemetry.APIRequestSeconds, Help: "API request latency by route.", Buckets: prometheus.DefBuckets},
+		[]string{telemetry.LabelPath})
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: telemetry.SessionsHeld, Help: "Node sessions this API replica holds."},
 		func() float64 { return float64(srv.Sessions().Held()) })
 	reg.MustRegister(reqs, dur, held)
-	return reg, instrument(srv, srv.RouteLabel, reqs, dur)
+	srv.RegisterMetrics(reg)
+	return instrument(srv, srv.RouteLabel, reqs, dur)
 }
 
 // loadAPICert reads the API's certificate before anything listens: a

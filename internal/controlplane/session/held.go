@@ -6,6 +6,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // checkHeld ends the sessions among conns that the database says are over,
@@ -36,7 +37,7 @@ func (s *Service) checkHeld(ctx context.Context, conns []*conn) {
 	for i, st := range states {
 		c := conns[i]
 		if reason := ended(c, st, s.cfg.Clock.Now()); reason != "" {
-			s.log.Info("session ended by the control plane", "node", c.nodeID, "session", c.id, "reason", reason)
+			s.log.Info("session ended by the control plane", telemetry.LogNodeID, c.nodeID, "session", c.id, telemetry.LogReason, reason)
 			cause := endCause(reason)
 			if reason == endReplaced {
 				cause = errReplaced

@@ -97,6 +97,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -174,6 +175,8 @@ type Config struct {
 	Check time.Duration
 	// TouchEvery throttles last_seen writes (default 30 s).
 	TouchEvery time.Duration
+	// Metrics, when set, counts sessions opened and commands delivered.
+	Metrics *telemetry.API
 }
 
 // Service is SessionService. Build it with New.
@@ -424,6 +427,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		c.end(endClosed, nil)
 		return nil
 	}
+	s.cfg.Metrics.SessionOpened()
 	msgs := make(chan *agentv1.SessionClientMessage, 8)
 	recvErr := make(chan error, 1)
 	go func() {
@@ -469,7 +473,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 				if ctx.Err() != nil {
 					continue // the ctx.Done case says how the session ended
 				}
-				s.log.Warn("deliver commands", "node", c.nodeID, "err", err)
+				s.log.Warn("deliver commands", telemetry.LogNodeID, c.nodeID, "err", err)
 			}
 		}
 	}
@@ -667,7 +671,7 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 		return events.Audit(ctx, tx, events.Entry{TenantID: c.tenantID, Actor: actor, Action: "node.disconnected", Resource: nodeResource(c.nodeID), Data: data})
 	})
 	if err != nil {
-		s.log.Error("mark node disconnected", "node", c.nodeID, "err", err)
+		s.log.Error("mark node disconnected", telemetry.LogNodeID, c.nodeID, "err", err)
 	}
 }
 
@@ -691,7 +695,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 			return err
 		})
 		if err != nil {
-			s.log.Warn("record heartbeat", "node", c.nodeID, "err", err)
+			s.log.Warn("record heartbeat", telemetry.LogNodeID, c.nodeID, "err", err)
 			return nil
 		}
 		if !ok {
@@ -756,7 +760,7 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 		return tx.WakeNodeWork(ctx, c.nodeID)
 	})
 	if err != nil {
-		s.log.Error("record command result", "node", c.nodeID, "command", r.GetCommandId(), "err", err)
+		s.log.Error("record command result", telemetry.LogNodeID, c.nodeID, "command", r.GetCommandId(), "err", err)
 		return nil
 	}
 	if forged {
@@ -865,6 +869,7 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 			c.sent[cmd.ID] = struct{}{}
 			return fmt.Errorf("send command: %w", err)
 		}
+		s.cfg.Metrics.Command(telemetry.CommandDelivered, 1)
 		if len(c.sent) < maxUnanswered {
 			c.sent[cmd.ID] = struct{}{}
 		}

@@ -302,3 +302,24 @@ func (t *Tx) BindSiteVouch(ctx context.Context, tenantID, siteID, mac string, le
 	}
 	return n == 1, nil
 }
+
+// CountOpenJoinRequests counts the open (pending and approved) requests of
+// every tenant by stored state, for metrics; it reads the open-request
+// index only.
+func (t *Tx) CountOpenJoinRequests(ctx context.Context) (map[string]int, error) {
+	rows, err := t.query(ctx, "SELECT state, COUNT(*) FROM join_requests WHERE state IN "+openStates+" GROUP BY state")
+	if err != nil {
+		return nil, fmt.Errorf("count join requests: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{JoinRequestPending: 0, JoinRequestApproved: 0}
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			return nil, err
+		}
+		out[state] = n
+	}
+	return out, rows.Err()
+}

@@ -38,6 +38,9 @@ type Env struct {
 	Clock           clock.Clock
 	// HTTPClient makes the join's HTTP clients; nil: enroll.DefaultHTTPClient.
 	HTTPClient enroll.HTTPClientFunc
+	// DiagReady, when set, receives the address bcd run's diagnostics
+	// listener serves on (tests listen on port 0).
+	DiagReady func(addr string)
 }
 
 func (e *Env) fill() {

@@ -8,10 +8,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/diag"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // ExitRetired is bcd run's exit code when the control plane says the node
@@ -63,9 +65,23 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			}
 			// The daemon logs its life at info level, unlike the one-shot
 			// commands.
-			log := slog.New(slog.NewTextHandler(a.env.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			lc := cfg.Log
+			if lc.Level == "" {
+				lc.Level = "info"
+			}
+			base, err := telemetry.NewLogger(a.env.Stderr, lc)
+			if err != nil {
+				return err
+			}
 			keys, store, err := tpmkeys.Stores(cfg, cfg.DataDir)
 			if err != nil {
+				return err
+			}
+			// R17.2: /livez, /readyz and /metrics when [diagnostics]
+			// listen is set; the daemon's log feeds its state.
+			dg := diag.New(store, a.env.Clock)
+			log := slog.New(dg.Observe(base.Handler()))
+			if err := dg.Serve(ctx, cfg.Diagnostics, log, a.env.DiagReady); err != nil {
 				return err
 			}
 			// A renewal tells the session at once (R19.3); a renewal the
@@ -75,7 +91,8 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// a key either learns is saved to config.toml and used by both.
 			pins := config.NewPins(configPath, cfg, log)
 			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
-				OnRenewed: func(*identity.Identity) {
+				OnRenewed: func(id *identity.Identity) {
+					dg.Renewed(id)
 					select {
 					case renewed <- struct{}{}:
 					default:
@@ -85,7 +102,8 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins})
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins,
+				OnWelcome: dg.Welcomed})
 			if err != nil {
 				return err
 			}

@@ -26,8 +26,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/node/diag"
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 
 	"github.com/BurntSushi/toml"
 
@@ -117,6 +119,12 @@ type Config struct {
 	ProcfsRoot string `toml:"procfs_root,omitempty"`
 	// TPM configures the TPM; the zero value means auto on DefaultTPMDevice.
 	TPM TPM `toml:"tpm,omitempty"`
+	// Diagnostics serves /livez, /readyz and /metrics ([diagnostics]
+	// listen = "127.0.0.1:9464"; off by default, loopback only unless
+	// allow_non_loopback).
+	Diagnostics diag.Config `toml:"diagnostics,omitempty"`
+	// Log is bcd run's log format and level ([log] format = "json").
+	Log telemetry.LogConfig `toml:"log,omitempty"`
 }
 
 // ApplyDefaults fills the optional keys that are empty.
@@ -189,6 +197,9 @@ func (c *Config) Validate() error {
 		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
 	}
 
+	if p := c.Diagnostics.Problem(); p != "" {
+		bad("diagnostics.listen", "%s", p)
+	}
 	if msg := checkGatewayURL(c.GatewayURL); msg != "" {
 		bad("gateway_url", "%s", msg)
 	}

@@ -6,6 +6,7 @@ package doctor
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -223,7 +224,13 @@ func tpmCheck(cfg *config.Config, dataDir string) Check {
 	if rec, err := os.ReadFile(filepath.Join(dataDir, identity.KeyFile)); err == nil {
 		nodeKey = identity.RecordKind(rec)
 	}
-	c.Status, c.Detail = OK, fmt.Sprintf("TPM %s present; EK %s (%s); AK %s; node key %s", where, ek.Kind, cert, stmt, nodeKey)
+	// The EK's hash is what an operator pastes into a pool's ek_sha256
+	// (R9.2) to trust this machine.
+	ekHash := "unreadable"
+	if h, err := tpmverify.EKHash(&ek.Public); err == nil {
+		ekHash = hex.EncodeToString(h)
+	}
+	c.Status, c.Detail = OK, fmt.Sprintf("TPM %s present; EK %s (%s), ek_sha256 %s; AK %s; node key %s", where, ek.Kind, cert, ekHash, stmt, nodeKey)
 	return c
 }
 

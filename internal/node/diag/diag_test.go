@@ -1,0 +1,114 @@
+package diag
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/telemetry/telemetrytest"
+)
+
+func TestListenLoopbackOnly(t *testing.T) {
+	for _, c := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{}, true},
+		{Config{Listen: DefaultListen}, true},
+		{Config{Listen: "[::1]:9464"}, true},
+		{Config{Listen: "localhost:9464"}, true},
+		{Config{Listen: ":9464"}, false},
+		{Config{Listen: "0.0.0.0:9464"}, false},
+		{Config{Listen: "10.0.0.5:9464"}, false},
+		{Config{Listen: "10.0.0.5:9464", AllowNonLoopback: true}, true},
+		{Config{Listen: "no-port"}, false},
+	} {
+		if got := c.cfg.Problem() == ""; got != c.ok {
+			t.Errorf("%+v: accepted %v, want %v (%s)", c.cfg, got, c.ok, c.cfg.Problem())
+		}
+	}
+}
+
+// R17.2: /readyz says why the node is not ready: no identity, an expired
+// certificate, a failed renewal, no session; and 200 once all are well.
+// The daemon's log lines move the state and the metrics (R17.1).
+func TestReadinessR17_2(t *testing.T) {
+	c := clock.NewFake(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
+	d := New(&identity.Store{Dir: t.TempDir()}, c)
+	srv := httptest.NewServer(d.Handler())
+	defer srv.Close()
+	log := slog.New(d.Observe(slog.NewTextHandler(io.Discard, nil)))
+
+	ready := func(want string) {
+		t.Helper()
+		res, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if want == "" && res.StatusCode != http.StatusOK || want != "" && (res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), want)) {
+			t.Errorf("/readyz = %d %q, want %q", res.StatusCode, b, want)
+		}
+	}
+	ready("no identity")
+
+	id := &identity.Identity{NodeID: "node_1", NotAfter: c.Now().Add(time.Hour)}
+	d.load = func() (*identity.Identity, error) { return id, nil }
+	ready("no session to the gateway yet")
+	d.Welcomed("node_1")
+	ready("")
+
+	log.Warn(MsgSessionEnded, "err", errors.New("gateway went away"))
+	ready("no session to the gateway: gateway went away")
+	d.Welcomed("node_1")
+	ready("")
+
+	log.Warn(MsgRenewalFailed, "node", "node_1", "err", errors.New("refused"))
+	ready("the last renewal failed at 2026-12-02T12:00:00Z: refused")
+	d.Renewed(id)
+	ready("")
+
+	c.Advance(2 * time.Hour)
+	ready("the node certificate expired at 2026-12-02T13:00:00Z")
+
+	v := telemetrytest.Gather(t, d.Registry())
+	for name, want := range map[string]float64{
+		telemetry.NodeRenewals + `{outcome="ok"}`:     1,
+		telemetry.NodeRenewals + `{outcome="failed"}`: 1,
+		telemetry.NodeSessionReconnects:               1,
+		telemetry.NodeCertExpiry:                      -3600,
+	} {
+		if v[name] != want {
+			t.Errorf("%s = %v, want %v", name, v[name], want)
+		}
+	}
+}
+
+// The messages diag follows are the daemon's very log lines.
+func TestMessagesAreTheDaemonsLines(t *testing.T) {
+	for file, msgs := range map[string][]string{
+		"../renew/renew.go": {MsgRenewalFailed},
+		"../run/run.go":     {MsgSessionEnded, MsgSessionRenewed},
+	} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if !bytes.Contains(b, []byte(`"`+m+`"`)) {
+				t.Errorf("%s logs no %q: diag would miss it", file, m)
+			}
+		}
+	}
+}

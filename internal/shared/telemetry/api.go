@@ -1,0 +1,159 @@
+package telemetry
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// API is a control plane replica's metrics of what the fleet does. Every
+// method is safe on a nil *API (a service built without metrics, in tests).
+type API struct {
+	joins      *prometheus.CounterVec
+	phase      *prometheus.HistogramVec
+	renewals   *prometheus.CounterVec
+	spends     prometheus.Counter
+	decided    *prometheus.CounterVec
+	issued     *prometheus.CounterVec
+	commands   *prometheus.CounterVec
+	suppressed *prometheus.CounterVec
+	opened     prometheus.Counter
+
+	// admitted caches the pre-curried counters of admitted joins by
+	// attestor and role (the hot path: no label hashing and no allocation
+	// per join).
+	mu       sync.RWMutex
+	admitted map[string]map[string]prometheus.Counter
+	phases   [2]prometheus.Observer
+}
+
+// NewAPI registers the API's fleet metrics on reg.
+func NewAPI(reg prometheus.Registerer) *API {
+	m := &API{
+		admitted: map[string]map[string]prometheus.Counter{},
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Joins,
+			Help: "Joins by attestor, role and outcome (admitted, refused, deferred, conflict, challenged, error); reason is the refusal reason, empty otherwise."},
+			[]string{LabelAttestor, LabelRole, LabelOutcome, LabelReason}),
+		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: JoinPhaseSeconds,
+			Help:    "Join latency by phase: check (shape, CSR, seal), admit (the transaction: attest, decide, sign, commit).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{LabelPhase}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Renewals,
+			Help: "Renewals by role (empty before the certificate was checked), outcome (admitted, refused, error) and refusal reason."},
+			[]string{LabelRole, LabelOutcome, LabelReason}),
+		spends: prometheus.NewCounter(prometheus.CounterOpts{Name: TokenSpends, Help: "Join token uses spent by admitted joins."}),
+		decided: prometheus.NewCounterVec(prometheus.CounterOpts{Name: JoinRequestsDecided,
+			Help: "Join requests decided, by decision: approved, rejected (by a person), expired (an approval that ran out unused)."}, []string{LabelDecision}),
+		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: CertificatesIssued,
+			Help: "Node certificates issued (joins and renewals), by role."}, []string{LabelRole}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Commands,
+			Help: "Commands by event (enqueued, delivered to a session, expired)."}, []string{LabelEvent}),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: RefusalsSuppressed,
+			Help: "Refusal events the limiter did not record, by kind (join, renew, session)."}, []string{LabelKind}),
+		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
+	}
+	m.phases[0] = m.phase.WithLabelValues(PhaseCheck)
+	m.phases[1] = m.phase.WithLabelValues(PhaseAdmit)
+	for _, d := range []string{DecisionApproved, DecisionRejected, DecisionExpired} {
+		m.decided.WithLabelValues(d)
+	}
+	for _, e := range []string{CommandEnqueued, CommandDelivered, CommandExpired} {
+		m.commands.WithLabelValues(e)
+	}
+	reg.MustRegister(m.joins, m.phase, m.renewals, m.spends, m.decided, m.issued, m.commands, m.suppressed, m.opened)
+	return m
+}
+
+// Join counts one join's outcome; reason is the refusal reason (empty
+// unless refused).
+func (m *API) Join(attestor, role, outcome, reason string) {
+	if m == nil {
+		return
+	}
+	attestor, role = Attestor(attestor), Role(role)
+	if outcome == OutcomeAdmitted {
+		m.mu.RLock()
+		c, ok := m.admitted[attestor][role]
+		m.mu.RUnlock()
+		if !ok {
+			c = m.joins.WithLabelValues(attestor, role, outcome, "")
+			m.mu.Lock()
+			if m.admitted[attestor] == nil {
+				m.admitted[attestor] = map[string]prometheus.Counter{}
+			}
+			m.admitted[attestor][role] = c
+			m.mu.Unlock()
+		}
+		c.Inc()
+		return
+	}
+	if reason != "" {
+		reason = Reason(reason)
+	}
+	m.joins.WithLabelValues(attestor, role, outcome, reason).Inc()
+}
+
+// Phase observes how long a join phase took.
+func (m *API) Phase(phase string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	i := 0
+	if phase == PhaseAdmit {
+		i = 1
+	}
+	m.phases[i].Observe(d.Seconds())
+}
+
+// Renewal counts one renewal's outcome.
+func (m *API) Renewal(role, outcome, reason string) {
+	if m == nil {
+		return
+	}
+	if reason != "" {
+		reason = Reason(reason)
+	}
+	m.renewals.WithLabelValues(Role(role), outcome, reason).Inc()
+}
+
+// TokenSpent counts a join token use spent.
+func (m *API) TokenSpent() {
+	if m != nil {
+		m.spends.Inc()
+	}
+}
+
+// Decided counts a join request approved or rejected.
+func (m *API) Decided(decision string) {
+	if m != nil {
+		m.decided.WithLabelValues(decision).Inc()
+	}
+}
+
+// Issued counts a node certificate issued for role.
+func (m *API) Issued(role string) {
+	if m != nil {
+		m.issued.WithLabelValues(Role(role)).Inc()
+	}
+}
+
+// Command counts n commands reaching event.
+func (m *API) Command(event string, n int) {
+	if m != nil && n > 0 {
+		m.commands.WithLabelValues(event).Add(float64(n))
+	}
+}
+
+// Suppressed counts a refusal event the limiter dropped.
+func (m *API) Suppressed(kind string) {
+	if m != nil {
+		m.suppressed.WithLabelValues(kind).Inc()
+	}
+}
+
+// SessionOpened counts a session welcomed.
+func (m *API) SessionOpened() {
+	if m != nil {
+		m.opened.Inc()
+	}
+}

@@ -1,0 +1,112 @@
+// Package telemetry is the one place that names what better-compute's
+// processes tell operators: every Prometheus metric name, label key and
+// label value set, every structured log key, and the log handler every
+// process builds from its log.format and log.level settings.
+//
+// SECURITY and cost: every label value comes from a fixed set decided here
+// or from the process's own config (an upstream URL), never from what a
+// caller sent, so a flood of requests cannot grow the number of series.
+package telemetry
+
+// Metric names. The API's (a control plane replica's).
+const (
+	APIRequests         = "bc_api_requests_total"
+	APIRequestSeconds   = "bc_api_request_seconds"
+	SessionsHeld        = "bc_sessions_held"
+	SessionsOpened      = "bc_sessions_opened_total"
+	Joins               = "bc_joins_total"
+	JoinPhaseSeconds    = "bc_join_phase_seconds"
+	Renewals            = "bc_renewals_total"
+	TokenSpends         = "bc_token_spends_total"
+	JoinRequests        = "bc_join_requests"
+	JoinRequestsDecided = "bc_join_requests_decided_total"
+	CertificatesIssued  = "bc_certificates_issued_total"
+	KeyExpirySeconds    = "bc_pki_key_expiry_seconds"
+	Commands            = "bc_commands_total"
+	RefusalsSuppressed  = "bc_refusal_events_suppressed_total"
+)
+
+// Metric names of a gateway.
+const (
+	GatewaySessionsHeld   = "bc_gateway_sessions_held"
+	GatewaySessionsOpened = "bc_gateway_sessions_opened_total"
+	GatewayRelayErrors    = "bc_gateway_relay_errors_total"
+	GatewayUpstreamUp     = "bc_gateway_upstream_up"
+	GatewayCertExpiry     = "bc_gateway_certificate_expiry_seconds"
+)
+
+// Metric names of bcd.
+const (
+	NodeRenewals          = "bc_node_renewals_total"
+	NodeSessionReconnects = "bc_node_session_reconnects_total"
+	NodeCertExpiry        = "bc_node_certificate_expiry_seconds"
+)
+
+// Label keys.
+const (
+	LabelPath     = "path"
+	LabelCode     = "code"
+	LabelAttestor = "attestor"
+	LabelRole     = "role"
+	LabelOutcome  = "outcome"
+	LabelReason   = "reason"
+	LabelPhase    = "phase"
+	LabelState    = "state"
+	LabelDecision = "decision"
+	LabelKey      = "key"
+	LabelEvent    = "event"
+	LabelKind     = "kind"
+	LabelUpstream = "upstream"
+)
+
+// Outcomes of a join or a renewal (LabelOutcome).
+const (
+	OutcomeAdmitted = "admitted"
+	OutcomeRefused  = "refused"
+	// OutcomeDeferred is a join waiting on a person's approval (a join
+	// request).
+	OutcomeDeferred = "deferred"
+	// OutcomeConflict is the loser of two racing joins of one machine.
+	OutcomeConflict = "conflict"
+	// OutcomeChallenged is the first leg of a two-leg attestor (tpm).
+	OutcomeChallenged = "challenged"
+	// OutcomeError is any other failure (the store, the PKI missing).
+	OutcomeError = "error"
+	// OutcomeOK and OutcomeFailed are bcd's renewals.
+	OutcomeOK     = "ok"
+	OutcomeFailed = "failed"
+)
+
+// Join phases (LabelPhase): check is the request's shape, CSR and seal
+// (before any database work); admit is the transaction (attest, decide,
+// sign, commit).
+const (
+	PhaseCheck = "check"
+	PhaseAdmit = "admit"
+)
+
+// Command events (LabelEvent).
+const (
+	CommandEnqueued  = "enqueued"
+	CommandDelivered = "delivered"
+	CommandExpired   = "expired"
+)
+
+// Join request decisions (LabelDecision) and states (LabelState).
+const (
+	DecisionApproved = "approved"
+	DecisionRejected = "rejected"
+	// DecisionExpired is an approval that ran out unused.
+	DecisionExpired = "expired"
+)
+
+// Log keys: the same on every process.
+const (
+	LogNodeID   = "node_id"
+	LogTenant   = "tenant"
+	LogAttestor = "attestor"
+	LogReason   = "reason"
+	LogTraceID  = "trace_id"
+	LogPeer     = "peer"
+	LogErr      = "err"
+)

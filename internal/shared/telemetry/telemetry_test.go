@@ -1,0 +1,79 @@
+package telemetry
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// R17.1: label values come from fixed sets: anything else is "other".
+func TestLabelsBoundedR17_1(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{Reason("token-unknown"), "token-unknown"},
+		{Reason("seal-expired"), "seal-expired"},
+		{Reason("/../whatever the caller sent"), ReasonOther},
+		{Attestor("tpm"), "tpm"},
+		{Attestor("evil"), ReasonOther},
+		{Role("node"), "node"},
+		{Role("admin"), ReasonOther},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+// R17.3: log.format json writes one object a line; text is the default;
+// anything else is a config error.
+func TestNewLoggerR17_3(t *testing.T) {
+	var b bytes.Buffer
+	log, err := NewLogger(&b, LogConfig{Format: FormatJSON, Level: "debug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("joined", LogNodeID, "node_1")
+	var line map[string]any
+	if err := json.Unmarshal(b.Bytes(), &line); err != nil || line[LogNodeID] != "node_1" {
+		t.Errorf("json line %q: %v", b.String(), err)
+	}
+	b.Reset()
+	log, _ = NewLogger(&b, LogConfig{})
+	log.Info("x", LogTenant, "t")
+	if got := b.String(); !bytes.Contains([]byte(got), []byte("tenant=t")) {
+		t.Errorf("text line %q", got)
+	}
+	if _, err := NewLogger(&b, LogConfig{Format: "xml"}); err == nil {
+		t.Error("format xml accepted")
+	}
+	if _, err := NewLogger(&b, LogConfig{Level: "loud"}); err == nil {
+		t.Error("level loud accepted")
+	}
+}
+
+// Counting an admitted join and timing its phases allocate nothing once
+// the series exists.
+func TestJoinCountingAllocatesNothing(t *testing.T) {
+	m := NewAPI(prometheus.NewRegistry())
+	m.Join("join-token", "node", OutcomeAdmitted, "")
+	if n := testing.AllocsPerRun(1000, func() {
+		m.Join("join-token", "node", OutcomeAdmitted, "")
+		m.Phase(PhaseAdmit, time.Millisecond)
+		m.TokenSpent()
+	}); n != 0 {
+		t.Errorf("%v allocations per join, want 0", n)
+	}
+}
+
+func BenchmarkJoinCounting(b *testing.B) {
+	m := NewAPI(prometheus.NewRegistry())
+	for b.Loop() {
+		m.Join("join-token", "node", OutcomeAdmitted, "")
+		m.Phase(PhaseCheck, time.Millisecond)
+		m.Phase(PhaseAdmit, time.Millisecond)
+		m.TokenSpent()
+		m.Issued("node")
+	}
+}
