@@ -125,7 +125,7 @@ func browser(t *testing.T) context.Context {
 	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(chromium(t)), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.NoFirstRun, chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("ignore-certificate-errors", true), chromedp.WindowSize(1400, 900)}
+		chromedp.Flag("ignore-certificate-errors", true), chromedp.WindowSize(1280, 720)}
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	t.Cleanup(cancel)
 	bctx, cancel2 := chromedp.NewContext(actx)
@@ -138,7 +138,7 @@ func browser(t *testing.T) context.Context {
 
 func shot(t *testing.T, dir, name string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		png, err := chromedp.FullScreenshot(90)(ctx, tg)
+		png, err := chromedp.FullScreenshot(100)(ctx, tg)
 		if err != nil {
 			return err
 		}

@@ -191,7 +191,7 @@ func (c *Console) listTokens(r *http.Request, s *session, p *page, created *bcv1
 	d := map[string]any{"Items": items, "Inactive": r.FormValue("inactive") != ""}
 	if created != nil {
 		d["Created"] = created
-		d["Install"] = "echo '" + created.Token + "' > ./join-token && sudo bcd join < ./join-token"
+		d["Install"] = "umask 077 && printf '%s\\n' '" + created.Token + "' > ./join-token && sudo bcd join < ./join-token"
 		d["Since"] = created.CreatedAt.AsTime().UTC().Format(time.RFC3339Nano)
 	}
 	p.Data = d
