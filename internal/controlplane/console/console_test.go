@@ -57,7 +57,7 @@ func newPlane(t *testing.T) *plane {
 		Grants: []*bcv1.Grant{{Action: "compute:join-tokens:read", Resource: "compute-pool/pool_none"}}}))
 	must(t, err)
 	p := &plane{e: e, hs: hs, base: hs.URL + e.Server.BasePath() + "/console", pool: pool.Msg, emptyKey: k.Msg.Key}
-	p.reqs = insertRequests(t, e.DB, pool.Msg, 3)
+	p.reqs = insertRequests(t, e.DB, pool.Msg, 4)
 	return p
 }
 
@@ -177,8 +177,8 @@ func (p *plane) requestState(t *testing.T, id string) string {
 	return ""
 }
 
-// R18.2: in a browser, an operator signs in with an API key, approves one
-// discovery join request and rejects another, mints a join token and sees
+// R18.2: in a browser, an operator signs in with an API key, approves two
+// discovery join requests with one form and rejects a third, mints a join token and sees
 // the machine that joins with it, then its node and the events; a key
 // without grants sees nothing of the tenant.
 func TestConsoleInBrowserR18_2(t *testing.T) {
@@ -194,26 +194,26 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#signin-submit")),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID))),
 		shot(t, dir, "join-requests.png"),
+		// Two at once: a bulk approval of a selection.
 		chromedp.Click(chromedp.CSS(row(p.reqs[0].ID)+` input[type="checkbox"]`)),
+		chromedp.Click(chromedp.CSS(row(p.reqs[1].ID)+` input[type="checkbox"]`)),
 		chromedp.SendKeys(chromedp.CSS("#reason"), "intake 42"),
 		chromedp.Click(chromedp.CSS("#approve")),
-		chromedp.WaitVisible(chromedp.CSS("#notice")),
-	)
-	if got := p.requestState(t, p.reqs[0].ID); got != "approved" {
-		t.Fatalf("after approve: state %q", got)
-	}
-	run(t, ctx,
 		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[0].ID))),
-		chromedp.Click(chromedp.CSS(row(p.reqs[1].ID)+` input[type="checkbox"]`)),
+		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[1].ID))),
+		chromedp.Click(chromedp.CSS(row(p.reqs[2].ID)+` input[type="checkbox"]`)),
 		chromedp.SendKeys(chromedp.CSS("#reason"), "unknown serial"),
 		chromedp.Click(chromedp.CSS("#reject")),
-		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[1].ID))),
+		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[2].ID))),
 		chromedp.Navigate(p.base+"/join-requests"+q+"&state=all"),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID)+`[data-state="approved"]`)),
-		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[1].ID)+`[data-state="rejected"]`)),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[1].ID)+`[data-state="approved"]`)),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[2].ID)+`[data-state="rejected"]`)),
 	)
-	if got := p.requestState(t, p.reqs[1].ID); got != "rejected" {
-		t.Fatalf("after reject: state %q", got)
+	for i, want := range []string{"approved", "approved", "rejected", "pending"} {
+		if got := p.requestState(t, p.reqs[i].ID); got != want {
+			t.Fatalf("request %d: state %q, want %q", i, got, want)
+		}
 	}
 
 	// A token, its install command, and the join it waits for.
@@ -274,7 +274,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 			return err
 		}),
 	)
-	if strings.Contains(page, p.reqs[2].ID) || strings.Contains(page, "SN-2") {
+	if strings.Contains(page, p.reqs[3].ID) || strings.Contains(page, "SN-3") {
 		t.Fatal("a key without grants sees the tenant's join requests")
 	}
 	if !strings.Contains(page, "ACCESS_DENIED") {
@@ -332,7 +332,7 @@ func signIn(t *testing.T, p *plane, c *http.Client, key string) string {
 }
 
 // R18.2: every form POST needs the session's CSRF token (missing or wrong:
-// 403, and nothing changes); every answer has the strict CSP; the session
+// 403, and nothing changes; revoke needs it too); every answer has the strict CSP; the session
 // cookie is HttpOnly, Secure and SameSite=Strict; a wrong key does not
 // sign in.
 func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
@@ -390,6 +390,23 @@ func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
 	}
 	if got := p.requestState(t, p.reqs[0].ID); got != "rejected" {
 		t.Fatalf("after a good POST: %q", got)
+	}
+	tok2, err := p.e.Admin.JoinTokens.CreateJoinToken(context.Background(), connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, TtlSeconds: 600}))
+	must(t, err)
+	revoke := url.Values{"tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "token": {tok2.Msg.Id}}
+	if got := post(t, c, p.base+"/tokens/revoke", revoke); got != http.StatusForbidden {
+		t.Fatalf("revoke without a CSRF token: %d", got)
+	}
+	revoke.Set("csrf", csrf)
+	if got := post(t, c, p.base+"/tokens/revoke", revoke); got != http.StatusSeeOther {
+		t.Fatalf("revoke: %d", got)
+	}
+	list, err := p.e.Admin.JoinTokens.ListJoinTokens(context.Background(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, IncludeInactive: true}))
+	must(t, err)
+	if len(list.Msg.Items) != 1 || list.Msg.Items[0].State != "revoked" {
+		t.Fatalf("after revoke: %v", list.Msg.Items)
 	}
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	for _, path := range []string{"/signin", "/join-requests" + q, "/tokens" + q, "/nodes" + q, "/events" + q, "/events.json" + q,
