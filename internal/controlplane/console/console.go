@@ -81,6 +81,8 @@ type session struct {
 	key     string
 	csrf    string
 	expires time.Time
+	// notice and failure are the last action's outcome, shown once.
+	notice, failure string
 }
 
 // New builds the console.

@@ -187,6 +187,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	dir := artifacts(t)
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	row := func(id string) string { return `tr[data-id="` + id + `"]` }
+	var notice string
 	run(t, ctx,
 		chromedp.Navigate(p.base+"/"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
@@ -201,6 +202,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#approve")),
 		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[0].ID))),
 		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[1].ID))),
+		text("#notice", &notice),
 		chromedp.Click(chromedp.CSS(row(p.reqs[2].ID)+` input[type="checkbox"]`)),
 		chromedp.SendKeys(chromedp.CSS("#reason"), "unknown serial"),
 		chromedp.Click(chromedp.CSS("#reject")),
@@ -210,6 +212,9 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[1].ID)+`[data-state="approved"]`)),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[2].ID)+`[data-state="rejected"]`)),
 	)
+	if notice != "2 approved" {
+		t.Fatalf("notice after the bulk approval: %q", notice)
+	}
 	for i, want := range []string{"approved", "approved", "rejected", "pending"} {
 		if got := p.requestState(t, p.reqs[i].ID); got != want {
 			t.Fatalf("request %d: state %q, want %q", i, got, want)

@@ -98,25 +98,25 @@ func (c *Console) newPage(r *http.Request, s *session, name string) *page {
 	return p
 }
 
-// back redirects to a page of the same tenant and pool with a notice.
-func (c *Console) back(w http.ResponseWriter, r *http.Request, path, notice, failure string) {
+// back redirects to a page of the same tenant and pool; the notice and the
+// failure are kept in the session for that page to show once (never in the
+// URL, where a crafted link could put words on the page).
+func (c *Console) back(w http.ResponseWriter, r *http.Request, s *session, path, notice, failure string) {
+	c.mu.Lock()
+	s.notice, s.failure = notice, failure
+	c.mu.Unlock()
 	q := url.Values{"tenant": {r.PostForm.Get("tenant")}, "pool": {r.PostForm.Get("pool")}}
-	if notice != "" {
-		q.Set("notice", notice)
-	}
-	if failure != "" {
-		q.Set("error", failure)
-	}
 	http.Redirect(w, r, c.prefix+path+"?"+q.Encode(), http.StatusSeeOther)
 }
 
-func (c *Console) show(w http.ResponseWriter, r *http.Request, p *page) {
-	if n := r.URL.Query().Get("notice"); n != "" {
-		p.Notice = n
+func (c *Console) show(w http.ResponseWriter, r *http.Request, s *session, p *page) {
+	c.mu.Lock()
+	p.Notice = s.notice
+	if p.Error == "" {
+		p.Error = s.failure
 	}
-	if e := r.URL.Query().Get("error"); e != "" && p.Error == "" {
-		p.Error = e
-	}
+	s.notice, s.failure = "", ""
+	c.mu.Unlock()
 	c.render(w, http.StatusOK, p.Name, p)
 }
 
@@ -136,7 +136,7 @@ func (c *Console) joinRequests(w http.ResponseWriter, r *http.Request, s *sessio
 		}
 	}
 	p.Data = map[string]any{"Items": items, "State": state}
-	c.show(w, r, p)
+	c.show(w, r, s, p)
 }
 
 // decide approves or rejects the selected join requests, one API call each.
@@ -144,7 +144,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	f := r.PostForm
 	ids := f["id"]
 	if len(ids) == 0 {
-		c.back(w, r, "/join-requests", "", "select at least one join request")
+		c.back(w, r, s, "/join-requests", "", "select at least one join request")
 		return
 	}
 	tenant, pool, reason := f.Get("tenant"), f.Get("pool"), f.Get("reason")
@@ -169,13 +169,13 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 		done++
 	}
 	verb := map[string]string{"approve": "approved", "reject": "rejected"}[f.Get("action")]
-	c.back(w, r, "/join-requests", fmt.Sprintf("%d %s", done, verb), strings.Join(failed, "; "))
+	c.back(w, r, s, "/join-requests", fmt.Sprintf("%d %s", done, verb), strings.Join(failed, "; "))
 }
 
 func (c *Console) tokens(w http.ResponseWriter, r *http.Request, s *session) {
 	p := c.newPage(r, s, "tokens")
 	c.listTokens(r, s, p, nil)
-	c.show(w, r, p)
+	c.show(w, r, s, p)
 }
 
 func (c *Console) listTokens(r *http.Request, s *session, p *page, created *bcv1.JoinToken) {
@@ -206,7 +206,7 @@ func (c *Console) createToken(w http.ResponseWriter, r *http.Request, s *session
 	res, err := c.api(s.key).JoinTokens.CreateJoinToken(r.Context(), req(&bcv1.CreateJoinTokenRequest{TenantId: f.Get("tenant"), PoolId: f.Get("pool"),
 		TtlSeconds: int32(ttl), MaxUses: int32(uses)}))
 	if err != nil {
-		c.back(w, r, "/tokens", "", errText(err))
+		c.back(w, r, s, "/tokens", "", errText(err))
 		return
 	}
 	p := c.newPage(r, s, "tokens")
@@ -218,10 +218,10 @@ func (c *Console) revokeToken(w http.ResponseWriter, r *http.Request, s *session
 	f := r.PostForm
 	_, err := c.api(s.key).JoinTokens.RevokeJoinToken(r.Context(), req(&bcv1.RevokeJoinTokenRequest{TenantId: f.Get("tenant"), PoolId: f.Get("pool"), TokenId: f.Get("token")}))
 	if err != nil {
-		c.back(w, r, "/tokens", "", errText(err))
+		c.back(w, r, s, "/tokens", "", errText(err))
 		return
 	}
-	c.back(w, r, "/tokens", "revoked "+f.Get("token"), "")
+	c.back(w, r, s, "/tokens", "revoked "+f.Get("token"), "")
 }
 
 // joinedJSON lists the pool's nodes made since a time: what the token page
@@ -268,7 +268,7 @@ func (c *Console) nodes(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 	}
 	p.Data = map[string]any{"Items": items}
-	c.show(w, r, p)
+	c.show(w, r, s, p)
 }
 
 func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
@@ -279,7 +279,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request, s *session) {
 		items, next, p.Error = c.listEvents(r, s, p.Tenant, "")
 	}
 	p.Data = map[string]any{"Items": items, "Cursor": next}
-	c.show(w, r, p)
+	c.show(w, r, s, p)
 }
 
 // listEvents reads the tenant's events after cursor, newest first. With
