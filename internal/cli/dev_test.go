@@ -163,7 +163,7 @@ func TestDevInstallScript(t *testing.T) {
 	}
 	for _, want := range []string{"node certificates last 1m30s (--cert-ttl)", "bcd fake-machine --out ./fake-sys --serial SN-7701",
 		"--sysfs-root ./fake-sys < ./join-token", "better-compute daemon install-script --pki-dir " + filepath.Join(d.dir, "pki"),
-		"--base-url " + d.env["BETTER_COMPUTE_URL"] + " \\\n", "BCD_ROOT=$PWD/host-2 BCD_SYSFS_ROOT=$PWD/fake-sys-2 sh install-bcd.sh < ./token-2"} {
+		"--base-url " + d.env["BETTER_COMPUTE_URL"] + " \\\n", "web console: " + d.env["BETTER_COMPUTE_URL"] + "/api/compute/console/", "BCD_ROOT=$PWD/host-2 BCD_SYSFS_ROOT=$PWD/fake-sys-2 sh install-bcd.sh < ./token-2"} {
 		if !strings.Contains(d.banner, want) {
 			t.Errorf("the banner lacks %q:\n%s", want, d.banner)
 		}

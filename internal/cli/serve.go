@@ -436,6 +436,7 @@ func devBanner(d devBannerData) string {
 	fmt.Fprintf(&b, `
 better-compute dev is running at %s%s (data in %s)
 gateway for daemons: %s; node certificates last %s (--cert-ttl)
+web console: %s%s/console/ (sign in with $BETTER_COMPUTE_API_KEY)
 
   source %s
   better-compute join-tokens create --tenant $TENANT --pool $POOL --ttl 1h \
@@ -448,7 +449,7 @@ Join a fake machine (bcd reads its serials and MACs from ./fake-sys):
   bcd join --config %s --sysfs-root ./fake-sys < ./join-token
   bcd run --config %s          # the session, commands and renewals
   better-compute nodes list --tenant $TENANT
-`, d.URL, wire.DefaultBasePath, d.Dir, d.GatewayURL, d.CertTTL, d.EnvPath, d.BCDConf, d.BCDConf)
+`, d.URL, wire.DefaultBasePath, d.Dir, d.GatewayURL, d.CertTTL, d.URL, wire.DefaultBasePath, d.EnvPath, d.BCDConf, d.BCDConf)
 	if d.Download != nil {
 		// install-script reads only the bundle's public files: no secret.
 		fmt.Fprintf(&b, `

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/commands"
+	"github.com/better-compute/better-compute/internal/controlplane/console"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/tpm"
@@ -212,6 +213,13 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/.well-known/better-compute", s.wellKnown)
 	s.mux.HandleFunc("GET "+cfg.BasePath+SPIFFEBundlePath, s.spiffeBundleHandler)
 	s.mountDownloads()
+	// The web console calls this server's own handler with the signed-in
+	// key (console package doc).
+	con, err := console.New(console.Config{API: s, BasePath: cfg.BasePath, Clock: cfg.Clock, Log: cfg.Log})
+	if err != nil {
+		return nil, err
+	}
+	s.mux.Handle(con.Prefix()+"/", con)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.handler = http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096)

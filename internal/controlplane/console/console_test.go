@@ -1,0 +1,447 @@
+package console_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/chromedp/chromedp"
+
+	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/console"
+	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/shared/ids"
+)
+
+// plane is a real API (SQLite) served over TLS with a site, a pool, two
+// pending discovery join requests and a key without grants.
+type plane struct {
+	e        *apitest.Env
+	hs       *httptest.Server
+	base     string // https://127.0.0.1:port/api/compute/console
+	pool     *bcv1.Pool
+	reqs     []store.JoinRequest
+	emptyKey string
+}
+
+func newPlane(t *testing.T) *plane {
+	t.Helper()
+	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{})
+	hs := httptest.NewTLSServer(e.Server)
+	t.Cleanup(hs.Close)
+	ctx := context.Background()
+	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
+	must(t, err)
+	pool, err := e.Admin.Pools.CreatePool(ctx, connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: e.RootTenant, SiteId: site.Msg.Id, Name: "gpu", Agent: "bcd"}))
+	must(t, err)
+	// The API wants at least one grant: this one is on a pool that does
+	// not exist, so the key is granted nothing of the tenant.
+	k, err := e.Admin.APIKeys.CreateApiKey(ctx, connect.NewRequest(&bcv1.CreateApiKeyRequest{TenantId: e.RootTenant, Name: "nothing",
+		Grants: []*bcv1.Grant{{Action: "compute:join-tokens:read", Resource: "compute-pool/pool_none"}}}))
+	must(t, err)
+	p := &plane{e: e, hs: hs, base: hs.URL + e.Server.BasePath() + "/console", pool: pool.Msg, emptyKey: k.Msg.Key}
+	p.reqs = insertRequests(t, e.DB, pool.Msg, 4)
+	return p
+}
+
+// insertRequests stores n pending discovery join requests as JoinService
+// would after a site agent vouched for the machines.
+func insertRequests(t testing.TB, db *store.DB, pool *bcv1.Pool, n int) []store.JoinRequest {
+	t.Helper()
+	ctx := context.Background()
+	var out []store.JoinRequest
+	base := time.Now()
+	must(t, db.WithTx(ctx, func(tx *store.Tx) error {
+		for i := range n {
+			csr := sha256.Sum256(fmt.Appendf(nil, "csr %d %d", i, base.UnixNano()))
+			r, err := tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, base.Add(time.Duration(i)*time.Millisecond)), TenantID: pool.OwnerTenantId,
+				PoolID: pool.Id, SiteID: pool.SiteId, Attestor: "discovery", Role: "ramdisk", MachineKey: fmt.Sprintf("mac:%d", i),
+				Claims: fmt.Appendf(nil, `{"productSerial":"SN-%d","hostname":"pxe-%d"}`, i, i), HardwareKey: []byte{0xab, 0xcd, byte(i)},
+				MAC: fmt.Sprintf("52:54:00:00:00:%02x", i), IP: "10.0.0.9", WorkflowID: "wf-9", VouchedBy: "node_site", BootLeaseEpoch: 7, CSRSHA256: csr[:]})
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return nil
+	}))
+	return out
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chromium finds the browser: with CI=true a missing one fails the test.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(p); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium is not installed (apt-get install chromium); CI requires it")
+	}
+	t.Skip("SKIPPING the console's browser test: chromium is not installed (apt-get install -y chromium)")
+	return ""
+}
+
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("BC_TEST_ARTIFACTS")
+	if dir == "" {
+		return t.TempDir()
+	}
+	dir = filepath.Join(dir, "console")
+	must(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+// browser starts a headless Chromium for the test; the test server's CA is
+// a throwaway test CA, so certificate errors are ignored.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(chromium(t)), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.NoFirstRun, chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("ignore-certificate-errors", true), chromedp.WindowSize(1280, 720)}
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	bctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	must(t, chromedp.Do(bctx)) // starts the browser
+	ctx, cancel3 := context.WithTimeout(bctx, 40*time.Second)
+	t.Cleanup(cancel3)
+	return ctx
+}
+
+func shot(t *testing.T, dir, name string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		png, err := chromedp.FullScreenshot(100)(ctx, tg)
+		if err != nil {
+			return err
+		}
+		t.Logf("screenshot %s", filepath.Join(dir, name))
+		return os.WriteFile(filepath.Join(dir, name), png, 0o644)
+	})
+}
+
+// run runs the browser steps; on failure it logs the page.
+func run(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		dump, _ := chromedp.Run(context.WithoutCancel(ctx), chromedp.OuterHTML(chromedp.CSS("body")))
+		t.Fatalf("browser: %v\npage: %s", err, dump)
+	}
+}
+
+// text reads the text of the element sel into out.
+func text(sel string, out *string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
+		*out, err = chromedp.Text(chromedp.CSS(sel))(ctx, tg)
+		return err
+	})
+}
+
+func (p *plane) requestState(t *testing.T, id string) string {
+	t.Helper()
+	res, err := p.e.Admin.JoinRequests.ListJoinRequests(context.Background(), connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, State: []string{"all"}}))
+	must(t, err)
+	for _, r := range res.Msg.Items {
+		if r.Id == id {
+			return r.State
+		}
+	}
+	return ""
+}
+
+// R18.2: in a browser, an operator signs in with an API key, approves two
+// discovery join requests with one form and rejects a third, mints a join token and sees
+// the machine that joins with it, then its node and the events; a key
+// without grants sees nothing of the tenant.
+func TestConsoleInBrowserR18_2(t *testing.T) {
+	p := newPlane(t)
+	ctx := browser(t)
+	dir := artifacts(t)
+	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
+	row := func(id string) string { return `tr[data-id="` + id + `"]` }
+	var notice string
+	run(t, ctx,
+		chromedp.Navigate(p.base+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#key"), p.e.AdminKey),
+		chromedp.Click(chromedp.CSS("#signin-submit")),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID))),
+		shot(t, dir, "join-requests.png"),
+		// Two at once: a bulk approval of a selection.
+		chromedp.Click(chromedp.CSS(row(p.reqs[0].ID)+` input[type="checkbox"]`)),
+		chromedp.Click(chromedp.CSS(row(p.reqs[1].ID)+` input[type="checkbox"]`)),
+		chromedp.SendKeys(chromedp.CSS("#reason"), "intake 42"),
+		chromedp.Click(chromedp.CSS("#approve")),
+		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[0].ID))),
+		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[1].ID))),
+		text("#notice", &notice),
+		chromedp.Click(chromedp.CSS(row(p.reqs[2].ID)+` input[type="checkbox"]`)),
+		chromedp.SendKeys(chromedp.CSS("#reason"), "unknown serial"),
+		chromedp.Click(chromedp.CSS("#reject")),
+		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[2].ID))),
+		chromedp.Navigate(p.base+"/join-requests"+q+"&state=all"),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID)+`[data-state="approved"]`)),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[1].ID)+`[data-state="approved"]`)),
+		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[2].ID)+`[data-state="rejected"]`)),
+	)
+	if notice != "2 approved" {
+		t.Fatalf("notice after the bulk approval: %q", notice)
+	}
+	for i, want := range []string{"approved", "approved", "rejected", "pending"} {
+		if got := p.requestState(t, p.reqs[i].ID); got != want {
+			t.Fatalf("request %d: state %q, want %q", i, got, want)
+		}
+	}
+
+	// A token, its install command, and the join it waits for.
+	var install string
+	run(t, ctx,
+		chromedp.Navigate(p.base+"/tokens"+q),
+		chromedp.Click(chromedp.CSS("#create-token")),
+		chromedp.WaitVisible(chromedp.CSS("#install")),
+		text("#install", &install),
+		chromedp.WaitVisible(chromedp.CSS("#joined.waiting")),
+	)
+	token := regexp.MustCompile(`bcjt_[A-Za-z0-9_.-]+`).FindString(install)
+	if token == "" || !strings.Contains(install, "bcd join") {
+		t.Fatalf("install command %q", install)
+	}
+	m := jointest.NewMachine(t, jointest.Claims(1))
+	res, err := p.e.Server.Join().Join(context.Background(), m.Request(t, p.e.Bundle, token, ""), join.Peer{Addr: "192.0.2.7:40000"})
+	must(t, err)
+	nodeID := m.Verify(t, p.e.Bundle, res, "").Body.NodeId
+	var joined string
+	run(t, ctx,
+		chromedp.WaitVisible(chromedp.CSS("#joined.joined")),
+		text("#joined", &joined),
+		shot(t, dir, "token-joined.png"),
+	)
+	if !strings.Contains(joined, nodeID) {
+		t.Fatalf("token page shows %q, want node %s", joined, nodeID)
+	}
+	var events string
+	run(t, ctx,
+		chromedp.Navigate(p.base+"/nodes"+q),
+		chromedp.WaitVisible(chromedp.CSS(row(nodeID))),
+		shot(t, dir, "nodes.png"),
+		chromedp.Navigate(p.base+"/events"+q),
+		chromedp.WaitVisible(chromedp.CSS("#events tbody tr")),
+		text("#events", &events),
+		shot(t, dir, "events.png"),
+	)
+	if !strings.Contains(events, nodeID) {
+		t.Fatalf("events page lacks node %s", nodeID)
+	}
+
+	// Sign out, then in with a key that has no grants: the API refuses it
+	// everything, and the page shows none of the tenant's requests.
+	var page string
+	run(t, ctx,
+		chromedp.Click(chromedp.CSS("#signout")),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.Navigate(p.base+"/join-requests"+q),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#key"), p.emptyKey),
+		chromedp.Click(chromedp.CSS("#signin-submit")),
+		chromedp.WaitVisible(chromedp.CSS("#join-requests")),
+		chromedp.Navigate(p.base+"/join-requests"+q),
+		chromedp.WaitVisible(chromedp.CSS("#error")),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
+			page, err = chromedp.OuterHTML(chromedp.CSS("html"))(ctx, tg)
+			return err
+		}),
+	)
+	if strings.Contains(page, p.reqs[3].ID) || strings.Contains(page, "SN-3") {
+		t.Fatal("a key without grants sees the tenant's join requests")
+	}
+	if !strings.Contains(page, "ACCESS_DENIED") {
+		t.Fatalf("no API refusal on the page: %s", regexp.MustCompile(`<p class="error" id="error">[^<]*`).FindString(page))
+	}
+}
+
+// httpClient is a browser-like client of the test server: it keeps
+// cookies (they are Secure: the server is TLS) and does not follow
+// redirects.
+func httpClient(p *plane) *http.Client {
+	jar, _ := cookiejar.New(nil)
+	c := *p.hs.Client()
+	c.Jar = jar
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	res, err := c.Get(u)
+	must(t, err)
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return res, string(b)
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values) int {
+	t.Helper()
+	res, err := c.PostForm(u, form)
+	must(t, err)
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// signIn signs c in with key and returns the session's CSRF token.
+func signIn(t *testing.T, p *plane, c *http.Client, key string) string {
+	t.Helper()
+	_, body := get(t, c, p.base+"/signin")
+	m := csrfField.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the sign-in form")
+	}
+	if got := post(t, c, p.base+"/signin", url.Values{"csrf": {m[1]}, "key": {key}}); got != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", got)
+	}
+	_, body = get(t, c, p.base+"/join-requests")
+	m = csrfField.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token on the page")
+	}
+	return m[1]
+}
+
+// R18.2: every form POST needs the session's CSRF token (missing or wrong:
+// 403, and nothing changes; revoke needs it too); every answer has the strict CSP; the session
+// cookie is HttpOnly, Secure and SameSite=Strict; a wrong key does not
+// sign in.
+func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
+	p := newPlane(t)
+	c := httpClient(p)
+
+	if got := post(t, c, p.base+"/signin", url.Values{"key": {p.e.AdminKey}}); got != http.StatusForbidden {
+		t.Fatalf("sign in without CSRF token: %d, want 403", got)
+	}
+	_, body := get(t, c, p.base+"/signin")
+	tok := csrfField.FindStringSubmatch(body)[1]
+	if got := post(t, c, p.base+"/signin", url.Values{"csrf": {tok}, "key": {"bck_key_wrong.nope"}}); got != http.StatusUnauthorized {
+		t.Fatalf("sign in with a wrong key: %d, want 401", got)
+	}
+	csrf := signIn(t, p, c, p.e.AdminKey)
+	u, _ := url.Parse(p.base + "/")
+	var session *http.Cookie
+	for _, ck := range c.Jar.Cookies(u) {
+		if ck.Name == "bc_console" {
+			session = ck
+		}
+	}
+	if session == nil {
+		t.Fatal("no session cookie")
+	}
+	res, err := c.Get(p.base + "/signin")
+	must(t, err)
+	res.Body.Close()
+
+	decide := func(csrf string) url.Values {
+		v := url.Values{"tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "id": {p.reqs[0].ID}, "action": {"reject"}, "reason": {"x"}, "ttl": {"3600"}}
+		if csrf != "" {
+			v.Set("csrf", csrf)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name, path string
+		form       url.Values
+	}{
+		{"decide without token", "/join-requests", decide("")},
+		{"decide with a wrong token", "/join-requests", decide("AAAA" + csrf[4:])},
+		{"create token without token", "/tokens/create", url.Values{"tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "ttl": {"600"}}},
+		{"sign out with a wrong token", "/signout", url.Values{"csrf": {"nope"}}},
+	} {
+		if got := post(t, c, p.base+tc.path, tc.form); got != http.StatusForbidden {
+			t.Errorf("%s: %d, want 403", tc.name, got)
+		}
+	}
+	if got := p.requestState(t, p.reqs[0].ID); got != "pending" {
+		t.Fatalf("a refused POST changed the request: %q", got)
+	}
+	if got := post(t, c, p.base+"/join-requests", decide(csrf)); got != http.StatusSeeOther {
+		t.Fatalf("decide with the token: %d", got)
+	}
+	if got := p.requestState(t, p.reqs[0].ID); got != "rejected" {
+		t.Fatalf("after a good POST: %q", got)
+	}
+	tok2, err := p.e.Admin.JoinTokens.CreateJoinToken(context.Background(), connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, TtlSeconds: 600}))
+	must(t, err)
+	revoke := url.Values{"tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "token": {tok2.Msg.Id}}
+	if got := post(t, c, p.base+"/tokens/revoke", revoke); got != http.StatusForbidden {
+		t.Fatalf("revoke without a CSRF token: %d", got)
+	}
+	revoke.Set("csrf", csrf)
+	if got := post(t, c, p.base+"/tokens/revoke", revoke); got != http.StatusSeeOther {
+		t.Fatalf("revoke: %d", got)
+	}
+	list, err := p.e.Admin.JoinTokens.ListJoinTokens(context.Background(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, IncludeInactive: true}))
+	must(t, err)
+	if len(list.Msg.Items) != 1 || list.Msg.Items[0].State != "revoked" {
+		t.Fatalf("after revoke: %v", list.Msg.Items)
+	}
+	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
+	for _, path := range []string{"/signin", "/join-requests" + q, "/tokens" + q, "/nodes" + q, "/events" + q, "/events.json" + q,
+		"/tokens/joined.json" + q, "/static/console.css", "/static/console.js", "/nope"} {
+		res, _ := get(t, c, p.base+path)
+		h := res.Header
+		if h.Get("Content-Security-Policy") != console.CSP || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Referrer-Policy") != "no-referrer" {
+			t.Errorf("%s: headers %v", path, h)
+		}
+		if res.StatusCode != http.StatusOK && path != "/nope" {
+			t.Errorf("%s: %d", path, res.StatusCode)
+		}
+	}
+	// The cookie's attributes as the server set them.
+	c2 := httpClient(p)
+	_, body = get(t, c2, p.base+"/signin")
+	tok = csrfField.FindStringSubmatch(body)[1]
+	res, err = c2.PostForm(p.base+"/signin", url.Values{"csrf": {tok}, "key": {p.e.AdminKey}})
+	must(t, err)
+	res.Body.Close()
+	set := strings.Join(res.Header.Values("Set-Cookie"), "\n")
+	if !regexp.MustCompile(`bc_console=[^;]+;.*HttpOnly; Secure; SameSite=Strict`).MatchString(set) {
+		t.Fatalf("session cookie %q", set)
+	}
+	// Signed out, the session is gone.
+	if got := post(t, c, p.base+"/signout", url.Values{"csrf": {csrf}}); got != http.StatusSeeOther {
+		t.Fatalf("sign out: %d", got)
+	}
+	res, _ = get(t, c, p.base+"/nodes"+q)
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("after sign out: %d, want a redirect to sign in", res.StatusCode)
+	}
+}
