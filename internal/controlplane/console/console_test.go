@@ -317,6 +317,23 @@ func post(t *testing.T, c *http.Client, u string, form url.Values) int {
 	return res.StatusCode
 }
 
+// postBody posts form and returns the page the browser ends on (it follows
+// one redirect, as the console answers an action).
+func postBody(t *testing.T, c *http.Client, u string, form url.Values) (int, string) {
+	t.Helper()
+	res, err := c.PostForm(u, form)
+	must(t, err)
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusSeeOther {
+		return res.StatusCode, string(b)
+	}
+	next, err := res.Location()
+	must(t, err)
+	res, body := get(t, c, next.String())
+	return res.StatusCode, body
+}
+
 // signIn signs c in with key and returns the session's CSRF token.
 func signIn(t *testing.T, p *plane, c *http.Client, key string) string {
 	t.Helper()
@@ -412,6 +429,21 @@ func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
 	must(t, err)
 	if len(list.Msg.Items) != 1 || list.Msg.Items[0].State != "revoked" {
 		t.Fatalf("after revoke: %v", list.Msg.Items)
+	}
+	// The same create form sent twice (a reload after the POST) makes one
+	// token, and the second answer shows no secret.
+	create := url.Values{"csrf": {csrf}, "tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "ttl": {"600"}, "uses": {"1"}, "idem": {"form-1"}}
+	_, first := postBody(t, c, p.base+"/tokens/create", create)
+	_, again := postBody(t, c, p.base+"/tokens/create", create)
+	if !strings.Contains(first, "The secret is shown only now") || strings.Contains(again, "The secret is shown only now") ||
+		!strings.Contains(again, "this form was already sent") {
+		t.Fatalf("a resent create form: first %q\nagain %q", first, again)
+	}
+	list, err = p.e.Admin.JoinTokens.ListJoinTokens(context.Background(), connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id}))
+	must(t, err)
+	if len(list.Msg.Items) != 1 {
+		t.Fatalf("a resent create form made %d live tokens, want 1", len(list.Msg.Items))
 	}
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	for _, path := range []string{"/signin", "/join-requests" + q, "/tokens" + q, "/nodes" + q, "/events" + q, "/events.json" + q,

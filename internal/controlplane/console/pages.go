@@ -188,7 +188,9 @@ func (c *Console) listTokens(r *http.Request, s *session, p *page, created *bcv1
 			items = res.Msg.Items
 		}
 	}
-	d := map[string]any{"Items": items, "Inactive": r.FormValue("inactive") != ""}
+	// Idem is the create form's idempotency key: submitting the same form
+	// again (a reload after the POST) names the token it made, not a second.
+	d := map[string]any{"Items": items, "Inactive": r.FormValue("inactive") != "", "Idem": randomID()}
 	if created != nil {
 		d["Created"] = created
 		d["Install"] = "umask 077 && printf '%s\\n' '" + created.Token + "' > ./join-token && sudo bcd join < ./join-token"
@@ -204,9 +206,16 @@ func (c *Console) createToken(w http.ResponseWriter, r *http.Request, s *session
 	ttl, _ := strconv.Atoi(f.Get("ttl"))
 	uses, _ := strconv.Atoi(f.Get("uses"))
 	res, err := c.api(s.key).JoinTokens.CreateJoinToken(r.Context(), req(&bcv1.CreateJoinTokenRequest{TenantId: f.Get("tenant"), PoolId: f.Get("pool"),
-		TtlSeconds: int32(ttl), MaxUses: int32(uses)}))
+		TtlSeconds: int32(ttl), MaxUses: int32(uses), IdempotencyKey: f.Get("idem")}))
 	if err != nil {
 		c.back(w, r, s, "/tokens", "", errText(err))
+		return
+	}
+	if res.Msg.Token == "" {
+		// The API answers a repeat with the token it made the first time,
+		// without its secret.
+		c.back(w, r, s, "/tokens", "", "this form was already sent: it created "+res.Msg.Id+
+			", whose secret was shown once; revoke it and create another if it was not copied")
 		return
 	}
 	p := c.newPage(r, s, "tokens")
