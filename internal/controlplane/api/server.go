@@ -80,6 +80,9 @@ type Config struct {
 	// JoinRequestLimits bound the join requests unauthenticated callers
 	// can make (R15.4); zero fields take JoinService's defaults.
 	JoinRequestLimits join.RequestLimits
+	// JoinVouchWait is how long a discovery join waits for its vouch
+	// (join.Config.VouchWait); zero means join.DefaultVouchWait.
+	JoinVouchWait time.Duration
 	// DownloadsDir, when set, serves the bcd builds under
 	// {basePath}/downloads/ (R11.5; see downloads.go).
 	DownloadsDir string
@@ -163,7 +166,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll})
-	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits,
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits, VouchWait: cfg.JoinVouchWait,
 		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err
 	}

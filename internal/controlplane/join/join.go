@@ -89,6 +89,9 @@ type Config struct {
 	// Limits bound the join requests unauthenticated callers can make
 	// (R15.4); zero fields take their defaults.
 	Limits RequestLimits
+	// VouchWait is how long a discovery join waits for its site agent's
+	// vouch to arrive (R10.4); zero means DefaultVouchWait.
+	VouchWait time.Duration
 }
 
 // Service is JoinService.
@@ -119,6 +122,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.VouchWait <= 0 {
+		cfg.VouchWait = DefaultVouchWait
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: &ca.SealOpeners{}}, nil
@@ -170,6 +176,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 		if ch, err = c.Challenge(ctx, in); err == nil {
 			res = &agentv1.JoinResponse{Challenge: ch}
 		}
+	} else if att.Name() == wire.AttestorDiscovery {
+		res, err = s.admitVouched(ctx, att, in, pub, req, peer)
 	} else {
 		res, err = s.admit(ctx, att, in, pub, req, peer)
 	}
