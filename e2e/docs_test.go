@@ -29,7 +29,7 @@ func TestDocsBlocksAccounted(t *testing.T) {
 // TestReadmeWalkthrough runs README.md's "Every flow on one laptop" as a
 // new user would, from a fresh directory with the built binaries on PATH,
 // and compares what each block prints with the output the README shows
-//: the README is the test's script, so it cannot go stale.
+// : the README is the test's script, so it cannot go stale.
 func TestReadmeWalkthrough(t *testing.T) {
 	runWalkthrough(t, "README.md", "readme-laptop")
 }
