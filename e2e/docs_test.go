@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,26 @@ func TestDocsBlocksAccounted(t *testing.T) {
 // and compares what each block prints with the output the README shows
 // : the README is the test's script, so it cannot go stale.
 func TestReadmeWalkthrough(t *testing.T) {
-	runWalkthrough(t, "README.md", "readme-laptop")
+	runWalkthrough(t, "README.md", "readme-laptop", nil)
+}
+
+// TestFirstInstallWalkthrough runs docs/operations.md's "First install":
+// the PKI, the two certificates, the printed config, bootstrap and serve.
+// The doc's /etc and /var/lib paths move under the test's directory, and
+// the config's listeners to free ports (the edit the doc leaves to the
+// reader).
+func TestFirstInstallWalkthrough(t *testing.T) {
+	runWalkthrough(t, "docs/operations.md", "operations-first-install", func(work string) []doctest.Replacement {
+		etc, lib := filepath.Join(work, "etc/better-compute"), filepath.Join(work, "var/lib/better-compute")
+		must(t, os.MkdirAll(etc, 0o750))
+		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"%s"|; s|":8444"|"%s"|; s|"127.0.0.1:9090"|"%s"|' config.toml`,
+			etc, lib, freePort(t), freePort(t), freePort(t))
+		// In order: the doc's paths first, then the edit (which names them).
+		return []doctest.Replacement{
+			{Old: "/etc/better-compute", New: etc}, {Old: "/var/lib/better-compute", New: lib},
+			{Old: "> config.toml", New: "> config.toml" + edit},
+		}
+	})
 }
 
 func readDoc(t *testing.T, rel string) string {
@@ -47,9 +67,9 @@ func readDoc(t *testing.T, rel string) string {
 // doc's commands run as written, but for what a shared test machine needs:
 // the binaries are the ones this test built, and dev listens on ports
 // picked free instead of 8080 and 8443.
-func runWalkthrough(t *testing.T, file, name string) {
+func runWalkthrough(t *testing.T, file, name string, rewrite func(work string) []doctest.Replacement) {
 	bc, _ := binaries(t)
-	blocks, err := doctest.Parse(file, readDoc(t, file))
+	blocks, err := doctest.ParseWalkthroughs(file, readDoc(t, file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +79,7 @@ func runWalkthrough(t *testing.T, file, name string) {
 	}
 	work := t.TempDir()
 	api, gw := freePort(t), freePort(t)
-	sh, err := doctest.NewShell(work, []string{"HOME=" + work, "BETTER_COMPUTE_URL=", "BETTER_COMPUTE_API_KEY="})
+	sh, err := doctest.NewShell(work, []string{"HOME=" + work, "PATH=" + filepath.Dir(bc) + ":" + os.Getenv("PATH"), "BETTER_COMPUTE_URL=", "BETTER_COMPUTE_API_KEY="})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +89,9 @@ func runWalkthrough(t *testing.T, file, name string) {
 		{Old: "better-compute dev ", New: "better-compute dev --listen " + api + " --gateway-listen " + gw + " "},
 		{Old: "127.0.0.1:8080", New: api},
 		{Old: "127.0.0.1:8443", New: gw},
+	}
+	if rewrite != nil {
+		sh.Rewrite = append(rewrite(work), sh.Rewrite...)
 	}
 	norm := doctest.Normaliser{Replace: []doctest.Replacement{
 		{Old: work, New: "$WORK"}, {Old: "/tmp/walk2", New: "$WORK"}, {Old: "/tmp/walk", New: "$WORK"},

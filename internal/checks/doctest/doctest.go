@@ -44,7 +44,13 @@ var (
 // Parse returns the sh blocks (with their outputs attached) and the other
 // blocks of md. It fails on a block a walkthrough does not account for, a
 // sh block outside a walkthrough without a skip, or an empty skip reason.
-func Parse(file, md string) ([]Block, error) {
+func Parse(file, md string) ([]Block, error) { return parse(file, md, true) }
+
+// ParseWalkthroughs is Parse for a doc not yet marked up outside its
+// walkthroughs: a sh block outside one is kept, unrun, without an error.
+func ParseWalkthroughs(file, md string) ([]Block, error) { return parse(file, md, false) }
+
+func parse(file, md string, strict bool) ([]Block, error) {
 	lines := strings.Split(md, "\n")
 	var (
 		out        []Block
@@ -95,7 +101,7 @@ func Parse(file, md string) ([]Block, error) {
 		}
 		switch {
 		case b.Lang == "sh" && (walk != "" || wasSkip):
-		case b.Lang == "sh":
+		case b.Lang == "sh" && strict:
 			return nil, fmt.Errorf("%s: a sh block outside a walkthrough needs <!-- skip: reason -->", b.Where())
 		case walk != "" && !wasSkip:
 			return nil, fmt.Errorf("%s: a block in walkthrough %q that is neither run, its output nor skipped with a reason", b.Where(), walk)

@@ -25,6 +25,7 @@ var rules = []struct {
 	new string
 }{
 	{regexp.MustCompile(`\b(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?|\d{8}T\d{6}Z)`), "TIME"},
+	{regexp.MustCompile(`sha256/[A-Za-z0-9+/]{43}=`), "sha256/PIN"},
 	{regexp.MustCompile(`\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`), "UUID"},
 	{regexp.MustCompile(`\b([0-9a-f]{2}:){5}[0-9a-f]{2}\b`), "MAC"},
 	// Ids: a short lowercase prefix, an underscore and a long suffix
