@@ -139,7 +139,8 @@ minutes.
 --tpm-ca-file and --tpm-enrollment run the tpm attestor for the dev pool
 (docs/tpm.md): EKs whose certificate chains to a --tpm-ca-file (swtpm_setup's
 local CA, say) join with no token, and with --tpm-enrollment an unknown EK
-becomes a join request to approve. --tpm-simulator ADDR puts that swtpm
+becomes a join request to approve; with --tpm-allow-reclaim the same TPM takes
+its node back after bcd join --reset. --tpm-simulator ADDR puts that swtpm
 command port into DIR/bcd/config.toml ([tpm] mode = "required").
 
 For development only: the secret that encrypts the PKI's keys is kept in
@@ -171,6 +172,7 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringVar(&o.bcdBinary, "bcd-binary", "", "the linux bcd the downloads path serves (default: the bcd beside better-compute, else go build)")
 	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
 	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
+	f.BoolVar(&o.tpmAllowReclaim, "tpm-allow-reclaim", false, "with --tpm-ca-file: the same TPM takes its node back after bcd join --reset (the pool's allow_reclaim)")
 	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
 	logFlags(cmd)
 	return cmd
@@ -184,9 +186,10 @@ type devOptions struct {
 	certTTL                        time.Duration
 	bcdBinary                      string
 	// The tpm attestor for the dev pool, and the swtpm of dev's bcd.
-	tpmCAFiles    []string
-	tpmEnrollment bool
-	tpmSimulator  string
+	tpmCAFiles      []string
+	tpmEnrollment   bool
+	tpmAllowReclaim bool
+	tpmSimulator    string
 	// buildBCD builds bcd when none is found; nil means goBuildBCD.
 	buildBCD func(ctx context.Context, out, arch string) error
 }
@@ -263,7 +266,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	}
 	if len(o.tpmCAFiles) > 0 || o.tpmEnrollment {
 		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
-		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment}}
+		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment, AllowReclaim: o.tpmAllowReclaim}}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -82,6 +82,9 @@ type Config struct {
 	// JoinRequestLimits bound the join requests unauthenticated callers
 	// can make (R15.4); zero fields take JoinService's defaults.
 	JoinRequestLimits join.RequestLimits
+	// JoinVouchWait is how long a discovery join waits for its vouch
+	// (join.Config.VouchWait); zero means join.DefaultVouchWait.
+	JoinVouchWait time.Duration
 	// DownloadsDir, when set, serves the bcd builds under
 	// {basePath}/downloads/ (R11.5; see downloads.go).
 	DownloadsDir string
@@ -168,7 +171,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll, Metrics: cfg.Metrics})
-	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits, Metrics: cfg.Metrics,
+	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits, Metrics: cfg.Metrics, VouchWait: cfg.JoinVouchWait,
 		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err
 	}

@@ -73,7 +73,10 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics})
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics,
+		// In-process tests ask once their vouch is in: no discovery
+		// refusal waits for one (join.DefaultVouchWait is for real boots).
+		JoinVouchWait: time.Nanosecond})
 	if err != nil {
 		t.Fatalf("api.New: %v", err)
 	}

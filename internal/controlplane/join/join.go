@@ -93,6 +93,9 @@ type Config struct {
 	// Metrics, when set, counts joins by outcome, renewals, token spends
 	// and times the join's phases.
 	Metrics *telemetry.API
+	// VouchWait is how long a discovery join waits for its site agent's
+	// vouch to arrive (R10.4); zero means DefaultVouchWait.
+	VouchWait time.Duration
 }
 
 // Service is JoinService.
@@ -123,6 +126,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.VouchWait <= 0 {
+		cfg.VouchWait = DefaultVouchWait
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	return &Service{cfg: cfg, db: cfg.DB, core: cfg.Core, log: cfg.Log, clock: cfg.Clock, seals: &ca.SealOpeners{}}, nil
@@ -179,6 +185,8 @@ func (s *Service) Join(ctx context.Context, req *agentv1.JoinRequest, peer Peer)
 		if ch, err = c.Challenge(ctx, in); err == nil {
 			res, outcome = &agentv1.JoinResponse{Challenge: ch}, telemetry.OutcomeChallenged
 		}
+	} else if att.Name() == wire.AttestorDiscovery {
+		res, outcome, err = s.admitVouched(ctx, att, in, pub, req, peer)
 	} else {
 		start = s.clock.Now()
 		res, outcome, err = s.admit(ctx, att, in, pub, req, peer)

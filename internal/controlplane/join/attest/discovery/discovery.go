@@ -42,6 +42,10 @@ import (
 // Name of the attestor.
 const Name = wire.AttestorDiscovery
 
+// ReasonVouchMissing is the refusal of a boot no site agent vouched for
+// (yet): JoinService waits a bounded time for the vouch before it refuses.
+const ReasonVouchMissing = "vouch-missing"
+
 // Attestor admits ramdisks a site agent vouched for.
 type Attestor struct{ tokens *jointoken.Attestor }
 
@@ -147,12 +151,12 @@ func vouchFor(ctx context.Context, tx *store.Tx, tenant, siteID string, ev *agen
 	case v == nil && len(vouches) > 0:
 		return nil, "vouch-site", nil
 	case v == nil:
-		return nil, "vouch-missing", nil
+		return nil, ReasonVouchMissing, nil
 	case ev.GetBootLeaseEpoch() < v.LeaseEpoch:
 		// A newer boot of this NIC was vouched for: this is an old one.
 		return nil, "vouch-epoch", nil
 	case ev.GetBootLeaseEpoch() > v.LeaseEpoch:
-		return nil, "vouch-missing", nil
+		return nil, ReasonVouchMissing, nil
 	case ev.GetIp() != v.IP:
 		return nil, "vouch-ip", nil
 	}

@@ -1,0 +1,141 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/checks/doctest"
+	"github.com/better-compute/better-compute/internal/checks/poll"
+)
+
+// docFiles are the docs whose blocks are accounted for: every sh block is
+// run by a walkthrough below or skipped in the doc with a reason. The
+// other docs/*.md files are not marked up yet.
+var docFiles = []string{"README.md", "docs/tpm.md"}
+
+// TestDocsBlocksAccounted: no doc shows a command block a test does not run
+// unless the doc says why.
+func TestDocsBlocksAccounted(t *testing.T) {
+	for _, f := range docFiles {
+		if _, err := doctest.Parse(f, readDoc(t, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestReadmeWalkthrough runs README.md's "Every flow on one laptop" as a
+// new user would, from a fresh directory with the built binaries on PATH,
+// and compares what each block prints with the output the README shows
+// : the README is the test's script, so it cannot go stale.
+func TestReadmeWalkthrough(t *testing.T) {
+	runWalkthrough(t, "README.md", "readme-laptop", nil)
+}
+
+// TestFirstInstallWalkthrough runs docs/operations.md's "First install":
+// the PKI, the two certificates, the printed config, bootstrap and serve.
+// The doc's /etc and /var/lib paths move under the test's directory, and
+// the config's listeners to free ports (the edit the doc leaves to the
+// reader).
+func TestFirstInstallWalkthrough(t *testing.T) {
+	runWalkthrough(t, "docs/operations.md", "operations-first-install", func(work string) []doctest.Replacement {
+		etc, lib := filepath.Join(work, "etc/better-compute"), filepath.Join(work, "var/lib/better-compute")
+		must(t, os.MkdirAll(etc, 0o750))
+		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"%s"|; s|":8444"|"%s"|; s|"127.0.0.1:9090"|"%s"|' config.toml`,
+			etc, lib, freePort(t), freePort(t), freePort(t))
+		// In order: the doc's paths first, then the edit (which names them).
+		return []doctest.Replacement{
+			{Old: "/etc/better-compute", New: etc}, {Old: "/var/lib/better-compute", New: lib},
+			{Old: "> config.toml", New: "> config.toml" + edit},
+		}
+	})
+}
+
+func readDoc(t *testing.T, rel string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// runWalkthrough runs one walkthrough of a doc in a temp directory. The
+// doc's commands run as written, but for what a shared test machine needs:
+// the binaries are the ones this test built, and dev listens on ports
+// picked free instead of 8080 and 8443.
+func runWalkthrough(t *testing.T, file, name string, rewrite func(work string) []doctest.Replacement) {
+	bc, _ := binaries(t)
+	blocks, err := doctest.ParseWalkthroughs(file, readDoc(t, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := doctest.Walkthrough(blocks, name)
+	if len(steps) == 0 {
+		t.Fatalf("%s has no walkthrough %q", file, name)
+	}
+	work := t.TempDir()
+	api, gw := freePort(t), freePort(t)
+	sh, err := doctest.NewShell(work, []string{"HOME=" + work, "PATH=" + filepath.Dir(bc) + ":" + os.Getenv("PATH"), "BETTER_COMPUTE_URL=", "BETTER_COMPUTE_API_KEY="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sh.Close(15 * time.Second) })
+	sh.Rewrite = []doctest.Replacement{
+		{Old: "go build -o bin/ ./cmd/...", New: "mkdir -p bin && cp " + filepath.Dir(bc) + "/* bin/"},
+		{Old: "better-compute dev ", New: "better-compute dev --listen " + api + " --gateway-listen " + gw + " "},
+		{Old: "127.0.0.1:8080", New: api},
+		{Old: "127.0.0.1:8443", New: gw},
+	}
+	if rewrite != nil {
+		sh.Rewrite = append(rewrite(work), sh.Rewrite...)
+	}
+	norm := doctest.Normaliser{Replace: []doctest.Replacement{
+		{Old: work, New: "$WORK"}, {Old: "/tmp/walk2", New: "$WORK"}, {Old: "/tmp/walk", New: "$WORK"},
+	}}
+	for _, b := range steps {
+		res, err := sh.Run(b, 90*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Output == nil {
+			for _, r := range res {
+				if !r.Background && r.Code != 0 {
+					t.Fatalf("%s: %q exited %d:\n%s", b.Where(), r.Command, r.Code, r.Output())
+				}
+			}
+			continue
+		}
+		checkBlock(t, norm, b, res)
+	}
+}
+
+// checkBlock compares a block's output with the doc's. Background output
+// grows: it is read again until it matches or 60 s passed. A block whose
+// output shows no "Error:" must have every command succeed.
+func checkBlock(t *testing.T, norm doctest.Normaliser, b doctest.Block, res []doctest.Result) {
+	t.Helper()
+	bg := false
+	for _, r := range res {
+		bg = bg || r.Background
+		if !r.Background && r.Code != 0 && !strings.Contains(b.Output.Text, "Error:") {
+			t.Fatalf("%s: %q exited %d (the doc shows no error):\n%s", b.Where(), r.Command, r.Code, r.Output())
+		}
+	}
+	var ok bool
+	var diff string
+	wait := time.Duration(0)
+	if bg {
+		wait = 60 * time.Second
+	}
+	poll.WaitEvery(wait, 200*time.Millisecond, func() bool {
+		ok, diff = norm.Match(b.Output.Text, doctest.Combined(res))
+		return ok
+	})
+	if !ok {
+		t.Fatalf("%s: the output differs from %s:%d\n%s", b.Where(), b.Output.File, b.Output.Line, diff)
+	}
+}
