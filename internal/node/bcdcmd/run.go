@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 )
 
@@ -74,7 +75,9 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// One live pin set for the renewer and the session (R16.2):
 			// a key either learns is saved to config.toml and used by both.
 			pins := config.NewPins(configPath, cfg, log)
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
+			// One offset from the control plane's clock for both (R19.3).
+			serverTime := servertime.New(servertime.Config{Dir: store.Dir, Clock: a.env.Clock})
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
 				OnRenewed: func(*identity.Identity) {
 					select {
 					case renewed <- struct{}{}:
@@ -85,7 +88,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins})
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins})
 			if err != nil {
 				return err
 			}
