@@ -187,7 +187,14 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	if err := config.WriteEncryptionKey(etc, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
-	// bcd joins through the gateway: with the token, or with the TPM.
+	s.join(t, tok.Msg.Token, o)
+	return s
+}
+
+// join joins bcd through the gateway: with token, or with the TPM.
+func (s *stack) join(t *testing.T, token string, o stackOptions) {
+	t.Helper()
+	ctx := context.Background()
 	keys, st, err := tpmkeys.Stores(s.cfg, s.cfg.DataDir)
 	if err != nil {
 		t.Fatal(err)
@@ -197,18 +204,17 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := enroll.Options{Token: tok.Msg.Token}
+	opts := enroll.Options{Token: token}
 	if o.sim != nil && !o.token {
 		opts = enroll.Options{Attestor: identity.AttestorTPM}
 	}
 	if s.joined, err = j.Join(ctx, opts); err != nil {
 		if o.joinClock != nil {
 			s.joinErr = err
-			return s
+			return
 		}
 		t.Fatalf("bcd join: %v", err)
 	}
-	return s
 }
 
 func (s *stack) renewer(t *testing.T, mod func(c *renew.Config)) *renew.Renewer {
