@@ -123,8 +123,9 @@ func (o *Offset) Offset() (time.Duration, time.Time) {
 // Learn records the server's time serverMs (Unix milliseconds) read from
 // an answer that just arrived. 0 (a server before the field) changes
 // nothing; an offset beyond MaxOffset is not applied and is returned as
-// an error naming the clock. The offset is persisted when it moved by
-// more than a second, so a session's Welcome does not write each time.
+// an error naming the clock. The offset is persisted when first learned
+// and when it moved by more than a second, so a session's Welcome does not
+// write each time.
 func (o *Offset) Learn(serverMs int64) (time.Duration, error) {
 	if o == nil || serverMs == 0 {
 		return 0, nil
@@ -135,10 +136,10 @@ func (o *Offset) Learn(serverMs int64) (time.Duration, error) {
 		return off, fmt.Errorf("%s; not correcting for it", Describe(off))
 	}
 	o.mu.Lock()
-	moved := o.off - off
+	moved, first := o.off-off, o.learned.IsZero()
 	o.off, o.learned = off, now
 	o.mu.Unlock()
-	if moved > time.Second || moved < -time.Second {
+	if first || moved > time.Second || moved < -time.Second {
 		return off, o.save(off, now)
 	}
 	return off, nil

@@ -19,6 +19,7 @@ func TestOffsetR19_3(t *testing.T) {
 		refused  bool
 	}{
 		{name: "behind", serverMs: now.Add(time.Hour).UnixMilli(), want: time.Hour},
+		{name: "agrees", serverMs: now.Add(5 * time.Millisecond).UnixMilli(), want: 5 * time.Millisecond},
 		{name: "ahead", serverMs: now.Add(-3 * time.Minute).UnixMilli(), want: -3 * time.Minute},
 		{name: "not told", serverMs: 0, want: 0},
 		{name: "beyond the bound", serverMs: now.Add(MaxOffset + time.Hour).UnixMilli(), want: 0, refused: true},
