@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/installscript"
@@ -131,11 +132,12 @@ func devBCD(ctx context.Context, log *slog.Logger, downloadsDir, explicit, self 
 			return nil, err
 		}
 		d.Source = "built with go build"
-	} else if err := copyFile(src, tmp); err != nil {
+	} else if err := placeFile(src, tmp, os.Link, copyFile); err != nil {
 		return nil, err
 	}
-	// The copy is what is served and hashed: a rebuild of the source while
-	// dev runs changes neither.
+	// The link or copy is what is served and hashed: a rebuild of the
+	// source while dev runs (go build replaces the file, a new inode)
+	// changes neither.
 	sum, err := fileSHA256(tmp)
 	if err != nil {
 		return nil, err
@@ -157,6 +159,29 @@ func goBuildBCD(ctx context.Context, out, arch string) error {
 		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(msg)))
 	}
 	return nil
+}
+
+// placeFile puts src at dst: a hard link when both are on one filesystem
+// (no space used, so dev runs on a small disk), else a copy. A copy that
+// runs out of space says how much it needs.
+func placeFile(src, dst string, link, copy func(src, dst string) error) error {
+	if link(src, dst) == nil {
+		return nil
+	}
+	err := copy(src, dst)
+	if err == nil {
+		return nil
+	}
+	_ = os.Remove(dst)
+	if errors.Is(err, syscall.ENOSPC) {
+		need := "its size"
+		if fi, serr := os.Stat(src); serr == nil {
+			need = fmt.Sprintf("%d MiB", (fi.Size()+1<<20-1)>>20)
+		}
+		return errs.New(errs.InvalidState, "no space left to copy bcd into %s: it needs %s free there (or put the data directory on the filesystem of %s, where it is hard-linked instead)",
+			filepath.Dir(dst), need, src)
+	}
+	return err
 }
 
 func copyFile(src, dst string) error {

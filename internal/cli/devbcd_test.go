@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -121,5 +123,52 @@ func TestDevBCD(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "bcd", devVersion(), "linux-"+devArch()+".new")); err == nil {
 		t.Fatal("a failed build left its temporary file")
+	}
+}
+
+// R11.5: dev hard-links the bcd it serves when it can (a small disk holds
+// dev's data directory), copies it otherwise, and a copy out of space says
+// how much it needs.
+func TestPlaceFile(t *testing.T) {
+	noLink := func(src, dst string) error { return &os.LinkError{Op: "link", Old: src, New: dst, Err: syscall.EXDEV} }
+	full := func(src, dst string) error {
+		_ = os.WriteFile(dst, []byte("part"), 0o755)
+		return &os.PathError{Op: "write", Path: dst, Err: syscall.ENOSPC}
+	}
+	for _, tc := range []struct {
+		name       string
+		link, copy func(src, dst string) error
+		linked     bool
+		wantErr    string
+	}{
+		{name: "same filesystem", link: os.Link, copy: copyFile, linked: true},
+		{name: "another filesystem", link: noLink, copy: copyFile},
+		{name: "no space", link: noLink, copy: full, wantErr: "it needs 3 MiB free there"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			src, dst := filepath.Join(dir, "bcd"), filepath.Join(dir, "served")
+			if err := os.WriteFile(src, make([]byte, 2<<20+1), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			err := placeFile(src, dst, tc.link, tc.copy)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %v, want %q", err, tc.wantErr)
+				}
+				if _, serr := os.Stat(dst); !errors.Is(serr, fs.ErrNotExist) {
+					t.Fatalf("the partial copy stayed: %v", serr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, _ := os.Stat(src)
+			b, err := os.Stat(dst)
+			if err != nil || b.Size() != a.Size() || os.SameFile(a, b) != tc.linked {
+				t.Fatalf("placed %v (err %v), linked want %v", b, err, tc.linked)
+			}
+		})
 	}
 }

@@ -44,7 +44,10 @@ func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 // their own: the daemon applies a statement only when a key it pins signed
 // it, so this answers anyone the gateway relays.
 func (a *agent) Keys(ctx context.Context, req *connect.Request[agentv1.KeysRequest]) (*connect.Response[agentv1.KeysResponse], error) {
-	res := &agentv1.KeysResponse{}
+	// R19.3: the time is a hint bcd uses to correct its clock before it
+	// retries a join or renewal refused for its time; unsigned, it never
+	// decides trust (the server enforces its own windows).
+	res := &agentv1.KeysResponse{ServerTimeUnixMs: a.s.cfg.Clock.Now().UnixMilli()}
 	if b := a.s.cfg.Bundle.Now(); b != nil {
 		res.KeyStatements = b.KeyStatements
 	}

@@ -114,6 +114,8 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 		IdentityGeneration: int64(p.Node.IdentityGeneration),
 		// R16.2: the daemon learns rotated keys from every answer.
 		KeyStatements: b.KeyStatements,
+		// R19.3: the daemon dates what it stamps by the server's clock.
+		ServerTimeUnixMs: c.clock.Now().UnixMilli(),
 	}
 	res, err := signAnswer(b, body)
 	if err != nil {
@@ -132,7 +134,8 @@ func (c *Core) Defer(csrSHA256 []byte, siteID, role, requestID string, retryAfte
 	}
 	return signAnswer(b, &agentv1.JoinResponseBody{
 		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: siteID, Role: role, KeyStatements: b.KeyStatements,
-		Deferral: &agentv1.JoinDeferral{RequestId: requestID, RetryAfterSeconds: int32(retryAfter / time.Second)},
+		ServerTimeUnixMs: c.clock.Now().UnixMilli(),
+		Deferral:         &agentv1.JoinDeferral{RequestId: requestID, RetryAfterSeconds: int32(retryAfter / time.Second)},
 	})
 }
 

@@ -423,7 +423,9 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		// R7.5: the gateway checks each command's kind again at dispatch
 		// against the kinds of the certificate this session authenticated
 		// with (empty: no restriction).
-		AllowedKinds: c.allowedKinds, KeyStatements: s.keyStatements()}}}); err != nil {
+		AllowedKinds: c.allowedKinds, KeyStatements: s.keyStatements(),
+		// R19.3: bcd dates what it stamps by the API's clock.
+		ServerTimeUnixMs: s.cfg.Clock.Now().UnixMilli()}}}); err != nil {
 		c.end(endClosed, nil)
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -90,6 +91,31 @@ func TestDoctorShowsPinSets(t *testing.T) {
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+// R19.3: doctor shows the offset from the control plane's clock bcd
+// learned, and warns when it is large.
+func TestDoctorShowsClockOffset(t *testing.T) {
+	h := newHost(t, true)
+	if r := h.run(h.srv.Token+"\n", false, append([]string{"join"}, h.cfgFlag()...)...); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	for _, tc := range []struct {
+		off  time.Duration
+		want string
+	}{
+		{2 * time.Second, "ok      offset 2s from the control plane's clock"},
+		{-time.Hour, "warn    offset -1h0m0s from the control plane's clock"},
+	} {
+		ofs := servertime.New(servertime.Config{Dir: h.cfg.DataDir, Clock: clock.NewFake(h.srv.Now)})
+		if _, err := ofs.Learn(h.srv.Now.Add(tc.off).UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+		r := h.doctorAt(h.srv.Now)
+		if !strings.Contains(r.stdout, tc.want) || !strings.Contains(r.stdout, "fix NTP") {
+			t.Errorf("doctor with the clock %s off lacks %q:\n%s", tc.off, tc.want, r.stdout)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package bcdcmd
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"github.com/spf13/cobra"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
@@ -78,9 +78,12 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			// R17.2: /livez, /readyz and /metrics when [diagnostics]
-			// listen is set; the daemon's log feeds its state.
-			dg := diag.New(store, a.env.Clock)
-			log := slog.New(dg.Observe(base.Handler()))
+			// listen is set; the renewer's and session's hooks feed it.
+			// One offset from the control plane's clock for the renewer,
+			// the session and the diagnostics (R19.3).
+			serverTime := servertime.New(servertime.Config{Dir: store.Dir, Clock: a.env.Clock})
+			dg := diag.New(store, serverTime.Now)
+			log := base
 			if err := dg.Serve(ctx, cfg.Diagnostics, log, a.env.DiagReady); err != nil {
 				return err
 			}
@@ -90,20 +93,21 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// One live pin set for the renewer and the session (R16.2):
 			// a key either learns is saved to config.toml and used by both.
 			pins := config.NewPins(configPath, cfg, log)
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
 				OnRenewed: func(id *identity.Identity) {
 					dg.Renewed(id)
 					select {
 					case renewed <- struct{}{}:
 					default:
 					}
-				}})
+				},
+				OnFailed: dg.RenewalFailed})
 			if err != nil {
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins,
-				OnWelcome: dg.Welcomed})
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins,
+				OnWelcome: dg.Welcomed, OnSessionEnded: dg.SessionEnded})
 			if err != nil {
 				return err
 			}

@@ -4,12 +4,8 @@
 // not) and /metrics (renewals, session reconnects, seconds until the node
 // certificate expires).
 //
-// It learns what the daemon does from the hooks bcd run already has
-// (OnWelcome, OnRenewed) and from the daemon's own log records (Observe
-// wraps its handler): a renewal that failed and a session that ended are
-// log lines of internal/node/renew and internal/node/run, matched by
-// their messages (the Msg constants below, kept equal to those lines by
-// this package's tests).
+// It learns what the daemon does from bcd run's hooks: the session's
+// OnWelcome and OnSessionEnded, the renewer's OnRenewed and OnFailed.
 package diag
 
 import (
@@ -33,15 +29,6 @@ import (
 
 // DefaultListen is the address the docs and the Kubernetes manifests use.
 const DefaultListen = "127.0.0.1:9464"
-
-// The daemon's log messages diag follows.
-const (
-	MsgRenewalFailed = "certificate renewal failed"
-	MsgSessionEnded  = "session ended"
-	// MsgSessionRenewed is a session ended by the certificate's renewal
-	// or expiry (the daemon reconnects at once).
-	MsgSessionRenewed = "session ended by the certificate's renewal or expiry: reconnecting"
-)
 
 // Config is the [diagnostics] section of bcd's config.toml.
 type Config struct {
@@ -74,8 +61,8 @@ func (c Config) Problem() string {
 
 // Diag tracks the daemon's state and serves it. Build it with New.
 type Diag struct {
-	load  func() (*identity.Identity, error) // the store's Load
-	clock clock.Clock
+	load func() (*identity.Identity, error) // the store's Load
+	now  func() time.Time
 
 	mu          sync.Mutex
 	sessionUp   bool
@@ -87,12 +74,14 @@ type Diag struct {
 	reg         *prometheus.Registry
 }
 
-// New returns a Diag reading the identity from store.
-func New(store *identity.Store, c clock.Clock) *Diag {
-	if c == nil {
-		c = clock.Real{}
+// New returns a Diag reading the identity from store and dating by now
+// (bcd passes its control-plane time, internal/node/servertime, so that it
+// calls a certificate expired when bcd's renewer does); nil: the real clock.
+func New(store *identity.Store, now func() time.Time) *Diag {
+	if now == nil {
+		now = clock.Real{}.Now
 	}
-	d := &Diag{load: store.Load, clock: c, reg: prometheus.NewRegistry()}
+	d := &Diag{load: store.Load, now: now, reg: prometheus.NewRegistry()}
 	d.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.NodeRenewals, Help: "Certificate renewals by outcome (ok, failed)."},
 		[]string{telemetry.LabelOutcome})
 	d.renewals.WithLabelValues(telemetry.OutcomeOK)
@@ -104,7 +93,7 @@ func New(store *identity.Store, c clock.Clock) *Diag {
 			if err != nil {
 				return 0
 			}
-			return id.NotAfter.Sub(d.clock.Now()).Seconds()
+			return id.NotAfter.Sub(d.now()).Seconds()
 		})
 	d.reg.MustRegister(d.renewals, d.reconnects, expiry)
 	return d
@@ -131,17 +120,26 @@ func (d *Diag) Renewed(*identity.Identity) {
 	d.renewals.WithLabelValues(telemetry.OutcomeOK).Inc()
 }
 
-func (d *Diag) renewalFailed(why string) {
+// RenewalFailed records a renewal that failed (renew.Config.OnFailed).
+func (d *Diag) RenewalFailed(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.renewFailed = d.clock.Now().UTC().Format(time.RFC3339) + ": " + why
+	d.renewFailed = d.now().UTC().Format(time.RFC3339) + ": " + errText(err)
 	d.renewals.WithLabelValues(telemetry.OutcomeFailed).Inc()
 }
 
-func (d *Diag) sessionEnded(why string) {
+// SessionEnded records a session that ended (run.Config.OnSessionEnded).
+func (d *Diag) SessionEnded(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.sessionUp, d.sessionErr = false, why
+	d.sessionUp, d.sessionErr = false, errText(err)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ended"
+	}
+	return err.Error()
 }
 
 // NotReady is why the node is not ready, "" when it is (R17.2).
@@ -150,7 +148,7 @@ func (d *Diag) NotReady() string {
 	if err != nil {
 		return "no identity: " + err.Error()
 	}
-	if now := d.clock.Now(); !now.Before(id.NotAfter) {
+	if now := d.now(); !now.Before(id.NotAfter) {
 		return fmt.Sprintf("the node certificate expired at %s", id.NotAfter.UTC().Format(time.RFC3339))
 	}
 	d.mu.Lock()
@@ -211,41 +209,4 @@ func (d *Diag) Serve(ctx context.Context, c Config, log *slog.Logger, ready func
 		ready(ln.Addr().String())
 	}
 	return nil
-}
-
-// Observe wraps h so that the daemon's renewal failures and session ends
-// reach d.
-func (d *Diag) Observe(h slog.Handler) slog.Handler { return &observer{Handler: h, d: d} }
-
-type observer struct {
-	slog.Handler
-	d *Diag
-}
-
-func (o *observer) Handle(ctx context.Context, r slog.Record) error {
-	switch r.Message {
-	case MsgRenewalFailed, MsgSessionEnded, MsgSessionRenewed:
-		why := r.Message
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == telemetry.LogErr {
-				why = a.Value.String()
-				return false
-			}
-			return true
-		})
-		if r.Message == MsgRenewalFailed {
-			o.d.renewalFailed(why)
-		} else {
-			o.d.sessionEnded(why)
-		}
-	}
-	return o.Handler.Handle(ctx, r)
-}
-
-func (o *observer) WithAttrs(as []slog.Attr) slog.Handler {
-	return &observer{Handler: o.Handler.WithAttrs(as), d: o.d}
-}
-
-func (o *observer) WithGroup(name string) slog.Handler {
-	return &observer{Handler: o.Handler.WithGroup(name), d: o.d}
 }

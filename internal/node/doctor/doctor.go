@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
@@ -93,10 +94,35 @@ func Run(ctx context.Context, o Options) []Check {
 		dataDir = o.DataDir
 	}
 	out = append(out, identityCheck(cfg, dataDir, o.Clock.Now()))
+	out = append(out, clockCheck(dataDir))
 	out = append(out, gatewayCheck(ctx, cfg, o))
 	out = append(out, tpmCheck(cfg, dataDir))
 	return out
 }
+
+// clockCheck reports the offset of the control plane's clock bcd learned
+// last (R19.3): bcd corrects for it, so it only warns beyond
+// clockWarnAfter, where the operator should fix NTP.
+func clockCheck(dataDir string) Check {
+	c := Check{Name: "clock", Status: OK}
+	off, learned, err := servertime.Read(dataDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		c.Detail = "the control plane's time is not known yet (bcd learns it from its answers)"
+	case err != nil:
+		c.Status, c.Detail = Warn, err.Error()
+	default:
+		c.Detail = fmt.Sprintf("offset %s from the control plane's clock (learned %s); bcd dates what it signs by the control plane's clock: %s",
+			off.Round(time.Millisecond), learned.UTC().Format(time.RFC3339), servertime.Describe(off))
+		if off > clockWarnAfter || off < -clockWarnAfter {
+			c.Status = Warn
+		}
+	}
+	return c
+}
+
+// clockWarnAfter is the offset beyond which bcd doctor warns.
+const clockWarnAfter = 30 * time.Second
 
 // ExpiredMessage is the page's message for an expired identity (R11.4).
 func ExpiredMessage(notAfter time.Time) string {

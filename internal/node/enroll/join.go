@@ -55,6 +55,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/claims"
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -136,6 +137,10 @@ type Config struct {
 	// Pins are the live pin sets (R16.2), shared with bcd run's session
 	// and renewer; nil: BCD's, persisted to ConfigPath.
 	Pins *config.Pins
+	// ServerTime is the control plane's clock as bcd knows it (R19.3): the
+	// seal's iat and x509pop's client_time are dated by it, and every
+	// answer corrects it. nil: one persisted in Store.Dir.
+	ServerTime *servertime.Offset
 }
 
 // Joiner joins this machine; build it with New.
@@ -153,6 +158,8 @@ type Joiner struct {
 	// pins are the live pin sets; a host build (no config.toml yet) has
 	// them in memory until it wrote one.
 	pins *config.Pins
+	// serverTime dates what the join stamps (Config.ServerTime).
+	serverTime *servertime.Offset
 }
 
 // New returns a Joiner for cfg. cfg.Store is required.
@@ -175,6 +182,9 @@ func New(cfg Config) (*Joiner, error) {
 	}
 	if j.clock == nil {
 		j.clock = clock.Real{}
+	}
+	if j.serverTime = cfg.ServerTime; j.serverTime == nil {
+		j.serverTime = servertime.New(servertime.Config{Dir: cfg.Store.Dir, Clock: j.clock})
 	}
 	if j.httpClient == nil {
 		j.httpClient = DefaultHTTPClient
@@ -330,7 +340,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	// seal, so the request stays the same.
 	j.progress("sealing the token…")
 	reseal := func(r *agentv1.JoinRequest) error {
-		sealed, err := pki.Seal(encKey, opts.Token, r.GetCsr(), pki.JoinRequestDigest(r), j.clock.Now())
+		sealed, err := pki.Seal(encKey, opts.Token, r.GetCsr(), pki.JoinRequestDigest(r), j.serverTime.Now())
 		if err != nil {
 			return fmt.Errorf("seal the token: %w", err)
 		}
@@ -372,7 +382,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		}
 		j.pins = config.NewPins(j.cfg.ConfigPath, cfg, j.log)
 	}
-	j.learn("join answer", body.GetKeyStatements())
+	j.learnAnswer("join answer", body)
 	return id, nil
 }
 
@@ -384,6 +394,42 @@ func (j *Joiner) learn(source string, statements []string) {
 		_, _ = j.pins.Learn(source, statements)
 	}
 }
+
+// learnAnswer learns the keys and the control plane's time of a verified
+// answer. R19.3: the body is signed, so its time is the control plane's;
+// a stored answer replayed for a retry carries the time of its first
+// answer, which the next session's Welcome corrects.
+func (j *Joiner) learnAnswer(source string, body *agentv1.JoinResponseBody) {
+	j.learn(source, body.GetKeyStatements())
+	j.learnTime(source, body.GetServerTimeUnixMs())
+}
+
+// learnTime corrects the offset from the control plane's time serverMs;
+// a failure is logged and never fails the join.
+func (j *Joiner) learnTime(source string, serverMs int64) {
+	if _, err := j.serverTime.Learn(serverMs); err != nil && j.log != nil {
+		j.log.Warn("not correcting for the control plane's time", "source", source, "err", err)
+	}
+}
+
+// clockRetry reports whether a refused join is worth sending once more
+// with the clock corrected (R19.3): the refusal does not say why (R4.7),
+// so bcd asks the gateway for the control plane's time (an unsigned hint)
+// and retries when it moved the offset by more than retryClockMove.
+func (j *Joiner) clockRetry(ctx context.Context, gatewayURL, serverName string) bool {
+	before, _ := j.serverTime.Offset()
+	ms, err := FetchServerTime(ctx, j.httpClient, gatewayURL, serverName)
+	if err != nil || ms == 0 {
+		return false
+	}
+	j.learnTime("keys answer", ms)
+	after, _ := j.serverTime.Offset()
+	return (after-before) > retryClockMove || (before-after) > retryClockMove
+}
+
+// retryClockMove is how far a learned offset must move before a refused
+// join or renewal is sent again: less cannot have caused the refusal.
+const retryClockMove = 30 * time.Second
 
 // joinConfig is the configuration a token join uses: config.toml, or one
 // built from the well-known document (R11.3), with that document.
@@ -754,7 +800,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	if err != nil {
 		return nil, false, err
 	}
-	recovered := false
+	recovered, clockRetried := false, false
 	for attempt := 1; ; attempt++ {
 		if reseal != nil {
 			if err := reseal(req); err != nil {
@@ -782,6 +828,16 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 			}
 		}
 		out, transient := j.callError(err, u.Host)
+		// R19.3: a refusal for this machine's clock; once per send, and
+		// only for a request that is dated anew (reseal).
+		if e, ok := errs.As(out); ok && e.Code == errs.AccessDenied && reseal != nil && !clockRetried && ctx.Err() == nil {
+			clockRetried = true
+			if j.clockRetry(ctx, cfg.GatewayURL, serverName) {
+				j.progress("refused with this machine's clock off the control plane's; sending it again dated by the control plane's clock…")
+				attempt--
+				continue
+			}
+		}
 		if !transient || ctx.Err() != nil {
 			return nil, !transient && !isPinError(err), out
 		}
@@ -858,6 +914,11 @@ const maxClockSkew = time.Minute
 // header is only a hint for the operator (the gateway is not trusted):
 // it never changes what bcd does.
 func (j *Joiner) clockNote(err error) string {
+	// R19.3: the offset learned from the control plane (the Keys answer
+	// on a refusal) names the clock when it is off.
+	if off, learned := j.serverTime.Offset(); !learned.IsZero() && (off > maxClockSkew || off < -maxClockSkew) {
+		return "; " + servertime.Describe(off)
+	}
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		return ""

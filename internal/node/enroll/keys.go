@@ -35,6 +35,32 @@ const (
 // bcd already pins (config.Pins.Learn, pki.ApplyStatements), which an
 // impostor cannot forge.
 func FetchKeyStatements(ctx context.Context, hc HTTPClientFunc, gatewayURL, serverName string) ([]string, error) {
+	res, err := fetchKeys(ctx, hc, gatewayURL, serverName)
+	if err != nil {
+		return nil, errs.Wrap(err, errs.Unavailable, "cannot ask the gateway for the rotated keys: %v", err)
+	}
+	st := res.GetKeyStatements()
+	if len(st) > pki.MaxKeyStatements {
+		st = st[:pki.MaxKeyStatements]
+	}
+	return st, nil
+}
+
+// FetchServerTime calls JoinService.Keys as FetchKeyStatements does and
+// returns the control plane's time it answered (Unix milliseconds; 0 from
+// a server before the field). R19.3: it is a hint only, used to correct
+// bcd's clock before it retries a join or renewal refused for its time;
+// the server enforces its own windows whatever bcd claims.
+func FetchServerTime(ctx context.Context, hc HTTPClientFunc, gatewayURL, serverName string) (int64, error) {
+	res, err := fetchKeys(ctx, hc, gatewayURL, serverName)
+	if err != nil {
+		return 0, errs.Wrap(err, errs.Unavailable, "cannot ask the gateway for the control plane's time: %v", err)
+	}
+	return res.GetServerTimeUnixMs(), nil
+}
+
+// fetchKeys is the one unverified dial (see FetchKeyStatements).
+func fetchKeys(ctx context.Context, hc HTTPClientFunc, gatewayURL, serverName string) (*agentv1.KeysResponse, error) {
 	if hc == nil {
 		hc = DefaultHTTPClient
 	}
@@ -51,13 +77,9 @@ func FetchKeyStatements(ctx context.Context, hc HTTPClientFunc, gatewayURL, serv
 	defer cancel()
 	res, err := client.Keys(ctx, connect.NewRequest(&agentv1.KeysRequest{}))
 	if err != nil {
-		return nil, errs.Wrap(err, errs.Unavailable, "cannot ask the gateway for the rotated keys: %v", err)
+		return nil, err
 	}
-	st := res.Msg.GetKeyStatements()
-	if len(st) > pki.MaxKeyStatements {
-		st = st[:pki.MaxKeyStatements]
-	}
-	return st, nil
+	return res.Msg, nil
 }
 
 // RecoverPins is bcd's way back after a rotation it slept through (R16.2):

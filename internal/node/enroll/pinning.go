@@ -104,7 +104,14 @@ func VerifyPinnedChain(presented []*x509.Certificate, servingCAPins []string, se
 		}
 		lastErr = err
 	}
-	return &pinError{msg: "its certificate does not verify against the pinned serving CA: " + lastErr.Error(), err: lastErr}
+	msg := "its certificate does not verify against the pinned serving CA: " + lastErr.Error()
+	// R19.3: a certificate not valid yet or any more, by this machine's
+	// clock, is what a clock far off looks like.
+	var ie x509.CertificateInvalidError
+	if errors.As(lastErr, &ie) && ie.Reason == x509.Expired {
+		msg += " (if this machine's clock is off the control plane's, fix NTP)"
+	}
+	return &pinError{msg: msg, err: lastErr}
 }
 
 // pinError is VerifyPinnedChain's error, recognisable through the TLS,

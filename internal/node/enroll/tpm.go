@@ -111,7 +111,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	if err != nil {
 		return nil, err
 	}
-	j.learn("join answer", body.GetKeyStatements())
+	j.learnAnswer("join answer", body)
 	if aside != "" {
 		j.progress("moved the old identity aside to %s", aside)
 	}

@@ -123,7 +123,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 		if err != nil {
 			return nil, fmt.Errorf("%w; the expired identity is still in place", err)
 		}
-		j.learn("re-join answer", body.GetKeyStatements())
+		j.learnAnswer("re-join answer", body)
 		j.progress("re-joined as %s; the expired identity is in %s", id.NodeID, aside)
 		return id, nil
 	}
@@ -148,7 +148,7 @@ func (j *Joiner) newRejoinRequest(cfg *config.Config, old *identity.Identity, ro
 		Role:     role,
 		NodeId:   old.NodeID,
 		Protocol: version.ProtocolMax,
-		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.clock.Now().UnixMilli()},
+		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.serverTime.Now().UnixMilli()},
 	}
 	sig, err := pki.SignX509Pop(old.Signer, pki.JoinRequestDigest(req))
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -84,10 +85,17 @@ type Config struct {
 	// run's session then reconnects with the new certificate at once,
 	// R19.3).
 	OnRenewed func(*identity.Identity)
+	// OnFailed, when set, is called after each renewal Loop tried and
+	// could not make (bcd's diagnostics: the node is not ready, R17.2).
+	OnFailed func(error)
 	// Pins are the live pin sets (R16.2), shared with bcd run's session;
 	// nil: BCD's, kept in memory only (bcd passes config.NewPins with
 	// config.toml's path, so what a renewal learns is saved).
 	Pins *config.Pins
+	// ServerTime is the control plane's clock as bcd knows it (R19.3):
+	// client_time and the certificate's expiry are read by it, and every
+	// renewal answer corrects it. nil: one persisted in Store.Dir.
+	ServerTime *servertime.Offset
 }
 
 // Renewer renews this node's certificate; build it with New.
@@ -101,6 +109,8 @@ type Renewer struct {
 	rand  func() float64
 	sleep func(ctx context.Context, d time.Duration) error
 	pins  *config.Pins
+	// serverTime dates client_time and reads expiry (Config.ServerTime).
+	serverTime *servertime.Offset
 }
 
 // New returns a Renewer for cfg. Errors are INVALID_CONFIG.
@@ -135,6 +145,9 @@ func New(cfg Config) (*Renewer, error) {
 	if r.sleep == nil {
 		r.sleep = r.clockSleep
 	}
+	if r.serverTime = cfg.ServerTime; r.serverTime == nil {
+		r.serverTime = servertime.New(servertime.Config{Dir: cfg.Store.Dir, Clock: r.clock})
+	}
 	r.pins = cfg.Pins
 	if r.pins == nil {
 		r.pins = config.NewPins("", &c, r.log)
@@ -154,7 +167,7 @@ func (r *Renewer) clockSleep(ctx context.Context, d time.Duration) error {
 func (r *Renewer) NextRenewal(id *identity.Identity) time.Time {
 	leaf := id.Leaf()
 	if leaf == nil {
-		return r.clock.Now()
+		return r.serverTime.Now()
 	}
 	life := leaf.NotAfter.Sub(leaf.NotBefore)
 	jitter := time.Duration((2*r.rand() - 1) * float64(life*JitterPercent/100))
@@ -178,7 +191,7 @@ func (r *Renewer) Loop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		wait := r.NextRenewal(id).Sub(r.clock.Now())
+		wait := r.NextRenewal(id).Sub(r.serverTime.Now())
 		if failures > 0 {
 			wait = Backoff(failures)
 		}
@@ -192,6 +205,9 @@ func (r *Renewer) Loop(ctx context.Context) error {
 			}
 			failures++
 			r.log.Warn("certificate renewal failed", "node", id.NodeID, "attempt", failures, "retry_in", Backoff(failures).String(), "err", err)
+			if r.cfg.OnFailed != nil {
+				r.cfg.OnFailed(err)
+			}
 			if e, ok := errs.As(err); ok && e.Code == errs.InvalidState {
 				// The identity cannot be renewed (expired, a TPM key
 				// this bcd cannot attest): retrying will not help.
@@ -214,7 +230,7 @@ func (r *Renewer) load() (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	if id.Expired(r.clock.Now()) {
+	if id.Expired(r.serverTime.Now()) {
 		return nil, errs.New(errs.InvalidState, "the certificate expired at %s and can no longer be renewed; join again as root: bcd join --reset --yes, then bcd join",
 			id.NotAfter.Format(time.RFC3339))
 	}
@@ -273,16 +289,7 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 		}
 		keyAttestation = att
 	}
-	now := r.clock.Now().UnixMilli()
-	pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
-	if err != nil {
-		return nil, fmt.Errorf("sign the proof of possession: %w", err)
-	}
-	chain := make([][]byte, len(id.Chain))
-	for i, c := range id.Chain {
-		chain[i] = c.Raw
-	}
-	res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation})
+	res, err := r.send(ctx, id, csr, keyAttestation)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +322,76 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	// R16.2: the verified answer's statements; a failure to save them is
 	// logged and never fails the renewal, which is saved.
 	_, _ = r.pins.Learn("renewal answer", body.GetKeyStatements())
+	// R19.3: the signed answer's time.
+	if _, err := r.serverTime.Learn(body.GetServerTimeUnixMs()); err != nil {
+		r.log.Warn("not correcting for the control plane's time", "err", err)
+	}
 	return saved, nil
+}
+
+// send signs the proof of possession for csr dated by the control plane's
+// clock as bcd knows it and calls Renew. R19.3: a refusal (which does not
+// say why, R13.5) sends it once more when the control plane's time, asked
+// of the gateway (an unsigned hint), moved the offset by more than
+// retryClockMove; a refusal with the clock off names it.
+func (r *Renewer) send(ctx context.Context, id *identity.Identity, csr, keyAttestation []byte) (*agentv1.RenewResponse, error) {
+	chain := make([][]byte, len(id.Chain))
+	for i, c := range id.Chain {
+		chain[i] = c.Raw
+	}
+	for retried := false; ; retried = true {
+		now := r.serverTime.Now().UnixMilli()
+		pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
+		if err != nil {
+			return nil, fmt.Errorf("sign the proof of possession: %w", err)
+		}
+		res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation})
+		e, ok := errs.As(err)
+		if err == nil || !ok || e.Code != errs.AccessDenied {
+			return res, err
+		}
+		if !retried && ctx.Err() == nil && r.clockMoved(ctx) {
+			r.log.Warn("renewal refused with this machine's clock off the control plane's; sending it again dated by the control plane's clock")
+			continue
+		}
+		if off, learned := r.serverTime.Offset(); !learned.IsZero() && (off > clockNoteAfter || off < -clockNoteAfter) {
+			return nil, errs.New(errs.AccessDenied, "%s; %s", e.Message, servertime.Describe(off))
+		}
+		return nil, err
+	}
+}
+
+// clockNoteAfter is how far this machine's clock may be off the control
+// plane's before a refused renewal names it: the renewal's client_time
+// skew window.
+const clockNoteAfter = time.Minute
+
+// retryClockMove is how far a learned offset must move before a refused
+// renewal is sent again: less cannot have caused the refusal.
+const retryClockMove = 30 * time.Second
+
+// clockMoved asks the gateway for the control plane's time and reports
+// whether it moved the offset by more than retryClockMove.
+func (r *Renewer) clockMoved(ctx context.Context) bool {
+	u, err := url.Parse(r.bcd.GatewayURL)
+	if err != nil {
+		return false
+	}
+	serverName := r.bcd.GatewayServerName
+	if serverName == "" {
+		serverName = u.Hostname()
+	}
+	ms, err := enroll.FetchServerTime(ctx, r.hc, r.bcd.GatewayURL, serverName)
+	if err != nil || ms == 0 {
+		return false
+	}
+	before, _ := r.serverTime.Offset()
+	after, err := r.serverTime.Learn(ms)
+	if err != nil {
+		r.log.Warn("not correcting for the control plane's time", "err", err)
+		return false
+	}
+	return after-before > retryClockMove || before-after > retryClockMove
 }
 
 // call dials the gateway with the pinned TLS configuration and the current

@@ -37,6 +37,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -55,6 +56,7 @@ type stack struct {
 	configPath string
 	store      *identity.Store
 	joined     *identity.Identity
+	joinErr    error
 }
 
 // noProxy is the HTTP client bcd uses in these tests: the pinned TLS
@@ -73,6 +75,9 @@ type stackOptions struct {
 	sim *tpmtest.Sim
 	// token, with sim, joins with the token all the same.
 	token bool
+	// joinClock, when set, is bcd's clock for the join, and a failed join
+	// is kept in stack.joinErr instead of failing the test (R19.3).
+	joinClock clock.Clock
 }
 
 func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
@@ -182,24 +187,34 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	if err := config.WriteEncryptionKey(etc, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
-	// bcd joins through the gateway: with the token, or with the TPM.
+	s.join(t, tok.Msg.Token, o)
+	return s
+}
+
+// join joins bcd through the gateway: with token, or with the TPM.
+func (s *stack) join(t *testing.T, token string, o stackOptions) {
+	t.Helper()
+	ctx := context.Background()
 	keys, st, err := tpmkeys.Stores(s.cfg, s.cfg.DataDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.store = st
-	j, err := enroll.New(enroll.Config{BCD: s.cfg, ConfigPath: s.configPath, Store: s.store, Keys: keys, HTTPClient: noProxy, Log: quiet})
+	j, err := enroll.New(enroll.Config{BCD: s.cfg, ConfigPath: s.configPath, Store: s.store, Keys: keys, HTTPClient: noProxy, Log: quiet, Clock: o.joinClock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := enroll.Options{Token: tok.Msg.Token}
+	opts := enroll.Options{Token: token}
 	if o.sim != nil && !o.token {
 		opts = enroll.Options{Attestor: identity.AttestorTPM}
 	}
 	if s.joined, err = j.Join(ctx, opts); err != nil {
+		if o.joinClock != nil {
+			s.joinErr = err
+			return
+		}
 		t.Fatalf("bcd join: %v", err)
 	}
-	return s
 }
 
 func (s *stack) renewer(t *testing.T, mod func(c *renew.Config)) *renew.Renewer {

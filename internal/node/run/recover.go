@@ -41,7 +41,7 @@ func (d *Daemon) lifecycleEnd(id *identity.Identity, err error) bool {
 // of the certificate's lifetime, so a heartbeat as long as a short
 // certificate never keeps bcd from connecting (the renewer renews at 60%).
 func (d *Daemon) expiresSoon(id *identity.Identity) bool {
-	return id.NotAfter.Sub(d.clock.Now()) < d.expiryMargin(id)
+	return id.NotAfter.Sub(d.serverTime.Now()) < d.expiryMargin(id)
 }
 
 // expiryMargin is how long before its expiry a certificate opens no
@@ -74,7 +74,7 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 				"not_after", id.NotAfter.UTC().Format(time.RFC3339), "margin", d.expiryMargin(id).String())
 		}
 		// At least a second, so a clock at the very expiry cannot spin.
-		wait := max(min(d.cfg.IdentityCheck, id.NotAfter.Sub(d.clock.Now())), time.Second)
+		wait := max(min(d.cfg.IdentityCheck, id.NotAfter.Sub(d.serverTime.Now())), time.Second)
 		if !d.sleepOrRenewed(ctx, wait) {
 			return nil, ctx.Err()
 		}

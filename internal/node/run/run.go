@@ -53,6 +53,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/doctor"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
 	"github.com/better-compute/better-compute/internal/shared/clock"
@@ -117,6 +118,9 @@ type Config struct {
 	Rand func() float64
 	// OnWelcome, when set, is called after each Welcome (tests).
 	OnWelcome func(nodeID string)
+	// OnSessionEnded, when set, is called each time a session ends, with
+	// why (bcd's diagnostics: no session, R17.2).
+	OnSessionEnded func(err error)
 	// BootedCheck is how often a site agent reads its booted file for
 	// machines to report (default 2 s); BootedFile is that file (default
 	// site.BootedPath of the data directory).
@@ -125,15 +129,22 @@ type Config struct {
 	// Pins are the live pin sets (R16.2), shared with the renewer; nil:
 	// BCD's, kept in memory only.
 	Pins *config.Pins
+	// ServerTime is the control plane's clock as bcd knows it (R19.3):
+	// certificate expiry and command expiry are read by it, and each
+	// Welcome corrects it. nil: one persisted in Store.Dir (bcd run
+	// shares its renewer's).
+	ServerTime *servertime.Offset
 }
 
 // Daemon is bcd's service loop. Build it with New.
 type Daemon struct {
 	cfg   Config
 	clock clock.Clock
-	log   *slog.Logger
-	rand  func() float64
-	ready bool
+	// serverTime reads expiry by the control plane's clock (Config.ServerTime).
+	serverTime *servertime.Offset
+	log        *slog.Logger
+	rand       func() float64
+	ready      bool
 	// beat is the heartbeat interval the last Welcome named (recover.go).
 	beat time.Duration
 	ran  *ranLog
@@ -178,6 +189,9 @@ func New(cfg Config) (*Daemon, error) {
 	if d.clock == nil {
 		d.clock = clock.Real{}
 	}
+	if d.serverTime = cfg.ServerTime; d.serverTime == nil {
+		d.serverTime = servertime.New(servertime.Config{Dir: cfg.Store.Dir, Clock: d.clock})
+	}
 	d.ran = newRanLog(cfg.Store.Dir, d.clock)
 	d.pins = livePins(cfg)
 	if d.log == nil {
@@ -205,7 +219,7 @@ func (d *Daemon) load() (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	if id.Expired(d.clock.Now()) {
+	if id.Expired(d.serverTime.Now()) {
 		return nil, errs.New(errs.InvalidState, "%s", doctor.ExpiredMessage(id.NotAfter))
 	}
 	return id, nil
@@ -256,6 +270,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if wire.IsNodeRetired(err) {
 			d.log.Error("this node was retired: stopping", "node", id.NodeID)
 			return fmt.Errorf("%w", ErrRetired)
+		}
+		if d.cfg.OnSessionEnded != nil {
+			d.cfg.OnSessionEnded(err)
 		}
 		if d.lifecycleEnd(id, err) {
 			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", "err", err)
@@ -406,6 +423,10 @@ func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host str
 		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
 	}
 	d.learnWelcome(w)
+	// R19.3: the API's time, over the session's mTLS stream.
+	if _, err := d.serverTime.Learn(w.GetServerTimeUnixMs()); err != nil {
+		d.log.Warn("not correcting for the control plane's time", "err", err)
+	}
 	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
 	if beat <= 0 {
 		beat = defaultHeartbeat
@@ -600,7 +621,7 @@ func Verify(id *identity.Identity, sc *agentv1.SignedCommand, now time.Time) (*a
 // the session that sends it signs it), or nil when the same command is
 // running already (that run answers).
 func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1.SignedCommand) *answer {
-	body, refused := Verify(id, sc, d.clock.Now())
+	body, refused := Verify(id, sc, d.serverTime.Now())
 	res := &agentv1.CommandResult{CommandId: body.GetCommandId()}
 	a := &answer{res: res, generation: body.GetIdentityGeneration()}
 	if refused != "" {

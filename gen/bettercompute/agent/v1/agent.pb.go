@@ -446,8 +446,14 @@ type JoinResponseBody struct {
 	// vouching for the next key of its kind, or retiring an older one. The
 	// daemon applies only those signed by a key it already pins.
 	KeyStatements []string `protobuf:"bytes,10,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The control plane's clock when it answered (R19.3). bcd keeps the
+	// offset from its own clock and dates what it stamps (client_time, a
+	// seal's iat) by it; the server still enforces its own windows, so the
+	// value can only make this machine's claims of time wrong, never extend
+	// a window. 0: not told (a server before this field).
+	ServerTimeUnixMs int64 `protobuf:"varint,11,opt,name=server_time_unix_ms,json=serverTimeUnixMs,proto3" json:"server_time_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *JoinResponseBody) Reset() {
@@ -548,6 +554,13 @@ func (x *JoinResponseBody) GetKeyStatements() []string {
 		return x.KeyStatements
 	}
 	return nil
+}
+
+func (x *JoinResponseBody) GetServerTimeUnixMs() int64 {
+	if x != nil {
+		return x.ServerTimeUnixMs
+	}
+	return 0
 }
 
 // JoinDeferral says the join waits on a join request (R10.1–R10.3). The
@@ -877,8 +890,12 @@ type KeysResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Encoded pki.KeyStatement values, oldest first.
 	KeyStatements []string `protobuf:"bytes,1,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The control plane's clock when it answered (R19.3). Unsigned: bcd uses
+	// it only as a hint to correct its clock before retrying a join or
+	// renewal refused for its time, never for a trust decision.
+	ServerTimeUnixMs int64 `protobuf:"varint,2,opt,name=server_time_unix_ms,json=serverTimeUnixMs,proto3" json:"server_time_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *KeysResponse) Reset() {
@@ -916,6 +933,13 @@ func (x *KeysResponse) GetKeyStatements() []string {
 		return x.KeyStatements
 	}
 	return nil
+}
+
+func (x *KeysResponse) GetServerTimeUnixMs() int64 {
+	if x != nil {
+		return x.ServerTimeUnixMs
+	}
+	return 0
 }
 
 // A command signed by the control plane's command-signing key. bcd verifies
@@ -1627,8 +1651,12 @@ type Welcome struct {
 	AllowedKinds []string `protobuf:"bytes,3,rep,name=allowed_kinds,json=allowedKinds,proto3" json:"allowed_kinds,omitempty"`
 	// Rotation statements (R16.2), as in JoinResponseBody.key_statements.
 	KeyStatements []string `protobuf:"bytes,4,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The API's clock when it welcomed the session (R19.3), as in
+	// JoinResponseBody.server_time_unix_ms; it arrives over the session's
+	// mTLS stream relayed by the gateway.
+	ServerTimeUnixMs int64 `protobuf:"varint,5,opt,name=server_time_unix_ms,json=serverTimeUnixMs,proto3" json:"server_time_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -1687,6 +1715,13 @@ func (x *Welcome) GetKeyStatements() []string {
 		return x.KeyStatements
 	}
 	return nil
+}
+
+func (x *Welcome) GetServerTimeUnixMs() int64 {
+	if x != nil {
+		return x.ServerTimeUnixMs
+	}
+	return 0
 }
 
 type SessionServerMessage struct {
@@ -2070,7 +2105,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
-	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xfa\x02\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xa9\x03\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -2084,7 +2119,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x13identity_generation\x18\b \x01(\x03R\x12identityGeneration\x12@\n" +
 	"\bdeferral\x18\t \x01(\v2$.bettercompute.agent.v1.JoinDeferralR\bdeferral\x12%\n" +
 	"\x0ekey_statements\x18\n" +
-	" \x03(\tR\rkeyStatements\"]\n" +
+	" \x03(\tR\rkeyStatements\x12-\n" +
+	"\x13server_time_unix_ms\x18\v \x01(\x03R\x10serverTimeUnixMs\"]\n" +
 	"\fJoinDeferral\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12.\n" +
@@ -2106,9 +2142,10 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"\r\n" +
-	"\vKeysRequest\"5\n" +
+	"\vKeysRequest\"d\n" +
 	"\fKeysResponse\x12%\n" +
-	"\x0ekey_statements\x18\x01 \x03(\tR\rkeyStatements\"5\n" +
+	"\x0ekey_statements\x18\x01 \x03(\tR\rkeyStatements\x12-\n" +
+	"\x13server_time_unix_ms\x18\x02 \x01(\x03R\x10serverTimeUnixMs\"5\n" +
 	"\rSignedCommand\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\"\xf6\x01\n" +
@@ -2158,12 +2195,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vlease_epoch\x18\x03 \x01(\x03R\n" +
 	"leaseEpoch\x12\x1f\n" +
 	"\vworkflow_id\x18\x04 \x01(\tR\n" +
-	"workflowId\"\x9b\x01\n" +
+	"workflowId\"\xca\x01\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
 	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\x12%\n" +
-	"\x0ekey_statements\x18\x04 \x03(\tR\rkeyStatements\"\xe0\x01\n" +
+	"\x0ekey_statements\x18\x04 \x03(\tR\rkeyStatements\x12-\n" +
+	"\x13server_time_unix_ms\x18\x05 \x01(\x03R\x10serverTimeUnixMs\"\xe0\x01\n" +
 	"\x14SessionServerMessage\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
 	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommand\x12A\n" +
