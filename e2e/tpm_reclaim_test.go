@@ -70,6 +70,10 @@ func TestTPMReclaimAfterReset(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "Join refused") {
 		t.Fatalf("a replaced TPM took the node back: %s %s", out, errOut)
 	}
+	// The hint names what works for a tpm join, which takes no token.
+	if !strings.Contains(errOut, "[[join.tpm.pools]]") || !strings.Contains(errOut, "--attestor tpm again") || strings.Contains(errOut, "--allow-reclaim") {
+		t.Fatalf("a refused tpm reset hints at a token's step: %s", errOut)
+	}
 	refusals, _, _ := run(t, e, "", bc, "events", "list", "--tenant", env["TENANT"], "--type", "security.join.refused", "--json")
 	if !strings.Contains(refusals, `"reason":"tpm:reclaim"`) {
 		t.Fatalf("no tpm:reclaim refusal recorded: %s", refusals)

@@ -364,7 +364,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	body, err := j.sendUntilDecided(ctx, cfg, req, reseal, want2)
 	if err != nil {
 		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
-			return nil, old.refused(err)
+			return nil, old.refused(err, reclaimByToken)
 		}
 		return nil, err
 	}
@@ -533,9 +533,17 @@ func (j *Joiner) oldIdentity() (*oldIdentity, error) {
 	return old, nil
 }
 
+// The step that lets a known machine join with a new key, by attestor: a
+// token's flag, or a tpm pool's policy (a tpm join takes no token).
+const (
+	reclaimByToken = "unless the token allows it: mint a token with --allow-reclaim and run bcd join --reset --yes again"
+	reclaimByTPM   = "unless its pool allows it: an operator sets allow_reclaim = true in the pool's [[join.tpm.pools]] entry (or retires the old node), then run bcd join --reset --yes --attestor tpm again"
+)
+
 // refused is the answer to a refused join with --reset: the old identity
-// stayed, and the usual cause is a machine the control plane knows.
-func (o *oldIdentity) refused(err error) error {
+// stayed, and the usual cause is a machine the control plane knows;
+// reclaim is the step that lets it in (reclaimByToken, reclaimByTPM).
+func (o *oldIdentity) refused(err error, reclaim string) error {
 	// The control plane's uniform message (and a clock note), without the
 	// general note on where the reason is: said below.
 	msg := strings.Replace(errs.MessageOf(err), refusedNote, "", 1)
@@ -544,8 +552,8 @@ func (o *oldIdentity) refused(err error) error {
 		kept = fmt.Sprintf("The old identity (node %s) was kept in place", o.id.NodeID)
 	}
 	return errs.New(errs.AccessDenied,
-		"%s. This machine has joined before; the control plane refuses a new key for a known machine unless the token allows it: mint a token with --allow-reclaim and run bcd join --reset --yes again. The reason is recorded in the security.join.refused event. %s.",
-		strings.TrimSuffix(msg, "."), kept)
+		"%s. This machine has joined before; the control plane refuses a new key for a known machine %s. The reason is recorded in the security.join.refused event. %s.",
+		strings.TrimSuffix(msg, "."), reclaim, kept)
 }
 
 // checkOptions returns the role and the attestor to send.

@@ -103,7 +103,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 	}, "bcd join --attestor tpm again", attempt)
 	if err != nil {
 		if old != nil && errs.CodeOf(err) == errs.AccessDenied {
-			return nil, old.refused(err)
+			return nil, old.refused(err, reclaimByTPM)
 		}
 		return nil, err
 	}
