@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/internal/gateway"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
 func (a *app) gatewayCmd() *cobra.Command {
@@ -53,6 +56,12 @@ are never resent.`,
 			if err != nil {
 				return err
 			}
+			// With no [tracing] endpoint the global provider is a no-op.
+			_, stopTracing, err := tracing.Setup(cfg.Tracing, tracing.ServiceGateway)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = stopTracing(context.Background()) }()
 			g, err := gateway.New(cfg, gateway.Options{Log: log})
 			if err != nil {
 				return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
 // Defaults for the limits in Config.
@@ -70,6 +71,9 @@ type Config struct {
 	Metrics MetricsConfig `toml:"metrics"`
 	// Log is the gateway's log format and level ([log] format = "json").
 	Log telemetry.LogConfig `toml:"log"`
+	// Tracing exports OpenTelemetry traces ([tracing] otlp_endpoint); off
+	// by default.
+	Tracing tracing.Config `toml:"tracing"`
 }
 
 // LoadConfig reads a TOML config file; unknown keys are errors.
@@ -112,6 +116,9 @@ func badKey(key, format string, args ...any) *errs.E {
 // validate applies defaults and checks every key; New calls it too, so a
 // Config built in code gets the same checks as a file.
 func (c *Config) validate() error {
+	if err := c.Tracing.Validate(); err != nil {
+		return err
+	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}

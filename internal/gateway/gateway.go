@@ -32,9 +32,11 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -72,6 +74,10 @@ type Options struct {
 	// MetricsReady, when set, receives the address of the [metrics]
 	// listener.
 	MetricsReady func(addr string)
+	// Tracer records a server span per call and a client span per relayed
+	// attempt, whose context goes upstream (nil: the global provider, a
+	// no-op unless tracing.Setup ran).
+	Tracer trace.TracerProvider
 }
 
 // Gateway relays agent calls to the API. Build it with New.
@@ -99,6 +105,7 @@ type Gateway struct {
 	pair         *certfile.Pair
 	metrics      *metrics
 	metricsReady func(addr string)
+	tracer       trace.TracerProvider
 	ds           atomic.Pointer[http.Server] // the [metrics] listener's, once serving
 }
 
@@ -108,7 +115,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: o.Log, clock: o.Clock, ready: o.Ready, metricsReady: o.MetricsReady, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	g := &Gateway{cfg: cfg, log: o.Log, tracer: o.Tracer, clock: o.Clock, ready: o.Ready, metricsReady: o.MetricsReady, sem: make(chan struct{}, cfg.MaxConcurrent)}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -182,7 +189,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	mux := http.NewServeMux()
 	mux.Handle(g.joinHandler())
 	mux.Handle(g.sessionHandler())
-	g.handler = peerContext(mux)
+	g.handler = tracing.Handler(g.tracer, peerContext(mux))
 
 	g.hs = &http.Server{
 		Handler:           g.handler,

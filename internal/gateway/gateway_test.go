@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -362,10 +366,20 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 }
 
-func BenchmarkRelayJoin(b *testing.B) {
+func BenchmarkRelayJoin(b *testing.B) { benchmarkRelayJoin(b, nil) }
+
+// BenchmarkRelayJoinTraced is BenchmarkRelayJoin with tracing on: every
+// relay records a server and a client span (exported to nowhere).
+func BenchmarkRelayJoinTraced(b *testing.B) {
+	tp := tracing.NewProvider(tracing.Config{}, tracing.ServiceGateway, sdktrace.WithSyncer(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	benchmarkRelayJoin(b, tp)
+}
+
+func benchmarkRelayJoin(b *testing.B, tp trace.TracerProvider) {
 	e := newEnv(b)
 	f := newFakeAPI(b, e)
-	_, gw := startGateway(b, e.config(f.URL()))
+	_, gw := startGatewayWith(b, e.config(f.URL()), Options{Log: quietLog(), Tracer: tp})
 	d := newDaemon(b, e, gw)
 	req := joinRequest("eyJhbGciOiJFQ0RILUVTK0EyNTZLVyJ9.a.b.c.d")
 	// Warm both connections.

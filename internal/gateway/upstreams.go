@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
 // Several API replicas behind one gateway. The gateway holds
@@ -104,7 +105,7 @@ func (g *Gateway) newUpstream(apiURL string, newTransport func() *http.Transport
 	base := strings.TrimSuffix(apiURL, "/")
 	u := &upstream{base: base, tr: newTransport(), raw: map[string]*connect.Client[rawMsg, rawMsg]{}, outC: make(chan struct{})}
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	u.http = &http.Client{Transport: u.tr, CheckRedirect: noRedirect}
+	u.http = &http.Client{Transport: tracing.Transport(g.tracer, u.tr), CheckRedirect: noRedirect}
 	u.join = agentv1connect.NewJoinServiceClient(u.http, base, g.upstreamOptions()...)
 	for _, proc := range []string{agentv1connect.JoinServiceJoinProcedure, agentv1connect.JoinServiceRenewProcedure} {
 		u.raw[proc] = connect.NewClient[rawMsg, rawMsg](u.http, base+proc, g.upstreamOptions(connect.WithCodec(rawCodec{}))...)

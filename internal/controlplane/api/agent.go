@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/shared/hotpath"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -76,12 +77,15 @@ func (s *Server) AgentHandler() http.Handler {
 	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10), noGzip))
 	// Gateways check each replica's readiness (its database) here.
 	mux.HandleFunc("GET /readyz", s.ready)
+	// A server span per call, a child of the gateway's (trace context
+	// carries no authority: it only labels spans).
+	traced := tracing.Handler(s.cfg.Tracer, mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		traced.ServeHTTP(w, r)
 	})
 }
 

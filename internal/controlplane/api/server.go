@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -95,6 +97,9 @@ type Config struct {
 	// Metrics, when set, counts joins, renewals, token spends, decisions,
 	// issuance, commands and sessions (telemetry.NewAPI).
 	Metrics *telemetry.API
+	// Tracer, when set, records a server span per call (tracing.Handler);
+	// nil: the global provider, a no-op unless tracing.Setup ran.
+	Tracer trace.TracerProvider
 }
 
 // Server is the API.
@@ -225,7 +230,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle(con.Prefix()+"/", con)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
-	s.handler = http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096)
+	s.handler = tracing.Handler(cfg.Tracer, http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096))
 	return s, nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
@@ -55,6 +57,9 @@ type Options struct {
 	// Metrics is the API's fleet metrics (api.Config.Metrics); nil counts
 	// nothing.
 	Metrics *telemetry.API
+	// Tracer is the API's tracer provider (api.Config.Tracer); nil: the
+	// global one, a no-op.
+	Tracer trace.TracerProvider
 }
 
 // Start runs the API on db.
@@ -73,7 +78,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics,
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics, Tracer: opts.Tracer,
 		// In-process tests ask once their vouch is in: no discovery
 		// refusal waits for one (join.DefaultVouchWait is for real boots).
 		JoinVouchWait: time.Nanosecond})

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -43,8 +44,11 @@ type Config struct {
 	Join       JoinConfig    `toml:"join"`
 	Metrics    MetricsConfig `toml:"metrics"`
 	// Log is the log format and level ([log] format = "json").
-	Log    telemetry.LogConfig `toml:"log"`
-	Limits LimitsConfig        `toml:"limits"`
+	Log telemetry.LogConfig `toml:"log"`
+	// Tracing exports OpenTelemetry traces ([tracing] otlp_endpoint); off
+	// by default.
+	Tracing tracing.Config `toml:"tracing"`
+	Limits  LimitsConfig   `toml:"limits"`
 	// Export ships events and audit rows to external sinks (R17.4).
 	Export export.Config `toml:"export"`
 	// Downloads serves the bcd builds install scripts fetch (R11.5).
@@ -196,6 +200,9 @@ func ParseConfig(b []byte) (Config, error) {
 }
 
 func (c *Config) validate() error {
+	if err := c.Tracing.Validate(); err != nil {
+		return err
+	}
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}

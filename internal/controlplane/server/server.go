@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
 // Options are the process-level inputs that do not belong in the file.
@@ -66,6 +67,12 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	// With no [tracing] endpoint the global provider is a no-op.
+	_, stopTracing, err := tracing.Setup(cfg.Tracing, tracing.ServiceAPI)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopTracing(context.Background()) }()
 	db, err := store.Open(ctx, cfg.Store, log)
 	if err != nil {
 		return err

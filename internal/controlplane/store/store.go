@@ -67,6 +67,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/backoff"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
 //go:embed migrations
@@ -554,7 +555,9 @@ var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is 
 // A database that is down, read-only or full is waited for up to
 // OutageWait, fn run anew each time (outage.go): a short outage costs a
 // join or renewal latency, not a failure.
-func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
+func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) (err error) {
+	ctx, span := tracing.Start(ctx, tracing.SpanStoreTx)
+	defer func() { tracing.End(span, err) }()
 	return db.withOutageWait(ctx, db.outageWait, func() error { return db.withTx(ctx, fn) })
 }
 

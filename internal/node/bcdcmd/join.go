@@ -207,9 +207,14 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	if err != nil {
 		return err
 	}
+	httpClient, stopTracing, err := a.traced(cfg)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	j, err := enroll.New(enroll.Config{
 		BCD: cfg, ConfigPath: f.configPath, Store: store, Keys: keys,
-		Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
+		Clock: a.env.Clock, HTTPClient: httpClient, Log: a.log,
 		Progress: func(line string) { fmt.Fprintln(a.env.Stderr, line) },
 	})
 	if err != nil {

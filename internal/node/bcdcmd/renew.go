@@ -61,8 +61,13 @@ func (a *app) renew(ctx context.Context, f *renewFlags) error {
 	if err != nil {
 		return err
 	}
+	httpClient, stopTracing, err := a.traced(&c)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	r, err := renew.New(renew.Config{
-		BCD: &c, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: a.env.HTTPClient, Log: a.log,
+		BCD: &c, Store: store, Keys: keys, Clock: a.env.Clock, HTTPClient: httpClient, Log: a.log,
 		Pins: config.NewPins(f.configPath, &c, a.log),
 	})
 	if err != nil {

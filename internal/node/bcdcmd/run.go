@@ -93,7 +93,12 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// One live pin set for the renewer and the session (R16.2):
 			// a key either learns is saved to config.toml and used by both.
 			pins := config.NewPins(configPath, cfg, log)
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: a.env.HTTPClient, Log: log, Pins: pins,
+			httpClient, stopTracing, err := a.traced(cfg)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: httpClient, Log: log, Pins: pins,
 				OnRenewed: func(id *identity.Identity) {
 					dg.Renewed(id)
 					select {

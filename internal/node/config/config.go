@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 
 	"github.com/BurntSushi/toml"
 
@@ -125,6 +126,9 @@ type Config struct {
 	Diagnostics diag.Config `toml:"diagnostics,omitempty"`
 	// Log is bcd run's log format and level ([log] format = "json").
 	Log telemetry.LogConfig `toml:"log,omitempty"`
+	// Tracing exports OpenTelemetry traces of bcd's calls to the gateway
+	// ([tracing] otlp_endpoint); off by default.
+	Tracing tracing.Config `toml:"tracing,omitempty"`
 }
 
 // ApplyDefaults fills the optional keys that are empty.
@@ -197,6 +201,9 @@ func (c *Config) Validate() error {
 		problems = append(problems, key+": "+fmt.Sprintf(format, args...))
 	}
 
+	if err := c.Tracing.Validate(); err != nil {
+		problems = append(problems, errs.MessageOf(err))
+	}
 	if p := c.Diagnostics.Problem(); p != "" {
 		bad("diagnostics.listen", "%s", p)
 	}

@@ -1,0 +1,233 @@
+// Package tracing is the OpenTelemetry tracing every process shares: the
+// [tracing] configuration, the tracer provider it builds (a no-op without
+// an endpoint), a W3C trace-context propagator that ignores oversized
+// headers, and the HTTP wrappers that start server and client spans.
+//
+// Trace context carries no authority: nothing reads it but the tracer,
+// and it is in no digest or seal (docs/security.md).
+package tracing
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/better-compute/better-compute/internal/shared/errs"
+)
+
+// Default service names (tracing.service_name).
+const (
+	ServiceAPI     = "better-compute-api"
+	ServiceGateway = "better-compute-gateway"
+	ServiceBCD     = "bcd"
+)
+
+// Span names that are not an RPC procedure.
+const (
+	// SpanStoreTx is a database transaction (store.DB.WithTx).
+	SpanStoreTx = "store.tx"
+)
+
+// Header size caps: a traceparent is 55 bytes (version 00); a tracestate
+// holds at most 32 entries. Larger headers are ignored, never parsed or
+// logged.
+const (
+	MaxTraceparentBytes = 128
+	MaxTracestateBytes  = 512
+)
+
+// instrumentation is the tracer's name.
+const instrumentation = "github.com/better-compute/better-compute"
+
+// Config is the [tracing] section every process reads.
+type Config struct {
+	// OTLPEndpoint is the OTLP/HTTP collector's base URL
+	// ("http://127.0.0.1:4318"); empty (the default) turns tracing off.
+	OTLPEndpoint string `toml:"otlp_endpoint,omitempty"`
+	// SampleRatio is the share of new traces sampled, 0 to 1 (default 1).
+	// A call whose caller sampled it is sampled.
+	SampleRatio *float64 `toml:"sample_ratio,omitempty"`
+	// ServiceName names the process in traces (default: the process's).
+	ServiceName string `toml:"service_name,omitempty"`
+}
+
+// Validate checks c; errors are INVALID_CONFIG naming the key.
+func (c Config) Validate() error {
+	if c.SampleRatio != nil && (*c.SampleRatio < 0 || *c.SampleRatio > 1) {
+		return errs.New(errs.InvalidConfig, "tracing.sample_ratio: want 0 to 1, not %v", *c.SampleRatio)
+	}
+	if c.OTLPEndpoint != "" && !strings.HasPrefix(c.OTLPEndpoint, "http://") && !strings.HasPrefix(c.OTLPEndpoint, "https://") {
+		return errs.New(errs.InvalidConfig, "tracing.otlp_endpoint: want an http:// or https:// URL, not %q", c.OTLPEndpoint)
+	}
+	return nil
+}
+
+// Setup builds the provider c describes and makes it the global one (what
+// Provider(nil) returns). Without an endpoint it is a no-op provider. The
+// returned function flushes and stops it.
+func Setup(c Config, service string) (trace.TracerProvider, func(context.Context) error, error) {
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if c.OTLPEndpoint == "" {
+		tp := noop.NewTracerProvider()
+		otel.SetTracerProvider(tp)
+		return tp, func(context.Context) error { return nil }, nil
+	}
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(strings.TrimSuffix(c.OTLPEndpoint, "/")+"/v1/traces"))
+	if err != nil {
+		return nil, nil, errs.New(errs.InvalidConfig, "tracing.otlp_endpoint: %v", err)
+	}
+	tp := NewProvider(c, service, sdktrace.WithBatcher(exp))
+	otel.SetTracerProvider(tp)
+	return tp, tp.Shutdown, nil
+}
+
+// NewProvider is the SDK provider c describes, with opts (an exporter).
+func NewProvider(c Config, service string, opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+	if c.ServiceName != "" {
+		service = c.ServiceName
+	}
+	ratio := 1.0
+	if c.SampleRatio != nil {
+		ratio = *c.SampleRatio
+	}
+	opts = append([]sdktrace.TracerProviderOption{
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName(service))),
+	}, opts...)
+	return sdktrace.NewTracerProvider(opts...)
+}
+
+// Provider returns tp, or the global provider when tp is nil (a no-op
+// unless Setup configured one).
+func Provider(tp trace.TracerProvider) trace.TracerProvider {
+	if tp == nil {
+		return otel.GetTracerProvider()
+	}
+	return tp
+}
+
+// Propagator is W3C trace context, ignoring oversized headers.
+var Propagator propagation.TextMapPropagator = capped{propagation.TraceContext{}}
+
+type capped struct{ propagation.TraceContext }
+
+// Extract ignores a carrier whose headers exceed the caps.
+func (c capped) Extract(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	if len(carrier.Get("traceparent")) > MaxTraceparentBytes || len(carrier.Get("tracestate")) > MaxTracestateBytes {
+		return ctx
+	}
+	return c.TraceContext.Extract(ctx, carrier)
+}
+
+// Start starts a span named name, a child of ctx's span, on the provider
+// of ctx's span. A call not recorded (tracing off, or not sampled) gets
+// ctx back and a no-op span, at no cost.
+func Start(ctx context.Context, name string) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, noopSpan
+	}
+	return parent.TracerProvider().Tracer(instrumentation).Start(ctx, name)
+}
+
+// noopSpan is the span of no context: ending it does nothing.
+var noopSpan = trace.SpanFromContext(context.Background())
+
+// End records err (if any) on span and ends it.
+func End(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, string(errs.CodeOf(err)))
+	}
+	span.End()
+}
+
+// spanName is an RPC's procedure without its leading slash
+// ("bc.agent.v1.JoinService/Join"), else "HTTP {method}": paths other
+// than procedures would make span names unbounded.
+func spanName(r *http.Request) string {
+	p := strings.TrimPrefix(r.URL.Path, "/")
+	if svc, m, ok := strings.Cut(p, "/"); ok && m != "" && !strings.Contains(m, "/") && strings.Contains(svc, ".") && !strings.ContainsAny(p, "?%") && len(p) <= 128 {
+		return p
+	}
+	return "HTTP " + r.Method
+}
+
+// Handler serves next with a server span per request, a child of the
+// caller's trace context (the traceparent header) when it has one.
+// tp nil: the global provider.
+func Handler(tp trace.TracerProvider, next http.Handler) http.Handler {
+	tp = Provider(tp)
+	if _, off := tp.(noop.TracerProvider); off {
+		return next
+	}
+	tr := tp.Tracer(instrumentation)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tr.Start(ctx, spanName(r), trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("rpc.method", spanName(r))))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// Transport wraps base (nil: http.DefaultTransport) with a client span per
+// request, whose context it sends as traceparent. tp nil: the global
+// provider.
+func Transport(tp trace.TracerProvider, base http.RoundTripper) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	tp = Provider(tp)
+	if _, off := tp.(noop.TracerProvider); off {
+		return base
+	}
+	return &transport{tr: tp.Tracer(instrumentation), base: base}
+}
+
+type transport struct {
+	tr   trace.Tracer
+	base http.RoundTripper
+}
+
+func (t *transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	ctx, span := t.tr.Start(r.Context(), spanName(r), trace.WithSpanKind(trace.SpanKindClient))
+	r = r.Clone(ctx)
+	Propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
+	res, err := t.base.RoundTrip(r)
+	if err != nil {
+		span.SetStatus(codes.Error, "transport")
+		span.End()
+		return nil, err
+	}
+	// A streaming call's span ends with its response headers: the span
+	// measures the call's start, not a session's life.
+	span.SetAttributes(attribute.Int("http.response.status_code", res.StatusCode))
+	span.End()
+	return res, nil
+}
+
+// CloseIdleConnections passes through to base.
+func (t *transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// Client wraps c's transport (c is modified and returned).
+func Client(tp trace.TracerProvider, c *http.Client) *http.Client {
+	c.Transport = Transport(tp, c.Transport)
+	return c
+}
