@@ -35,9 +35,16 @@ func ConfigMapFile(key string, file ...string) (string, error) {
 // Block returns the literal block scalar `key: |` of a YAML document, its
 // indentation removed.
 func Block(yaml, key string) (string, error) {
+	return Literal(yaml, key+": |")
+}
+
+// Literal returns the literal block scalar whose first line is header
+// (e.g. "config.toml: |", or "- |" for a list item such as a container's
+// script), its indentation removed: the first one in the document.
+func Literal(yaml, header string) (string, error) {
 	lines := strings.Split(yaml, "\n")
 	for i, l := range lines {
-		if strings.TrimSpace(l) != key+": |" {
+		if strings.TrimSpace(l) != header {
 			continue
 		}
 		indent := len(l) - len(strings.TrimLeft(l, " ")) + 2
@@ -53,5 +60,5 @@ func Block(yaml, key string) (string, error) {
 		}
 		return b.String(), nil
 	}
-	return "", errs.New(errs.InvalidArgument, "no %q block scalar", key)
+	return "", errs.New(errs.InvalidArgument, "no block scalar %q", header)
 }

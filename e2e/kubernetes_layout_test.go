@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/shared/manifest"
+)
+
+// podLayout is the DaemonSet's pod laid out under a temporary root: every
+// mountPath of daemonset.yaml becomes root+mountPath, so the init
+// container's script and the container's command run as they are, with
+// only their absolute paths moved under root.
+type podLayout struct {
+	root   string
+	mounts []string
+}
+
+func (p podLayout) rewrite(s string) string {
+	// Longest first, so /run/bcd/join-token is not taken for a prefix.
+	ms := slices.Clone(p.mounts)
+	slices.SortFunc(ms, func(a, b string) int { return len(b) - len(a) })
+	re := regexp.MustCompile(`(^|[\s"'=])(` + strings.Join(quoteAll(ms), "|") + `)\b`)
+	return re.ReplaceAllString(s, "${1}"+p.root+"${2}")
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = regexp.QuoteMeta(s)
+	}
+	return out
+}
+
+// daemonSet reads the pieces of daemonset.yaml the pod runs: its mount
+// paths, the join init container's script and bcd's command.
+func daemonSet(t *testing.T) (mounts []string, script string, command []string) {
+	t.Helper()
+	b, err := os.ReadFile(manifest.Path("base", "daemonset.yaml"))
+	must(t, err)
+	ds := string(b)
+	for _, m := range regexp.MustCompile(`(?m)^\s*mountPath: (\S+)$`).FindAllStringSubmatch(ds, -1) {
+		if !slices.Contains(mounts, m[1]) {
+			mounts = append(mounts, m[1])
+		}
+	}
+	script, err = manifest.Literal(ds, "- |")
+	must(t, err)
+	cmd := regexp.MustCompile(`(?m)^\s*- name: bcd\n\s*image: bcd\n\s*command: (\[.*\])$`).FindStringSubmatch(ds)
+	if cmd == nil {
+		t.Fatal("daemonset.yaml: no container bcd with a command [...]")
+	}
+	must(t, json.Unmarshal([]byte(cmd[1]), &command))
+	return mounts, script, command
+}
+
+// R18.3: the DaemonSet's pod, simulated: its ConfigMap's config.toml with
+// the control plane's pins, site and gateway filled in, the hosted token as
+// the Secret's 0400 file in a read-only directory, a fake /host/sys; the
+// init container's own script joins the host against a real dev control
+// plane, the container's own command then runs bcd until its readiness
+// probe answers, and a restarted pod's init container joins no more.
+func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
+	bc, bcd := binaries(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "bc-dev")
+	env := startDev(t, bc, data, filepath.Join(data, "bcd", "config.toml"))
+	devConf := readFile(t, filepath.Join(data, "bcd", "config.toml"))
+
+	mounts, script, command := daemonSet(t)
+	pod := podLayout{root: filepath.Join(dir, "pod"), mounts: mounts}
+	for _, m := range []string{"/run/bcd/join-token", "/config", "/etc/bcd", "/var/lib/bcd", "/host/sys"} {
+		if !slices.Contains(mounts, m) {
+			t.Fatalf("daemonset.yaml mounts %v, no %s", mounts, m)
+		}
+		must(t, os.MkdirAll(pod.root+m, 0o755))
+	}
+	fakeSysfs(t, pod.root+"/host/sys", "SN-K8S-1", "6b8b4567-327b-23c6-643c-986966334873", "3c:ec:ef:0b:0c:0d")
+
+	// The ConfigMap's config.toml, its placeholders filled from dev's.
+	conf, err := manifest.ConfigMapFile("config.toml", "base", "configmap.yaml")
+	must(t, err)
+	for _, key := range []string{"gateway_url", "site", "serving_ca_spki_pin", "join_signing_key_pin", "join_encryption_key_pin"} {
+		line := regexp.MustCompile(`(?m)^` + key + ` = .*$`)
+		devLine := line.FindString(devConf)
+		if devLine == "" || !line.MatchString(conf) {
+			t.Fatalf("%s: in dev's config %q, in the ConfigMap's %v", key, devLine, line.MatchString(conf))
+		}
+		conf = line.ReplaceAllLiteralString(conf, devLine)
+	}
+	diag := freePort(t)
+	if !strings.Contains(conf, `listen = "127.0.0.1:9464"`) {
+		t.Fatalf("the ConfigMap's diagnostics listener moved:\n%s", conf)
+	}
+	conf = strings.Replace(conf, `listen = "127.0.0.1:9464"`, `listen = "`+diag+`"`, 1)
+	must(t, os.WriteFile(pod.root+"/config/config.toml", []byte(pod.rewrite(conf)), 0o644))
+
+	// The hosted token, as the Secret's file: 0400, in a read-only mount.
+	tokenDir := pod.root + "/run/bcd/join-token"
+	token(t, bc, env, filepath.Join(dir, "token"), "--hosted", "kubernetes", "--max-uses", "2")
+	must(t, os.WriteFile(tokenDir+"/token", []byte(readFile(t, filepath.Join(dir, "token"))), 0o400))
+	must(t, os.Chmod(tokenDir, 0o500))
+	t.Cleanup(func() { _ = os.Chmod(tokenDir, 0o700) })
+
+	// The image: bcd on PATH, the control plane's CA in its trust store.
+	podEnv := []string{"PATH=" + filepath.Dir(bcd) + ":" + os.Getenv("PATH"), "BCD_SERVER=" + env["BETTER_COMPUTE_URL"], "SSL_CERT_FILE=" + env["BETTER_COMPUTE_CA_FILE"]}
+	initScript := pod.rewrite(script)
+	out, errOut, code := run(t, podEnv, "", "/bin/sh", "-c", initScript)
+	id := nodeIDRE.FindStringSubmatch(out + errOut)
+	if code != 0 || id == nil {
+		t.Fatalf("the init container: %d\n%s\n%s\nscript:\n%s", code, out, errOut, initScript)
+	}
+	if _, err := os.Stat(pod.root + "/etc/bcd/config.toml"); err != nil {
+		t.Fatalf("the init container did not seed the host's config: %v", err)
+	}
+
+	// The container: the DaemonSet's command, until its readiness probe.
+	args := strings.Fields(pod.rewrite(strings.Join(command[1:], " ")))
+	start(t, podEnv, filepath.Join(filepath.Dir(bcd), command[0]), args...)
+	waitFor(t, "bcd run ready on its diagnostics listener", 60*time.Second, func() bool {
+		code, _ := httpGet("http://" + diag + "/readyz")
+		return code == 200
+	})
+	if code, body := httpGet("http://" + diag + "/livez"); code != 200 {
+		t.Fatalf("livez %d %s", code, body)
+	}
+	waitFor(t, "the node adopted", 30*time.Second, func() bool {
+		out, _, _ := run(t, envList(env), "", bc, "nodes", "get", id[1], "--tenant", env["TENANT"], "--json")
+		return strings.Contains(out, `"adopted"`)
+	})
+
+	// A restarted pod: the init container sees the identity and spends
+	// nothing.
+	out, errOut, code = run(t, podEnv, "", "/bin/sh", "-c", initScript)
+	if code != 0 || !strings.Contains(out+errOut, "already joined") || nodeIDRE.MatchString(out+errOut) {
+		t.Fatalf("the init container of a restarted pod: %d %s %s", code, out, errOut)
+	}
+}
