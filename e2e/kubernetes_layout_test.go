@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/manifest"
 )
 
@@ -140,5 +141,127 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 	out, errOut, code = run(t, podEnv, "", "/bin/sh", "-c", initScript)
 	if code != 0 || !strings.Contains(out+errOut, "already joined") || nodeIDRE.MatchString(out+errOut) {
 		t.Fatalf("the init container of a restarted pod: %d %s %s", code, out, errOut)
+	}
+}
+
+// deployment reads a control-plane manifest's mount paths and its one
+// container's command.
+func deployment(t *testing.T, file string) (mounts, command []string) {
+	t.Helper()
+	yaml := readFile(t, manifest.Path("control-plane", file))
+	for _, m := range regexp.MustCompile(`(?m)^\s*mountPath: (\S+)$`).FindAllStringSubmatch(yaml, -1) {
+		mounts = append(mounts, m[1])
+	}
+	cmd := regexp.MustCompile(`(?m)^\s*command: (\[.*\])$`).FindStringSubmatch(yaml)
+	if cmd == nil {
+		t.Fatalf("%s: no command [...]", file)
+	}
+	must(t, json.Unmarshal([]byte(cmd[1]), &command))
+	return mounts, command
+}
+
+// secretFiles writes files (mount path → content) as a Secret volume
+// holds them: 0440, read-only directories.
+func secretFiles(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, content := range files {
+		must(t, os.MkdirAll(filepath.Dir(root+p), 0o755))
+		must(t, os.WriteFile(root+p, []byte(content), 0o440))
+	}
+}
+
+// setLine replaces the line `key = …` of a TOML file (the first one).
+func setLine(t *testing.T, toml, key, value string) string {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(key) + ` = .*$`)
+	if !re.MatchString(toml) {
+		t.Fatalf("no %s in\n%s", key, toml)
+	}
+	done := false
+	return re.ReplaceAllStringFunc(toml, func(l string) string {
+		if done {
+			return l
+		}
+		done = true
+		return key + " = " + value
+	})
+}
+
+// R18.3: the control plane's pods, simulated: serve and the gateway run
+// the Deployments' commands on the ConfigMap's serve.toml and gateway.toml,
+// with the Secrets' files at their mount paths, and both readiness probes
+// (the metrics listeners' /readyz) answer: serve's database takes writes,
+// the gateway reaches serve's agent listener over mTLS. Only the listen
+// addresses move to free ports and the DSN to the test's PostgreSQL
+// (keeping passfile=, the Secret's pgpass).
+func TestKubernetesControlPlaneLayoutR18_3(t *testing.T) {
+	dsn := storetest.PostgresDSN(t)
+	bc, _ := binaries(t)
+	dir := t.TempDir()
+	secretEnv, _ := initPKI(t, bc, dir)
+	serveMounts, serveCmd := deployment(t, "serve.yaml")
+	gwMounts, gwCmd := deployment(t, "gateway.yaml")
+	if serveCmd[0] != "better-compute" || gwCmd[0] != "better-compute" {
+		t.Fatalf("commands %v %v: the image's binary is better-compute", serveCmd, gwCmd)
+	}
+	if !strings.Contains(readFile(t, manifest.Path("control-plane", "serve.yaml")), "- name: BETTER_COMPUTE_SECRET") {
+		t.Fatal("serve.yaml does not hand serve BETTER_COMPUTE_SECRET")
+	}
+	servePod := podLayout{root: filepath.Join(dir, "serve-pod"), mounts: serveMounts}
+	gwPod := podLayout{root: filepath.Join(dir, "gateway-pod"), mounts: gwMounts}
+
+	pkiFiles := map[string]string{}
+	entries, err := os.ReadDir(filepath.Join(dir, "pki"))
+	must(t, err)
+	for _, e := range entries {
+		pkiFiles["/etc/better-compute/pki/"+e.Name()] = readFile(t, filepath.Join(dir, "pki", e.Name()))
+	}
+	pkiFiles["/etc/better-compute/tls/tls.crt"] = readFile(t, filepath.Join(dir, "gateway.crt"))
+	pkiFiles["/etc/better-compute/tls/tls.key"] = readFile(t, filepath.Join(dir, "gateway.key"))
+	pkiFiles["/etc/better-compute/agent/tls.crt"] = readFile(t, filepath.Join(dir, "agent.crt"))
+	pkiFiles["/etc/better-compute/agent/tls.key"] = readFile(t, filepath.Join(dir, "agent.key"))
+	pkiFiles["/etc/better-compute/postgres/pgpass"] = "*:*:*:*:unused-with-trust-auth\n"
+	secretFiles(t, servePod.root, pkiFiles)
+	secretFiles(t, gwPod.root, map[string]string{
+		"/etc/better-compute/tls/tls.crt":               pkiFiles["/etc/better-compute/tls/tls.crt"],
+		"/etc/better-compute/tls/tls.key":               pkiFiles["/etc/better-compute/tls/tls.key"],
+		"/etc/better-compute/serving-ca/serving-ca.crt": pkiFiles["/etc/better-compute/pki/serving-ca.crt"],
+	})
+
+	api, agent, serveMetrics, gw, gwMetrics := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	serveTOML, err := manifest.ConfigMapFile("serve.toml", "control-plane", "configmap.yaml")
+	must(t, err)
+	if !strings.Contains(serveTOML, "passfile=/etc/better-compute/postgres/pgpass") {
+		t.Fatal("serve.toml's DSN does not read the pgpass Secret")
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	serveTOML = setLine(t, serveTOML, "listen", `"`+api+`"`)
+	serveTOML = setLine(t, serveTOML, "dsn", `"`+dsn+sep+`passfile=/etc/better-compute/postgres/pgpass"`)
+	serveTOML = strings.Replace(serveTOML, `listen = ":8444"`, `listen = "`+agent+`"`, 1)
+	serveTOML = strings.Replace(serveTOML, `listen = ":9090"`, `listen = "`+serveMetrics+`"`, 1)
+	secretFiles(t, servePod.root, map[string]string{"/etc/better-compute/config/serve.toml": servePod.rewrite(serveTOML)})
+
+	gwTOML, err := manifest.ConfigMapFile("gateway.toml", "control-plane", "configmap.yaml")
+	must(t, err)
+	gwTOML = setLine(t, gwTOML, "listen", `"`+gw+`"`)
+	gwTOML = setLine(t, gwTOML, "api_url", `"https://`+agent+`"`)
+	gwTOML = strings.Replace(gwTOML, `listen = ":9465"`, `listen = "`+gwMetrics+`"`, 1)
+	secretFiles(t, gwPod.root, map[string]string{"/etc/better-compute/config/gateway.toml": gwPod.rewrite(gwTOML)})
+
+	serveArgs := strings.Fields(servePod.rewrite(strings.Join(serveCmd[1:], " ")))
+	start(t, []string{secretEnv[0]}, bc, serveArgs...)
+	gwArgs := strings.Fields(gwPod.rewrite(strings.Join(gwCmd[1:], " ")))
+	start(t, nil, bc, gwArgs...)
+	for name, addr := range map[string]string{"serve": serveMetrics, "gateway": gwMetrics} {
+		waitFor(t, name+"'s readiness probe", 60*time.Second, func() bool {
+			code, _ := httpGet("http://" + addr + "/readyz")
+			return code == 200
+		})
+		if code, body := httpGet("http://" + addr + "/livez"); code != 200 {
+			t.Fatalf("%s livez %d %s", name, code, body)
+		}
 	}
 }
