@@ -52,7 +52,7 @@ func loadDir(t *testing.T, dir string) []runtime.Object {
 				t.Errorf("%s: %s in namespace %q, the kustomization's is %q", r, kind, ns, k.Namespace)
 			}
 			if kind == "Secret" {
-				t.Errorf("%s ships a Secret: keys, certificates and passwords are the operator's", r)
+				t.Errorf("%s ships a Secret: tokens, keys, certificates and passwords are the operator's, created with kubectl", r)
 			}
 			objs = append(objs, obj)
 		}
