@@ -108,20 +108,8 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	// line (a failed or timed-out TLS handshake): they are rate-limited
 	// per listener and kind, naming the peer and the count suppressed.
 	errLog := ratelimit.NewLogger(log, ratelimit.New(o.Clock, ErrorLinesPerMinute, time.Minute))
-	hs := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       cfg.Limits.read(),
-		WriteTimeout:      cfg.Limits.write(),
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
-		// R20.4: gRPC clients need HTTP/2; without tls.cert_file the
-		// listener speaks it in cleartext with prior knowledge (grpcurl
-		// -plaintext), beside HTTP/1.1.
-		Protocols: apiProtocols(),
-	}
 	errc := make(chan error, 3)
+	hs := serveAPI(cfg, ln, handler, apiCert, errLog, errc)
 	// Every server started is closed on every way out of Run: a listener
 	// that fails to start, or one that fails while serving, must not leave
 	// the others serving (the graceful path below shuts them down first,
@@ -130,18 +118,6 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	defer func() {
 		for _, s := range started {
 			_ = s.Close()
-		}
-	}()
-	go func() {
-		var err error
-		if apiCert != nil {
-			hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return apiCert.Get(), nil }}
-			err = hs.ServeTLS(ln, "", "")
-		} else {
-			err = hs.Serve(ln)
-		}
-		if !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
 		}
 	}()
 	ms, err := serveMetrics(cfg, o, log, reg, srv, errc)
@@ -188,6 +164,37 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		_ = as.Shutdown(sctx)
 	}
 	return hs.Shutdown(sctx)
+}
+
+// serveAPI serves the operator API on ln (TLS with apiCert when set) until
+// it is closed; a failure while serving goes to errc.
+func serveAPI(cfg Config, ln net.Listener, handler http.Handler, apiCert *certfile.Pair, errLog *ratelimit.Logger, errc chan<- error) *http.Server {
+	hs := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       cfg.Limits.read(),
+		WriteTimeout:      cfg.Limits.write(),
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          errLog.ErrorLog(slog.LevelWarn, "api"),
+		// R20.4: gRPC clients need HTTP/2; without tls.cert_file the
+		// listener speaks it in cleartext with prior knowledge (grpcurl
+		// -plaintext), beside HTTP/1.1.
+		Protocols: apiProtocols(),
+	}
+	go func() {
+		var err error
+		if apiCert != nil {
+			hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return apiCert.Get(), nil }}
+			err = hs.ServeTLS(ln, "", "")
+		} else {
+			err = hs.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	return hs
 }
 
 // apiProtocols are the operator listener's: HTTP/1.1, HTTP/2 over TLS, and

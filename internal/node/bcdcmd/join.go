@@ -174,33 +174,11 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	if err != nil {
 		return err
 	}
-	var dataDir, sysfsRoot, procfsRoot string
-	for _, d := range []struct {
-		flag, val string
-		dst       *string
-	}{{"--data-dir", f.dataDir, &dataDir}, {"--sysfs-root", f.sysfsRoot, &sysfsRoot}, {"--procfs-root", f.procfsRoot, &procfsRoot}} {
-		if *d.dst, err = absDir(d.flag, d.val); err != nil {
-			return err
-		}
+	cfg, d, err := withDirFlags(cfg, f)
+	if err != nil {
+		return err
 	}
-	storeDir := dataDir
-	if cfg != nil {
-		// The flags override the file's local keys.
-		c := *cfg
-		for _, o := range []struct {
-			dst *string
-			val string
-		}{{&c.DataDir, dataDir}, {&c.SysfsRoot, sysfsRoot}, {&c.ProcfsRoot, procfsRoot}} {
-			if o.val != "" {
-				*o.dst = o.val
-			}
-		}
-		cfg = &c
-		storeDir = cfg.DataDir
-	}
-	if storeDir == "" {
-		storeDir = config.DefaultDataDir
-	}
+	dataDir, sysfsRoot, procfsRoot, storeDir := d.data, d.sysfs, d.procfs, d.store
 
 	now := a.env.Clock.Now
 	keys, store, err := tpmkeys.Stores(cfg, storeDir)
@@ -284,6 +262,43 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		return printJSON(a.env.Stdout, statusOf(id, storeDir, now()))
 	}
 	return nil
+}
+
+// joinDirs are the directories a join uses: the --data-dir, --sysfs-root
+// and --procfs-root flags (absolute), and the identity's directory.
+type joinDirs struct{ data, sysfs, procfs, store string }
+
+// withDirFlags applies the directory flags over config.toml's local keys.
+func withDirFlags(cfg *config.Config, f *joinFlags) (*config.Config, joinDirs, error) {
+	var d joinDirs
+	var err error
+	for _, x := range []struct {
+		flag, val string
+		dst       *string
+	}{{"--data-dir", f.dataDir, &d.data}, {"--sysfs-root", f.sysfsRoot, &d.sysfs}, {"--procfs-root", f.procfsRoot, &d.procfs}} {
+		if *x.dst, err = absDir(x.flag, x.val); err != nil {
+			return nil, d, err
+		}
+	}
+	d.store = d.data
+	if cfg != nil {
+		// The flags override the file's local keys.
+		c := *cfg
+		for _, o := range []struct {
+			dst *string
+			val string
+		}{{&c.DataDir, d.data}, {&c.SysfsRoot, d.sysfs}, {&c.ProcfsRoot, d.procfs}} {
+			if o.val != "" {
+				*o.dst = o.val
+			}
+		}
+		cfg = &c
+		d.store = cfg.DataDir
+	}
+	if d.store == "" {
+		d.store = config.DefaultDataDir
+	}
+	return cfg, d, nil
 }
 
 // rejoin is `bcd join --attestor x509pop` (R10.5): no token, the expired
