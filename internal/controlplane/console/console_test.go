@@ -9,9 +9,6 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/checks/browser"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/console"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
@@ -92,78 +90,6 @@ func must(t testing.TB, err error) {
 	}
 }
 
-// chromium finds the browser: with CI=true a missing one fails the test.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, p := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed (apt-get install chromium); CI requires it")
-	}
-	t.Skip("SKIPPING the console's browser test: chromium is not installed (apt-get install -y chromium)")
-	return ""
-}
-
-func artifacts(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("BC_TEST_ARTIFACTS")
-	if dir == "" {
-		return t.TempDir()
-	}
-	dir = filepath.Join(dir, "console")
-	must(t, os.MkdirAll(dir, 0o755))
-	return dir
-}
-
-// browser starts a headless Chromium for the test; the test server's CA is
-// a throwaway test CA, so certificate errors are ignored.
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(chromium(t)), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.NoFirstRun, chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("ignore-certificate-errors", true), chromedp.WindowSize(1280, 720)}
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancel)
-	bctx, cancel2 := chromedp.NewContext(actx)
-	t.Cleanup(cancel2)
-	must(t, chromedp.Do(bctx)) // starts the browser
-	ctx, cancel3 := context.WithTimeout(bctx, 40*time.Second)
-	t.Cleanup(cancel3)
-	return ctx
-}
-
-func shot(t *testing.T, dir, name string) chromedp.Action[chromedp.Void] {
-	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-		png, err := chromedp.FullScreenshot(100)(ctx, tg)
-		if err != nil {
-			return err
-		}
-		t.Logf("screenshot %s", filepath.Join(dir, name))
-		return os.WriteFile(filepath.Join(dir, name), png, 0o644)
-	})
-}
-
-// run runs the browser steps; on failure it logs the page.
-func run(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
-	t.Helper()
-	if err := chromedp.Do(ctx, steps...); err != nil {
-		dump, _ := chromedp.Run(context.WithoutCancel(ctx), chromedp.OuterHTML(chromedp.CSS("body")))
-		t.Fatalf("browser: %v\npage: %s", err, dump)
-	}
-}
-
-// text reads the text of the element sel into out.
-func text(sel string, out *string) chromedp.Action[chromedp.Void] {
-	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
-		*out, err = chromedp.Text(chromedp.CSS(sel))(ctx, tg)
-		return err
-	})
-}
-
 func (p *plane) requestState(t *testing.T, id string) string {
 	t.Helper()
 	res, err := p.e.Admin.JoinRequests.ListJoinRequests(context.Background(), connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: p.e.RootTenant,
@@ -183,18 +109,18 @@ func (p *plane) requestState(t *testing.T, id string) string {
 // without grants sees nothing of the tenant.
 func TestConsoleInBrowserR18_2(t *testing.T) {
 	p := newPlane(t)
-	ctx := browser(t)
-	dir := artifacts(t)
+	ctx := browser.New(t, 40*time.Second)
+	dir := browser.Artifacts(t, "console")
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	row := func(id string) string { return `tr[data-id="` + id + `"]` }
 	var notice string
-	run(t, ctx,
+	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
 		chromedp.SendKeys(chromedp.CSS("#key"), p.e.AdminKey),
 		chromedp.Click(chromedp.CSS("#signin-submit")),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID))),
-		shot(t, dir, "join-requests.png"),
+		browser.Shot(t, dir, "join-requests.png"),
 		// Two at once: a bulk approval of a selection.
 		chromedp.Click(chromedp.CSS(row(p.reqs[0].ID)+` input[type="checkbox"]`)),
 		chromedp.Click(chromedp.CSS(row(p.reqs[1].ID)+` input[type="checkbox"]`)),
@@ -202,7 +128,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#approve")),
 		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[0].ID))),
 		chromedp.WaitNotPresent(chromedp.CSS(row(p.reqs[1].ID))),
-		text("#notice", &notice),
+		browser.Text("#notice", &notice),
 		chromedp.Click(chromedp.CSS(row(p.reqs[2].ID)+` input[type="checkbox"]`)),
 		chromedp.SendKeys(chromedp.CSS("#reason"), "unknown serial"),
 		chromedp.Click(chromedp.CSS("#reject")),
@@ -223,11 +149,11 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 
 	// A token, its install command, and the join it waits for.
 	var install string
-	run(t, ctx,
+	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/tokens"+q),
 		chromedp.Click(chromedp.CSS("#create-token")),
 		chromedp.WaitVisible(chromedp.CSS("#install")),
-		text("#install", &install),
+		browser.Text("#install", &install),
 		chromedp.WaitVisible(chromedp.CSS("#joined.waiting")),
 	)
 	token := regexp.MustCompile(`bcjt_[A-Za-z0-9_.-]+`).FindString(install)
@@ -239,23 +165,23 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	must(t, err)
 	nodeID := m.Verify(t, p.e.Bundle, res, "").Body.NodeId
 	var joined string
-	run(t, ctx,
+	browser.Run(t, ctx,
 		chromedp.WaitVisible(chromedp.CSS("#joined.joined")),
-		text("#joined", &joined),
-		shot(t, dir, "token-joined.png"),
+		browser.Text("#joined", &joined),
+		browser.Shot(t, dir, "token-joined.png"),
 	)
 	if !strings.Contains(joined, nodeID) {
 		t.Fatalf("token page shows %q, want node %s", joined, nodeID)
 	}
 	var events string
-	run(t, ctx,
+	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/nodes"+q),
 		chromedp.WaitVisible(chromedp.CSS(row(nodeID))),
-		shot(t, dir, "nodes.png"),
+		browser.Shot(t, dir, "nodes.png"),
 		chromedp.Navigate(p.base+"/events"+q),
 		chromedp.WaitVisible(chromedp.CSS("#events tbody tr")),
-		text("#events", &events),
-		shot(t, dir, "events.png"),
+		browser.Text("#events", &events),
+		browser.Shot(t, dir, "events.png"),
 	)
 	if !strings.Contains(events, nodeID) {
 		t.Fatalf("events page lacks node %s", nodeID)
@@ -264,7 +190,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	// Sign out, then in with a key that has no grants: the API refuses it
 	// everything, and the page shows none of the tenant's requests.
 	var page string
-	run(t, ctx,
+	browser.Run(t, ctx,
 		chromedp.Click(chromedp.CSS("#signout")),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
 		chromedp.Navigate(p.base+"/join-requests"+q),
