@@ -2,14 +2,17 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/doctest"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 )
 
 // docFiles are the docs whose blocks are accounted for: every sh block is
@@ -52,6 +55,36 @@ func TestFirstInstallWalkthrough(t *testing.T) {
 			{Old: "> config.toml", New: "> config.toml" + edit},
 		}
 	})
+}
+
+// TestTPMWalkthrough runs docs/tpm.md's swtpm lab (R9.1): provision an
+// swtpm with a local CA in the home directory, run it, start dev trusting
+// that CA and join with no token. swtpm's ports move to free ones.
+func TestTPMWalkthrough(t *testing.T) {
+	tpmtest.Require(t)
+	runWalkthrough(t, "docs/tpm.md", "tpm-swtpm", func(string) []doctest.Replacement {
+		cmd, ctrl := freePortPair(t)
+		return []doctest.Replacement{
+			{Old: "127.0.0.1:2321", New: "127.0.0.1:" + cmd},
+			{Old: "port=2321", New: "port=" + cmd}, {Old: "port=2322", New: "port=" + ctrl},
+		}
+	})
+}
+
+// freePortPair returns two consecutive ports that were free: swtpm's
+// command port and its control channel.
+func freePortPair(t *testing.T) (string, string) {
+	t.Helper()
+	for range 20 {
+		_, p, _ := net.SplitHostPort(freePort(t))
+		n, _ := strconv.Atoi(p)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(n+1)); err == nil {
+			_ = l.Close()
+			return p, strconv.Itoa(n + 1)
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return "", ""
 }
 
 func readDoc(t *testing.T, rel string) string {
