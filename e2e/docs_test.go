@@ -18,7 +18,7 @@ import (
 // docFiles are the docs whose blocks are accounted for: every sh block is
 // run by a walkthrough below or skipped in the doc with a reason. The
 // other docs/*.md files are not marked up yet.
-var docFiles = []string{"README.md", "docs/tpm.md"}
+var docFiles = []string{"README.md", "docs/tpm.md", "docs/joining.md"}
 
 // TestDocsBlocksAccounted: no doc shows a command block a test does not run
 // unless the doc says why.
@@ -55,6 +55,14 @@ func TestFirstInstallWalkthrough(t *testing.T) {
 			{Old: "> config.toml", New: "> config.toml" + edit},
 		}
 	})
+}
+
+// TestJoiningWalkthrough runs docs/joining.md's laptop flows against dev
+// (R4, R10.1): a token join from a fake machine, a refused second use and
+// its event, and a discovery join a site agent vouched for waiting on a
+// join request an operator approves.
+func TestJoiningWalkthrough(t *testing.T) {
+	runWalkthrough(t, "docs/joining.md", "joining-laptop", nil)
 }
 
 // TestTPMWalkthrough runs docs/tpm.md's swtpm lab (R9.1): provision an
