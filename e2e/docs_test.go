@@ -2,20 +2,23 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/doctest"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 )
 
 // docFiles are the docs whose blocks are accounted for: every sh block is
 // run by a walkthrough below or skipped in the doc with a reason. The
 // other docs/*.md files are not marked up yet.
-var docFiles = []string{"README.md", "docs/tpm.md"}
+var docFiles = []string{"README.md", "docs/tpm.md", "docs/joining.md", "docs/operations.md"}
 
 // TestDocsBlocksAccounted: no doc shows a command block a test does not run
 // unless the doc says why.
@@ -32,26 +35,69 @@ func TestDocsBlocksAccounted(t *testing.T) {
 // and compares what each block prints with the output the README shows
 // : the README is the test's script, so it cannot go stale.
 func TestReadmeWalkthrough(t *testing.T) {
-	runWalkthrough(t, "README.md", "readme-laptop", nil)
+	runWalkthrough(t, "README.md", nil, "readme-laptop")
 }
 
-// TestFirstInstallWalkthrough runs docs/operations.md's "First install":
-// the PKI, the two certificates, the printed config, bootstrap and serve.
-// The doc's /etc and /var/lib paths move under the test's directory, and
-// the config's listeners to free ports (the edit the doc leaves to the
-// reader).
-func TestFirstInstallWalkthrough(t *testing.T) {
-	runWalkthrough(t, "docs/operations.md", "operations-first-install", func(work string) []doctest.Replacement {
+// TestOperationsWalkthrough runs docs/operations.md's "First install" (the
+// PKI, the two certificates, the printed config, bootstrap and serve), then
+// its SQLite backup beside the running server, a verify and a restore
+// (R16.3). The doc's /etc, /var/lib and /backups paths move under the
+// test's directory, and the config's listeners to free ports (the edit the
+// doc leaves to the reader); the restore's placeholder secret is the one
+// the shell already exported.
+func TestOperationsWalkthrough(t *testing.T) {
+	runWalkthrough(t, "docs/operations.md", func(work string) []doctest.Replacement {
 		etc, lib := filepath.Join(work, "etc/better-compute"), filepath.Join(work, "var/lib/better-compute")
 		must(t, os.MkdirAll(etc, 0o750))
 		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"%s"|; s|":8444"|"%s"|; s|"127.0.0.1:9090"|"%s"|' config.toml`,
 			etc, lib, freePort(t), freePort(t), freePort(t))
 		// In order: the doc's paths first, then the edit (which names them).
+		must(t, os.MkdirAll(filepath.Join(work, "backups"), 0o700))
 		return []doctest.Replacement{
 			{Old: "/etc/better-compute", New: etc}, {Old: "/var/lib/better-compute", New: lib},
 			{Old: "> config.toml", New: "> config.toml" + edit},
+			{Old: "/backups/", New: filepath.Join(work, "backups") + "/"},
+			{Old: "export BETTER_COMPUTE_SECRET=…", New: ":"},
 		}
-	})
+	}, "operations-first-install", "operations-backup")
+}
+
+// TestJoiningWalkthrough runs docs/joining.md's laptop flows against dev
+// (R4, R10.1): a token join from a fake machine, a refused second use and
+// its event, and a discovery join a site agent vouched for waiting on a
+// join request an operator approves.
+func TestJoiningWalkthrough(t *testing.T) {
+	runWalkthrough(t, "docs/joining.md", nil, "joining-laptop")
+}
+
+// TestTPMWalkthrough runs docs/tpm.md's swtpm lab (R9.1): provision an
+// swtpm with a local CA in the home directory, run it, start dev trusting
+// that CA and join with no token. swtpm's ports move to free ones.
+func TestTPMWalkthrough(t *testing.T) {
+	tpmtest.Require(t)
+	runWalkthrough(t, "docs/tpm.md", func(string) []doctest.Replacement {
+		cmd, ctrl := freePortPair(t)
+		return []doctest.Replacement{
+			{Old: "127.0.0.1:2321", New: "127.0.0.1:" + cmd},
+			{Old: "port=2321", New: "port=" + cmd}, {Old: "port=2322", New: "port=" + ctrl},
+		}
+	}, "tpm-swtpm")
+}
+
+// freePortPair returns two consecutive ports that were free: swtpm's
+// command port and its control channel.
+func freePortPair(t *testing.T) (string, string) {
+	t.Helper()
+	for range 20 {
+		_, p, _ := net.SplitHostPort(freePort(t))
+		n, _ := strconv.Atoi(p)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(n+1)); err == nil {
+			_ = l.Close()
+			return p, strconv.Itoa(n + 1)
+		}
+	}
+	t.Fatal("no two consecutive free ports")
+	return "", ""
 }
 
 func readDoc(t *testing.T, rel string) string {
@@ -63,19 +109,24 @@ func readDoc(t *testing.T, rel string) string {
 	return string(b)
 }
 
-// runWalkthrough runs one walkthrough of a doc in a temp directory. The
+// runWalkthrough runs walkthroughs of a doc, in order, in one shell in a
+// temp directory. The
 // doc's commands run as written, but for what a shared test machine needs:
 // the binaries are the ones this test built, and dev listens on ports
 // picked free instead of 8080 and 8443.
-func runWalkthrough(t *testing.T, file, name string, rewrite func(work string) []doctest.Replacement) {
+func runWalkthrough(t *testing.T, file string, rewrite func(work string) []doctest.Replacement, names ...string) {
 	bc, _ := binaries(t)
 	blocks, err := doctest.ParseWalkthroughs(file, readDoc(t, file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := doctest.Walkthrough(blocks, name)
-	if len(steps) == 0 {
-		t.Fatalf("%s has no walkthrough %q", file, name)
+	var steps []doctest.Block
+	for _, name := range names {
+		s := doctest.Walkthrough(blocks, name)
+		if len(s) == 0 {
+			t.Fatalf("%s has no walkthrough %q", file, name)
+		}
+		steps = append(steps, s...)
 	}
 	work := t.TempDir()
 	api, gw := freePort(t), freePort(t)

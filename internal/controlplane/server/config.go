@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/export"
+	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -115,7 +116,16 @@ type JoinConfig struct {
 	// MaxPendingRequestsPerSource bounds those from one peer address,
 	// across pools (default 20; join-requests-source-limit).
 	MaxPendingRequestsPerSource int `toml:"max_pending_requests_per_source"`
+	// VouchWait is how long a discovery join waits for its site agent's
+	// vouch before it becomes a join request or is refused (R10.4), as a
+	// duration ("8s"); more than 0 and at most 30s, below the gateway's
+	// request timeout (0: join.DefaultVouchWait).
+	VouchWait time.Duration `toml:"vouch_wait"`
 }
+
+// maxVouchWait bounds join.vouch_wait: a waiting discovery join holds a
+// gateway request open, and the gateway gives up on one after 30 s.
+const maxVouchWait = 30 * time.Second
 
 // TPMJoinConfig is the tpm attestor's EK trust, per pool (R9.2).
 type TPMJoinConfig struct {
@@ -220,6 +230,9 @@ func (c *Config) validate() error {
 	}
 	if c.Join.MaxPendingRequestsPerPool < 0 || c.Join.MaxPendingRequestsPerSource < 0 {
 		return errs.New(errs.InvalidConfig, "config: join.max_pending_requests_per_pool and _per_source: want a positive count (0: the default)")
+	}
+	if c.Join.VouchWait < 0 || c.Join.VouchWait > maxVouchWait {
+		return errs.New(errs.InvalidConfig, "config: join.vouch_wait must be more than 0 and at most %s (as \"8s\"; unset: %s)", maxVouchWait, join.DefaultVouchWait)
 	}
 	if c.Join.CertTTLSeconds != 0 && (c.Join.CertTTLSeconds < 60 || c.Join.CertTTLSeconds > 86400) {
 		return errs.New(errs.InvalidConfig, "config: join.cert_ttl_seconds must be from 60 to 86400")

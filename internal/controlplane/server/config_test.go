@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // R10.5: [join] attestors names JoinService's attestors: join-token by
@@ -70,6 +71,41 @@ func TestJoinSVIDFormConfigR20_1(t *testing.T) {
 			}
 			if cfg.Join.SVIDForm != c.want {
 				t.Errorf("svid_form %q, want %q", cfg.Join.SVIDForm, c.want)
+			}
+		})
+	}
+}
+
+// R10.4: [join] vouch_wait is how long a discovery join waits for its
+// vouch: join.DefaultVouchWait unset, a duration above 0 up to 30s, and
+// anything else a config error.
+func TestJoinVouchWaitConfigR10_4(t *testing.T) {
+	base := "[store]\npath = \"/tmp/bc.db\"\n"
+	for _, c := range []struct {
+		name, toml string
+		want       time.Duration
+		err        string
+	}{
+		{name: "unset", toml: base, want: 0},
+		{name: "3s", toml: base + "[join]\nvouch_wait = \"3s\"\n", want: 3 * time.Second},
+		{name: "30s", toml: base + "[join]\nvouch_wait = \"30s\"\n", want: 30 * time.Second},
+		{name: "too long", toml: base + "[join]\nvouch_wait = \"31s\"\n", err: "join.vouch_wait must be more than 0 and at most 30s"},
+		{name: "negative", toml: base + "[join]\nvouch_wait = \"-1s\"\n", err: "join.vouch_wait must be more than 0"},
+		{name: "not a duration", toml: base + "[join]\nvouch_wait = \"soon\"\n", err: "vouch_wait"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(c.toml))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("got %v, want an error containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Join.VouchWait != c.want {
+				t.Errorf("vouch_wait %s, want %s", cfg.Join.VouchWait, c.want)
 			}
 		})
 	}

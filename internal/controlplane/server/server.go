@@ -241,6 +241,7 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 		MaxBodyBytes: cfg.Limits.MaxBodyBytes, CertTTL: time.Duration(cfg.Join.CertTTLSeconds) * time.Second, DownloadsDir: cfg.Downloads.Dir,
 		Attestors: cfg.Join.Attestors, TPMPools: tpmPools, SVIDForm: cfg.Join.SVIDForm,
 		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource},
+		JoinVouchWait:     cfg.Join.VouchWait,
 		Metrics:           m})
 	if err != nil {
 		return nil, err

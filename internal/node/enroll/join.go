@@ -802,6 +802,11 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 	}
 	if !j.waiting {
 		j.progress("joining through %s…", u.Host)
+		if req.GetAttestor() == identity.AttestorDiscovery {
+			// The control plane holds the answer until this site's agent
+			// vouches for the boot: say so before the silence.
+			j.progress("asking the control plane; a discovery join waits up to its [join] vouch_wait (8s by default) for this site's vouch")
+		}
 	}
 	// One client for every attempt: its connection is reused.
 	client, err := newClient()
