@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -24,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // eachStore runs fn on a fresh API and fixture on SQLite and on PostgreSQL.
@@ -254,4 +256,33 @@ func BenchmarkTPM(b *testing.B) {
 			m.report(b, "renewals/s")
 		})
 	})
+}
+
+// BenchmarkJoinMetrics is BenchmarkJoin's serial join on SQLite with the
+// fleet metrics off (no api.Config.Metrics) and on, in one run, so their
+// CPU per join can be compared (docs/performance.md, "Metrics and
+// tracing").
+func BenchmarkJoinMetrics(b *testing.B) {
+	for _, m := range []struct {
+		name    string
+		metrics func() *telemetry.API
+	}{{"off", func() *telemetry.API { return nil }}, {"on", func() *telemetry.API { return telemetry.NewAPI(prometheus.NewRegistry()) }}} {
+		b.Run(m.name, func(b *testing.B) {
+			e := apitest.Start(b, storetest.OpenSQLite(b), apitest.Options{Metrics: m.metrics()})
+			f := newFixture(b, e)
+			tok := f.token(b, &bcv1.CreateJoinTokenRequest{MaxUses: 100000})
+			reqs := make([]*agentv1.JoinRequest, b.N)
+			for i := range reqs {
+				reqs[i] = jointest.NewMachine(b, jointest.Claims(int(machineSeq.Add(1)))).Request(b, e.Bundle, tok.Token, "")
+			}
+			ctx := context.Background()
+			cpu := startCPU(b)
+			for i := 0; i < b.N; i++ {
+				if _, err := f.svc.Join(ctx, reqs[i], join.Peer{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cpu.report(b)
+		})
+	}
 }
