@@ -65,7 +65,24 @@ func (a *app) serveCmd() *cobra.Command {
 		Short: "Run the control plane API",
 		Long: `Run the API from a TOML config (unknown keys are errors). The PKI bundle's
 keys are decrypted with $BETTER_COMPUTE_SECRET. SIGINT/SIGTERM shut down
-gracefully. --print-config prints a commented example.`,
+gracefully. --print-config prints a commented example.
+
+One process when one machine is enough: with [gateway] listen, serve also
+runs the gateway daemons connect to, and the gateway calls the API in
+memory (no [agent] listener, loopback hop or second TLS layer):
+
+  [gateway]
+  url = "https://gw.example.com:443"        # published in the well-known document
+  listen = ":443"
+  cert_file = "/etc/better-compute/gateway.crt"   # better-compute pki issue-gateway
+  key_file = "/etc/better-compute/gateway.key"
+  # the limits of better-compute gateway's config (max_sessions, ...) apply;
+  # api_url and api_ca_file do not
+  [gateway.metrics]
+  listen = "127.0.0.1:9465"                 # the gateway's /metrics, /livez, /readyz
+
+For regions, run better-compute gateway near the machines instead, relaying
+to the [agent] listener (docs/operations.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if printConfig {
@@ -247,11 +264,15 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	gwURL := "https://" + gwLn.Addr().String()
 	cfg := server.Config{
 		Listen: o.listen, RootTenant: devRootTenant,
-		TLS:     server.TLSConfig{CertFile: filepath.Join(dir, "api.crt"), KeyFile: filepath.Join(dir, "api.key")},
-		Store:   store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
-		PKI:     server.PKIConfig{Dir: pkiDir},
-		Agent:   server.AgentConfig{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "agent.crt"), KeyFile: filepath.Join(dir, "agent.key")},
-		Gateway: server.GatewayConfig{URL: gwURL},
+		TLS:   server.TLSConfig{CertFile: filepath.Join(dir, "api.crt"), KeyFile: filepath.Join(dir, "api.key")},
+		Store: store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
+		PKI:   server.PKIConfig{Dir: pkiDir},
+		// The gateway runs in this process and calls the API's agent
+		// handler in memory: no agent listener (gateway.Options.LocalAPI).
+		Gateway: server.GatewayConfig{URL: gwURL, Config: gateway.Config{
+			Listen: gwLn.Addr().String(), CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
+			Metrics: gateway.MetricsConfig{Listen: o.gwMetricsListen},
+		}},
 		// dev enables every attestor that is built, so all of the page can be tried.
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
@@ -268,30 +289,23 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
 		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment, AllowReclaim: o.tpmAllowReclaim}}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	gw := &devGateway{ln: gwLn, dir: dir, pkiDir: pkiDir, metricsListen: o.gwMetricsListen, log: log.With("process", "gateway"), cancel: cancel, errc: make(chan error, 1), done: make(chan struct{})}
 	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
-	err = server.Run(runCtx, cfg, server.Options{
+	return server.Run(ctx, cfg, server.Options{
 		Log:    log,
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
 			_, err := mintDevSiteTokens(ctx, s, db, dir, st)
 			return err
 		},
-		AgentReady: func(addr string) { gw.start(runCtx, addr) },
-		Ready:      ready.print,
+		GatewayListener: gwLn,
+		Ready:           ready.print,
 	})
-	cancel()
-	if gerr := gw.wait(); gerr != nil {
-		return fmt.Errorf("gateway: %w", gerr)
-	}
-	return err
 }
 
 // devPKI makes (once) and loads dev's machine PKI, and the loopback
-// serving certificates of the gateway, the agent listener and the API; it
-// writes the CA that verifies them (ca.pem) and returns its path.
+// serving certificates of the gateway and the API; it writes the CA that
+// verifies them (ca.pem) and returns its path. (Data directories made
+// before the gateway ran in memory also hold an unused agent.crt.)
 func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, string, error) {
 	if _, err := os.Stat(filepath.Join(pkiDir, ca.FileManifest)); errors.Is(err, fs.ErrNotExist) {
 		if _, err := ca.Init(pkiDir, td, sec, time.Now()); err != nil {
@@ -303,7 +317,7 @@ func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, s
 	if err != nil {
 		return nil, "", err
 	}
-	for _, name := range []string{"gateway", "agent", "api"} {
+	for _, name := range []string{"gateway", "api"} {
 		crt, key := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
 		if _, err := os.Stat(crt); err == nil {
 			continue
@@ -325,66 +339,6 @@ func devPKI(dir, pkiDir, td string, sec []byte, log *slog.Logger) (*ca.Bundle, s
 		return nil, "", fmt.Errorf("write %s: %w", caFile, err)
 	}
 	return bundle, caFile, nil
-}
-
-// devGateway is dev's gateway: started on its listener once the agent
-// listener is up, stopped when dev stops; a failure stops dev.
-type devGateway struct {
-	ln            net.Listener
-	dir, pkiDir   string
-	metricsListen string
-	log           *slog.Logger
-	cancel        context.CancelFunc
-	errc          chan error
-	done          chan struct{}
-	started       bool
-}
-
-// start runs the gateway in front of the agent listener at addr until ctx
-// ends.
-func (g *devGateway) start(ctx context.Context, addr string) {
-	gw, err := gateway.New(gateway.Config{
-		Listen: g.ln.Addr().String(), CertFile: filepath.Join(g.dir, "gateway.crt"), KeyFile: filepath.Join(g.dir, "gateway.key"),
-		APIURL: "https://" + addr, APICAFile: filepath.Join(g.pkiDir, ca.FileServingCACert),
-		Metrics: gateway.MetricsConfig{Listen: g.metricsListen},
-	}, gateway.Options{Log: g.log})
-	if err != nil {
-		g.errc <- err
-		g.cancel()
-		return
-	}
-	g.started = true
-	go func() {
-		defer close(g.done)
-		served := make(chan error, 1)
-		go func() { served <- gw.Serve(g.ln) }()
-		g.log.Info("gateway listening", "addr", g.ln.Addr().String())
-		select {
-		case err := <-served:
-			if err != nil {
-				g.errc <- err
-				g.cancel()
-			}
-			return
-		case <-ctx.Done():
-		}
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		_ = gw.Shutdown(sctx)
-	}()
-}
-
-// wait waits for a started gateway to stop and returns its failure, if any.
-func (g *devGateway) wait() error {
-	if g.started {
-		<-g.done
-	}
-	select {
-	case err := <-g.errc:
-		return err
-	default:
-		return nil
-	}
 }
 
 // devReady writes what a person needs once the API listens (dev.env, the

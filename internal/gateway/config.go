@@ -74,6 +74,11 @@ type Config struct {
 	// Tracing exports OpenTelemetry traces ([tracing] otlp_endpoint); off
 	// by default.
 	Tracing tracing.Config `toml:"tracing"`
+
+	// local: the gateway runs in the API's process and relays to it in
+	// memory (Options.LocalAPI, inprocess.go): no api_url, no api_ca_file,
+	// and the API's own log and traces.
+	local bool
 }
 
 // LoadConfig reads a TOML config file; unknown keys are errors.
@@ -113,6 +118,16 @@ func badKey(key, format string, args ...any) *errs.E {
 	return e
 }
 
+// ValidateInProcess applies defaults and checks c as the config of a
+// gateway in the API's own process (better-compute serve's [gateway]
+// listen): it relays to the API in memory, so api_url, api_urls and
+// api_ca_file are refused, and it logs and traces with the API's [log] and
+// [tracing]. New checks it again when Options.LocalAPI is set.
+func (c *Config) ValidateInProcess() error {
+	c.local = true
+	return c.validate()
+}
+
 // validate applies defaults and checks every key; New calls it too, so a
 // Config built in code gets the same checks as a file.
 func (c *Config) validate() error {
@@ -128,29 +143,12 @@ func (c *Config) validate() error {
 	if c.KeyFile == "" {
 		return badKey("key_file", "is required (the PKCS#8 key from better-compute pki issue-gateway)")
 	}
-	switch {
-	case c.APIURL == "" && len(c.APIURLs) == 0:
-		return badKey("api_url", "is required (the API's agent listener, https://host:port), or api_urls for several replicas")
-	case c.APIURL != "" && len(c.APIURLs) > 0:
-		return badKey("api_urls", "set api_url or api_urls, not both")
-	}
-	key := "api_url"
-	if len(c.APIURLs) > 0 {
-		key = "api_urls"
-	}
-	seen := map[string]bool{}
-	for _, a := range c.apiURLs() {
-		u, err := url.Parse(a)
-		if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return badKey(key, "must be an https://host:port URL, got %q", a)
+	if c.local {
+		if err := c.checkInProcess(); err != nil {
+			return err
 		}
-		if seen[u.Host] {
-			return badKey(key, "lists %s twice", u.Host)
-		}
-		seen[u.Host] = true
-	}
-	if c.APICAFile == "" {
-		return badKey("api_ca_file", "is required (the serving CA PEM that verifies the API's agent listener)")
+	} else if err := c.checkUpstreams(); err != nil {
+		return err
 	}
 	switch {
 	case c.MaxBodyBytes < 0:
@@ -193,8 +191,58 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// checkUpstreams checks api_url or api_urls, and api_ca_file.
+func (c *Config) checkUpstreams() error {
+	switch {
+	case c.APIURL == "" && len(c.APIURLs) == 0:
+		return badKey("api_url", "is required (the API's agent listener, https://host:port), or api_urls for several replicas")
+	case c.APIURL != "" && len(c.APIURLs) > 0:
+		return badKey("api_urls", "set api_url or api_urls, not both")
+	}
+	key := "api_url"
+	if len(c.APIURLs) > 0 {
+		key = "api_urls"
+	}
+	seen := map[string]bool{}
+	for _, a := range c.apiURLs() {
+		u, err := url.Parse(a)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return badKey(key, "must be an https://host:port URL, got %q", a)
+		}
+		if seen[u.Host] {
+			return badKey(key, "lists %s twice", u.Host)
+		}
+		seen[u.Host] = true
+	}
+	if c.APICAFile == "" {
+		return badKey("api_ca_file", "is required (the serving CA PEM that verifies the API's agent listener)")
+	}
+	return nil
+}
+
+// checkInProcess refuses the keys that mean nothing to a gateway in the
+// API's process.
+func (c *Config) checkInProcess() error {
+	switch {
+	case c.APIURL != "":
+		return badKey("api_url", "is not used by a gateway in the API's process: it calls the API in memory")
+	case len(c.APIURLs) > 0:
+		return badKey("api_urls", "is not used by a gateway in the API's process: it calls the API in memory")
+	case c.APICAFile != "":
+		return badKey("api_ca_file", "is not used by a gateway in the API's process: it calls the API in memory")
+	case c.Log != telemetry.LogConfig{}:
+		return badKey("log", "a gateway in the API's process logs with the API's [log]")
+	case c.Tracing.OTLPEndpoint != "" || c.Tracing.SampleRatio != nil || c.Tracing.ServiceName != "":
+		return badKey("tracing", "a gateway in the API's process traces with the API's [tracing]")
+	}
+	return nil
+}
+
 // apiURLs returns the API replicas' agent listeners.
 func (c *Config) apiURLs() []string {
+	if c.local {
+		return []string{LocalAPIURL}
+	}
 	if len(c.APIURLs) > 0 {
 		return c.APIURLs
 	}

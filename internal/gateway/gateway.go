@@ -78,6 +78,9 @@ type Options struct {
 	// attempt, whose context goes upstream (nil: the global provider, a
 	// no-op unless tracing.Setup ran).
 	Tracer trace.TracerProvider
+	// LocalAPI, when set, is the API's agent handler in this process: the
+	// gateway relays to it in memory instead of api_url (inprocess.go).
+	LocalAPI http.Handler
 }
 
 // Gateway relays agent calls to the API. Build it with New.
@@ -112,6 +115,7 @@ type Gateway struct {
 // New loads the gateway's certificate and the API's CA and builds the
 // upstream client. Errors are INVALID_CONFIG naming the key.
 func New(cfg Config, o Options) (*Gateway, error) {
+	cfg.local = o.LocalAPI != nil
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -135,48 +139,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	leaf := pair.Get().Leaf
 	g.pair = pair
-	roots, err := certfile.LoadPool(cfg.APICAFile, g.log)
-	if err != nil {
-		return nil, badKey("api_ca_file", "%v", err)
-	}
-
-	newTransport := func() *http.Transport {
-		return &http.Transport{
-			Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			ForceAttemptHTTP2:     true,
-			TLSHandshakeTimeout:   10 * time.Second,
-			MaxIdleConns:          256,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			ExpectContinueTimeout: time.Second,
-			// SECURITY: the API is authenticated against the serving CA only,
-			// never the system roots, and sees the gateway's own certificate.
-			TLSClientConfig: &tls.Config{
-				MinVersion: tls.VersionTLS12,
-				// Verified by VerifyConnection against the CA file in
-				// force (it may gain the next serving CA).
-				InsecureSkipVerify: true,
-				VerifyConnection: func(cs tls.ConnectionState) error {
-					return certfile.VerifyServer(cs, roots.Get())
-				},
-				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.Get(), nil },
-			},
-			// Health pings find a dead API connection before a call waits on it.
-			// The smallest frames HTTP/2 allows: the API answers with frames of
-			// this size, and agent messages are small (max_body_bytes).
-			// Windows are not allocations, but a stream's receive buffer can
-			// grow to its window if a reader lags: 256 KiB bounds it.
-			HTTP2: &http.HTTP2Config{
-				SendPingTimeout:           30 * time.Second,
-				PingTimeout:               15 * time.Second,
-				MaxReadFrameSize:          16 << 10,
-				MaxReceiveBufferPerStream: 256 << 10,
-			},
-		}
-	}
-	for _, u := range cfg.apiURLs() {
-		g.ups = append(g.ups, g.newUpstream(u, newTransport))
+	if o.LocalAPI != nil {
+		g.ups = []*upstream{g.newLocalUpstream(o.LocalAPI)}
+	} else if err := g.remoteUpstreams(pair); err != nil {
+		return nil, err
 	}
 
 	g.newMetrics()

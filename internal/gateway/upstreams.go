@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
@@ -38,18 +40,25 @@ const (
 	healthTimeout = 700 * time.Millisecond
 )
 
+// roundTripper is an upstream's transport: an *http.Transport to an agent
+// listener, or localTransport in the API's process (inprocess.go).
+type roundTripper interface {
+	http.RoundTripper
+	CloseIdleConnections()
+}
+
 // upstream is one API replica's agent listener.
 type upstream struct {
 	base string
 	// tr carries joins, renewals and health checks.
-	tr   *http.Transport
+	tr   roundTripper
 	http *http.Client
 	join agentv1connect.JoinServiceClient
 	// raw relays the binary join and renewal calls as bytes, by procedure.
 	raw map[string]*connect.Client[rawMsg, rawMsg]
 	// sessions relay node sessions over UpstreamConns transports.
 	sessions []agentv1connect.SessionServiceClient
-	sessTrs  []*http.Transport
+	sessTrs  []roundTripper
 	next     atomic.Uint64
 	down     atomic.Bool
 	// mu guards outC, closed when the replica is taken out (a hedged call
@@ -99,9 +108,58 @@ func (u *upstream) session() agentv1connect.SessionServiceClient {
 	return u.sessions[int(u.next.Add(1)%uint64(len(u.sessions)))]
 }
 
+// remoteUpstreams builds an upstream per api_urls entry: mTLS with the
+// gateway's certificate (pair), the API verified against api_ca_file.
+func (g *Gateway) remoteUpstreams(pair *certfile.Pair) error {
+	roots, err := certfile.LoadPool(g.cfg.APICAFile, g.log)
+	if err != nil {
+		return badKey("api_ca_file", "%v", err)
+	}
+
+	newTransport := func() roundTripper {
+		return &http.Transport{
+			Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   10 * time.Second,
+			MaxIdleConns:          256,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ExpectContinueTimeout: time.Second,
+			// SECURITY: the API is authenticated against the serving CA only,
+			// never the system roots, and sees the gateway's own certificate.
+			TLSClientConfig: &tls.Config{
+				MinVersion: tls.VersionTLS12,
+				// Verified by VerifyConnection against the CA file in
+				// force (it may gain the next serving CA).
+				InsecureSkipVerify: true,
+				VerifyConnection: func(cs tls.ConnectionState) error {
+					return certfile.VerifyServer(cs, roots.Get())
+				},
+				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.Get(), nil },
+			},
+			// Health pings find a dead API connection before a call waits on it.
+			// The smallest frames HTTP/2 allows: the API answers with frames of
+			// this size, and agent messages are small (max_body_bytes).
+			// Windows are not allocations, but a stream's receive buffer can
+			// grow to its window if a reader lags: 256 KiB bounds it.
+			HTTP2: &http.HTTP2Config{
+				SendPingTimeout:           30 * time.Second,
+				PingTimeout:               15 * time.Second,
+				MaxReadFrameSize:          16 << 10,
+				MaxReceiveBufferPerStream: 256 << 10,
+			},
+		}
+	}
+	for _, u := range g.cfg.apiURLs() {
+		g.ups = append(g.ups, g.newUpstream(u, newTransport))
+	}
+	return nil
+}
+
 // newUpstream builds the clients of one replica; newTransport makes each
 // connection's transport.
-func (g *Gateway) newUpstream(apiURL string, newTransport func() *http.Transport) *upstream {
+func (g *Gateway) newUpstream(apiURL string, newTransport func() roundTripper) *upstream {
 	base := strings.TrimSuffix(apiURL, "/")
 	u := &upstream{base: base, tr: newTransport(), raw: map[string]*connect.Client[rawMsg, rawMsg]{}, outC: make(chan struct{})}
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -60,6 +60,31 @@ func (a *agent) Keys(ctx context.Context, req *connect.Request[agentv1.KeysReque
 // AgentTLSConfig); requests without a verified client certificate are
 // refused here too, so mounting it elsewhere by mistake exposes nothing.
 func (s *Server) AgentHandler() http.Handler {
+	h := s.agentMux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// LocalAgentHandler is the agent protocol for a gateway in this process
+// (serve's [gateway] listen, and dev), which calls it in memory: the same
+// handlers as AgentHandler without the client-certificate check.
+//
+// SECURITY: the caller's authority is holding this value; it stands in for
+// the gateway's mTLS identity. server.Run hands it to the gateway it builds
+// and to nothing else: never serve it on a listener. The gateway sets the
+// Bc-Peer-* headers from the daemon's connection as it does over the
+// network and never forwards a daemon's own (internal/gateway/inprocess.go
+// says what binds each field).
+func (s *Server) LocalAgentHandler() http.Handler { return s.agentMux() }
+
+// agentMux is the agent protocol's routes: JoinService, SessionService and
+// the readiness gateways check.
+func (s *Server) agentMux() http.Handler {
 	// SECURITY: no request decompression on this listener either (see
 	// New): connect-go inflates a compressed message to its end before it
 	// refuses it as too large, and the gateway relaying here is not
@@ -79,14 +104,7 @@ func (s *Server) AgentHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", s.ready)
 	// A server span per call, a child of the gateway's (trace context
 	// carries no authority: it only labels spans).
-	traced := tracing.Handler(s.cfg.Tracer, mux)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			http.Error(w, "a gateway client certificate is required\n", http.StatusForbidden)
-			return
-		}
-		traced.ServeHTTP(w, r)
-	})
+	return tracing.Handler(s.cfg.Tracer, mux)
 }
 
 // Join exposes JoinService in-process (tests and the load generator's

@@ -6,8 +6,10 @@ package server
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/tpm"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -75,11 +78,21 @@ type PKIConfig struct {
 	Dir string `toml:"dir"`
 }
 
-// GatewayConfig is what the well-known document publishes about the gateway.
+// GatewayConfig is what the well-known document publishes about the
+// gateway (url, server_name) and, with listen set, a gateway run in this
+// process: the keys of better-compute gateway's config (listen, cert_file,
+// key_file, the limits, [gateway.metrics]) without api_url and api_ca_file,
+// because it calls the API's agent handler in memory instead of the agent
+// listener (internal/gateway/inprocess.go). The split deployment (serve and
+// better-compute gateway) is the one for regions.
 type GatewayConfig struct {
 	URL        string `toml:"url"`
 	ServerName string `toml:"server_name"`
+	gateway.Config
 }
+
+// InProcess reports whether serve runs the gateway itself.
+func (g GatewayConfig) InProcess() bool { return g.Listen != "" }
 
 // AgentConfig is the listener gateways relay the agent protocol to. It
 // requires TLS client certificates from the serving CA (gateway identities)
@@ -267,10 +280,39 @@ func (c *Config) validate() error {
 	if c.Gateway.URL != "" && !strings.HasPrefix(c.Gateway.URL, "https://") {
 		return errs.New(errs.InvalidConfig, "config: gateway.url must be an https:// URL")
 	}
+	if err := c.validateGateway(); err != nil {
+		return err
+	}
 	if c.Store.Driver == "" || c.Store.Driver == "sqlite" {
 		if c.Store.Path == "" {
 			return errs.New(errs.InvalidConfig, "config: store.path (the SQLite file) is required, or set store.driver = \"postgres\" and store.dsn")
 		}
+	}
+	return nil
+}
+
+// validateGateway checks the in-process gateway's keys with the gateway's
+// own rules; without gateway.listen, none of them may be set.
+func (c *Config) validateGateway() error {
+	if !c.Gateway.InProcess() {
+		if !reflect.ValueOf(c.Gateway.Config).IsZero() {
+			return errs.New(errs.InvalidConfig, "config: gateway.listen is required to run the gateway in this process (the other [gateway] keys beside url and server_name configure it)")
+		}
+		return nil
+	}
+	if c.PKI.Dir == "" {
+		return errs.New(errs.InvalidConfig, "config: gateway.listen needs pki.dir (the gateway relays to JoinService)")
+	}
+	if err := c.Gateway.ValidateInProcess(); err != nil {
+		var e *errs.E
+		if errors.As(err, &e) {
+			// Keys as this file names them.
+			e.Message = strings.Replace(e.Message, "gateway config: ", "config: gateway.", 1)
+			if e.Field != "" {
+				e.Field = "gateway." + e.Field
+			}
+		}
+		return err
 	}
 	return nil
 }

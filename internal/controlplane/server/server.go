@@ -55,6 +55,13 @@ type Options struct {
 	// Clock times the rate limit of the listeners' error lines (nil: the
 	// wall clock).
 	Clock clock.Clock
+	// GatewayListener, when set, is where the in-process gateway ([gateway]
+	// listen) serves instead of listening itself (dev opens it first: its
+	// address goes into the well-known document).
+	GatewayListener net.Listener
+	// GatewayReady and GatewayMetricsReady receive the in-process
+	// gateway's address and its [gateway.metrics] listener's.
+	GatewayReady, GatewayMetricsReady func(addr string)
 }
 
 // ErrorLinesPerMinute is how many net/http error lines (TLS handshake
@@ -108,7 +115,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	// line (a failed or timed-out TLS handshake): they are rate-limited
 	// per listener and kind, naming the peer and the count suppressed.
 	errLog := ratelimit.NewLogger(log, ratelimit.New(o.Clock, ErrorLinesPerMinute, time.Minute))
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	hs := serveAPI(cfg, ln, handler, apiCert, errLog, errc)
 	// Every server started is closed on every way out of Run: a listener
 	// that fails to start, or one that fails while serving, must not leave
@@ -136,6 +143,17 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	}
 	stopBackground := runBackground(ctx, cfg.Export, db, srv, log)
 	defer stopBackground()
+	gw, err := serveGateway(cfg, o, log, srv, errc)
+	if err != nil {
+		return err
+	}
+	// On a failure below, the gateway stops with the rest (a shutdown
+	// after the graceful one is harmless).
+	defer func() {
+		sctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		stopGateway(sctx, gw)
+	}()
 
 	scheme := "http"
 	if cfg.TLS.CertFile != "" {
@@ -153,6 +171,10 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
+	// The in-process gateway first: it ends the sessions it relays (their
+	// daemons reconnect) and finishes its joins and renewals while the API
+	// still answers them.
+	stopGateway(sctx, gw)
 	if ms != nil {
 		_ = ms.Shutdown(sctx)
 	}
