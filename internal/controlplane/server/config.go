@@ -338,6 +338,15 @@ dir = "/var/lib/better-compute/pki"
 [gateway]                  # published in the well-known document
 url = "https://gw.eu.example.com"
 server_name = "gw.eu.example.com"
+# One process when one machine is enough: serve runs the gateway too and
+# calls the API in memory (no [agent] listener needed; regions run
+# better-compute gateway instead). The gateway's keys, without api_url:
+# listen = ":443"
+# cert_file = "/etc/better-compute/gateway.crt"   # better-compute pki issue-gateway --san gw.eu.example.com
+# key_file = "/etc/better-compute/gateway.key"
+# max_sessions = 100000
+# [gateway.metrics]
+# listen = "127.0.0.1:9465"  # the gateway's /metrics, /livez, /readyz
 
 [agent]                    # where gateways relay joins (mTLS, serving-CA client certs)
 listen = ":8444"
