@@ -7,6 +7,23 @@ import (
 	"time"
 )
 
+// parseCase parses a case's TOML: with wantErr, it checks the error names
+// it and reports false; without, it fails the test on any error.
+func parseCase(t *testing.T, toml, wantErr string) (Config, bool) {
+	t.Helper()
+	cfg, err := ParseConfig([]byte(toml))
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("got %v, want an error containing %q", err, wantErr)
+		}
+		return cfg, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, true
+}
+
 // R10.5: [join] attestors names JoinService's attestors: join-token by
 // default, x509pop on request, and anything else is a config error.
 func TestJoinAttestorsConfigR10_5(t *testing.T) {
@@ -26,15 +43,9 @@ func TestJoinAttestorsConfigR10_5(t *testing.T) {
 		{name: "empty", toml: base + "[join]\nattestors = []\n", err: "join.attestors is empty"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(c.toml))
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("got %v, want an error containing %q", err, c.err)
-				}
+			cfg, ok := parseCase(t, c.toml, c.err)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if !slices.Equal(cfg.Join.Attestors, c.want) {
 				t.Errorf("attestors %v, want %v", cfg.Join.Attestors, c.want)
@@ -59,15 +70,9 @@ func TestJoinSVIDFormConfigR20_1(t *testing.T) {
 		{name: "unknown", toml: base + "[join]\nsvid_form = \"strict\"\n", err: `join.svid_form must be "page" or "spiffe-strict"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(c.toml))
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("got %v, want an error containing %q", err, c.err)
-				}
+			cfg, ok := parseCase(t, c.toml, c.err)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if cfg.Join.SVIDForm != c.want {
 				t.Errorf("svid_form %q, want %q", cfg.Join.SVIDForm, c.want)
@@ -94,15 +99,9 @@ func TestJoinVouchWaitConfigR10_4(t *testing.T) {
 		{name: "not a duration", toml: base + "[join]\nvouch_wait = \"soon\"\n", err: "vouch_wait"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(c.toml))
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("got %v, want an error containing %q", err, c.err)
-				}
+			cfg, ok := parseCase(t, c.toml, c.err)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if cfg.Join.VouchWait != c.want {
 				t.Errorf("vouch_wait %s, want %s", cfg.Join.VouchWait, c.want)

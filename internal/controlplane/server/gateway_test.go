@@ -1,7 +1,6 @@
 package server
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/better-compute/better-compute/internal/gateway"
@@ -27,15 +26,9 @@ func TestInProcessGatewayConfig(t *testing.T) {
 		{name: "unknown key", toml: base + gw + "bogus = 1\n", err: "unknown keys: gateway.bogus"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := ParseConfig([]byte(c.toml))
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("got %v, want an error containing %q", err, c.err)
-				}
+			cfg, ok := parseCase(t, c.toml, c.err)
+			if !ok {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.name == "in process" && (!cfg.Gateway.InProcess() || cfg.Gateway.MaxSessions != 7 || cfg.Gateway.Metrics.Listen != "127.0.0.1:9465" ||
 				cfg.Gateway.MaxConcurrent != gateway.DefaultMaxConcurrent) {
