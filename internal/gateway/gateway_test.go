@@ -366,20 +366,29 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 }
 
-func BenchmarkRelayJoin(b *testing.B) { benchmarkRelayJoin(b, nil) }
+func BenchmarkRelayJoin(b *testing.B) { benchmarkRelayJoin(b, nil, false) }
 
 // BenchmarkRelayJoinTraced is BenchmarkRelayJoin with tracing on: every
 // relay records a server and a client span (exported to nowhere).
 func BenchmarkRelayJoinTraced(b *testing.B) {
 	tp := tracing.NewProvider(tracing.Config{}, tracing.ServiceGateway, sdktrace.WithSyncer(tracetest.NewNoopExporter()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	benchmarkRelayJoin(b, tp)
+	benchmarkRelayJoin(b, tp, false)
 }
 
-func benchmarkRelayJoin(b *testing.B, tp trace.TracerProvider) {
+// benchmarkRelayJoin relays joins to the fake API over mTLS, or, local,
+// to its handler in memory (a gateway in the API's process).
+func benchmarkRelayJoin(b *testing.B, tp trace.TracerProvider, local bool) {
 	e := newEnv(b)
 	f := newFakeAPI(b, e)
-	_, gw := startGatewayWith(b, e.config(f.URL()), Options{Log: quietLog(), Tracer: tp})
+	cfg, o := e.config(f.URL()), Options{Log: quietLog(), Tracer: tp}
+	if local {
+		path, h := agentv1connect.NewJoinServiceHandler(f)
+		mux := http.NewServeMux()
+		mux.Handle(path, h)
+		cfg, o.LocalAPI = e.localConfig(), mux
+	}
+	_, gw := startGatewayWith(b, cfg, o)
 	d := newDaemon(b, e, gw)
 	req := joinRequest("eyJhbGciOiJFQ0RILUVTK0EyNTZLVyJ9.a.b.c.d")
 	// Warm both connections.

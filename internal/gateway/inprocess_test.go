@@ -360,3 +360,8 @@ func TestValidateInProcess(t *testing.T) {
 		t.Error("New without LocalAPI and without api_url succeeded")
 	}
 }
+
+// BenchmarkRelayJoinInProcess is BenchmarkRelayJoin with the gateway in
+// the API's process: the same relay, the fake API's handler called in
+// memory instead of over a loopback mTLS HTTP/2 connection.
+func BenchmarkRelayJoinInProcess(b *testing.B) { benchmarkRelayJoin(b, nil, true) }
