@@ -85,7 +85,10 @@ func (g *Gateway) newLocalUpstream(h http.Handler) *upstream {
 
 // localTransport serves each request with h in memory, as an HTTP/2
 // server would: the request and response bodies stream both ways at once
-// (a session's stream), trailers arrive after the body, and the call ends
+// (a session's stream; the answer through a buffer of localWindow, the
+// request read by the handler as the gateway's client writes it: the
+// API's session service reads its stream on a goroutine of its own),
+// trailers arrive after the body, and the call ends
 // for the handler (its context is cancelled, its body reads and writes
 // fail) when the caller's context ends or it closes the response body
 // early, as a stream reset would.
