@@ -79,11 +79,22 @@ const (
 
 // Join phases (LabelPhase): check is the request's shape, CSR and seal
 // (before any database work); admit is the transaction (attest, decide,
-// sign, commit).
+// sign, commit). Seal, attest, sign and commit are parts of those two:
+// seal is opening the sealed token (in check); attest is the attestor's
+// verification, sign the certificate's issuance (both inside the
+// transaction, once per attempt); commit is from the transaction's last
+// statement to its commit returning, the group commit's wait included.
 const (
-	PhaseCheck = "check"
-	PhaseAdmit = "admit"
+	PhaseCheck  = "check"
+	PhaseAdmit  = "admit"
+	PhaseSeal   = "seal"
+	PhaseAttest = "attest"
+	PhaseSign   = "sign"
+	PhaseCommit = "commit"
 )
+
+// phases are the join phases in the order API.Phase indexes them.
+var phases = [...]string{PhaseCheck, PhaseAdmit, PhaseSeal, PhaseAttest, PhaseSign, PhaseCommit}
 
 // Command events (LabelEvent).
 const (
