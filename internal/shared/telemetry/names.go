@@ -118,6 +118,7 @@ const (
 	LogAttestor = "attestor"
 	LogReason   = "reason"
 	LogTraceID  = "trace_id"
+	LogSpanID   = "span_id"
 	LogPeer     = "peer"
 	LogErr      = "err"
 )
