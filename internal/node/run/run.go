@@ -59,6 +59,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -241,7 +242,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.cfg.Renewer != nil {
 		go func() {
 			if err := d.cfg.Renewer.Loop(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("certificate renewal stopped", "err", err)
+				d.log.Error("certificate renewal stopped", telemetry.LogErr, err)
 			}
 		}()
 	}
@@ -268,14 +269,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 			break
 		}
 		if wire.IsNodeRetired(err) {
-			d.log.Error("this node was retired: stopping", "node", id.NodeID)
+			d.log.Error("this node was retired: stopping", telemetry.LogNodeID, id.NodeID)
 			return fmt.Errorf("%w", ErrRetired)
 		}
 		if d.cfg.OnSessionEnded != nil {
 			d.cfg.OnSessionEnded(err)
 		}
 		if d.lifecycleEnd(id, err) {
-			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", "err", err)
+			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", telemetry.LogErr, err)
 			continue
 		}
 		if d.clock.Since(start) >= stableAfter {
@@ -283,7 +284,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		failures++
 		wait := reconnectWait(failures, d.rand())
-		d.log.Warn("session ended", "err", err, "reconnect_in", wait.Round(time.Millisecond).String(), "attempt", failures)
+		d.log.Warn("session ended", telemetry.LogErr, err, telemetry.LogReconnectIn, wait.Round(time.Millisecond).String(), telemetry.LogAttempt, failures)
 		d.sleepOrRenewed(ctx, wait)
 	}
 	d.log.Info("shutting down")
@@ -425,14 +426,14 @@ func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host str
 	d.learnWelcome(w)
 	// R19.3: the API's time, over the session's mTLS stream.
 	if _, err := d.serverTime.Learn(w.GetServerTimeUnixMs()); err != nil {
-		d.log.Warn("not correcting for the control plane's time", "err", err)
+		d.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
 	}
 	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
 	if beat <= 0 {
 		beat = defaultHeartbeat
 	}
 	d.beat = beat
-	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
+	d.log.Info("session open", telemetry.LogNodeID, id.NodeID, telemetry.LogGateway, host, telemetry.LogHeartbeat, beat.String())
 	if !d.ready {
 		d.ready = true
 		d.notify("READY=1")
@@ -486,7 +487,7 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 		case res = <-d.results:
 			signed, err := d.sign(id, res)
 			if err != nil {
-				d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+				d.log.Error("sign a command result", telemetry.LogCommand, res.res.GetCommandId(), telemetry.LogErr, err)
 				d.sent(res)
 				continue
 			}
@@ -546,7 +547,7 @@ func (d *Daemon) requeueResult(a *answer) {
 	select {
 	case d.results <- a:
 	default:
-		d.log.Warn("command answer dropped: too many waiting", "command", a.res.GetCommandId())
+		d.log.Warn("command answer dropped: too many waiting", telemetry.LogCommand, a.res.GetCommandId())
 		d.sent(a)
 	}
 }
@@ -625,7 +626,7 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 	res := &agentv1.CommandResult{CommandId: body.GetCommandId()}
 	a := &answer{res: res, generation: body.GetIdentityGeneration()}
 	if refused != "" {
-		d.log.Warn("command refused", "command", body.GetCommandId(), "kind", body.GetKind(), "reason", refused)
+		d.log.Warn("command refused", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind(), telemetry.LogReason, refused)
 		res.Error = refused
 		return a
 	}
@@ -633,13 +634,13 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 	state, err := d.ran.begin(body.GetCommandId(), time.UnixMilli(body.GetExpiresAtUnixMs()))
 	switch {
 	case err != nil:
-		d.log.Error("command not run: it could not be recorded first", "command", body.GetCommandId(), "err", err)
+		d.log.Error("command not run: it could not be recorded first", telemetry.LogCommand, body.GetCommandId(), telemetry.LogErr, err)
 		res.Error = "not run: cannot record it before running it: " + err.Error()
 		return a
 	case state == ranRunning:
 		return nil
 	case state == ranBefore:
-		d.log.Warn("command refused: this node ran it already", "command", body.GetCommandId(), "kind", body.GetKind())
+		d.log.Warn("command refused: this node ran it already", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind())
 		res.Error = RefusedReplayed
 		return a
 	}
@@ -650,6 +651,6 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 		return a
 	}
 	res.Ok, res.Output = true, out
-	d.log.Info("command done", "command", body.GetCommandId(), "kind", body.GetKind())
+	d.log.Info("command done", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind())
 	return a
 }

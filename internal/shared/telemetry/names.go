@@ -111,7 +111,8 @@ const (
 	DecisionExpired = "expired"
 )
 
-// Log keys: the same on every process.
+// Log keys: the same on every process. bcd's packages use only these
+// (TestNodeLogKeysR17_3 checks).
 const (
 	LogNodeID   = "node_id"
 	LogTenant   = "tenant"
@@ -121,4 +122,44 @@ const (
 	LogSpanID   = "span_id"
 	LogPeer     = "peer"
 	LogErr      = "err"
+
+	// LogGateway is the gateway a node dials (its URL or host).
+	LogGateway = "gateway"
+	// LogCommand is a command's id; LogKind a command's or a pin set's
+	// kind.
+	LogCommand = "command"
+	LogKind    = "kind"
+	// LogSerial and LogPreviousSerial are certificate serials; LogNotAfter
+	// a certificate's expiry (RFC 3339).
+	LogSerial         = "serial"
+	LogPreviousSerial = "previous_serial"
+	LogNotAfter       = "not_after"
+	// LogAttempt counts the failures in a row; LogRetryIn and
+	// LogReconnectIn are the waits before the next try; LogMargin how long
+	// before expiry a certificate counts as expiring; LogHeartbeat a
+	// session's heartbeat interval.
+	LogAttempt     = "attempt"
+	LogRetryIn     = "retry_in"
+	LogReconnectIn = "reconnect_in"
+	LogMargin      = "margin"
+	LogHeartbeat   = "heartbeat"
+	// LogAddr is a listener's address; LogState a systemd notify state.
+	LogAddr  = "addr"
+	LogState = "state"
+	// LogFile and LogConfig are paths; LogLines and LogMachines counts of
+	// a site's booted-machines file.
+	LogFile       = "file"
+	LogConfigFile = "config"
+	LogLines      = "lines"
+	LogMachines   = "machines"
+	// LogSource is where learned keys came from (welcome, keys, join);
+	// LogAdded, LogRetired and LogPins what a pin set learned and holds;
+	// LogStatements the key statements a gateway offered.
+	LogSource     = "source"
+	LogAdded      = "added"
+	LogRetired    = "retired"
+	LogPins       = "pins"
+	LogStatements = "statements"
+	// LogWarning is a hardware claim's warning.
+	LogWarning = "warning"
 )
