@@ -143,7 +143,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if as != nil {
 		started = append(started, as)
 	}
-	stopBackground := runBackground(ctx, cfg.Export, db, srv, log)
+	exp := cfg.Export
+	if fleet != nil {
+		exp.Metrics = reg
+	}
+	stopBackground := runBackground(ctx, exp, db, srv, log)
 	defer stopBackground()
 
 	scheme := "http"

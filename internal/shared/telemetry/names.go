@@ -24,6 +24,12 @@ const (
 	KeyExpirySeconds    = "bc_pki_key_expiry_seconds"
 	Commands            = "bc_commands_total"
 	RefusalsSuppressed  = "bc_refusal_events_suppressed_total"
+
+	// The export of events and audit rows to sinks (R17.4), on the
+	// replica holding the export lease.
+	ExportRows       = "bc_export_rows_total"
+	ExportErrors     = "bc_export_errors_total"
+	ExportLagSeconds = "bc_export_lag_seconds"
 )
 
 // Metric names of a gateway.
@@ -57,6 +63,8 @@ const (
 	LabelEvent    = "event"
 	LabelKind     = "kind"
 	LabelUpstream = "upstream"
+	// LabelSink is an export sink's name (from the config: bounded).
+	LabelSink = "sink"
 )
 
 // Outcomes of a join or a renewal (LabelOutcome).
