@@ -1,13 +1,11 @@
 package run_test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -17,29 +15,17 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
+	"github.com/better-compute/better-compute/internal/shared/tracing/tracingtest"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
-// exported is one process's tracer provider and what it exported.
-type exported struct {
-	tp  *sdktrace.TracerProvider
-	exp *tracetest.InMemoryExporter
-}
-
-func newExported(t *testing.T, service string) exported {
-	exp := tracetest.NewInMemoryExporter()
-	tp := tracing.NewProvider(tracing.Config{}, service, sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return exported{tp: tp, exp: exp}
-}
-
-// spans returns the spans named name of kind, polling until there is one
-// (a stream's server span ends when its handler returns).
-func (e exported) span(t *testing.T, name string, kind trace.SpanKind, parent trace.SpanID) tracetest.SpanStub {
+// span returns p's span named name of kind under parent, polling until
+// there is one (a stream's server span ends when its handler returns).
+func span(t *testing.T, p tracingtest.Process, name string, kind trace.SpanKind, parent trace.SpanID) tracetest.SpanStub {
 	t.Helper()
 	var found tracetest.SpanStub
 	eventually(t, name+" span under "+parent.String(), func() bool {
-		for _, s := range e.exp.GetSpans() {
+		for _, s := range p.Exp.GetSpans() {
 			if s.Name == name && s.SpanKind == kind && s.Parent.SpanID() == parent {
 				found = s
 				return true
@@ -70,13 +56,13 @@ func jsonLine(t *testing.T, b *syncBuffer, msg string) map[string]any {
 // handled in a span under the session's open, and bcd's lines for the
 // open and the command carry their trace and span ids.
 func TestSessionIsOneTraceR17_3(t *testing.T) {
-	bcd, gw, api := newExported(t, tracing.ServiceBCD), newExported(t, tracing.ServiceGateway), newExported(t, tracing.ServiceAPI)
+	bcd, gw, api := tracingtest.New(t, tracing.ServiceBCD), tracingtest.New(t, tracing.ServiceGateway), tracingtest.New(t, tracing.ServiceAPI)
 	c := clock.NewFake(time.Now())
-	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Clock: c, Tracer: api.tp})
+	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Clock: c, Tracer: api.TP})
 	h := newHarness(t, e, c)
 	m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 40, 6)
 
-	h.gwTracer, h.bcdTracer = gw.tp, bcd.tp
+	h.gwTracer, h.bcdTracer = gw.TP, bcd.TP
 	var logs syncBuffer
 	log, err := telemetry.NewLogger(&logs, telemetry.LogConfig{Format: telemetry.FormatJSON})
 	if err != nil {
@@ -92,13 +78,13 @@ func TestSessionIsOneTraceR17_3(t *testing.T) {
 	p.stop(t) // the stream's server spans end with the session
 
 	const connect = "bettercompute.agent.v1.SessionService/Connect"
-	open := bcd.span(t, tracing.SpanSessionOpen, trace.SpanKindInternal, trace.SpanID{})
-	bcdClient := bcd.span(t, connect, trace.SpanKindClient, open.SpanContext.SpanID())
-	gwServer := gw.span(t, connect, trace.SpanKindServer, bcdClient.SpanContext.SpanID())
-	gwClient := gw.span(t, connect, trace.SpanKindClient, gwServer.SpanContext.SpanID())
-	apiServer := api.span(t, connect, trace.SpanKindServer, gwClient.SpanContext.SpanID())
-	tx := api.span(t, tracing.SpanStoreTx, trace.SpanKindInternal, apiServer.SpanContext.SpanID())
-	cmd := bcd.span(t, tracing.SpanCommand, trace.SpanKindInternal, open.SpanContext.SpanID())
+	open := span(t, bcd, tracing.SpanSessionOpen, trace.SpanKindInternal, trace.SpanID{})
+	bcdClient := span(t, bcd, connect, trace.SpanKindClient, open.SpanContext.SpanID())
+	gwServer := span(t, gw, connect, trace.SpanKindServer, bcdClient.SpanContext.SpanID())
+	gwClient := span(t, gw, connect, trace.SpanKindClient, gwServer.SpanContext.SpanID())
+	apiServer := span(t, api, connect, trace.SpanKindServer, gwClient.SpanContext.SpanID())
+	tx := span(t, api, tracing.SpanStoreTx, trace.SpanKindInternal, apiServer.SpanContext.SpanID())
+	cmd := span(t, bcd, tracing.SpanCommand, trace.SpanKindInternal, open.SpanContext.SpanID())
 	tid := open.SpanContext.TraceID()
 	for _, s := range []tracetest.SpanStub{bcdClient, gwServer, gwClient, apiServer, tx, cmd} {
 		if s.SpanContext.TraceID() != tid {

@@ -33,22 +33,18 @@ func TestNodeLogKeysR17_3(t *testing.T) {
 			return err
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok {
+			call, recv, name := selectorCall(n)
+			if call == nil {
 				return true
 			}
-			sel, ok := call.Fun.(*ast.SelectorExpr)
-			if !ok {
-				return true
-			}
-			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "slog" {
+			if recv == "slog" {
 				// slog.String("key", v) and its kin: the key first.
-				if len(call.Args) > 0 && isLiteral(call.Args[0]) && sel.Sel.Name != "New" {
-					t.Errorf("%s: slog.%s key %s is a literal, not a telemetry.Log constant", fset.Position(call.Pos()), sel.Sel.Name, literal(call.Args[0]))
+				if len(call.Args) > 0 && isLiteral(call.Args[0]) && name != "New" {
+					t.Errorf("%s: slog.%s key %s is a literal, not a telemetry.Log constant", fset.Position(call.Pos()), name, literal(call.Args[0]))
 				}
 				return true
 			}
-			from, ok := logArgsFrom[sel.Sel.Name]
+			from, ok := logArgsFrom[name]
 			if !ok || len(call.Args) <= from {
 				return true
 			}
@@ -83,14 +79,23 @@ func literal(e ast.Expr) string { return e.(*ast.BasicLit).Value }
 
 // isAttr reports whether e is a slog.X(...) call (an Attr argument).
 func isAttr(e ast.Expr) bool {
-	c, ok := e.(*ast.CallExpr)
+	_, recv, _ := selectorCall(e)
+	return recv == "slog"
+}
+
+// selectorCall is n as a call x.name(...): the call, x's name when x is
+// an identifier ("" otherwise) and name; a nil call when n is not one.
+func selectorCall(n ast.Node) (call *ast.CallExpr, recv, name string) {
+	call, ok := n.(*ast.CallExpr)
 	if !ok {
-		return false
+		return nil, "", ""
 	}
-	sel, ok := c.Fun.(*ast.SelectorExpr)
+	sel, ok := call.Fun.(*ast.SelectorExpr)
 	if !ok {
-		return false
+		return nil, "", ""
 	}
-	x, ok := sel.X.(*ast.Ident)
-	return ok && x.Name == "slog"
+	if x, ok := sel.X.(*ast.Ident); ok {
+		recv = x.Name
+	}
+	return call, recv, sel.Sel.Name
 }
