@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/better-compute/better-compute/internal/tools/loadgen"
 )
@@ -20,6 +22,7 @@ func main() {
 	var cfg loadgen.Config
 	var tokenFile, pids string
 	var asJSON bool
+	var otlpSink string
 	flag.StringVar(&cfg.BCDConfig, "bcd-config", "", "a bcd config.toml (gateway, site, pins; join-encryption.jwk beside it)")
 	flag.StringVar(&tokenFile, "token-file", "", "file holding a join token with enough uses")
 	flag.IntVar(&cfg.Machines, "machines", 1000, "machines to join")
@@ -32,7 +35,15 @@ func main() {
 	flag.BoolVar(&cfg.MeasureFloor, "floor", true, "measure the crypto floor after the run and print the API's CPU as a multiple of it")
 	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
 	flag.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	flag.StringVar(&otlpSink, "otlp-sink", "", "only serve a discarding OTLP/HTTP trace receiver on this address until interrupted, then print the spans received")
 	flag.Parse()
+	if otlpSink != "" {
+		if err := serveOTLPSink(otlpSink); err != nil {
+			fmt.Fprintf(os.Stderr, "Error: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(cfg, tokenFile, pids, asJSON); err != nil {
 		fmt.Fprintf(os.Stderr, "Error: %v\n", err)
 		os.Exit(1)
@@ -96,6 +107,22 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 	}
 	fmt.Println(r.Summary())
 	return nil
+}
+
+// serveOTLPSink serves a loadgen.OTLPSink on addr until SIGINT or
+// SIGTERM, then prints what it received.
+func serveOTLPSink(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	var sink loadgen.OTLPSink
+	fmt.Fprintf(os.Stderr, "OTLP sink listening on %s\n", ln.Addr())
+	err = sink.Serve(ctx, ln)
+	fmt.Printf("otlp sink: %d spans in %d export requests, %d rejected\n", sink.Spans(), sink.Requests(), sink.Rejected())
+	return err
 }
 
 func printCPU(what string, cpu map[string]float64) {

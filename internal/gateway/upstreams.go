@@ -171,7 +171,8 @@ func (g *Gateway) newUpstream(apiURL string, newTransport func() roundTripper) *
 	for range g.cfg.UpstreamConns {
 		tr := newTransport()
 		u.sessTrs = append(u.sessTrs, tr)
-		u.sessions = append(u.sessions, agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr, CheckRedirect: noRedirect}, base, g.upstreamOptions()...))
+		// A session's trace context goes on to the API like a call's.
+		u.sessions = append(u.sessions, agentv1connect.NewSessionServiceClient(&http.Client{Transport: tracing.Transport(g.tracer, tr), CheckRedirect: noRedirect}, base, g.upstreamOptions()...))
 	}
 	return u
 }

@@ -40,7 +40,7 @@ func (s *Server) downloadBCD(w http.ResponseWriter, r *http.Request) {
 	}
 	root, err := os.OpenRoot(s.cfg.DownloadsDir)
 	if err != nil {
-		s.lines.Log(slog.LevelError, "downloads-dir", "downloads directory", "dir", s.cfg.DownloadsDir, "err", err)
+		s.lines.LogContext(r.Context(), slog.LevelError, "downloads-dir", "downloads directory", "dir", s.cfg.DownloadsDir, "err", err)
 		http.NotFound(w, r)
 		return
 	}
@@ -48,7 +48,7 @@ func (s *Server) downloadBCD(w http.ResponseWriter, r *http.Request) {
 	f, err := root.Open("bcd/" + version + "/" + file)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			s.lines.Log(slog.LevelWarn, "download", "download", "version", version, "file", file, "err", err)
+			s.lines.LogContext(r.Context(), slog.LevelWarn, "download", "download", "version", version, "file", file, "err", err)
 		}
 		http.NotFound(w, r)
 		return

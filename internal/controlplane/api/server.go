@@ -298,10 +298,10 @@ func (s *Server) authenticateFirst(h http.Handler, errw *connect.ErrorWriter) ht
 				// The store failed (UNAVAILABLE, or an error it did not
 				// classify): no key vouches for the caller, so the line
 				// is rate-limited and ToWire writes none.
-				s.lines.Log(slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, telemetry.LogPeer, r.RemoteAddr, "err", err)
+				s.lines.LogContext(r.Context(), slog.LevelError, "authenticate", "authenticate an operator call", "procedure", r.URL.Path, telemetry.LogPeer, r.RemoteAddr, "err", err)
 				log = discard
 			}
-			_ = errw.Write(w, r, wire.ToWire(log, r.URL.Path, err))
+			_ = errw.Write(w, r, wire.ToWireContext(r.Context(), log, r.URL.Path, err))
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(authz.WithPrincipal(r.Context(), p)))

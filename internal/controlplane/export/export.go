@@ -32,6 +32,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
@@ -63,6 +65,9 @@ type Config struct {
 	// Retry is the backoff between attempts at a batch (default 500ms
 	// doubling to 30s).
 	Retry backoff.Policy `toml:"-"`
+	// Metrics, when set, registers the rows exported, the failed
+	// deliveries and the lag of each sink (telemetry.Export*).
+	Metrics prometheus.Registerer `toml:"-"`
 }
 
 // Exporter runs the sinks while it holds the lease.
@@ -70,6 +75,7 @@ type Exporter struct {
 	cfg   Config
 	sinks []*sink
 	held  atomic.Bool
+	m     *metrics
 }
 
 // sink is one configured sink and its delivery.
@@ -77,6 +83,10 @@ type sink struct {
 	name          string
 	events, audit bool
 	deliver       func(ctx context.Context, items []Item) error
+	// oldest is when the oldest row the sink has not acknowledged was
+	// written (unix nanoseconds), 0 when it was caught up at its last
+	// look.
+	oldest atomic.Int64
 }
 
 // New checks cfg and builds its sinks.
@@ -109,7 +119,19 @@ func New(cfg Config) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Exporter{cfg: cfg, sinks: sinks}, nil
+	e := &Exporter{cfg: cfg, sinks: sinks, m: newMetrics()}
+	if cfg.Metrics != nil {
+		for _, s := range sinks {
+			// Every sink's series exist from the start, at 0.
+			e.m.errors.WithLabelValues(s.name)
+			e.m.rows.WithLabelValues(s.name, KindEvent)
+			e.m.rows.WithLabelValues(s.name, KindAudit)
+		}
+		if err := errors.Join(cfg.Metrics.Register(e.m.rows), cfg.Metrics.Register(e.m.errors), cfg.Metrics.Register(lagCollector{e})); err != nil {
+			return nil, fmt.Errorf("export: register metrics: %w", err)
+		}
+	}
+	return e, nil
 }
 
 // Check reports what New would refuse in the sinks of cfg (a config file
@@ -197,6 +219,7 @@ func (e *Exporter) runSink(ctx context.Context, s *sink) {
 			switch {
 			case err != nil && ctx.Err() == nil:
 				failures++
+				e.m.errors.WithLabelValues(s.name).Inc()
 				wait = e.cfg.Retry.Delay(failures)
 				e.cfg.Log.Warn("export: deliver", "sink", s.name, "err", err, "failures", failures, "retry_in", wait)
 				wake = nil
@@ -240,8 +263,12 @@ func (e *Exporter) pump(ctx context.Context, s *sink) (more bool, err error) {
 		}
 		return err
 	})
-	if err != nil || len(evs)+len(aus) == 0 {
+	if err != nil {
 		return false, err
+	}
+	s.oldest.Store(oldest(evs, aus))
+	if len(evs)+len(aus) == 0 {
+		return false, nil
 	}
 	items, next, err := e.items(pos, evs, aus)
 	if err != nil {
@@ -250,6 +277,8 @@ func (e *Exporter) pump(ctx context.Context, s *sink) (more bool, err error) {
 	if err := s.deliver(ctx, items); err != nil {
 		return false, err
 	}
+	e.m.rows.WithLabelValues(s.name, KindEvent).Add(float64(len(evs)))
+	e.m.rows.WithLabelValues(s.name, KindAudit).Add(float64(len(aus)))
 	// Committed even when ctx ended meanwhile (a clean stop): the sink has
 	// the batch, and a position left behind would only resend it.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -267,5 +296,28 @@ func (e *Exporter) pump(ctx context.Context, s *sink) (more bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("commit the position of %s: %w", s.name, err)
 	}
-	return len(evs) == n || len(aus) == n, nil
+	more = len(evs) == n || len(aus) == n
+	if !more {
+		s.oldest.Store(0) // caught up, as of this batch's read
+	}
+	return more, nil
 }
+
+// oldest is when the earliest of a batch's rows was written (unix
+// nanoseconds), 0 for an empty batch. Rows come in commit order, so the
+// first of each kind is its oldest.
+func oldest(evs []store.Event, aus []store.ExportAudit) int64 {
+	var t time.Time
+	if len(evs) > 0 {
+		t = evs[0].CreatedAt
+	}
+	if len(aus) > 0 && (t.IsZero() || aus[0].CreatedAt.Before(t)) {
+		t = aus[0].CreatedAt
+	}
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOf(nanos int64) time.Time { return time.Unix(0, nanos) }

@@ -273,7 +273,9 @@ func (s *Service) check(req *agentv1.JoinRequest) (*attest.Input, *ecdsa.PublicK
 	in.Claims, in.Key = norm, norm.Key()
 	if sealed := req.GetSealedToken(); sealed != "" {
 		// Join checked the bundle is configured (R4.8).
-		tok, err := s.seals.Open(s.core.Bundle().Now().OpeningKeys(), sealed, req.GetCsr(), in.RequestDigest, s.clock.Now())
+		start := s.clock.Now()
+		tok, err := s.seals.Open(s.core.Bundle().Now().OpeningKeys(), sealed, req.GetCsr(), in.RequestDigest, start)
+		s.cfg.Metrics.Phase(telemetry.PhaseSeal, s.clock.Now().Sub(start))
 		if err != nil {
 			reason, ok := ca.SealReason(err)
 			if !ok {
@@ -330,7 +332,9 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		return nil, "", err
 	}
 	var out admitted
+	var last time.Time // the transaction's last statement (PhaseCommit)
 	err = s.db.WithTx(ctx, func(tx *store.Tx) error {
+		defer func() { last = s.clock.Now() }()
 		// R4.9: the same request again gets the answer stored for it and
 		// spends nothing. It is not looked up here: an answer is stored in
 		// this very transaction, before anything is spent, under a unique
@@ -340,7 +344,10 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// The usual join pays no extra read.
 		var err error
 		out = admitted{}
-		if a.adm, err = att.Admit(ctx, tx, in); err != nil {
+		start := s.clock.Now()
+		a.adm, err = att.Admit(ctx, tx, in)
+		s.cfg.Metrics.Phase(telemetry.PhaseAttest, s.clock.Now().Sub(start))
+		if err != nil {
 			return err
 		}
 		if err := s.gather(ctx, tx, a, req.GetNodeId()); err != nil {
@@ -398,6 +405,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		}
 		return nil, "", err
 	}
+	s.cfg.Metrics.Phase(telemetry.PhaseCommit, s.clock.Now().Sub(last))
 	if s.cfg.AfterCommit != nil {
 		s.cfg.AfterCommit()
 	}
@@ -545,8 +553,11 @@ func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decis
 			return w, err
 		}
 	}
-	if w.issued, err = s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: a.pub, CSRSHA256: a.in.CSRSHA256, Node: n, Role: d.Role,
-		Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL}); err != nil {
+	start := s.clock.Now()
+	w.issued, err = s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: a.pub, CSRSHA256: a.in.CSRSHA256, Node: n, Role: d.Role,
+		Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL})
+	s.cfg.Metrics.Phase(telemetry.PhaseSign, s.clock.Now().Sub(start))
+	if err != nil {
 		return w, err
 	}
 	if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {

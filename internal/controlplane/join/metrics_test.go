@@ -22,7 +22,7 @@ import (
 )
 
 // R17.1: an admitted join, a refused one and a renewal move the join,
-// phase, spend, issuance and renewal series by exactly one each, with the
+// phase (each of check, admit, seal, attest, sign and commit), spend, issuance and renewal series by exactly one each, with the
 // refusal's reason from the fixed set as its label.
 func TestJoinMetricsR17_1(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -52,6 +52,10 @@ func TestJoinMetricsR17_1(t *testing.T) {
 		{telemetry.Joins, []string{"outcome", "refused", "reason", "token-unknown"}, 1},
 		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "check"}, 2},
 		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "admit"}, 2}, // the unknown token is refused by the attestor
+		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "seal"}, 2},
+		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "attest"}, 2},
+		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "sign"}, 1},   // only the admitted join is signed
+		{telemetry.JoinPhaseSeconds + "_count", []string{"phase", "commit"}, 1}, // the refused join rolls back
 		{telemetry.TokenSpends, nil, 1},
 		{telemetry.CertificatesIssued, []string{"role", pki.RoleNode}, 2},
 		{telemetry.Renewals, []string{"role", pki.RoleNode, "outcome", "admitted"}, 1},

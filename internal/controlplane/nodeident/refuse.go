@@ -79,12 +79,12 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 			return err
 		})
 		if err != nil {
-			c.lines.Log(slog.LevelError, "\x1froot-tenant", "record refusal: read the root tenant", "err", err)
+			c.lines.LogContext(ctx, slog.LevelError, "\x1froot-tenant", "record refusal: read the root tenant", "err", err)
 			return
 		}
 		if tenant == "" {
 			// Before bootstrap there is no tenant to tell.
-			c.lines.Log(slog.LevelInfo, "\x1f"+r.Kind+"\x1f"+r.Reason, r.Kind+" refused", telemetry.LogReason, r.Reason, telemetry.LogPeer, peer, "recorded", false)
+			c.lines.LogContext(ctx, slog.LevelInfo, "\x1f"+r.Kind+"\x1f"+r.Reason, r.Kind+" refused", telemetry.LogReason, r.Reason, telemetry.LogPeer, peer, "recorded", false)
 			return
 		}
 	}
@@ -95,7 +95,7 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 	// \x1f, not NUL: PostgreSQL text cannot hold NUL.
 	key := tenant + "\x1f" + r.Kind + "\x1f" + reason
 	line := func(recorded bool) {
-		c.lines.Log(slog.LevelInfo, key, r.Kind+" refused", telemetry.LogReason, reason, telemetry.LogTenant, tenant, telemetry.LogNodeID, r.NodeID, "serial", r.Serial,
+		c.lines.LogContext(ctx, slog.LevelInfo, key, r.Kind+" refused", telemetry.LogReason, reason, telemetry.LogTenant, tenant, telemetry.LogNodeID, r.NodeID, "serial", r.Serial,
 			"peer", peer, "recorded", recorded)
 	}
 	if c.limiter.Drop(key) {
@@ -135,6 +135,6 @@ func (c *Core) Refused(ctx context.Context, r Refused) {
 	}
 	line(ok && err == nil)
 	if err != nil {
-		c.lines.Log(slog.LevelError, key+"\x1ferror", "record refusal", "kind", r.Kind, "err", err)
+		c.lines.LogContext(ctx, slog.LevelError, key+"\x1ferror", "record refusal", "kind", r.Kind, "err", err)
 	}
 }

@@ -168,6 +168,8 @@ type TPMPoolConfig struct {
 
 // MetricsConfig serves Prometheus metrics on their own listener.
 type MetricsConfig struct {
+	// Listen is the metrics listener's address; empty (the default): no
+	// listener, and the API counts nothing.
 	Listen string `toml:"listen"`
 	// Pprof also serves Go's profiler under /debug/pprof/ on the metrics
 	// listener (keep that listener on loopback).

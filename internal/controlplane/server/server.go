@@ -95,13 +95,22 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		return err
 	}
 	defer stopRing()
+	// Without a metrics listener no one can read the metrics: the API
+	// counts nothing (a nil *telemetry.API) and its handler is not
+	// instrumented.
 	reg := prometheus.NewRegistry()
-	srv, err := newAPI(ctx, cfg, o, db, bundle, log, telemetry.NewAPI(reg))
+	var fleet *telemetry.API
+	if cfg.Metrics.Listen != "" {
+		fleet = telemetry.NewAPI(reg)
+	}
+	srv, err := newAPI(ctx, cfg, o, db, bundle, log, fleet)
 	if err != nil {
 		return err
 	}
-
-	handler := apiMetrics(reg, srv)
+	var handler http.Handler = srv
+	if fleet != nil {
+		handler = apiMetrics(reg, srv)
+	}
 
 	apiCert, err := loadAPICert(cfg, log)
 	if err != nil {
@@ -141,7 +150,11 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if as != nil {
 		started = append(started, as)
 	}
-	stopBackground := runBackground(ctx, cfg.Export, db, srv, log)
+	exp := cfg.Export
+	if fleet != nil {
+		exp.Metrics = reg
+	}
+	stopBackground := runBackground(ctx, exp, db, srv, log)
 	defer stopBackground()
 	gw, err := serveGateway(cfg, o, log, srv, errc)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
 )
 
@@ -95,7 +96,9 @@ type app struct {
 func Main(ctx context.Context, args []string, env Env) int {
 	env.fill()
 	a := &app{env: env}
-	a.log = slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{
+	// The one-shot commands' log: warnings, without times, with a traced
+	// call's trace id (telemetry.Traced) like every process's.
+	a.log = slog.New(telemetry.Traced(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{
 		Level: slog.LevelWarn,
 		ReplaceAttr: func(groups []string, attr slog.Attr) slog.Attr {
 			if len(groups) == 0 && attr.Key == slog.TimeKey {
@@ -103,7 +106,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 			}
 			return attr
 		},
-	}))
+	})))
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetIn(env.Stdin)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -27,29 +26,17 @@ import (
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
+	"github.com/better-compute/better-compute/internal/shared/tracing/tracingtest"
 )
-
-// process is one process's tracer provider and what it exported.
-type process struct {
-	tp  *sdktrace.TracerProvider
-	exp *tracetest.InMemoryExporter
-}
-
-func newProcess(t *testing.T, service string) process {
-	exp := tracetest.NewInMemoryExporter()
-	tp := tracing.NewProvider(tracing.Config{}, service, sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return process{tp: tp, exp: exp}
-}
 
 // R17.3: one join through the gateway is one trace: bcd's client span is
 // the parent of the gateway's server span, whose relay's client span is
 // the parent of the API's server span, whose join transaction is a
 // store.tx span under it. Each process has its own provider.
 func TestJoinIsOneTraceR17_3(t *testing.T) {
-	bcd, gw, apiP := newProcess(t, tracing.ServiceBCD), newProcess(t, tracing.ServiceGateway), newProcess(t, tracing.ServiceAPI)
-	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Tracer: apiP.tp})
-	gatewayURL := startGateway(t, e, gw.tp)
+	bcd, gw, apiP := tracingtest.New(t, tracing.ServiceBCD), tracingtest.New(t, tracing.ServiceGateway), tracingtest.New(t, tracing.ServiceAPI)
+	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Tracer: apiP.TP})
+	gatewayURL := startGateway(t, e, gw.TP)
 	token, cfg, configPath := bcdConfig(t, e, gatewayURL)
 
 	keys, st, err := tpmkeys.Stores(cfg, cfg.DataDir)
@@ -57,7 +44,7 @@ func TestJoinIsOneTraceR17_3(t *testing.T) {
 		t.Fatal(err)
 	}
 	httpClient := func(c *tls.Config) *http.Client {
-		return tracing.Client(bcd.tp, &http.Client{Transport: &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true}})
+		return tracing.Client(bcd.TP, &http.Client{Transport: &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true}})
 	}
 	j, err := enroll.New(enroll.Config{BCD: cfg, ConfigPath: configPath, Store: st, Keys: keys, HTTPClient: httpClient, Log: quietLog()})
 	if err != nil {
@@ -65,25 +52,25 @@ func TestJoinIsOneTraceR17_3(t *testing.T) {
 	}
 	// bcd's command opens a root span around the join, as a trace would
 	// start in a daemon.
-	ctx, root := bcd.tp.Tracer("test").Start(context.Background(), "bcd join")
+	ctx, root := bcd.TP.Tracer("test").Start(context.Background(), "bcd join")
 	if _, err := j.Join(ctx, enroll.Options{Token: token}); err != nil {
 		t.Fatalf("join: %v", err)
 	}
 	root.End()
 
 	const join = "bettercompute.agent.v1.JoinService/Join"
-	bcdJoin := onlySpan(t, bcd.exp, join, trace.SpanKindClient)
-	gwServer := onlySpan(t, gw.exp, join, trace.SpanKindServer)
-	gwClient := onlySpan(t, gw.exp, join, trace.SpanKindClient)
-	apiServer := onlySpan(t, apiP.exp, join, trace.SpanKindServer)
+	bcdJoin := onlySpan(t, bcd.Exp, join, trace.SpanKindClient)
+	gwServer := onlySpan(t, gw.Exp, join, trace.SpanKindServer)
+	gwClient := onlySpan(t, gw.Exp, join, trace.SpanKindClient)
+	apiServer := onlySpan(t, apiP.Exp, join, trace.SpanKindServer)
 	var tx tracetest.SpanStub
-	for _, s := range apiP.exp.GetSpans() {
+	for _, s := range apiP.Exp.GetSpans() {
 		if s.Name == tracing.SpanStoreTx && s.Parent.SpanID() == apiServer.SpanContext.SpanID() {
 			tx = s
 		}
 	}
 	if !tx.SpanContext.IsValid() {
-		t.Fatalf("no store.tx span under the API's Join span; API spans: %v", names(apiP.exp))
+		t.Fatalf("no store.tx span under the API's Join span; API spans: %v", names(apiP.Exp))
 	}
 	chain := []tracetest.SpanStub{bcdJoin, gwServer, gwClient, apiServer, tx}
 	for i, s := range chain {
@@ -95,10 +82,10 @@ func TestJoinIsOneTraceR17_3(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		p    process
+		p    tracingtest.Process
 		want string
 	}{{bcd, tracing.ServiceBCD}, {gw, tracing.ServiceGateway}, {apiP, tracing.ServiceAPI}} {
-		if got := serviceOf(c.p.exp.GetSpans()[0]); got != c.want {
+		if got := serviceOf(c.p.Exp.GetSpans()[0]); got != c.want {
 			t.Errorf("service.name %q, want %q", got, c.want)
 		}
 	}

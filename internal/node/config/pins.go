@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // PinKinds lists the kinds of key bcd pins, in the order logs and bcd
@@ -387,10 +388,10 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 		p.sets[k] = mem.PinSet(k)
 	}
 	for _, c := range u.Changes {
-		p.log.Info("learned rotated keys", "source", source, "kind", c.Kind, "added", c.Added, "retired", c.Retired, "pins", p.sets[c.Kind])
+		p.log.Info("learned rotated keys", telemetry.LogSource, source, telemetry.LogKind, c.Kind, telemetry.LogAdded, c.Added, telemetry.LogRetired, c.Retired, telemetry.LogPins, p.sets[c.Kind])
 	}
 	if err != nil {
-		p.log.Error("cannot save the learned pins; using them until bcd restarts", "source", source, "config", p.path, "err", err)
+		p.log.Error("cannot save the learned pins; using them until bcd restarts", telemetry.LogSource, source, telemetry.LogConfigFile, p.path, telemetry.LogErr, err)
 		return u, err
 	}
 	return u, nil

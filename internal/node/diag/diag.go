@@ -204,7 +204,7 @@ func (d *Diag) Serve(ctx context.Context, c Config, log *slog.Logger, ready func
 			log.Warn("diagnostics listener stopped", telemetry.LogErr, err)
 		}
 	}()
-	log.Info("diagnostics listening", "addr", ln.Addr().String())
+	log.Info("diagnostics listening", telemetry.LogAddr, ln.Addr().String())
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

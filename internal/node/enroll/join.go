@@ -62,6 +62,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -263,7 +264,7 @@ func (j *Joiner) claimsAndKey(cfg *config.Config) (hwid.Claims, crypto.Signer, [
 	j.progress("collecting hardware claims…")
 	cl, warnings, err := claims.Collect(cfg.SysfsRoot, cfg.ProcfsRoot)
 	for _, w := range warnings {
-		j.log.Warn("hardware claim", "warning", w)
+		j.log.Warn("hardware claim", telemetry.LogWarning, w)
 	}
 	if err != nil {
 		return cl, nil, nil, nil, err
@@ -408,7 +409,7 @@ func (j *Joiner) learnAnswer(source string, body *agentv1.JoinResponseBody) {
 // a failure is logged and never fails the join.
 func (j *Joiner) learnTime(source string, serverMs int64) {
 	if _, err := j.serverTime.Learn(serverMs); err != nil && j.log != nil {
-		j.log.Warn("not correcting for the control plane's time", "source", source, "err", err)
+		j.log.Warn("not correcting for the control plane's time", telemetry.LogSource, source, telemetry.LogErr, err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 const (
@@ -96,19 +97,19 @@ func RecoverPins(ctx context.Context, pins *config.Pins, hc HTTPClientFunc, gate
 		return false
 	}
 	before := pins.Set(pki.KindServingCA)
-	log.Warn("the gateway's certificate matches no pinned serving CA: asking it for rotated keys (only those a pinned key vouches for count)", "gateway", gatewayURL)
+	log.Warn("the gateway's certificate matches no pinned serving CA: asking it for rotated keys (only those a pinned key vouches for count)", telemetry.LogGateway, gatewayURL)
 	st, err := FetchKeyStatements(ctx, hc, gatewayURL, serverName)
 	if err != nil {
-		log.Warn("cannot fetch rotated keys", "gateway", gatewayURL, "err", err)
+		log.Warn("cannot fetch rotated keys", telemetry.LogGateway, gatewayURL, telemetry.LogErr, err)
 		return false
 	}
 	// A write error is logged by Learn; the sets learned are used anyway.
 	u, _ := pins.Learn("keys", st)
 	if _, ok := u.Kind(pki.KindServingCA); !ok || slices.Equal(before, pins.Set(pki.KindServingCA)) {
-		log.Warn("no rotated serving CA vouched for by a pinned key: the gateway stays refused", "gateway", gatewayURL, "statements", len(st))
+		log.Warn("no rotated serving CA vouched for by a pinned key: the gateway stays refused", telemetry.LogGateway, gatewayURL, telemetry.LogStatements, len(st))
 		return false
 	}
-	log.Info("learned the rotated serving CA: dialing the gateway again", "gateway", gatewayURL)
+	log.Info("learned the rotated serving CA: dialing the gateway again", telemetry.LogGateway, gatewayURL)
 	return true
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // PendingFile is the join request bcd sent and has no saved answer for yet,
@@ -116,7 +117,7 @@ func (j *Joiner) takePending(want pendingKey, current *identity.Identity, check 
 	p, err := j.readPending(want)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			j.log.Warn("discarding the pending join request", "file", j.pendingPath(), "reason", err.Error())
+			j.log.Warn("discarding the pending join request", telemetry.LogFile, j.pendingPath(), telemetry.LogReason, err.Error())
 			j.progress("discarding %s: %s", j.pendingPath(), err)
 			j.removePending()
 		}
@@ -227,7 +228,7 @@ func (j *Joiner) writePending(p *pending, tokenSHA256, site string) error {
 // join recognises a pending request whose key is already the identity's.
 func (j *Joiner) removePending() {
 	if err := os.Remove(j.pendingPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		j.log.Warn("could not remove the pending join request", "file", j.pendingPath(), "err", err)
+		j.log.Warn("could not remove the pending join request", telemetry.LogFile, j.pendingPath(), telemetry.LogErr, err)
 		return
 	}
 	fsutil.SyncDir(j.cfg.Store.Dir)

@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -204,7 +205,7 @@ func (r *Renewer) Loop(ctx context.Context) error {
 				return ctx.Err()
 			}
 			failures++
-			r.log.Warn("certificate renewal failed", "node", id.NodeID, "attempt", failures, "retry_in", Backoff(failures).String(), "err", err)
+			r.log.Warn("certificate renewal failed", telemetry.LogNodeID, id.NodeID, telemetry.LogAttempt, failures, telemetry.LogRetryIn, Backoff(failures).String(), telemetry.LogErr, err)
 			if r.cfg.OnFailed != nil {
 				r.cfg.OnFailed(err)
 			}
@@ -216,8 +217,8 @@ func (r *Renewer) Loop(ctx context.Context) error {
 			continue
 		}
 		failures = 0
-		r.log.Info("certificate renewed", "node", renewed.NodeID, "serial", renewed.Serial, "previous_serial", id.Serial,
-			"not_after", renewed.NotAfter.Format(time.RFC3339))
+		r.log.Info("certificate renewed", telemetry.LogNodeID, renewed.NodeID, telemetry.LogSerial, renewed.Serial, telemetry.LogPreviousSerial, id.Serial,
+			telemetry.LogNotAfter, renewed.NotAfter.Format(time.RFC3339))
 		if r.cfg.OnRenewed != nil {
 			r.cfg.OnRenewed(renewed)
 		}
@@ -324,7 +325,7 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	_, _ = r.pins.Learn("renewal answer", body.GetKeyStatements())
 	// R19.3: the signed answer's time.
 	if _, err := r.serverTime.Learn(body.GetServerTimeUnixMs()); err != nil {
-		r.log.Warn("not correcting for the control plane's time", "err", err)
+		r.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
 	}
 	return saved, nil
 }
@@ -388,7 +389,7 @@ func (r *Renewer) clockMoved(ctx context.Context) bool {
 	before, _ := r.serverTime.Offset()
 	after, err := r.serverTime.Learn(ms)
 	if err != nil {
-		r.log.Warn("not correcting for the control plane's time", "err", err)
+		r.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
 		return false
 	}
 	return after-before > retryClockMove || before-after > retryClockMove

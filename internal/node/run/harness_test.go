@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -73,6 +74,11 @@ type harness struct {
 	dir      string
 	n        int // machines made so far
 	gateways int // gateways started so far
+	// gwTracer traces the gateways started from now on; bcdTracer and
+	// bcdLog are the tracer and log of the daemons started from now on
+	// (nil: none, quiet).
+	gwTracer, bcdTracer trace.TracerProvider
+	bcdLog              *slog.Logger
 }
 
 // each runs fn against a fresh harness on SQLite and on PostgreSQL, each
@@ -177,7 +183,7 @@ func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certifi
 	name := "gw" + strconv.Itoa(h.gateways)
 	certFile, keyFile, caFile := h.write(t, name+".crt", gwPEM), h.write(t, name+".key", gwKey), h.write(t, name+"-ca.pem", pki.CertPEM(b.ServingCA))
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, APIURL: apiURL, APICAFile: caFile},
-		gateway.Options{Log: quiet()})
+		gateway.Options{Log: quiet(), Tracer: h.gwTracer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,8 +335,12 @@ func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed
 	cfg := *m.cfg
 	cfg.GatewayURL = gatewayURL
 	p := &bcdProc{clock: clock.NewFake(time.Now()), welcomes: make(chan string, 16), done: make(chan error, 1)}
-	d, err := run.New(run.Config{BCD: &cfg, Store: m.store, Log: quiet(), Clock: p.clock, Rand: func() float64 { return 0.5 },
-		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed})
+	log := h.bcdLog
+	if log == nil {
+		log = quiet()
+	}
+	d, err := run.New(run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 },
+		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer})
 	if err != nil {
 		t.Fatal(err)
 	}

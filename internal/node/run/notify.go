@@ -3,6 +3,8 @@ package run
 import (
 	"net"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // notify sends state to systemd's NOTIFY_SOCKET (sd_notify), if set. It
@@ -12,7 +14,7 @@ func (d *Daemon) notify(state string) {
 		return
 	}
 	if err := SDNotify(d.cfg.NotifySocket, state); err != nil {
-		d.log.Warn("sd_notify", "state", state, "err", err)
+		d.log.Warn("sd_notify", telemetry.LogState, state, telemetry.LogErr, err)
 	}
 }
 

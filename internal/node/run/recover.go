@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Recovery (R19.3): what ends a session decides how soon bcd opens the
@@ -71,7 +72,7 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 	for logged := false; d.expiresSoon(id); logged = true {
 		if !logged {
 			d.log.Warn("the certificate expires before the next heartbeat: waiting for its renewal before opening a session",
-				"not_after", id.NotAfter.UTC().Format(time.RFC3339), "margin", d.expiryMargin(id).String())
+				telemetry.LogNotAfter, id.NotAfter.UTC().Format(time.RFC3339), telemetry.LogMargin, d.expiryMargin(id).String())
 		}
 		// At least a second, so a clock at the very expiry cannot spin.
 		wait := max(min(d.cfg.IdentityCheck, id.NotAfter.Sub(d.serverTime.Now())), time.Second)

@@ -45,6 +45,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -59,6 +62,8 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -101,6 +106,11 @@ type Config struct {
 	// carries the pinned verification and the node certificate); nil: an
 	// HTTP/2 transport per connection attempt.
 	HTTPClient enroll.HTTPClientFunc
+	// Tracer records each session's open (tracing.SpanSessionOpen, whose
+	// context goes to the gateway with the stream) and each command's
+	// handling (tracing.SpanCommand) (R17.3); nil: the global provider, a
+	// no-op unless tracing.Setup ran.
+	Tracer trace.TracerProvider
 	// Renewer, when set, runs in the same process (seam for
 	// internal/node/renew).
 	Renewer Renewer
@@ -241,7 +251,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.cfg.Renewer != nil {
 		go func() {
 			if err := d.cfg.Renewer.Loop(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("certificate renewal stopped", "err", err)
+				d.log.Error("certificate renewal stopped", telemetry.LogErr, err)
 			}
 		}()
 	}
@@ -268,14 +278,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 			break
 		}
 		if wire.IsNodeRetired(err) {
-			d.log.Error("this node was retired: stopping", "node", id.NodeID)
+			d.log.Error("this node was retired: stopping", telemetry.LogNodeID, id.NodeID)
 			return fmt.Errorf("%w", ErrRetired)
 		}
 		if d.cfg.OnSessionEnded != nil {
 			d.cfg.OnSessionEnded(err)
 		}
 		if d.lifecycleEnd(id, err) {
-			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", "err", err)
+			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", telemetry.LogErr, err)
 			continue
 		}
 		if d.clock.Since(start) >= stableAfter {
@@ -283,7 +293,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		failures++
 		wait := reconnectWait(failures, d.rand())
-		d.log.Warn("session ended", "err", err, "reconnect_in", wait.Round(time.Millisecond).String(), "attempt", failures)
+		d.log.Warn("session ended", telemetry.LogErr, err, telemetry.LogReconnectIn, wait.Round(time.Millisecond).String(), telemetry.LogAttempt, failures)
 		d.sleepOrRenewed(ctx, wait)
 	}
 	d.log.Info("shutting down")
@@ -317,9 +327,13 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 	return tc, u.Host, nil
 }
 
+// httpClient is the session's HTTP client, whose calls carry the trace
+// context (tracing.Transport: nothing when tracing is off).
 func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 	if d.cfg.HTTPClient != nil {
-		return d.cfg.HTTPClient(tc), func() {}
+		c := *d.cfg.HTTPClient(tc)
+		c.Transport = tracing.Transport(d.cfg.Tracer, c.Transport)
+		return &c, func() {}
 	}
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
@@ -329,7 +343,7 @@ func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 		TLSHandshakeTimeout: 15 * time.Second,
 		HTTP2:               &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
 	}
-	return &http.Client{Transport: tr}, tr.CloseIdleConnections
+	return &http.Client{Transport: tracing.Transport(d.cfg.Tracer, tr)}, tr.CloseIdleConnections
 }
 
 // sessionStream is the session's bidi stream.
@@ -349,17 +363,24 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 		connect.WithReadMaxBytes(maxMessageBytes), connect.WithSendMaxBytes(maxMessageBytes))
 	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
-	stream := client.Connect(ctx)
+	// R17.3: the open is the root of the session's trace; the stream
+	// carries its context to the gateway and the API.
+	openCtx, open := tracing.StartOn(ctx, d.cfg.Tracer, tracing.SpanSessionOpen, trace.WithAttributes(attribute.String(tracing.AttrNodeID, id.NodeID)))
+	stream := client.Connect(openCtx)
 	defer func() { _ = stream.CloseResponse() }()
 	// Canceling the stream's context does not end it while its request
 	// body is open (net/http watches the context only once the body is
 	// written): the end of the session closes the request body too, so a
 	// Receive in progress returns. Safe alongside a Send.
 	defer context.AfterFunc(ctx, func() { _ = stream.CloseRequest() })()
-	nonce, beat, err := d.handshake(stream, id, host)
+	nonce, beat, err := d.handshake(openCtx, stream, id, host)
+	tracing.End(open, err)
 	if err != nil {
 		return err
 	}
+	// Commands are handled in spans under the session's open, with Run's
+	// cancellation.
+	cmdCtx := trace.ContextWithSpanContext(runCtx, open.SpanContext())
 	go d.sendLoop(ctx, cancel, stream, id, nonce, beat)
 	go d.watchIdentity(ctx, cancel, id)
 	for {
@@ -375,7 +396,9 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 			continue
 		}
 		go func() {
-			res := d.command(runCtx, id, sc)
+			ctx, span := tracing.StartOn(cmdCtx, d.cfg.Tracer, tracing.SpanCommand)
+			res := d.command(ctx, id, sc)
+			span.End()
 			if res == nil {
 				return
 			}
@@ -391,7 +414,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 // handshake opens the session (R12.1): the API speaks first with its
 // Challenge, bcd answers Hello with its proof over the nonce, and the API
 // welcomes this node. It returns the nonce and the heartbeat interval.
-func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host string) ([]byte, time.Duration, error) {
+func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identity.Identity, host string) ([]byte, time.Duration, error) {
 	// Open the stream without a message and read the Challenge.
 	if err := stream.Send(nil); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
@@ -425,14 +448,14 @@ func (d *Daemon) handshake(stream sessionStream, id *identity.Identity, host str
 	d.learnWelcome(w)
 	// R19.3: the API's time, over the session's mTLS stream.
 	if _, err := d.serverTime.Learn(w.GetServerTimeUnixMs()); err != nil {
-		d.log.Warn("not correcting for the control plane's time", "err", err)
+		d.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
 	}
 	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
 	if beat <= 0 {
 		beat = defaultHeartbeat
 	}
 	d.beat = beat
-	d.log.Info("session open", "node", id.NodeID, "gateway", host, "heartbeat", beat.String())
+	d.log.InfoContext(ctx, "session open", telemetry.LogNodeID, id.NodeID, telemetry.LogGateway, host, telemetry.LogHeartbeat, beat.String())
 	if !d.ready {
 		d.ready = true
 		d.notify("READY=1")
@@ -486,7 +509,7 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 		case res = <-d.results:
 			signed, err := d.sign(id, res)
 			if err != nil {
-				d.log.Error("sign a command result", "command", res.res.GetCommandId(), "err", err)
+				d.log.Error("sign a command result", telemetry.LogCommand, res.res.GetCommandId(), telemetry.LogErr, err)
 				d.sent(res)
 				continue
 			}
@@ -546,7 +569,7 @@ func (d *Daemon) requeueResult(a *answer) {
 	select {
 	case d.results <- a:
 	default:
-		d.log.Warn("command answer dropped: too many waiting", "command", a.res.GetCommandId())
+		d.log.Warn("command answer dropped: too many waiting", telemetry.LogCommand, a.res.GetCommandId())
 		d.sent(a)
 	}
 }
@@ -624,8 +647,11 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 	body, refused := Verify(id, sc, d.serverTime.Now())
 	res := &agentv1.CommandResult{CommandId: body.GetCommandId()}
 	a := &answer{res: res, generation: body.GetIdentityGeneration()}
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(attribute.String(tracing.AttrCommandKind, body.GetKind()))
 	if refused != "" {
-		d.log.Warn("command refused", "command", body.GetCommandId(), "kind", body.GetKind(), "reason", refused)
+		span.SetStatus(codes.Error, refused)
+		d.log.WarnContext(ctx, "command refused", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind(), telemetry.LogReason, refused)
 		res.Error = refused
 		return a
 	}
@@ -633,13 +659,13 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 	state, err := d.ran.begin(body.GetCommandId(), time.UnixMilli(body.GetExpiresAtUnixMs()))
 	switch {
 	case err != nil:
-		d.log.Error("command not run: it could not be recorded first", "command", body.GetCommandId(), "err", err)
+		d.log.ErrorContext(ctx, "command not run: it could not be recorded first", telemetry.LogCommand, body.GetCommandId(), telemetry.LogErr, err)
 		res.Error = "not run: cannot record it before running it: " + err.Error()
 		return a
 	case state == ranRunning:
 		return nil
 	case state == ranBefore:
-		d.log.Warn("command refused: this node ran it already", "command", body.GetCommandId(), "kind", body.GetKind())
+		d.log.WarnContext(ctx, "command refused: this node ran it already", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind())
 		res.Error = RefusedReplayed
 		return a
 	}
@@ -650,6 +676,6 @@ func (d *Daemon) command(ctx context.Context, id *identity.Identity, sc *agentv1
 		return a
 	}
 	res.Ok, res.Output = true, out
-	d.log.Info("command done", "command", body.GetCommandId(), "kind", body.GetKind())
+	d.log.InfoContext(ctx, "command done", telemetry.LogCommand, body.GetCommandId(), telemetry.LogKind, body.GetKind())
 	return a
 }

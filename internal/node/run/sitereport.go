@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // maxBootedPerReport bounds one report (the API refuses more than
@@ -31,11 +32,11 @@ type siteReports struct {
 func (r *siteReports) next(id *identity.Identity, nonce []byte, log *slog.Logger) (*agentv1.SiteReport, error) {
 	machines, skipped, err := site.Read(r.file)
 	if err != nil {
-		log.Warn("read the booted file", "file", r.file, "err", err)
+		log.Warn("read the booted file", telemetry.LogFile, r.file, telemetry.LogErr, err)
 		return nil, nil
 	}
 	if skipped > 0 {
-		log.Warn("booted file lines skipped", "file", r.file, "lines", skipped)
+		log.Warn("booted file lines skipped", telemetry.LogFile, r.file, telemetry.LogLines, skipped)
 	}
 	var body agentv1.SiteReportBody
 	for _, m := range machines {
@@ -58,6 +59,6 @@ func (r *siteReports) next(id *identity.Identity, nonce []byte, log *slog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("sign a site report: %w", err)
 	}
-	log.Info("reporting booted machines", "machines", len(body.Machines))
+	log.Info("reporting booted machines", telemetry.LogMachines, len(body.Machines))
 	return &agentv1.SiteReport{Body: raw, Sig: sig}, nil
 }

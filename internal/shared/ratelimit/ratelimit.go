@@ -118,9 +118,15 @@ func NewLogger(log *slog.Logger, lim *Limiter) *Logger {
 // Log writes msg with args at level unless key's window is full, and
 // reports whether it wrote.
 func (l *Logger) Log(level slog.Level, key, msg string, args ...any) bool {
+	return l.LogContext(context.Background(), level, key, msg, args...)
+}
+
+// LogContext is Log with the request's context, so the line carries what
+// the handler takes from it (a traced request's trace id).
+func (l *Logger) LogContext(ctx context.Context, level slog.Level, key, msg string, args ...any) bool {
 	ok, n := l.lim.Allow(key)
 	if ok {
-		l.log.Log(context.Background(), level, msg, append(args, "suppressed", n)...)
+		l.log.Log(ctx, level, msg, append(args, "suppressed", n)...)
 	}
 	return ok
 }

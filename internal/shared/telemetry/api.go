@@ -25,7 +25,7 @@ type API struct {
 	// per join).
 	mu       sync.RWMutex
 	admitted map[string]map[string]prometheus.Counter
-	phases   [2]prometheus.Observer
+	phases   [len(phases)]prometheus.Observer
 }
 
 // NewAPI registers the API's fleet metrics on reg.
@@ -36,7 +36,7 @@ func NewAPI(reg prometheus.Registerer) *API {
 			Help: "Joins by attestor, role and outcome (admitted, refused, deferred, conflict, challenged, error); reason is the refusal reason, empty otherwise."},
 			[]string{LabelAttestor, LabelRole, LabelOutcome, LabelReason}),
 		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: JoinPhaseSeconds,
-			Help:    "Join latency by phase: check (shape, CSR, seal), admit (the transaction: attest, decide, sign, commit).",
+			Help:    "Join latency by phase: check (shape, CSR, seal), admit (the transaction: attest, decide, sign, commit); within them seal (opening the sealed token), attest (the attestor's verification), sign (certificate issuance) and commit (the commit, group commit wait included).",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{LabelPhase}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Renewals,
 			Help: "Renewals by role (empty before the certificate was checked), outcome (admitted, refused, error) and refusal reason."},
@@ -52,8 +52,9 @@ func NewAPI(reg prometheus.Registerer) *API {
 			Help: "Refusal events the limiter did not record, by kind (join, renew, session)."}, []string{LabelKind}),
 		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
 	}
-	m.phases[0] = m.phase.WithLabelValues(PhaseCheck)
-	m.phases[1] = m.phase.WithLabelValues(PhaseAdmit)
+	for i, p := range phases {
+		m.phases[i] = m.phase.WithLabelValues(p)
+	}
 	for _, d := range []string{DecisionApproved, DecisionRejected, DecisionExpired} {
 		m.decided.WithLabelValues(d)
 	}
@@ -93,16 +94,18 @@ func (m *API) Join(attestor, role, outcome, reason string) {
 	m.joins.WithLabelValues(attestor, role, outcome, reason).Inc()
 }
 
-// Phase observes how long a join phase took.
+// Phase observes how long a join phase (a Phase constant) took; another
+// phase name is not counted.
 func (m *API) Phase(phase string, d time.Duration) {
 	if m == nil {
 		return
 	}
-	i := 0
-	if phase == PhaseAdmit {
-		i = 1
+	for i, p := range phases {
+		if p == phase {
+			m.phases[i].Observe(d.Seconds())
+			return
+		}
 	}
-	m.phases[i].Observe(d.Seconds())
 }
 
 // Renewal counts one renewal's outcome.

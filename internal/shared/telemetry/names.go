@@ -24,6 +24,12 @@ const (
 	KeyExpirySeconds    = "bc_pki_key_expiry_seconds"
 	Commands            = "bc_commands_total"
 	RefusalsSuppressed  = "bc_refusal_events_suppressed_total"
+
+	// The export of events and audit rows to sinks (R17.4), on the
+	// replica holding the export lease.
+	ExportRows       = "bc_export_rows_total"
+	ExportErrors     = "bc_export_errors_total"
+	ExportLagSeconds = "bc_export_lag_seconds"
 )
 
 // Metric names of a gateway.
@@ -57,6 +63,8 @@ const (
 	LabelEvent    = "event"
 	LabelKind     = "kind"
 	LabelUpstream = "upstream"
+	// LabelSink is an export sink's name (from the config: bounded).
+	LabelSink = "sink"
 )
 
 // Outcomes of a join or a renewal (LabelOutcome).
@@ -79,11 +87,22 @@ const (
 
 // Join phases (LabelPhase): check is the request's shape, CSR and seal
 // (before any database work); admit is the transaction (attest, decide,
-// sign, commit).
+// sign, commit). Seal, attest, sign and commit are parts of those two:
+// seal is opening the sealed token (in check); attest is the attestor's
+// verification, sign the certificate's issuance (both inside the
+// transaction, once per attempt); commit is from the transaction's last
+// statement to its commit returning, the group commit's wait included.
 const (
-	PhaseCheck = "check"
-	PhaseAdmit = "admit"
+	PhaseCheck  = "check"
+	PhaseAdmit  = "admit"
+	PhaseSeal   = "seal"
+	PhaseAttest = "attest"
+	PhaseSign   = "sign"
+	PhaseCommit = "commit"
 )
+
+// phases are the join phases in the order API.Phase indexes them.
+var phases = [...]string{PhaseCheck, PhaseAdmit, PhaseSeal, PhaseAttest, PhaseSign, PhaseCommit}
 
 // Command events (LabelEvent).
 const (
@@ -100,13 +119,55 @@ const (
 	DecisionExpired = "expired"
 )
 
-// Log keys: the same on every process.
+// Log keys: the same on every process. bcd's packages use only these
+// (TestNodeLogKeysR17_3 checks).
 const (
 	LogNodeID   = "node_id"
 	LogTenant   = "tenant"
 	LogAttestor = "attestor"
 	LogReason   = "reason"
 	LogTraceID  = "trace_id"
+	LogSpanID   = "span_id"
 	LogPeer     = "peer"
 	LogErr      = "err"
+
+	// LogGateway is the gateway a node dials (its URL or host).
+	LogGateway = "gateway"
+	// LogCommand is a command's id; LogKind a command's or a pin set's
+	// kind.
+	LogCommand = "command"
+	LogKind    = "kind"
+	// LogSerial and LogPreviousSerial are certificate serials; LogNotAfter
+	// a certificate's expiry (RFC 3339).
+	LogSerial         = "serial"
+	LogPreviousSerial = "previous_serial"
+	LogNotAfter       = "not_after"
+	// LogAttempt counts the failures in a row; LogRetryIn and
+	// LogReconnectIn are the waits before the next try; LogMargin how long
+	// before expiry a certificate counts as expiring; LogHeartbeat a
+	// session's heartbeat interval.
+	LogAttempt     = "attempt"
+	LogRetryIn     = "retry_in"
+	LogReconnectIn = "reconnect_in"
+	LogMargin      = "margin"
+	LogHeartbeat   = "heartbeat"
+	// LogAddr is a listener's address; LogState a systemd notify state.
+	LogAddr  = "addr"
+	LogState = "state"
+	// LogFile and LogConfig are paths; LogLines and LogMachines counts of
+	// a site's booted-machines file.
+	LogFile       = "file"
+	LogConfigFile = "config"
+	LogLines      = "lines"
+	LogMachines   = "machines"
+	// LogSource is where learned keys came from (welcome, keys, join);
+	// LogAdded, LogRetired and LogPins what a pin set learned and holds;
+	// LogStatements the key statements a gateway offered.
+	LogSource     = "source"
+	LogAdded      = "added"
+	LogRetired    = "retired"
+	LogPins       = "pins"
+	LogStatements = "statements"
+	// LogWarning is a hardware claim's warning.
+	LogWarning = "warning"
 )

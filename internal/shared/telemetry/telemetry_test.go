@@ -2,11 +2,14 @@ package telemetry
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // R17.1: label values come from fixed sets: anything else is "other".
@@ -75,5 +78,41 @@ func BenchmarkJoinCounting(b *testing.B) {
 		m.Phase(PhaseAdmit, time.Millisecond)
 		m.TokenSpent()
 		m.Issued("node")
+	}
+}
+
+// R17.3: a line logged within a traced request carries its trace and span
+// ids, in both formats; a line without a span carries neither.
+func TestLogTraceIDR17_3(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	for _, format := range []string{FormatJSON, FormatText} {
+		var b bytes.Buffer
+		log, err := NewLogger(&b, LogConfig{Format: format})
+		if err != nil {
+			t.Fatal(err)
+		}
+		log = log.With(LogNodeID, "node_1")
+		log.InfoContext(ctx, "traced", LogReason, "x")
+		log.Info("untraced")
+		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("%s: %d lines: %q", format, len(lines), b.String())
+		}
+		for _, want := range []string{LogTraceID, tid.String(), LogSpanID, sid.String(), "node_1"} {
+			if !strings.Contains(lines[0], want) {
+				t.Errorf("%s: traced line %q lacks %q", format, lines[0], want)
+			}
+		}
+		if strings.Contains(lines[1], LogTraceID) || strings.Contains(lines[1], LogSpanID) {
+			t.Errorf("%s: untraced line %q has a trace id", format, lines[1])
+		}
+		if format == FormatJSON {
+			var line map[string]any
+			if err := json.Unmarshal([]byte(lines[0]), &line); err != nil || line[LogTraceID] != tid.String() || line[LogSpanID] != sid.String() {
+				t.Errorf("json line %q: %v", lines[0], err)
+			}
+		}
 	}
 }

@@ -37,6 +37,22 @@ const (
 const (
 	// SpanStoreTx is a database transaction (store.DB.WithTx).
 	SpanStoreTx = "store.tx"
+	// SpanSessionOpen is bcd opening a session, from its dial to the
+	// Welcome: the root of the session's trace, whose context goes to the
+	// gateway and on to the API with the stream.
+	SpanSessionOpen = "bcd.session.open"
+	// SpanCommand is bcd handling one signed command (verify, run), a
+	// child of its session's SpanSessionOpen.
+	SpanCommand = "bcd.command"
+)
+
+// Span attributes of bcd's spans.
+const (
+	// AttrCommandKind is a command's kind (a signed command's: the API
+	// chose it from the fixed set).
+	AttrCommandKind = "bc.command.kind"
+	// AttrNodeID is the node a bcd span is of.
+	AttrNodeID = "bc.node.id"
 )
 
 // Header size caps: a traceparent is 55 bytes (version 00); a tracestate
@@ -141,6 +157,14 @@ func Start(ctx context.Context, name string) (context.Context, trace.Span) {
 		return ctx, noopSpan
 	}
 	return parent.TracerProvider().Tracer(instrumentation).Start(ctx, name)
+}
+
+// StartOn starts a span named name on tp (nil: the global provider), a
+// child of ctx's span context (a new trace without one). Unlike Start it
+// records even when ctx's span is not recording (a root span, or the child
+// of a span that ended). A no-op provider gives a no-op span.
+func StartOn(ctx context.Context, tp trace.TracerProvider, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return Provider(tp).Tracer(instrumentation).Start(ctx, name, opts...)
 }
 
 // noopSpan is the span of no context: ending it does nothing.

@@ -53,6 +53,12 @@ var productCodes = map[connect.Code]errs.Code{
 // the product code and the caller-safe message leave the server; anything
 // else is logged and answered as INTERNAL.
 func ToWire(log *slog.Logger, procedure string, err error) error {
+	return ToWireContext(context.Background(), log, procedure, err)
+}
+
+// ToWireContext is ToWire logging with the request's context, so the line
+// carries what the log handler takes from it (a traced call's trace id).
+func ToWireContext(ctx context.Context, log *slog.Logger, procedure string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -78,7 +84,7 @@ func ToWire(log *slog.Logger, procedure string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return ToWire(log, procedure, errs.New(errs.Unavailable, "the request was cancelled or timed out"))
 	}
-	log.Error("internal error", "procedure", procedure, "err", err)
+	log.ErrorContext(ctx, "internal error", "procedure", procedure, "err", err)
 	return ToWire(log, procedure, errs.New(errs.Internal, "internal error"))
 }
 
@@ -117,7 +123,7 @@ func Interceptor(log *slog.Logger) connect.UnaryInterceptorFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			res, err := next(ctx, req)
 			if err != nil {
-				return nil, ToWire(log, req.Spec().Procedure, err)
+				return nil, ToWireContext(ctx, log, req.Spec().Procedure, err)
 			}
 			return res, nil
 		}
