@@ -525,7 +525,8 @@ type written struct {
 
 // apply writes the decision (the apply phase): the node (new, bound,
 // reclaimed or re-joined, revoking its older certificates), the approval it
-// consumes, its certificate and its authorization row.
+// consumes, and its certificate; the node's row holds its authorization
+// projection.
 func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decision, consume string) (written, error) {
 	adm, pool, tenant := a.adm, a.sit.Pool, a.adm.TenantID
 	w := written{revokeReason: "reclaimed", consumed: consume}
@@ -543,6 +544,8 @@ func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decis
 		TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: state,
 		HardwareKeyTrusted: d.Trusted, HardwareKey: d.HardwareKey, NodeKey: adm.NodeKey, Attestor: a.att.Name(),
 		Hostname: a.claims.Hostname, Claims: a.claimsJSON, JoinTokenID: adm.JoinTokenID,
+		// R1.3: the authorization projection, in the node's row.
+		Authz: true,
 	}
 	var err error
 	switch d.Outcome {
@@ -584,9 +587,6 @@ func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decis
 	}
 	if w.issued, err = s.core.Issue(ctx, tx, nodeident.IssueParams{Pub: a.pub, CSRSHA256: a.in.CSRSHA256, Node: n, Role: d.Role,
 		Statements: adm.Statements, AllowedKinds: adm.AllowedKinds, MaxTTL: adm.MaxTTL}); err != nil {
-		return w, err
-	}
-	if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {
 		return w, err
 	}
 	return w, nil
