@@ -130,6 +130,9 @@ type DB struct {
 	// caches the readiness write probe.
 	outageWait time.Duration
 	probe      writeProbe
+	// work tells this process's controller that work was queued or made
+	// due (workqueue.go).
+	work workSignal
 
 	stmt sync.Map // query text -> rewritten text
 
