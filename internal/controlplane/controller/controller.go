@@ -16,7 +16,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -318,7 +317,10 @@ func (c *Controller) handle(ctx context.Context, tx *store.Tx, w store.WorkItem)
 	}
 }
 
-// adopt moves an adopting node to adopted (R4.5, pools without acceptance).
+// adopt moves an adopting node to adopted: a node whose acceptance checks
+// passed, one in a pool whose checks were removed meanwhile, and one a
+// previous release's join queued (R4.5; joins now adopt in their own
+// transaction).
 func (c *Controller) adopt(ctx context.Context, tx *store.Tx, nodeID string) error {
 	// One statement reads and moves it: a node that is gone or no longer
 	// adopting (retired, reclaimed into acceptance) is left alone.
@@ -326,20 +328,7 @@ func (c *Controller) adopt(ctx context.Context, tx *store.Tx, nodeID string) err
 	if err != nil || !ok {
 		return err
 	}
-	// The event and the audit row carry the same data: encoded once, in
-	// the key order a map had.
-	data, err := json.Marshal(struct {
-		IdentityGeneration int    `json:"identityGeneration"`
-		NodeID             string `json:"nodeId"`
-		PoolID             string `json:"poolId"`
-	}{n.IdentityGeneration, n.ID, n.PoolID})
-	if err != nil {
-		return fmt.Errorf("marshal adoption: %w", err)
-	}
-	if err := events.Publish(ctx, tx, c.cfg.Hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
-		return err
-	}
-	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: actor, Action: "node.adopted", Resource: nodeResource(n.ID), Data: json.RawMessage(data)})
+	return join.RecordAdopted(ctx, tx, c.cfg.Hub, n)
 }
 
 // actor is who the controller's audit rows name.

@@ -302,4 +302,13 @@ func ownServiceConfig(t testing.TB, e *apitest.Env, c clock.Clock, lim *events.L
 
 func contains(s []string, v string) bool { return slices.Contains(s, v) }
 
+// subjects lists the subjects of evs.
+func subjects(evs []event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Subject
+	}
+	return out
+}
+
 func reason(r string) string { return jointoken.Name + ":" + r }

@@ -63,8 +63,35 @@ const (
 // answer for as long as this, the longest a node certificate lives.
 const AnswerRetention = 24 * time.Hour
 
-// Work kinds queued for the controllers.
+// WorkAdopt is the work kind that has the controllers adopt a node. Joins
+// no longer queue it (they adopt in their own transaction, R4.5); the
+// controllers still take the items a previous release queued.
 const WorkAdopt = "adopt"
+
+// AdoptedBy is the actor of node.adopted audit rows: the controller, which
+// adopted every node before joins adopted in their own transaction, so the
+// audit log reads as it did.
+const AdoptedBy = "controller"
+
+// RecordAdopted writes the node.adopted event and its audit row for n, just
+// moved to adopted in tx (R4.5, R14.1, R14.2): by a join in a pool without
+// acceptance checks, or by a controller.
+func RecordAdopted(ctx context.Context, tx *store.Tx, hub *events.Hub, n store.Node) error {
+	// The event and the audit row carry the same data: encoded once, in
+	// the key order a map had.
+	data, err := json.Marshal(struct {
+		IdentityGeneration int    `json:"identityGeneration"`
+		NodeID             string `json:"nodeId"`
+		PoolID             string `json:"poolId"`
+	}{n.IdentityGeneration, n.ID, n.PoolID})
+	if err != nil {
+		return fmt.Errorf("marshal adoption: %w", err)
+	}
+	if err := events.Publish(ctx, tx, hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
+		return err
+	}
+	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: AdoptedBy, Action: "node.adopted", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)})
+}
 
 // Config lists JoinService's dependencies.
 type Config struct {
@@ -499,21 +526,34 @@ type written struct {
 	// consumed is the join request the join consumed, "" when none.
 	consumed string
 	changed  string
+	// adopted: the node was written adopted (a pool without acceptance
+	// checks, R4.5).
+	adopted bool
 }
 
 // apply writes the decision (the apply phase): the node (new, bound,
 // reclaimed or re-joined, revoking its older certificates), the approval it
-// consumes, its certificate, its authorization row, and the adoption work.
+// consumes, and its certificate; the node's row holds its authorization
+// projection.
 func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decision, consume string) (written, error) {
 	adm, pool, tenant := a.adm, a.sit.Pool, a.adm.TenantID
 	w := written{revokeReason: "reclaimed", consumed: consume}
 	if d.Outcome == joinRejoin {
 		w.revokeReason = "rejoined"
 	}
+	// R4.5: without acceptance checks the node is adopted in this very
+	// transaction (record writes node.adopted after node.joined); with
+	// them it stays adopting until its first Hello starts acceptance.
+	state := store.NodeAdopting
+	if w.adopted = a.sit.Policy.Acceptance == nil; w.adopted {
+		state = store.NodeAdopted
+	}
 	n := store.Node{
-		TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: store.NodeAdopting,
+		TenantID: tenant, SiteID: pool.SiteID, PoolID: pool.ID, Role: d.Role, State: state,
 		HardwareKeyTrusted: d.Trusted, HardwareKey: d.HardwareKey, NodeKey: adm.NodeKey, Attestor: a.att.Name(),
 		Hostname: a.claims.Hostname, Claims: a.claimsJSON, JoinTokenID: adm.JoinTokenID,
+		// R1.3: the authorization projection, in the node's row.
+		Authz: true,
 	}
 	var err error
 	switch d.Outcome {
@@ -560,23 +600,14 @@ func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decis
 	if err != nil {
 		return w, err
 	}
-	if err := tx.UpsertNodeAuthz(ctx, n.ID, tenant, pool.SiteID, pool.ID, d.Role); err != nil {
-		return w, err
-	}
-	// R4.5: without acceptance checks the controllers adopt the node now;
-	// with them, its first Hello starts acceptance.
-	if a.sit.Policy.Acceptance == nil {
-		if err := tx.EnqueueWork(ctx, WorkAdopt, n.ID); err != nil {
-			return w, err
-		}
-	}
 	return w, nil
 }
 
 // record writes what the join says about itself (the record phase): the
 // revocations, a cross-tenant hardware-key conflict for the root tenant,
-// the node.joined event and its audit row, and the answer stored for the
-// request digest (R4.9).
+// the node.joined event and its audit row, node.adopted and its audit row
+// when apply adopted the node, and the answer stored for the request
+// digest (R4.9).
 func (s *Service) record(ctx context.Context, tx *store.Tx, a *admission, d decision, w written) error {
 	n, pool, tenant, root := w.node, a.sit.Pool, a.adm.TenantID, a.sit.Root
 	for _, serial := range w.revoked {
@@ -621,6 +652,11 @@ func (s *Service) record(ctx context.Context, tx *store.Tx, a *admission, d deci
 	}
 	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 		return err
+	}
+	if w.adopted {
+		if err := RecordAdopted(ctx, tx, s.cfg.Hub, n); err != nil {
+			return err
+		}
 	}
 	raw, err := proto.Marshal(w.issued.Response)
 	if err != nil {

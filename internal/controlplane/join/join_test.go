@@ -21,10 +21,11 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
-// R4.4, R4.5, R7.4, R14: a successful join writes the node (adopting,
-// generation 1), its projection row, its node_certs row, the node.joined
-// event and audit row, and queues the node when the pool has no acceptance
-// checks.
+// R4.4, R4.5, R7.4, R14: a successful join writes the node (generation 1),
+// its projection row, its node_certs row, the node.joined event and audit
+// row; in a pool without acceptance checks the node is adopted in the same
+// transaction (node.adopted after node.joined), in a pool with them it
+// stays adopting. Neither queues work.
 func TestJoinAdmitsR4_4(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		f := newFixture(t, e)
@@ -32,10 +33,10 @@ func TestJoinAdmitsR4_4(t *testing.T) {
 		for _, tc := range []struct {
 			name      string
 			pool      *bcv1.Pool
-			wantQueue bool
+			wantState string
 		}{
-			{"pool without acceptance checks is queued", f.pool, true},
-			{"pool with acceptance checks is not queued", accept, false},
+			{"pool without acceptance checks adopts", f.pool, store.NodeAdopted},
+			{"pool with acceptance checks stays adopting", accept, store.NodeAdopting},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				f.queued(t) // drain
@@ -46,7 +47,7 @@ func TestJoinAdmitsR4_4(t *testing.T) {
 					t.Errorf("site %s, want %s", j.Body.SiteId, f.site.Id)
 				}
 				n := f.node(t, j.Body.NodeId)
-				if n.State != store.NodeAdopting || n.IdentityGeneration != 1 || n.TenantID != f.root || n.PoolID != tc.pool.Id ||
+				if n.State != tc.wantState || n.IdentityGeneration != 1 || n.TenantID != f.root || n.PoolID != tc.pool.Id ||
 					n.SiteID != f.site.Id || n.Role != pki.RoleNode || !n.HardwareKeyTrusted || n.NodeKey != "unattested" ||
 					n.Attestor != "join-token" || n.JoinTokenID != tok.Id || n.Hostname != m.Claims.Hostname {
 					t.Errorf("node row %+v", n)
@@ -92,9 +93,12 @@ func TestJoinAdmitsR4_4(t *testing.T) {
 						t.Errorf("%s data %v", what, d)
 					}
 				}
-				q := f.queued(t)
-				if got := contains(q, n.ID); got != tc.wantQueue {
-					t.Errorf("queued %v, want %v (queue %v)", got, tc.wantQueue, q)
+				if q := f.queued(t); contains(q, n.ID) {
+					t.Errorf("node queued (queue %v), want no work", q)
+				}
+				adopted := len(f.audit(t, f.root, "node.adopted")) > 0 && contains(subjects(f.events(t, f.root, "node.adopted")), n.ID)
+				if adopted != (tc.wantState == store.NodeAdopted) {
+					t.Errorf("node.adopted written %v, want %v", adopted, tc.wantState == store.NodeAdopted)
 				}
 			})
 		}
@@ -399,8 +403,8 @@ func TestReclaimR6_3(t *testing.T) {
 				t.Fatalf("reclaim gave node %s, want %s", j.Body.NodeId, id)
 			}
 			n := f.node(t, id)
-			if n.IdentityGeneration != 2 || n.State != store.NodeAdopting || n.Hostname != "reinstalled" {
-				t.Errorf("node %+v: want generation 2, adopting, the new hostname", n)
+			if n.IdentityGeneration != 2 || n.State != store.NodeAdopted || n.Hostname != "reinstalled" {
+				t.Errorf("node %+v: want generation 2, adopted, the new hostname", n)
 			}
 			if all := f.nodes(t, f.root); len(all) != 1 {
 				t.Errorf("%d nodes, want 1", len(all))
@@ -430,8 +434,19 @@ func TestReclaimR6_3(t *testing.T) {
 			if rows := f.audit(t, f.root, "node.reclaimed"); len(rows) != 1 || rows[0].Data["reclaim"] != true || rows[0].Data["identityGeneration"] != float64(2) {
 				t.Errorf("node.reclaimed audit rows %v", rows)
 			}
-			if q := f.queued(t); !contains(q, id) {
-				t.Errorf("reclaimed node not queued again: %v", q)
+			// R4.5: adopted again in the reclaim's transaction, as the
+			// controller did from the queue.
+			if q := f.queued(t); contains(q, id) {
+				t.Errorf("reclaimed node queued: %v", q)
+			}
+			var gens []any
+			for _, ev := range f.events(t, f.root, "node.adopted") {
+				if ev.Subject == id {
+					gens = append(gens, ev.Data["identityGeneration"])
+				}
+			}
+			if len(gens) != 2 || gens[1] != float64(2) {
+				t.Errorf("node.adopted events of %s for generations %v, want 1 and 2", id, gens)
 			}
 		})
 		t.Run("fewer than two identifiers never reclaims", func(t *testing.T) {

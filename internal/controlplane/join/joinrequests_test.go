@@ -595,8 +595,8 @@ func TestNodeMadeAhead(t *testing.T) {
 		if got := m.Verify(t, e.Bundle, res, pki.RoleNode); got.Body.NodeId != id || got.Body.IdentityGeneration != 1 {
 			t.Fatalf("joined as %s generation %d, want %s generation 1", got.Body.NodeId, got.Body.IdentityGeneration, id)
 		}
-		if n := f.node(t, id); n.State != store.NodeAdopting || !n.HardwareKeyTrusted || n.Attestor != jointoken.Name {
-			t.Fatalf("node %+v: want adopting with the machine's trusted key", n)
+		if n := f.node(t, id); n.State != store.NodeAdopted || !n.HardwareKeyTrusted || n.Attestor != jointoken.Name {
+			t.Fatalf("node %+v: want adopted with the machine's trusted key", n)
 		}
 		// Another machine naming it: the node already has its machine.
 		m2 := jointest.NewMachine(t, jointest.Claims(12))

@@ -180,8 +180,8 @@ func TestTokenLastUseAcrossReplicasR4_4(t *testing.T) {
 					t.Fatalf("%d nodes joined with the token, want %d", len(fromToken), uses)
 				}
 				for _, n := range fromToken {
-					if !admitted[n.ID] || n.IdentityGeneration != 1 || n.State != store.NodeAdopting {
-						t.Errorf("node %+v: want one of the admitted, generation 1, adopting", n)
+					if !admitted[n.ID] || n.IdentityGeneration != 1 || n.State != store.NodeAdopted {
+						t.Errorf("node %+v: want one of the admitted, generation 1, adopted", n)
 					}
 					if certs := f.certs(t, n.ID); len(certs) != 1 {
 						t.Errorf("node %s has %d certificates, want 1", n.ID, len(certs))

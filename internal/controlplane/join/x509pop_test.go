@@ -120,14 +120,14 @@ func (p *popEnv) rejoin(req *agentv1.JoinRequest) (*agentv1.JoinResponse, error)
 // R10.5: a node whose certificate expired an hour ago re-joins with it: the
 // same node, its next identity generation, the old certificate revoked
 // (rejoined), a new valid certificate of the same role, node.joined with
-// attestor x509pop and rejoin, audited as node.rejoined, and queued for
-// adoption in a pool without acceptance checks. No token is spent.
+// attestor x509pop and rejoin, audited as node.rejoined, and adopted again
+// in the same transaction in a pool without acceptance checks (R4.5). No
+// token is spent.
 func TestX509PopRejoinsR10_5(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		f := newFixture(t, e)
 		p := newPopEnv(t, f, true)
 		n := p.join(t, nil, false)
-		f.queued(t) // the join's adopt item
 		oldLeaf := n.chain[0]
 
 		p.clk.Set(mustLeaf(t, oldLeaf).NotAfter.Add(time.Hour))
@@ -144,8 +144,8 @@ func TestX509PopRejoinsR10_5(t *testing.T) {
 			t.Errorf("new certificate valid %s to %s, not at %s", got.Leaf.NotBefore, got.Leaf.NotAfter, now)
 		}
 		node := f.node(t, n.id)
-		if node.IdentityGeneration != 2 || node.State != store.NodeAdopting || node.Attestor != x509pop.Name || node.TenantID != f.acme {
-			t.Errorf("node %+v: want generation 2, adopting, attestor x509pop, acme's", node)
+		if node.IdentityGeneration != 2 || node.State != store.NodeAdopted || node.Attestor != x509pop.Name || node.TenantID != f.acme {
+			t.Errorf("node %+v: want generation 2, adopted, attestor x509pop, acme's", node)
 		}
 		for _, c := range f.certs(t, n.id) {
 			switch {
@@ -161,8 +161,11 @@ func TestX509PopRejoinsR10_5(t *testing.T) {
 				t.Errorf("unexpected certificate %s", c.Serial)
 			}
 		}
-		if q := f.queued(t); !contains(q, n.id) {
-			t.Errorf("adopt queue %v, want %s", q, n.id)
+		if q := f.queued(t); contains(q, n.id) {
+			t.Errorf("adopt queue %v holds %s, want no work", q, n.id)
+		}
+		if a := f.audit(t, f.acme, "node.adopted"); len(a) != 2 || a[0].Resource != "compute-node/"+n.id || a[0].Data["identityGeneration"] != float64(2) {
+			t.Errorf("audit node.adopted %+v, want the newest for generation 2", a)
 		}
 		var revokedEv, joinedEv bool
 		for _, ev := range f.events(t, f.acme, "") {

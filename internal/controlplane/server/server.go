@@ -407,12 +407,16 @@ func runBackground(ctx context.Context, exp export.Config, db *store.DB, srv *ap
 	lstDone := make(chan struct{})
 	go func() { defer close(lstDone); lst.Run(cctx) }()
 	go func() {
-		// Wake the controller whenever events commit (a join queues work).
+		// Wake the controller when work was queued or made due (a Hello
+		// of a node awaiting acceptance, a command result), not at every
+		// commit: joins no longer queue work (they adopt in their own
+		// transaction), and a claim that finds nothing is a write
+		// transaction for nothing.
 		for {
 			select {
 			case <-cctx.Done():
 				return
-			case <-srv.Hub().Wait():
+			case <-db.WorkQueued():
 				ctrl.Wake()
 			}
 		}

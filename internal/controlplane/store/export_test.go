@@ -88,3 +88,17 @@ func MigrationUp(d Dialect, name string) (string, error) {
 	}
 	return s[up:down], nil
 }
+
+// MigrateDownTo rolls db's schema back to version, and MigrateUp brings it
+// up again as Open does (migration tests).
+func (db *DB) MigrateDownTo(ctx context.Context, version int64) error {
+	p, err := db.migrations()
+	if err != nil {
+		return err
+	}
+	_, err = p.DownTo(ctx, version)
+	return err
+}
+
+// MigrateUp applies every migration not applied yet.
+func (db *DB) MigrateUp(ctx context.Context) error { return db.migrate(ctx) }

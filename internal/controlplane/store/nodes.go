@@ -42,8 +42,13 @@ type Node struct {
 	// IdempotencyKey is the key a node made ahead was created with ("" for
 	// none, and for nodes joins made).
 	IdempotencyKey string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// Authz, for InsertNode: write the node's authorization projection
+	// with it (R1.3, nodeauthz.go). Joins do; a node made ahead has none
+	// until the join that binds it (BindPendingNode and ReclaimNode always
+	// write it). Not read back.
+	Authz     bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 const nodeCols = `id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation,
@@ -113,10 +118,11 @@ func (t *Tx) InsertNode(ctx context.Context, n Node) (Node, error) {
 	// a name and a scan per column).
 	var created, updated int64
 	err := t.queryRow(ctx, `INSERT INTO nodes (id, tenant_id, site_id, pool_id, role, state, connection, identity_generation,
-			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, idempotency_key, created_ms, updated_ms)
-		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, ?, compute_now(), compute_now()) RETURNING created_ms, updated_ms`,
+			hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, idempotency_key, authz_ms, created_ms, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?, 'disconnected', ?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN compute_now() END, compute_now(), compute_now())
+		RETURNING created_ms, updated_ms`,
 		n.ID, n.TenantID, n.SiteID, n.PoolID, n.Role, n.State, n.IdentityGeneration, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor,
-		n.Hostname, claims, n.JoinTokenID, key).Scan(&created, &updated)
+		n.Hostname, claims, n.JoinTokenID, key, n.Authz).Scan(&created, &updated)
 	if err != nil {
 		return Node{}, fmt.Errorf("insert node: %w", err)
 	}
@@ -138,15 +144,17 @@ func (t *Tx) NodeByIdempotencyKey(ctx context.Context, tenantID, key string) (No
 }
 
 // BindPendingNode binds a machine to a node made ahead of it: a node still
-// pending at identity generation 0 takes n's state (adopting), role,
-// hardware key and whether it is trusted, node key, attestor, claims and
-// join token id, and generation 1; its hostname becomes n's unless n has
-// none. It fails with ErrNotFound when the node is no longer pending (a
-// racing join bound it, or it was retired), and with a unique violation
-// when another live node of the tenant holds the trusted hardware key.
+// pending at identity generation 0 takes n's state (adopting or adopted),
+// role, hardware key and whether it is trusted, node key, attestor, claims
+// and join token id, and generation 1; its hostname becomes n's unless n
+// has none. It writes the node's authorization projection (R1.3). It fails
+// with ErrNotFound when the node is no longer pending (a racing join bound
+// it, or it was retired), and with a unique violation when another live
+// node of the tenant holds the trusted hardware key.
 func (t *Tx) BindPendingNode(ctx context.Context, n Node) (Node, error) {
 	row := t.queryRow(ctx, `UPDATE nodes SET identity_generation = 1, state = ?, state_reason = '', role = ?, hardware_key = ?, hardware_key_trusted = ?,
-			node_key = ?, attestor = ?, hostname = CASE WHEN ? = '' THEN hostname ELSE ? END, claims = ?, join_token_id = ?, updated_ms = compute_now()
+			node_key = ?, attestor = ?, hostname = CASE WHEN ? = '' THEN hostname ELSE ? END, claims = ?, join_token_id = ?,
+			authz_ms = compute_now(), updated_ms = compute_now()
 		WHERE id = ? AND state = 'pending' AND identity_generation = 0 RETURNING `+nodeCols,
 		n.State, n.Role, nullBytes(n.HardwareKey), n.HardwareKeyTrusted, n.NodeKey, n.Attestor, n.Hostname, n.Hostname, claimsText(n.Claims), n.JoinTokenID, n.ID)
 	out, err := scanNode(row)
@@ -157,11 +165,12 @@ func (t *Tx) BindPendingNode(ctx context.Context, n Node) (Node, error) {
 }
 
 // ReclaimNode moves a node to its next identity generation after a reclaim:
-// it keeps its id, starts adopting again, and takes the new join's facts.
+// it keeps its id, takes n's state and the new join's facts, and its
+// authorization projection is written again (R1.3).
 // It fails (ErrNotFound) when the generation moved meanwhile.
 func (t *Tx) ReclaimNode(ctx context.Context, n Node, fromGeneration int) (Node, error) {
 	row := t.queryRow(ctx, `UPDATE nodes SET identity_generation = identity_generation + 1, state = ?, state_reason = '', role = ?,
-			node_key = ?, attestor = ?, hostname = ?, claims = ?, join_token_id = ?, updated_ms = compute_now()
+			node_key = ?, attestor = ?, hostname = ?, claims = ?, join_token_id = ?, authz_ms = compute_now(), updated_ms = compute_now()
 		WHERE id = ? AND identity_generation = ? RETURNING `+nodeCols,
 		n.State, n.Role, n.NodeKey, n.Attestor, n.Hostname, string(n.Claims), n.JoinTokenID, n.ID, fromGeneration)
 	out, err := scanNode(row)

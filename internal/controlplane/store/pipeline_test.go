@@ -28,15 +28,15 @@ func TestHeldBackWrites(t *testing.T) {
 				if err := tx.InsertNodeCert(ctx, cert("s-read", n.ID)); err != nil {
 					return err
 				}
-				if err := tx.UpsertNodeAuthz(ctx, n.ID, n.TenantID, n.SiteID, n.PoolID, "node"); err != nil {
+				if err := tx.EnqueueWork(ctx, "adopt", n.ID); err != nil {
 					return err
 				}
 				if _, err := tx.GetNodeCert(ctx, "s-read"); err != nil {
 					t.Errorf("held-back certificate not read back: %v", err)
 				}
-				a, err := tx.GetNodeAuthz(ctx, n.ID)
-				if err != nil || a.PoolID != n.PoolID {
-					t.Errorf("held-back projection = %+v, %v", a, err)
+				w, err := tx.NodeWork(ctx, n.ID)
+				if err != nil || len(w) != 1 || w[0].Kind != "adopt" {
+					t.Errorf("held-back work item = %+v, %v", w, err)
 				}
 				return nil
 			})

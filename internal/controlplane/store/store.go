@@ -130,6 +130,9 @@ type DB struct {
 	// caches the readiness write probe.
 	outageWait time.Duration
 	probe      writeProbe
+	// work tells this process's controller that work was queued or made
+	// due (workqueue.go).
+	work workSignal
 
 	stmt sync.Map // query text -> rewritten text
 
@@ -326,17 +329,9 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 }
 
 func (db *DB) migrate(ctx context.Context) error {
-	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
+	p, err := db.migrations()
 	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
-	}
-	gd := goose.DialectSQLite3
-	if db.dialect == Postgres {
-		gd = goose.DialectPostgres
-	}
-	p, err := goose.NewProvider(gd, db.w, sub)
-	if err != nil {
-		return fmt.Errorf("migrations: %w", err)
+		return err
 	}
 	res, err := p.Up(ctx)
 	if err != nil {
@@ -346,6 +341,23 @@ func (db *DB) migrate(ctx context.Context) error {
 		db.log.Info("applied migration", "dialect", db.dialect, "version", r.Source.Version)
 	}
 	return nil
+}
+
+// migrations is the goose provider of db's dialect.
+func (db *DB) migrations() (*goose.Provider, error) {
+	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	gd := goose.DialectSQLite3
+	if db.dialect == Postgres {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db.w, sub)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return p, nil
 }
 
 // Dialect tells which database this is.

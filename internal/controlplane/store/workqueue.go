@@ -3,8 +3,34 @@ package store
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 )
+
+// workSignal wakes a controller once a transaction that queued work, or
+// made it due, committed. Its zero value is ready.
+type workSignal struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (s *workSignal) c() chan struct{} {
+	s.once.Do(func() { s.ch = make(chan struct{}, 1) })
+	return s.ch
+}
+
+func (s *workSignal) notify() {
+	select {
+	case s.c() <- struct{}{}:
+	default:
+	}
+}
+
+// WorkQueued receives once work was queued or made due in this process
+// since it last received (many commits, one receive), so the controller
+// claims only when there is something to claim; work queued by other
+// replicas is found by the controller's poll.
+func (db *DB) WorkQueued() <-chan struct{} { return db.work.c() }
 
 // WorkItem is a work_queue row.
 type WorkItem struct {
@@ -22,6 +48,7 @@ func (t *Tx) EnqueueWork(ctx context.Context, kind, nodeID string) error {
 	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", kind, err)
 	}
+	t.AfterCommit(t.db.work.notify)
 	return nil
 }
 
@@ -34,6 +61,9 @@ func (t *Tx) EnqueueWorkOnce(ctx context.Context, kind, nodeID string) (bool, er
 		return false, fmt.Errorf("enqueue %s: %w", kind, err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n > 0 {
+		if n > 0 {
+			t.AfterCommit(t.db.work.notify)
+		}
 		return false, err
 	}
 	return true, t.EnqueueWork(ctx, kind, nodeID)
@@ -42,8 +72,14 @@ func (t *Tx) EnqueueWorkOnce(ctx context.Context, kind, nodeID string) (bool, er
 // WakeNodeWork makes a node's queued work items due now (a command result
 // arrived).
 func (t *Tx) WakeNodeWork(ctx context.Context, nodeID string) error {
-	_, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() WHERE node_id = ?", nodeID)
-	return err
+	res, err := t.exec(ctx, "UPDATE work_queue SET not_before_ms = compute_now() WHERE node_id = ?", nodeID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		t.AfterCommit(t.db.work.notify)
+	}
+	return nil
 }
 
 // ClaimWork claims like ClaimWorkAs for no owner: the items come back
