@@ -88,3 +88,15 @@ func MigrationUp(d Dialect, name string) (string, error) {
 	}
 	return s[up:down], nil
 }
+
+// WithRowsOpen runs q and calls fn while its rows are open (tests only:
+// what a running query costs besides the statement).
+func (t *Tx) WithRowsOpen(ctx context.Context, q string, fn func()) error {
+	rows, err := t.query(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	fn()
+	return rows.Err()
+}

@@ -113,8 +113,10 @@ type DB struct {
 
 	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
 	// writerDone is closed when that goroutine has returned its connection.
+	// wc is the connection it holds (writerconn.go): the writer's only.
 	writes     chan *writeReq
 	writerDone chan struct{}
+	wc         *writerConn
 	closeOnce  sync.Once
 	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
 	// the caller's context (see commit).
@@ -133,12 +135,13 @@ type DB struct {
 
 	stmt sync.Map // query text -> rewritten text
 
-	// SQLite only: the prepared statements of each pool, by rewritten text.
-	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
-	// once per pool is reused on each of its connections (Tx.StmtContext).
-	// PostgreSQL needs none: pgx caches prepared statements per connection
-	// (its default query exec mode, cache_statement).
-	wStmts, rStmts *stmtCache
+	// SQLite only: the prepared statements of the readers, by rewritten
+	// text. Parsing the SQL was a sixth of a join's CPU; a statement
+	// prepared once per pool is reused on each of its connections
+	// (Tx.StmtContext). The writer keeps its own on its connection
+	// (writerConn). PostgreSQL needs none: pgx caches prepared statements
+	// per connection (its default query exec mode, cache_statement).
+	rStmts *stmtCache
 }
 
 // stmtCache holds one pool's prepared statements.
@@ -245,7 +248,7 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	// Keep every reader open: a closed connection takes its prepared
 	// statements with it.
 	r.SetMaxIdleConns(8)
-	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r},
+	db := &DB{dialect: SQLite, w: w, r: r, log: log, rStmts: &stmtCache{pool: r},
 		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout,
 		outageWait: cfg.outageWait()}
 	if err := db.migrate(ctx); err != nil {
@@ -362,7 +365,7 @@ func (db *DB) Close() error {
 			db.seq.stop()
 		}
 	})
-	err := errors.Join(db.wStmts.close(), db.rStmts.close())
+	err := db.rStmts.close()
 	err = errors.Join(err, db.w.Close())
 	if db.r != db.w {
 		err = errors.Join(err, db.r.Close())
@@ -380,7 +383,11 @@ func (db *DB) Ping(ctx context.Context) error {
 // package) are the only SQL the control plane runs.
 type Tx struct {
 	db *DB
+	// q runs the statements: tx, or on SQLite's writer its connection
+	// (wc), which holds the shared transaction.
+	q  querier
 	tx *sql.Tx
+	wc *writerConn
 	// after runs once the transaction committed (e.g. wake a controller);
 	// visible runs once the events it inserted are readable (wake event
 	// followers): at once on SQLite, after the sequencer on PostgreSQL.
@@ -392,7 +399,7 @@ type Tx struct {
 	// context, because SQLite answers an interrupted write by rolling back
 	// the whole transaction, every other participant's work included.
 	shared bool
-	// stmts is the pool's statement cache (SQLite), unprepared the queries
+	// stmts is the readers' statement cache (SQLite), unprepared the queries
 	// this transaction ran that it lacked: they are prepared once the
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
@@ -407,21 +414,29 @@ type Tx struct {
 
 // stmtCtx is the context a statement runs with. In SQLite's shared
 // transaction a statement that has started runs to its end: a context
-// already done fails the statement before it reaches the driver
-// (database/sql checks it first), and one that ends while the statement
-// runs is noticed by the next statement. Elsewhere the caller's context
-// interrupts the statement (PostgreSQL then rolls back only this
-// transaction).
-func (t *Tx) stmtCtx(ctx context.Context) context.Context {
-	if t.shared && ctx.Err() == nil {
-		return context.WithoutCancel(ctx)
+// already done fails the statement before it reaches the driver (err),
+// and one that ends while the statement runs is noticed by the next
+// statement. The driver never sees a context that can end, so it never
+// interrupts a statement (SQLite would roll back the whole transaction)
+// and database/sql starts no goroutine to watch one. Elsewhere the
+// caller's context interrupts the statement (PostgreSQL then rolls back
+// only this transaction).
+func (t *Tx) stmtCtx(ctx context.Context) (context.Context, error) {
+	if !t.shared {
+		return ctx, nil
 	}
-	return ctx
+	if err := ctx.Err(); err != nil {
+		return ctx, err
+	}
+	return context.WithoutCancel(ctx), nil
 }
 
 // stmt returns the prepared form of the rewritten query q in this
 // transaction, or nil to run q as text.
 func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
+	if t.wc != nil {
+		return t.wc.stmt(q)
+	}
 	if t.stmts == nil {
 		return nil
 	}
@@ -433,7 +448,10 @@ func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
 }
 
 func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	ctx = t.stmtCtx(ctx)
+	ctx, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
 	q = t.db.rewrite(q)
 	if t.err != nil {
 		return nil, t.err
@@ -444,11 +462,14 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return t.tx.ExecContext(ctx, q, args...)
+	return t.q.ExecContext(ctx, q, args...)
 }
 
 func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	ctx = t.stmtCtx(ctx)
+	ctx, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
 	q = t.db.rewrite(q)
 	if err := t.flush(ctx); err != nil {
 		return nil, err
@@ -456,23 +477,35 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
-	return t.tx.QueryContext(ctx, q, args...)
+	return t.q.QueryContext(ctx, q, args...)
 }
 
 func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
-	ctx = t.stmtCtx(ctx)
-	q = t.db.rewrite(q)
-	if err := t.flush(ctx); err != nil {
+	ctx, err := t.stmtCtx(ctx)
+	if err == nil {
+		err = t.flush(ctx)
+	}
+	if err != nil {
 		// *sql.Row carries no error of ours: the query fails on a done
-		// context, and the transaction reports t.err.
+		// context before it takes a connection (the transaction reports
+		// t.err).
 		done, cancel := context.WithCancel(ctx)
 		cancel()
-		return t.tx.QueryRowContext(done, q, args...)
+		return t.db.r.QueryRowContext(done, q, args...)
 	}
+	q = t.db.rewrite(q)
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
-	return t.tx.QueryRowContext(ctx, q, args...)
+	return t.q.QueryRowContext(ctx, q, args...)
+}
+
+// querier is what runs a transaction's statements: a *sql.Tx, or the
+// *sql.Conn of SQLite's writer.
+type querier interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
 }
 
 // Dialect tells which database the transaction runs on.
@@ -645,9 +678,9 @@ func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn f
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
+	t := &Tx{db: db, q: stx, tx: stx, stmts: db.rStmts}
 	if write {
-		t.stmts, t.conn = db.wStmts, conn
+		t.stmts, t.conn = nil, conn
 	}
 	defer t.prepareUnprepared(ctx)
 	// Roll back whatever way fn leaves (an error, a panic, a test's
@@ -705,9 +738,8 @@ func (db *DB) commit(stx *sql.Tx, cancel context.CancelFunc) error {
 }
 
 // prepareUnprepared prepares, for the next transactions, the queries this
-// one ran as text. It runs after the transaction ended (and, for a write on
-// SQLite, still under db.rw, so the writer connection is free). A failure
-// only means the query runs as text again next time.
+// one ran as text. It runs after the transaction ended. A failure only
+// means the query runs as text again next time.
 func (t *Tx) prepareUnprepared(ctx context.Context) {
 	for _, q := range t.unprepared {
 		if err := t.stmts.prepare(context.WithoutCancel(ctx), q); err != nil {
