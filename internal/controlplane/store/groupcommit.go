@@ -173,8 +173,7 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 	if err := ctx.Err(); err != nil {
 		return err, nil
 	}
-	bg := context.Background()
-	if _, err := t.q.ExecContext(bg, "SAVEPOINT w"); err != nil {
+	if _, err := t.wc.exec("SAVEPOINT w"); err != nil {
 		return fmt.Errorf("savepoint: %w", err), err
 	}
 	res := make(chan error, 1)
@@ -193,11 +192,11 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 	}()
 	err = <-res
 	if err != nil {
-		if _, rerr := t.q.ExecContext(bg, "ROLLBACK TO w"); rerr != nil {
+		if _, rerr := t.wc.exec("ROLLBACK TO w"); rerr != nil {
 			serr = fmt.Errorf("rollback to savepoint: %w", rerr)
 		}
 	}
-	if _, rerr := t.q.ExecContext(bg, "RELEASE w"); rerr != nil && serr == nil {
+	if _, rerr := t.wc.exec("RELEASE w"); rerr != nil && serr == nil {
 		serr = fmt.Errorf("release savepoint: %w", rerr)
 	}
 	return err, serr

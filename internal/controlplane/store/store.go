@@ -459,6 +459,9 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	if len(t.later) > 0 {
 		return t.pipeline(ctx, q, args...)
 	}
+	if t.wc != nil {
+		return t.wc.exec(q, args...)
+	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
@@ -480,24 +483,22 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 	return t.q.QueryContext(ctx, q, args...)
 }
 
-func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *row {
 	ctx, err := t.stmtCtx(ctx)
 	if err == nil {
 		err = t.flush(ctx)
 	}
 	if err != nil {
-		// *sql.Row carries no error of ours: the query fails on a done
-		// context before it takes a connection (the transaction reports
-		// t.err).
-		done, cancel := context.WithCancel(ctx)
-		cancel()
-		return t.db.r.QueryRowContext(done, q, args...)
+		return &row{err: err}
 	}
 	q = t.db.rewrite(q)
-	if st := t.stmt(ctx, q); st != nil {
-		return st.QueryRowContext(ctx, args...)
+	if t.wc != nil {
+		return t.wc.queryRow(q, args...)
 	}
-	return t.q.QueryRowContext(ctx, q, args...)
+	if st := t.stmt(ctx, q); st != nil {
+		return &row{sr: st.QueryRowContext(ctx, args...)}
+	}
+	return &row{sr: t.q.QueryRowContext(ctx, q, args...)}
 }
 
 // querier is what runs a transaction's statements: a *sql.Tx, or the
