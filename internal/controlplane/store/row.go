@@ -3,20 +3,28 @@ package store
 import (
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// row is the row Tx.queryRow returns: database/sql's (*sql.Row), or one
-// read straight from the driver on SQLite's writer (writerConn.queryRow).
-// The typed methods only Scan it, once, as they would a *sql.Row.
+// row is the row Tx.queryRow returns: database/sql's (*sql.Row), one
+// read straight from the driver on SQLite's writer (writerConn.queryRow),
+// or the last result of a PostgreSQL batch (Tx.pipelineRow). The typed
+// methods only Scan it, once, as they would a *sql.Row.
 type row struct {
 	sr   *sql.Row
 	err  error          // the query failed
 	vals []driver.Value // the raw row; nil with none
 	none bool           // the raw query returned no row
+	// pg is the batch's result and br the batch, closed once scanned (or
+	// by the transaction's next statement: Tx.settle).
+	pg pgx.Rows
+	br pgx.BatchResults
 }
 
 // Scan copies the row's columns into dest, as (*sql.Row).Scan does:
@@ -27,6 +35,8 @@ func (r *row) Scan(dest ...any) error {
 		return r.err
 	case r.sr != nil:
 		return r.sr.Scan(dest...)
+	case r.pg != nil:
+		return r.scanPG(dest)
 	case r.none:
 		return sql.ErrNoRows
 	}
@@ -39,6 +49,42 @@ func (r *row) Scan(dest ...any) error {
 		}
 	}
 	return nil
+}
+
+// scanPG scans the first row of a batch's query with pgx (as pgx's
+// database/sql driver does under a *sql.Row) and closes the batch.
+func (r *row) scanPG(dest []any) error {
+	var err error
+	if r.pg.Next() {
+		err = r.pg.Scan(dest...)
+	} else if err = r.pg.Err(); err == nil {
+		err = sql.ErrNoRows
+	}
+	if cerr := r.close(); err == nil {
+		err = cerr
+	}
+	r.err = err
+	if r.err == nil {
+		r.err = errScanned
+	}
+	return err
+}
+
+// errScanned is what scanning a batch's row a second time returns.
+var errScanned = errors.New("sql: Scan called twice on one row")
+
+// close releases a batch's row whether or not it was scanned.
+func (r *row) close() error {
+	if r.pg == nil {
+		return nil
+	}
+	r.pg.Close()
+	err := r.pg.Err()
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	r.pg, r.br = nil, nil
+	return err
 }
 
 // assign stores the driver's value src (int64, float64, bool, []byte,

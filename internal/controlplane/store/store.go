@@ -404,12 +404,27 @@ type Tx struct {
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
 	unprepared []string
-	// conn is a PostgreSQL write transaction's connection, which sends
-	// the held-back statements (later) as one batch with the next one
-	// (pipeline.go); err is the failure of a held-back statement.
+	// conn is a PostgreSQL write transaction's connection and pg its pgx
+	// connection, which sends the held-back statements (later) as one
+	// batch with the next one (pipeline.go), BEGIN first while begin says
+	// it has not been sent; err is the failure of a held-back statement.
 	conn  *sql.Conn
+	pg    *pgx.Conn
+	begin bool
 	later []queued
 	err   error
+	// open is a batch's row not yet scanned (pipelineRow); the next
+	// statement closes it (settle).
+	open *row
+}
+
+// settle closes a batch's row the caller did not scan, so that the
+// connection can take the next statement.
+func (t *Tx) settle() {
+	if t.open != nil {
+		_ = t.open.close()
+		t.open = nil
+	}
 }
 
 // stmtCtx is the context a statement runs with. In SQLite's shared
@@ -452,12 +467,20 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	if err != nil {
 		return nil, err
 	}
+	t.settle()
 	q = t.db.rewrite(q)
 	if t.err != nil {
 		return nil, t.err
 	}
-	if len(t.later) > 0 {
-		return t.pipeline(ctx, q, args...)
+	if t.begin || len(t.later) > 0 {
+		if len(args) > 0 || !strings.Contains(q, ";") {
+			return t.pipeline(ctx, q, args...)
+		}
+		// Several statements in one text run only as a simple query,
+		// never in a batch: send what is held back first.
+		if err := t.flush(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if t.wc != nil {
 		return t.wc.exec(q, args...)
@@ -485,8 +508,9 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 
 func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *row {
 	ctx, err := t.stmtCtx(ctx)
-	if err == nil {
-		err = t.flush(ctx)
+	t.settle()
+	if err == nil && t.err != nil {
+		err = t.err
 	}
 	if err != nil {
 		return &row{err: err}
@@ -494,6 +518,9 @@ func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *row {
 	q = t.db.rewrite(q)
 	if t.wc != nil {
 		return t.wc.queryRow(q, args...)
+	}
+	if t.begin || len(t.later) > 0 {
+		return t.pipelineRow(ctx, q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return &row{sr: st.QueryRowContext(ctx, args...)}
@@ -640,102 +667,22 @@ func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
 }
 
 func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
-	write := opts == nil
-	if write && db.writes != nil {
-		return db.submit(ctx, fn)
-	}
-	// A write transaction lives on a context of its own, not the caller's:
-	// database/sql rolls a transaction back when the context given to
-	// BeginTx ends, and pgx runs COMMIT on that context, so a caller's
-	// deadline falling during COMMIT made a commit that landed look like a
-	// failure. The caller's context still bounds the wait for a connection
-	// and BEGIN, and every statement fn runs.
-	txCtx, cancelTx := ctx, context.CancelFunc(func() {})
-	if write {
-		txCtx, cancelTx = context.WithCancel(context.WithoutCancel(ctx))
-	}
-	defer cancelTx()
-	stopBegin := context.AfterFunc(ctx, cancelTx)
-	var conn *sql.Conn
-	var stx *sql.Tx
-	var err error
-	if write && db.dialect == Postgres {
-		// A PostgreSQL write keeps its connection to pipeline statements
-		// (pipeline.go).
-		if conn, err = pool.Conn(txCtx); err == nil {
-			defer conn.Close()
-			if stx, err = conn.BeginTx(txCtx, opts); err != nil {
-				stx = nil
-			}
+	if opts == nil {
+		if db.writes != nil {
+			return db.submit(ctx, fn)
 		}
-	} else {
-		stx, err = pool.BeginTx(txCtx, opts)
+		return db.pgWrite(ctx, fn)
 	}
-	if !stopBegin() && err == nil {
-		// The caller left during BEGIN: database/sql is rolling back.
-		_ = stx.Rollback()
-		return fmt.Errorf("begin transaction: %w", ctx.Err())
-	}
+	stx, err := pool.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
+	// A read transaction always rolls back, whatever way fn leaves (an
+	// error, a panic, a test's t.Fatal).
+	defer func() { _ = stx.Rollback() }()
 	t := &Tx{db: db, q: stx, tx: stx, stmts: db.rStmts}
-	if write {
-		t.stmts, t.conn = nil, conn
-	}
 	defer t.prepareUnprepared(ctx)
-	// Roll back whatever way fn leaves (an error, a panic, a test's
-	// t.Fatal): a transaction left open would hold locks.
-	finished := false
-	defer func() {
-		if !finished {
-			_ = stx.Rollback()
-		}
-	}()
-	if err := fn(t); err != nil {
-		if t.err != nil {
-			// A held-back statement failed: that is the cause.
-			return t.err
-		}
-		return err
-	}
-	if !write {
-		return nil
-	}
-	if err := t.flush(ctx); err != nil {
-		return err
-	}
-	finished = true
-	if err := db.commit(stx, cancelTx); err != nil {
-		return err
-	}
-	t.committed()
-	return nil
-}
-
-// commit commits a PostgreSQL transaction begun on a context that cancel
-// ends, bounded by db.commitTimeout, and tells a rollback from an unknown
-// outcome.
-func (db *DB) commit(stx *sql.Tx, cancel context.CancelFunc) error {
-	bound := time.AfterFunc(db.commitTimeout, cancel)
-	err := stx.Commit()
-	bound.Stop()
-	if err == nil {
-		return nil
-	}
-	var pe *pgconn.PgError
-	switch {
-	case errors.As(err, &pe), errors.Is(err, pgx.ErrTxCommitRollback):
-		// The server answered: it rolled back (a deferred constraint, a
-		// serialization failure at commit, a transaction already failed).
-		return fmt.Errorf("commit: %w", err)
-	case pgconn.SafeToRetry(err), errors.Is(err, sql.ErrTxDone):
-		// COMMIT never left: the connection was already gone, and the
-		// server rolls back a transaction whose connection closed.
-		return fmt.Errorf("commit: %w", err)
-	default:
-		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
-	}
+	return fn(t)
 }
 
 // prepareUnprepared prepares, for the next transactions, the queries this
