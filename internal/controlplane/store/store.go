@@ -22,7 +22,10 @@
 //
 // Files by concern. The machinery: store.go (opening, migrating, Tx and
 // WithTx), rewrite.go (the per-dialect SQL), groupcommit.go (SQLite's
-// shared commits), pipeline.go (PostgreSQL's held-back writes),
+// shared commits), writerconn.go (SQLite's writer connection and its
+// statements on the driver), row.go (the row Tx.queryRow returns),
+// pgwrite.go (PostgreSQL's write transactions), pipeline.go (PostgreSQL's
+// held-back writes),
 // sequencer.go (numbering PostgreSQL events), notify.go (command
 // notifications), helpers.go (ErrNotFound and value conversions). The
 // tables: tenancy.go (tenants, sites, pools) and poollock.go; apikeys.go;
