@@ -102,3 +102,15 @@ func (db *DB) MigrateDownTo(ctx context.Context, version int64) error {
 
 // MigrateUp applies every migration not applied yet.
 func (db *DB) MigrateUp(ctx context.Context) error { return db.migrate(ctx) }
+
+// WithRowsOpen runs q and calls fn while its rows are open (tests only:
+// what a running query costs besides the statement).
+func (t *Tx) WithRowsOpen(ctx context.Context, q string, fn func()) error {
+	rows, err := t.query(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	fn()
+	return rows.Err()
+}

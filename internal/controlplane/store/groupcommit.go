@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -57,6 +55,7 @@ var errBrokenBatch = errors.New("shared transaction broken")
 // already waiting, so a lone write is never delayed.
 func (db *DB) writer() {
 	defer close(db.writerDone)
+	defer db.releaseWriter()
 	for req := range db.writes {
 		db.batch(req)
 	}
@@ -64,18 +63,15 @@ func (db *DB) writer() {
 
 // batch runs first and whatever waits behind it as one transaction.
 func (db *DB) batch(first *writeReq) {
-	ctx := context.Background()
-	conn, stx, err := db.begin(ctx)
+	wc, err := db.begin(context.Background())
 	if err != nil {
 		first.done <- err
 		return
 	}
 	var ok []member
-	var txs []*Tx
 	broken := false
 	run := func(r *writeReq) {
-		t := &Tx{db: db, tx: stx, stmts: db.wStmts, shared: true}
-		txs = append(txs, t)
+		t := &Tx{db: db, q: wc.conn, wc: wc, shared: true}
 		err, serr := t.savepoint(r.ctx, r.fn)
 		if serr != nil {
 			db.log.Error("group commit: savepoint failed; the batch runs again one by one", "err", serr)
@@ -106,34 +102,28 @@ func (db *DB) batch(first *writeReq) {
 	switch {
 	case broken:
 		cerr = errBrokenBatch
-		_ = stx.Rollback()
 	case len(ok) == 0:
-		cerr = stx.Rollback()
-		if cerr == nil {
-			conn.Close()
-			db.prepare(txs)
+		if cerr = wc.end(false); cerr == nil {
 			return
 		}
 	default:
-		cerr = stx.Commit()
+		cerr = wc.end(true)
 	}
 	if cerr != nil {
 		// Nothing of the batch committed: a failed COMMIT is rolled back
-		// by SQLite or leaves the transaction open, and closing the
+		// by SQLite or leaves the transaction open, and discarding the
 		// connection rolls back whatever is open.
 		db.log.Warn("group commit failed; its transactions run again one by one", "err", cerr, "transactions", len(ok))
-		discard(conn)
+		db.discardWriter()
 		for _, m := range ok {
 			db.alone(m.r)
 		}
 		return
 	}
-	conn.Close()
 	for _, m := range ok {
 		m.r.done <- nil
 		m.t.committed()
 	}
-	db.prepare(txs)
 }
 
 // waiting returns a write transaction already waiting, if any.
@@ -148,20 +138,16 @@ func (db *DB) waiting() (*writeReq, bool) {
 
 // alone runs r in a transaction of its own and reports its outcome.
 func (db *DB) alone(r *writeReq) {
-	ctx := context.Background()
-	conn, stx, err := db.begin(ctx)
+	wc, err := db.begin(context.Background())
 	if err != nil {
 		r.done <- err
 		return
 	}
-	t := &Tx{db: db, tx: stx, stmts: db.wStmts, shared: true}
+	t := &Tx{db: db, q: wc.conn, wc: wc, shared: true}
 	err, serr := t.savepoint(r.ctx, r.fn)
 	if err != nil || serr != nil {
-		_ = stx.Rollback()
-		if serr != nil {
-			discard(conn)
-		} else {
-			conn.Close()
+		if rerr := wc.end(false); rerr != nil || serr != nil {
+			db.discardWriter()
 		}
 		if err == nil {
 			err = fmt.Errorf("%w: %w", errBrokenBatch, serr)
@@ -169,45 +155,13 @@ func (db *DB) alone(r *writeReq) {
 		r.done <- err
 		return
 	}
-	if err := stx.Commit(); err != nil {
-		discard(conn)
+	if err := wc.end(true); err != nil {
+		db.discardWriter()
 		r.done <- fmt.Errorf("commit: %w", err)
 		return
 	}
-	conn.Close()
 	r.done <- nil
 	t.committed()
-	db.prepare([]*Tx{t})
-}
-
-// begin takes the writer connection and begins a transaction on it.
-func (db *DB) begin(ctx context.Context) (*sql.Conn, *sql.Tx, error) {
-	conn, err := db.w.Conn(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin transaction: %w", err)
-	}
-	stx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		// The connection may be inside a transaction nobody ended: drop it.
-		discard(conn)
-		return nil, nil, fmt.Errorf("begin transaction: %w", err)
-	}
-	return conn, stx, nil
-}
-
-// discard closes the writer connection for good (database/sql opens a new
-// one); SQLite rolls back any transaction still open on it.
-func discard(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	_ = conn.Close()
-}
-
-// prepare prepares, now that the writer connection is free, what the
-// transactions ran as text.
-func (db *DB) prepare(txs []*Tx) {
-	for _, t := range txs {
-		t.prepareUnprepared(context.Background())
-	}
 }
 
 // savepoint runs fn inside a savepoint of the shared transaction, rolling
@@ -219,8 +173,7 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 	if err := ctx.Err(); err != nil {
 		return err, nil
 	}
-	bg := context.Background()
-	if _, err := t.tx.ExecContext(bg, "SAVEPOINT w"); err != nil {
+	if _, err := t.wc.exec("SAVEPOINT w"); err != nil {
 		return fmt.Errorf("savepoint: %w", err), err
 	}
 	res := make(chan error, 1)
@@ -239,11 +192,11 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 	}()
 	err = <-res
 	if err != nil {
-		if _, rerr := t.tx.ExecContext(bg, "ROLLBACK TO w"); rerr != nil {
+		if _, rerr := t.wc.exec("ROLLBACK TO w"); rerr != nil {
 			serr = fmt.Errorf("rollback to savepoint: %w", rerr)
 		}
 	}
-	if _, rerr := t.tx.ExecContext(bg, "RELEASE w"); rerr != nil && serr == nil {
+	if _, rerr := t.wc.exec("RELEASE w"); rerr != nil && serr == nil {
 		serr = fmt.Errorf("release savepoint: %w", rerr)
 	}
 	return err, serr

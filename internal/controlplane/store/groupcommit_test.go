@@ -225,18 +225,30 @@ func batchThen(t *testing.T, db *store.DB, queued func(), ps ...participant) []e
 }
 
 // R14.1: one participant that fails, panics or leaves its goroutine (a
-// test's t.Fatal) after writing is rolled back alone; the participants
-// before and after it in the same commit are committed and told so.
+// test's t.Fatal) after writing, or whose statement fails in the driver
+// (a constraint, or SQL that does not prepare, on the writer's driver
+// connection), is rolled back alone and told its error; the participants
+// before and after it in the same commit are committed and told so, and
+// the writer goes on.
 func TestGroupCommitParticipantFails(t *testing.T) {
 	boom := errors.New("boom")
+	ctx := context.Background()
+	exec := func(q string) func(*store.Tx) error { return func(tx *store.Tx) error { return tx.ExecRaw(ctx, q) } }
+	queryRow := func(q string) func(*store.Tx) error {
+		return func(tx *store.Tx) error { _, err := tx.QueryInt(ctx, q); return err }
+	}
 	for _, tc := range []struct {
 		name string
-		fail func() error
+		fail func(*store.Tx) error
 		want string
 	}{
-		{"error", func() error { return boom }, "boom"},
-		{"panic", func() error { panic("participant panics") }, "panic in transaction: participant panics"},
-		{"goexit", func() error { runtime.Goexit(); return nil }, "transaction function exited without returning"},
+		{"error", func(*store.Tx) error { return boom }, "boom"},
+		{"panic", func(*store.Tx) error { panic("participant panics") }, "panic in transaction: participant panics"},
+		{"goexit", func(*store.Tx) error { runtime.Goexit(); return nil }, "transaction function exited without returning"},
+		{"statement, constraint", exec("INSERT INTO gc_rows (who, n) VALUES ('X', NULL)"), "NOT NULL constraint failed"},
+		{"one-row query, constraint", queryRow("INSERT INTO gc_rows (who, n) VALUES ('X', NULL) RETURNING n"), "NOT NULL constraint failed"},
+		{"statement, does not prepare", exec("INSERT INTO gc_nowhere (who) VALUES ('X')"), "no such table"},
+		{"one-row query, does not prepare", queryRow("SELEC 1"), "syntax error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db := storetest.OpenSQLite(t)
@@ -248,21 +260,32 @@ func TestGroupCommitParticipantFails(t *testing.T) {
 					if err := insertRow("X")(tx); err != nil {
 						return err
 					}
-					return tc.fail()
+					return tc.fail(tx)
 				}},
 				participant{ctx, insertRow("C")})
-			if errs[0] != nil || errs[2] != nil {
-				t.Errorf("B, C: %v, %v; want both committed", errs[0], errs[2])
-			}
-			if errs[1] == nil || !strings.Contains(errs[1].Error(), tc.want) {
-				t.Errorf("X: err = %v, want %q", errs[1], tc.want)
-			}
-			for who, want := range map[string]int64{"B": 1, "X": 0, "C": 1} {
-				if got := rowsOf(t, db, who); got != want {
-					t.Errorf("rows of %s = %d, want %d", who, got, want)
-				}
+			wantAloneFailed(t, db, errs, tc.want)
+			if err := db.WithTx(ctx, insertRow("D")); err != nil || rowsOf(t, db, "D") != 1 {
+				t.Fatalf("write after the batch: %v", err)
 			}
 		})
+	}
+}
+
+// wantAloneFailed checks the outcomes of a batch of B, X and C in which X
+// alone failed, with an error containing want: B and C committed, and
+// nothing of X did.
+func wantAloneFailed(t *testing.T, db *store.DB, errs []error, want string) {
+	t.Helper()
+	if errs[0] != nil || errs[2] != nil {
+		t.Errorf("B, C: %v, %v; want both committed", errs[0], errs[2])
+	}
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), want) {
+		t.Errorf("X: err = %v, want %q", errs[1], want)
+	}
+	for who, n := range map[string]int64{"B": 1, "X": 0, "C": 1} {
+		if got := rowsOf(t, db, who); got != n {
+			t.Errorf("rows of %s = %d, want %d", who, got, n)
+		}
 	}
 }
 

@@ -42,12 +42,14 @@ func (t *Tx) GetJoinAnswer(ctx context.Context, digest []byte) (JoinAnswer, erro
 }
 
 // InsertJoinAnswer stores an answer that expires a.TTL after compute_now().
-// A live answer for the same digest makes it fail with a unique violation
-// (IsUniqueViolation): two transactions admitting one request race, and the
-// loser rolls back and reads the winner's answer. An expired answer for the
-// digest is replaced. The caller must end the transaction after a
-// violation, not carry on in it (on PostgreSQL a racing insert's violation
-// aborts it).
+// A live answer for the same digest makes the transaction fail with a unique
+// violation (IsUniqueViolation): two transactions admitting one request
+// race, and the loser rolls back and reads the winner's answer. An expired
+// answer for the digest is replaced. On SQLite InsertJoinAnswer itself
+// reports the violation; on PostgreSQL the insert is held back
+// (pipeline.go) and the violation is the error of the transaction's next
+// statement and of the transaction. The caller must end the transaction
+// after a violation, not carry on in it.
 func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {
 	switch {
 	case len(a.RequestDigest) == 0:
@@ -59,24 +61,15 @@ func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {
 	}
 	// One statement: an expired answer for the digest is replaced in place
 	// (the request sent anew), a live one is left alone and reported as the
-	// unique violation it would have been.
-	res, err := t.exec(ctx, `INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms)
+	// unique violation it would have been. It is held back (execLaterRows):
+	// on PostgreSQL it goes in one batch with the join's next statement,
+	// the spend, and its violation is then the transaction's error.
+	return t.execLaterRows(ctx, "insert join answer", 1, errUniqueViolation, `INSERT INTO join_answers (request_digest, node_id, response, created_ms, expires_ms)
 		VALUES (?, ?, ?, compute_now(), compute_now() + ?)
 		ON CONFLICT (request_digest) DO UPDATE SET node_id = excluded.node_id, response = excluded.response,
 			created_ms = excluded.created_ms, expires_ms = excluded.expires_ms
 		WHERE join_answers.expires_ms <= compute_now()`,
 		a.RequestDigest, a.NodeID, a.Response, a.TTL.Milliseconds())
-	if err != nil {
-		return fmt.Errorf("insert join answer: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("insert join answer: %w", err)
-	}
-	if n != 1 {
-		return fmt.Errorf("insert join answer: %w", errUniqueViolation)
-	}
-	return nil
 }
 
 // DeleteExpiredJoinAnswers deletes up to limit answers expired at

@@ -22,7 +22,10 @@
 //
 // Files by concern. The machinery: store.go (opening, migrating, Tx and
 // WithTx), rewrite.go (the per-dialect SQL), groupcommit.go (SQLite's
-// shared commits), pipeline.go (PostgreSQL's held-back writes),
+// shared commits), writerconn.go (SQLite's writer connection and its
+// statements on the driver), row.go (the row Tx.queryRow returns),
+// pgwrite.go (PostgreSQL's write transactions), pipeline.go (PostgreSQL's
+// held-back writes),
 // sequencer.go (numbering PostgreSQL events), notify.go (command
 // notifications), helpers.go (ErrNotFound and value conversions). The
 // tables: tenancy.go (tenants, sites, pools) and poollock.go; apikeys.go;
@@ -113,8 +116,10 @@ type DB struct {
 
 	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
 	// writerDone is closed when that goroutine has returned its connection.
+	// wc is the connection it holds (writerconn.go): the writer's only.
 	writes     chan *writeReq
 	writerDone chan struct{}
+	wc         *writerConn
 	closeOnce  sync.Once
 	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
 	// the caller's context (see commit).
@@ -136,12 +141,13 @@ type DB struct {
 
 	stmt sync.Map // query text -> rewritten text
 
-	// SQLite only: the prepared statements of each pool, by rewritten text.
-	// Parsing the SQL was a sixth of a join's CPU; a statement prepared
-	// once per pool is reused on each of its connections (Tx.StmtContext).
-	// PostgreSQL needs none: pgx caches prepared statements per connection
-	// (its default query exec mode, cache_statement).
-	wStmts, rStmts *stmtCache
+	// SQLite only: the prepared statements of the readers, by rewritten
+	// text. Parsing the SQL was a sixth of a join's CPU; a statement
+	// prepared once per pool is reused on each of its connections
+	// (Tx.StmtContext). The writer keeps its own on its connection
+	// (writerConn). PostgreSQL needs none: pgx caches prepared statements
+	// per connection (its default query exec mode, cache_statement).
+	rStmts *stmtCache
 }
 
 // stmtCache holds one pool's prepared statements.
@@ -248,7 +254,7 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	// Keep every reader open: a closed connection takes its prepared
 	// statements with it.
 	r.SetMaxIdleConns(8)
-	db := &DB{dialect: SQLite, w: w, r: r, log: log, wStmts: &stmtCache{pool: w}, rStmts: &stmtCache{pool: r},
+	db := &DB{dialect: SQLite, w: w, r: r, log: log, rStmts: &stmtCache{pool: r},
 		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout,
 		outageWait: cfg.outageWait()}
 	if err := db.migrate(ctx); err != nil {
@@ -374,7 +380,7 @@ func (db *DB) Close() error {
 			db.seq.stop()
 		}
 	})
-	err := errors.Join(db.wStmts.close(), db.rStmts.close())
+	err := db.rStmts.close()
 	err = errors.Join(err, db.w.Close())
 	if db.r != db.w {
 		err = errors.Join(err, db.r.Close())
@@ -392,7 +398,11 @@ func (db *DB) Ping(ctx context.Context) error {
 // package) are the only SQL the control plane runs.
 type Tx struct {
 	db *DB
+	// q runs the statements: tx, or on SQLite's writer its connection
+	// (wc), which holds the shared transaction.
+	q  querier
 	tx *sql.Tx
+	wc *writerConn
 	// after runs once the transaction committed (e.g. wake a controller);
 	// visible runs once the events it inserted are readable (wake event
 	// followers): at once on SQLite, after the sequencer on PostgreSQL.
@@ -404,36 +414,59 @@ type Tx struct {
 	// context, because SQLite answers an interrupted write by rolling back
 	// the whole transaction, every other participant's work included.
 	shared bool
-	// stmts is the pool's statement cache (SQLite), unprepared the queries
+	// stmts is the readers' statement cache (SQLite), unprepared the queries
 	// this transaction ran that it lacked: they are prepared once the
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
 	unprepared []string
-	// conn is a PostgreSQL write transaction's connection, which sends
-	// the held-back statements (later) as one batch with the next one
-	// (pipeline.go); err is the failure of a held-back statement.
+	// conn is a PostgreSQL write transaction's connection and pg its pgx
+	// connection, which sends the held-back statements (later) as one
+	// batch with the next one (pipeline.go), BEGIN first while begin says
+	// it has not been sent; err is the failure of a held-back statement.
 	conn  *sql.Conn
+	pg    *pgx.Conn
+	begin bool
 	later []queued
 	err   error
+	// open is a batch's row not yet scanned (pipelineRow); the next
+	// statement closes it (settle).
+	open *row
+}
+
+// settle closes a batch's row the caller did not scan, so that the
+// connection can take the next statement.
+func (t *Tx) settle() {
+	if t.open != nil {
+		_ = t.open.close()
+		t.open = nil
+	}
 }
 
 // stmtCtx is the context a statement runs with. In SQLite's shared
 // transaction a statement that has started runs to its end: a context
-// already done fails the statement before it reaches the driver
-// (database/sql checks it first), and one that ends while the statement
-// runs is noticed by the next statement. Elsewhere the caller's context
-// interrupts the statement (PostgreSQL then rolls back only this
-// transaction).
-func (t *Tx) stmtCtx(ctx context.Context) context.Context {
-	if t.shared && ctx.Err() == nil {
-		return context.WithoutCancel(ctx)
+// already done fails the statement before it reaches the driver (err),
+// and one that ends while the statement runs is noticed by the next
+// statement. The driver never sees a context that can end, so it never
+// interrupts a statement (SQLite would roll back the whole transaction)
+// and database/sql starts no goroutine to watch one. Elsewhere the
+// caller's context interrupts the statement (PostgreSQL then rolls back
+// only this transaction).
+func (t *Tx) stmtCtx(ctx context.Context) (context.Context, error) {
+	if !t.shared {
+		return ctx, nil
 	}
-	return ctx
+	if err := ctx.Err(); err != nil {
+		return ctx, err
+	}
+	return context.WithoutCancel(ctx), nil
 }
 
 // stmt returns the prepared form of the rewritten query q in this
 // transaction, or nil to run q as text.
 func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
+	if t.wc != nil {
+		return t.wc.stmt(q)
+	}
 	if t.stmts == nil {
 		return nil
 	}
@@ -445,22 +478,39 @@ func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
 }
 
 func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	ctx = t.stmtCtx(ctx)
+	ctx, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.settle()
 	q = t.db.rewrite(q)
 	if t.err != nil {
 		return nil, t.err
 	}
-	if len(t.later) > 0 {
-		return t.pipeline(ctx, q, args...)
+	if t.begin || len(t.later) > 0 {
+		if len(args) > 0 || !strings.Contains(q, ";") {
+			return t.pipeline(ctx, q, args...)
+		}
+		// Several statements in one text run only as a simple query,
+		// never in a batch: send what is held back first.
+		if err := t.flush(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if t.wc != nil {
+		return t.wc.exec(q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return t.tx.ExecContext(ctx, q, args...)
+	return t.q.ExecContext(ctx, q, args...)
 }
 
 func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	ctx = t.stmtCtx(ctx)
+	ctx, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
 	q = t.db.rewrite(q)
 	if err := t.flush(ctx); err != nil {
 		return nil, err
@@ -468,23 +518,37 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
-	return t.tx.QueryContext(ctx, q, args...)
+	return t.q.QueryContext(ctx, q, args...)
 }
 
-func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
-	ctx = t.stmtCtx(ctx)
+func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *row {
+	ctx, err := t.stmtCtx(ctx)
+	t.settle()
+	if err == nil && t.err != nil {
+		err = t.err
+	}
+	if err != nil {
+		return &row{err: err}
+	}
 	q = t.db.rewrite(q)
-	if err := t.flush(ctx); err != nil {
-		// *sql.Row carries no error of ours: the query fails on a done
-		// context, and the transaction reports t.err.
-		done, cancel := context.WithCancel(ctx)
-		cancel()
-		return t.tx.QueryRowContext(done, q, args...)
+	if t.wc != nil {
+		return t.wc.queryRow(q, args...)
+	}
+	if t.begin || len(t.later) > 0 {
+		return t.pipelineRow(ctx, q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
-		return st.QueryRowContext(ctx, args...)
+		return &row{sr: st.QueryRowContext(ctx, args...)}
 	}
-	return t.tx.QueryRowContext(ctx, q, args...)
+	return &row{sr: t.q.QueryRowContext(ctx, q, args...)}
+}
+
+// querier is what runs a transaction's statements: a *sql.Tx, or the
+// *sql.Conn of SQLite's writer.
+type querier interface {
+	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
 }
 
 // Dialect tells which database the transaction runs on.
@@ -618,108 +682,27 @@ func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
 }
 
 func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
-	write := opts == nil
-	if write && db.writes != nil {
-		return db.submit(ctx, fn)
-	}
-	// A write transaction lives on a context of its own, not the caller's:
-	// database/sql rolls a transaction back when the context given to
-	// BeginTx ends, and pgx runs COMMIT on that context, so a caller's
-	// deadline falling during COMMIT made a commit that landed look like a
-	// failure. The caller's context still bounds the wait for a connection
-	// and BEGIN, and every statement fn runs.
-	txCtx, cancelTx := ctx, context.CancelFunc(func() {})
-	if write {
-		txCtx, cancelTx = context.WithCancel(context.WithoutCancel(ctx))
-	}
-	defer cancelTx()
-	stopBegin := context.AfterFunc(ctx, cancelTx)
-	var conn *sql.Conn
-	var stx *sql.Tx
-	var err error
-	if write && db.dialect == Postgres {
-		// A PostgreSQL write keeps its connection to pipeline statements
-		// (pipeline.go).
-		if conn, err = pool.Conn(txCtx); err == nil {
-			defer conn.Close()
-			if stx, err = conn.BeginTx(txCtx, opts); err != nil {
-				stx = nil
-			}
+	if opts == nil {
+		if db.writes != nil {
+			return db.submit(ctx, fn)
 		}
-	} else {
-		stx, err = pool.BeginTx(txCtx, opts)
+		return db.pgWrite(ctx, fn)
 	}
-	if !stopBegin() && err == nil {
-		// The caller left during BEGIN: database/sql is rolling back.
-		_ = stx.Rollback()
-		return fmt.Errorf("begin transaction: %w", ctx.Err())
-	}
+	stx, err := pool.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
-	if write {
-		t.stmts, t.conn = db.wStmts, conn
-	}
+	// A read transaction always rolls back, whatever way fn leaves (an
+	// error, a panic, a test's t.Fatal).
+	defer func() { _ = stx.Rollback() }()
+	t := &Tx{db: db, q: stx, tx: stx, stmts: db.rStmts}
 	defer t.prepareUnprepared(ctx)
-	// Roll back whatever way fn leaves (an error, a panic, a test's
-	// t.Fatal): a transaction left open would hold locks.
-	finished := false
-	defer func() {
-		if !finished {
-			_ = stx.Rollback()
-		}
-	}()
-	if err := fn(t); err != nil {
-		if t.err != nil {
-			// A held-back statement failed: that is the cause.
-			return t.err
-		}
-		return err
-	}
-	if !write {
-		return nil
-	}
-	if err := t.flush(ctx); err != nil {
-		return err
-	}
-	finished = true
-	if err := db.commit(stx, cancelTx); err != nil {
-		return err
-	}
-	t.committed()
-	return nil
-}
-
-// commit commits a PostgreSQL transaction begun on a context that cancel
-// ends, bounded by db.commitTimeout, and tells a rollback from an unknown
-// outcome.
-func (db *DB) commit(stx *sql.Tx, cancel context.CancelFunc) error {
-	bound := time.AfterFunc(db.commitTimeout, cancel)
-	err := stx.Commit()
-	bound.Stop()
-	if err == nil {
-		return nil
-	}
-	var pe *pgconn.PgError
-	switch {
-	case errors.As(err, &pe), errors.Is(err, pgx.ErrTxCommitRollback):
-		// The server answered: it rolled back (a deferred constraint, a
-		// serialization failure at commit, a transaction already failed).
-		return fmt.Errorf("commit: %w", err)
-	case pgconn.SafeToRetry(err), errors.Is(err, sql.ErrTxDone):
-		// COMMIT never left: the connection was already gone, and the
-		// server rolls back a transaction whose connection closed.
-		return fmt.Errorf("commit: %w", err)
-	default:
-		return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
-	}
+	return fn(t)
 }
 
 // prepareUnprepared prepares, for the next transactions, the queries this
-// one ran as text. It runs after the transaction ended (and, for a write on
-// SQLite, still under db.rw, so the writer connection is free). A failure
-// only means the query runs as text again next time.
+// one ran as text. It runs after the transaction ended. A failure only
+// means the query runs as text again next time.
 func (t *Tx) prepareUnprepared(ctx context.Context) {
 	for _, q := range t.unprepared {
 		if err := t.stmts.prepare(context.WithoutCancel(ctx), q); err != nil {
