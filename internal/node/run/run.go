@@ -156,6 +156,9 @@ type Daemon struct {
 	// the gateway's chain (pins.go).
 	pins      *config.Pins
 	pinFailed atomic.Bool
+	// tickets resume the gateway's TLS sessions of the current identity
+	// (tlsresume.go).
+	tickets sessionCache
 }
 
 // answer is a command's result waiting for a session to sign and send it,
@@ -313,6 +316,7 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 		chain[i] = c.Raw
 	}
 	tc.Certificates = []tls.Certificate{{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}}
+	tc.ClientSessionCache = d.tickets.For(chain[0])
 	tc.NextProtos = []string{"h2"}
 	return tc, u.Host, nil
 }
