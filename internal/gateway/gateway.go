@@ -234,6 +234,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			Time: g.clock.Now,
 		},
 	}
+	if cfg.TLSKeyExchange == KeyExchangeX25519 {
+		// SECURITY: classical only, by the operator's choice (config.go).
+		g.hs.TLSConfig.CurvePreferences = []tls.CurveID{tls.X25519}
+	}
 	g.log.Info("gateway configured", "api_urls", strings.Join(cfg.apiURLs(), ","), "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return g, nil
 }
