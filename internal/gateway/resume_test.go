@@ -142,7 +142,9 @@ func (r *resumeEnv) joinOne(t *testing.T, token string, i int) *identity {
 	return &identity{nodeID: j.Body.GetNodeId(), m: m, chain: j.Body.GetCertChain(), leaf: j.Leaf}
 }
 
-func createToken(t *testing.T, e *apitest.Env) string {
+// createToken makes a site, a bcd pool and a join token of maxUses in the
+// root tenant, and returns the token and its pool's id.
+func createToken(t *testing.T, e *apitest.Env, maxUses int32) (tok *bcv1.JoinToken, poolID string) {
 	t.Helper()
 	ctx := context.Background()
 	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
@@ -153,11 +155,11 @@ func createToken(t *testing.T, e *apitest.Env) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, MaxUses: 10, TtlSeconds: 3600}))
+	res, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, MaxUses: maxUses, TtlSeconds: 3600}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tok.Msg.Token
+	return res.Msg, pool.Msg.Id
 }
 
 // lastRefusal is the reason of the newest security.renew.refused event.
@@ -184,8 +186,8 @@ func TestTLSResumptionR13_2(t *testing.T) {
 		clk := clock.NewFake(time.Now())
 		e := apitest.Start(t, db, apitest.Options{Clock: clk})
 		r := startResumeEnv(t, e, clk)
-		token := createToken(t, e)
-		id1 := r.joinOne(t, token, 1)
+		tok, _ := createToken(t, e, 10)
+		id1 := r.joinOne(t, tok.Token, 1)
 
 		// The first connection with the node's certificate is a full
 		// handshake and leaves a ticket bound to that certificate.

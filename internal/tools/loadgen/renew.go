@@ -159,35 +159,23 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 	progress(fmt.Sprintf("renewing %d nodes %d time(s) each, %d at a time, %s…", len(nodes), cfg.Renewals, cfg.Concurrency, mode))
 	timing.Store(true)
 	before := cpuTimes(cfg.PIDs)
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	start := time.Now()
-	for range cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(nodes) || ctx.Err() != nil {
-					return
-				}
-				n := nodes[i]
-				var client agentv1connect.JoinServiceClient
-				for _, rn := range n.renewals {
-					if client == nil || cfg.NewConnections {
-						client = newClient(n)
-					}
-					if !renewOne(ctx, client, n, rn) {
-						break
-					}
-					if n.tickets != nil {
-						n.tickets = tls.NewLRUClientSessionCache(1) // a new identity
-					}
-				}
+	forEachNode(ctx, cfg.Concurrency, len(nodes), func(i int) bool {
+		n := nodes[i]
+		var client agentv1connect.JoinServiceClient
+		for _, rn := range n.renewals {
+			if client == nil || cfg.NewConnections {
+				client = newClient(n)
 			}
-		}()
-	}
-	wg.Wait()
+			if !renewOne(ctx, client, n, rn) {
+				break
+			}
+			if n.tickets != nil {
+				n.tickets = tls.NewLRUClientSessionCache(1) // a new identity
+			}
+		}
+		return true
+	})
 	elapsed := time.Since(start)
 	after := cpuTimes(cfg.PIDs)
 
@@ -207,32 +195,46 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 // certificate: one Keys call each over a connection of its own, cfg.Concurrency
 // at a time, before the clock starts.
 func primeTickets(ctx context.Context, cfg Config, nodes []*node, newClient func(*node) agentv1connect.JoinServiceClient) error {
-	var next atomic.Int64
 	var failed atomic.Pointer[error]
+	forEachNode(ctx, cfg.Concurrency, len(nodes), func(i int) bool {
+		n := nodes[i]
+		n.tickets = tls.NewLRUClientSessionCache(1)
+		if _, err := newClient(n).Keys(ctx, connect.NewRequest(&agentv1.KeysRequest{})); err != nil {
+			err = fmt.Errorf("keys call for a session ticket: %w", err)
+			failed.Store(&err)
+			return false
+		}
+		return true
+	})
+	if p := failed.Load(); p != nil {
+		return *p
+	}
+	return ctx.Err()
+}
+
+// forEachNode calls fn(0) … fn(n-1) from concurrency goroutines, each
+// taking the next index, until every one ran, fn returns false, or ctx
+// ends.
+func forEachNode(ctx context.Context, concurrency, n int, fn func(i int) bool) {
+	var next atomic.Int64
+	var stop atomic.Bool
 	var wg sync.WaitGroup
-	for range cfg.Concurrency {
+	for range concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
+			for !stop.Load() && ctx.Err() == nil {
 				i := int(next.Add(1)) - 1
-				if i >= len(nodes) || ctx.Err() != nil || failed.Load() != nil {
+				if i >= n {
 					return
 				}
-				n := nodes[i]
-				n.tickets = tls.NewLRUClientSessionCache(1)
-				if _, err := newClient(n).Keys(ctx, connect.NewRequest(&agentv1.KeysRequest{})); err != nil {
-					err = fmt.Errorf("keys call for a session ticket: %w", err)
-					failed.Store(&err)
+				if !fn(i) {
+					stop.Store(true)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if p := failed.Load(); p != nil {
-		return *p
-	}
-	return ctx.Err()
 }
 
 // tallyRenewals sums the timed phase's outcomes and latencies.
