@@ -6,8 +6,6 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,14 +95,7 @@ func TestStalledReplicaCommittedJoinR19_2(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		dir := t.TempDir()
-		write := func(name string, b []byte) string {
-			p := filepath.Join(dir, name)
-			if err := os.WriteFile(p, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			return p
-		}
+		write := fileWriter(t)
 		gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,14 +76,7 @@ func TestGatewayOverReplicas(t *testing.T) {
 
 		tok, poolID := createToken(t, e, 100)
 
-		dir := t.TempDir()
-		write := func(name string, b []byte) string {
-			p := filepath.Join(dir, name)
-			if err := os.WriteFile(p, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			return p
-		}
+		write := fileWriter(t)
 		gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)

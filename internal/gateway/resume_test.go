@@ -40,14 +40,7 @@ type resumeEnv struct {
 func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake) *resumeEnv {
 	t.Helper()
 	r := startReplica(t, e.Server, e.Bundle)
-	dir := t.TempDir()
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := fileWriter(t)
 	// The gateway's own certificate is checked by the test's daemons at
 	// the wall clock, the gateway's clock moves: give it room.
 	gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), 30*24*time.Hour)
@@ -63,6 +56,20 @@ func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake) *resumeEnv {
 	roots := x509.NewCertPool()
 	roots.AddCert(e.Bundle.ServingCA)
 	return &resumeEnv{e: e, clk: clk, gwAddr: apitest.ServeGateway(t, g), roots: roots}
+}
+
+// fileWriter returns a function that writes a file of the test's own
+// directory (mode 0600) and returns its path.
+func fileWriter(t *testing.T) func(name string, b []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	return func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 }
 
 // client is one TLS connection to the gateway, made with cert as client
