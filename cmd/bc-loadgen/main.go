@@ -30,6 +30,7 @@ func main() {
 	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join or renewal (as real machines do)")
 	flag.StringVar(&cfg.Mode, "mode", "join", "join, or renew: join the machines (reused connections), then renew each of them")
 	flag.IntVar(&cfg.Renewals, "renewals", 1, "renew mode: renewals per machine, one after the other (without --new-connections over the machine's own connection)")
+	flag.BoolVar(&cfg.Resume, "resume", false, "renew mode: a TLS session cache per machine and identity, as bcd keeps; each machine gets a ticket before the clock starts, so its first renewal resumes")
 	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235; api=1234+1240 sums two API replicas")
 	flag.BoolVar(&cfg.Verify, "verify", true, "check every answer as bcd does, after the timed phase")
 	flag.BoolVar(&cfg.MeasureFloor, "floor", true, "measure the crypto floor after the run and print the API's CPU as a multiple of it")
@@ -95,6 +96,9 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 		mode := "each machine over its own connection"
 		if rr.NewConnections {
 			mode = "new TLS connection per renewal"
+		}
+		if rr.Resume {
+			mode += fmt.Sprintf(", TLS sessions resumed (%d connections resumed)", rr.Resumed)
 		}
 		fmt.Printf("renewals: %d machines x %d, concurrency %d, %s\n", rr.Machines, rr.RenewalsPerMachine, rr.Concurrency, mode)
 		fmt.Printf("renewed %d, refused %d, failed %d, skipped %d in %.2fs: %.0f renewals/s\n", rr.Renewed, rr.Refused, rr.Failed, rr.Skipped, rr.Seconds, rr.RenewalsPerSecond)

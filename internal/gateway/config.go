@@ -26,6 +26,12 @@ const (
 	DefaultUpstreamConns  = 4
 )
 
+// The values of Config.TLSKeyExchange.
+const (
+	KeyExchangeHybrid = "hybrid"
+	KeyExchangeX25519 = "x25519"
+)
+
 // Config is better-compute gateway's TOML configuration.
 type Config struct {
 	// Listen is where daemons connect, e.g. ":443" (the default).
@@ -66,6 +72,13 @@ type Config struct {
 	// sessions (default 4), each session on one of them in turn; with
 	// several API replicas behind one address, sessions spread over them.
 	UpstreamConns int `toml:"upstream_conns"`
+	// TLSKeyExchange is the daemons' TLS key exchange: "hybrid" (the
+	// default) prefers the post-quantum hybrid X25519MLKEM768, "x25519"
+	// offers classical X25519 alone. SECURITY: x25519 gives up protection
+	// of recorded traffic against a future quantum computer for about a
+	// fifth less gateway CPU per full handshake (docs/performance.md);
+	// keep the default unless handshakes are what limits the gateway.
+	TLSKeyExchange string `toml:"tls_key_exchange"`
 	// Metrics serves /metrics, /livez and /readyz on their own listener
 	// ([metrics] listen, e.g. "127.0.0.1:9465"; off when empty).
 	Metrics MetricsConfig `toml:"metrics"`
@@ -182,6 +195,13 @@ func (c *Config) validate() error {
 	case c.MaxSessions == 0:
 		c.MaxSessions = DefaultMaxSessions
 	}
+	switch c.TLSKeyExchange {
+	case "":
+		c.TLSKeyExchange = KeyExchangeHybrid
+	case KeyExchangeHybrid, KeyExchangeX25519:
+	default:
+		return badKey("tls_key_exchange", "must be %q (the default) or %q, got %q", KeyExchangeHybrid, KeyExchangeX25519, c.TLSKeyExchange)
+	}
 	switch {
 	case c.UpstreamConns < 0 || c.UpstreamConns > 256:
 		return badKey("upstream_conns", "must be between 1 and 256")
@@ -269,6 +289,10 @@ attempt_timeout = "5s"    # a join or renewal with no answer by then is resent t
 max_concurrent = 1024
 max_sessions = 100000
 upstream_conns = 4
+# the daemons' TLS key exchange: "hybrid" (X25519MLKEM768, post-quantum) or
+# "x25519" (classical only: less CPU per handshake, no protection of
+# recorded traffic against a future quantum computer)
+tls_key_exchange = "hybrid"
 
 # /metrics, /livez and /readyz (ready: the certificate is valid and an API
 # replica answers); off when empty

@@ -67,6 +67,17 @@ func TestParseConfig(t *testing.T) {
 		}},
 		{name: "negative attempt timeout", toml: goodTOML + "attempt_timeout = \"-1s\"\n", wantErr: "attempt_timeout: cannot be negative"},
 		{name: "attempt timeout over the request timeout", toml: goodTOML + "attempt_timeout = \"40s\"\n", wantErr: "attempt_timeout: 40s is longer than request_timeout 30s"},
+		{name: "key exchange default", toml: goodTOML, check: func(t *testing.T, c Config) {
+			if c.TLSKeyExchange != KeyExchangeHybrid {
+				t.Errorf("tls_key_exchange %q, want hybrid", c.TLSKeyExchange)
+			}
+		}},
+		{name: "key exchange x25519", toml: goodTOML + "tls_key_exchange = \"x25519\"\n", check: func(t *testing.T, c Config) {
+			if c.TLSKeyExchange != KeyExchangeX25519 {
+				t.Errorf("tls_key_exchange %q, want x25519", c.TLSKeyExchange)
+			}
+		}},
+		{name: "key exchange unknown", toml: goodTOML + "tls_key_exchange = \"p256\"\n", wantErr: "tls_key_exchange: must be"},
 		{name: "negative concurrency", toml: goodTOML + "max_concurrent = -1\n", wantErr: "max_concurrent: cannot be negative"},
 	}
 	for _, tc := range tests {

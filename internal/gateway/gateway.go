@@ -185,7 +185,24 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			// node_certs), so the gateway only requests it here, and
 			// refuses a session without one (session.go).
 			ClientAuth: tls.RequestClientCert,
+			// TLS 1.3 session tickets (crypto/tls's own: on by default,
+			// keys made in memory, a new one every 24 h, each accepted
+			// for 7 days, all by this clock), so a daemon that reconnects
+			// resumes instead of a full handshake. SECURITY: a resumed
+			// connection carries the client certificate of the
+			// handshake that issued its ticket; crypto/tls does not
+			// resume one whose certificate has expired by now (it falls
+			// back to a full handshake), and the gateway forwards it to
+			// the API exactly as a presented one, which checks it on
+			// every call (revoked, superseded, retired, expired).
+			// Tickets are sealed with keys that never leave this
+			// process: another gateway cannot resume them.
+			Time: g.clock.Now,
 		},
+	}
+	if cfg.TLSKeyExchange == KeyExchangeX25519 {
+		// SECURITY: classical only, by the operator's choice (config.go).
+		g.hs.TLSConfig.CurvePreferences = []tls.CurveID{tls.X25519}
 	}
 	g.log.Info("gateway configured", "api_urls", strings.Join(cfg.apiURLs(), ","), "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return g, nil

@@ -6,8 +6,6 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,27 +82,9 @@ func TestStalledReplicaCommittedJoinR19_2(t *testing.T) {
 		r2 := apitest.StartAgent(t, stalling(srv2.AgentHandler()), e.Bundle)
 		t.Cleanup(func() { close(release) }) // before the servers close
 
-		site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := e.Admin.Pools.CreatePool(ctx, connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: e.RootTenant, SiteId: site.Msg.Id, Name: "gpu", Agent: "bcd"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, MaxUses: 10, TtlSeconds: 3600}))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tok, poolID := createToken(t, e, 10)
 
-		dir := t.TempDir()
-		write := func(name string, b []byte) string {
-			p := filepath.Join(dir, name)
-			if err := os.WriteFile(p, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			return p
-		}
+		write := fileWriter(t)
 		gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -124,7 +104,7 @@ func TestStalledReplicaCommittedJoinR19_2(t *testing.T) {
 		t.Cleanup(tr.CloseIdleConnections)
 		daemon := agentv1connect.NewJoinServiceClient(&http.Client{Transport: tr}, "https://"+gwAddr, connect.WithGRPC())
 
-		req := jointest.NewMachine(t, jointest.Claims(77001)).Request(t, e.Bundle, tok.Msg.Token, "")
+		req := jointest.NewMachine(t, jointest.Claims(77001)).Request(t, e.Bundle, tok.Token, "")
 		type result struct {
 			res *agentv1.JoinResponse
 			err error
@@ -171,12 +151,12 @@ func TestStalledReplicaCommittedJoinR19_2(t *testing.T) {
 		if !proto.Equal(first.res, again.Msg) {
 			t.Error("the same join request asked again got another answer")
 		}
-		tokens, err := e.Admin.JoinTokens.ListJoinTokens(ctx, connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id}))
+		tokens, err := e.Admin.JoinTokens.ListJoinTokens(ctx, connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: e.RootTenant, PoolId: poolID}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, jt := range tokens.Msg.GetItems() {
-			if jt.GetId() == tok.Msg.Id && jt.GetUsesLeft() != 9 {
+			if jt.GetId() == tok.Id && jt.GetUsesLeft() != 9 {
 				t.Errorf("uses left %d, want 9: one join, resent, spends one use", jt.GetUsesLeft())
 			}
 		}

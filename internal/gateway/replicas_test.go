@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,27 +74,9 @@ func TestGatewayOverReplicas(t *testing.T) {
 		}
 		r1, r2 := startReplica(t, e.Server, e.Bundle), startReplica(t, srv2, e.Bundle)
 
-		site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := e.Admin.Pools.CreatePool(ctx, connect.NewRequest(&bcv1.CreatePoolRequest{TenantId: e.RootTenant, SiteId: site.Msg.Id, Name: "gpu", Agent: "bcd"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, err := e.Admin.JoinTokens.CreateJoinToken(ctx, connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id, MaxUses: 100, TtlSeconds: 3600}))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tok, poolID := createToken(t, e, 100)
 
-		dir := t.TempDir()
-		write := func(name string, b []byte) string {
-			p := filepath.Join(dir, name)
-			if err := os.WriteFile(p, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			return p
-		}
+		write := fileWriter(t)
 		gwPEM, gwKey, err := ca.IssueGateway(e.Bundle, []string{"127.0.0.1"}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -127,7 +107,7 @@ func TestGatewayOverReplicas(t *testing.T) {
 			t.Helper()
 			for range n {
 				machine++
-				join(jointest.NewMachine(t, jointest.Claims(90000+machine)).Request(t, e.Bundle, tok.Msg.Token, ""))
+				join(jointest.NewMachine(t, jointest.Claims(90000+machine)).Request(t, e.Bundle, tok.Token, ""))
 			}
 		}
 
@@ -138,7 +118,7 @@ func TestGatewayOverReplicas(t *testing.T) {
 
 		// One request, then the same request again, lands on both.
 		m := jointest.NewMachine(t, jointest.Claims(99999))
-		req := m.Request(t, e.Bundle, tok.Msg.Token, "")
+		req := m.Request(t, e.Bundle, tok.Token, "")
 		first := join(req)
 		again := join(proto.Clone(req).(*agentv1.JoinRequest))
 		if !proto.Equal(first, again) {
@@ -158,13 +138,13 @@ func TestGatewayOverReplicas(t *testing.T) {
 			func() bool { return strings.Contains(logs.String(), "API replica out") })
 		// Every use spent was a join that succeeded: 10 + 1 + 10, none
 		// twice for the request sent again.
-		tokens, err := e.Admin.JoinTokens.ListJoinTokens(ctx, connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: e.RootTenant, PoolId: pool.Msg.Id}))
+		tokens, err := e.Admin.JoinTokens.ListJoinTokens(ctx, connect.NewRequest(&bcv1.ListJoinTokensRequest{TenantId: e.RootTenant, PoolId: poolID}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		found := false
 		for _, jt := range tokens.Msg.GetItems() {
-			if jt.GetId() == tok.Msg.Id {
+			if jt.GetId() == tok.Id {
 				found = true
 				if jt.GetUsesLeft() != 100-21 {
 					t.Errorf("uses left %d, want %d", jt.GetUsesLeft(), 100-21)

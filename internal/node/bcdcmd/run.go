@@ -8,6 +8,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/diag"
+	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
@@ -93,12 +94,15 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			// One live pin set for the renewer and the session (R16.2):
 			// a key either learns is saved to config.toml and used by both.
 			pins := config.NewPins(configPath, cfg, log)
+			// One TLS ticket cache too: a renewal resumes the session's
+			// TLS session with the gateway (same identity, same gateway).
+			tickets := &enroll.TicketCache{}
 			httpClient, stopTracing, err := a.traced(cfg)
 			if err != nil {
 				return err
 			}
 			defer stopTracing()
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: httpClient, Log: log, Pins: pins,
+			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: httpClient, Log: log, Pins: pins, Tickets: tickets,
 				OnRenewed: func(id *identity.Identity) {
 					dg.Renewed(id)
 					select {
@@ -111,7 +115,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins,
+			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins, Tickets: tickets,
 				OnWelcome: dg.Welcomed, OnSessionEnded: dg.SessionEnded})
 			if err != nil {
 				return err

@@ -93,6 +93,10 @@ type Config struct {
 	// nil: BCD's, kept in memory only (bcd passes config.NewPins with
 	// config.toml's path, so what a renewal learns is saved).
 	Pins *config.Pins
+	// Tickets, when set, resumes the gateway's TLS sessions of the
+	// current identity (shared with bcd run's session, which leaves a
+	// ticket; enroll.TicketCache).
+	Tickets *enroll.TicketCache
 	// ServerTime is the control plane's clock as bcd knows it (R19.3):
 	// client_time and the certificate's expiry are read by it, and every
 	// renewal answer corrects it. nil: one persisted in Store.Dir.
@@ -430,6 +434,7 @@ func (r *Renewer) callOnce(ctx context.Context, id *identity.Identity, chain [][
 	// client certificate, naming no CAs, so it is offered unconditionally.
 	cert := &tls.Certificate{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}
 	tlsConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	tlsConfig.ClientSessionCache = r.cfg.Tickets.For(chain[0])
 	client := agentv1connect.NewJoinServiceClient(r.hc(tlsConfig), r.bcd.GatewayURL,
 		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
 	ctx, cancel := context.WithTimeout(ctx, renewTimeout)

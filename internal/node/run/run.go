@@ -139,6 +139,9 @@ type Config struct {
 	// Pins are the live pin sets (R16.2), shared with the renewer; nil:
 	// BCD's, kept in memory only.
 	Pins *config.Pins
+	// Tickets, when set, resumes the gateway's TLS sessions of the
+	// current identity (shared with the renewer; enroll.TicketCache).
+	Tickets *enroll.TicketCache
 	// ServerTime is the control plane's clock as bcd knows it (R19.3):
 	// certificate expiry and command expiry are read by it, and each
 	// Welcome corrects it. nil: one persisted in Store.Dir (bcd run
@@ -323,6 +326,7 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 		chain[i] = c.Raw
 	}
 	tc.Certificates = []tls.Certificate{{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}}
+	tc.ClientSessionCache = d.cfg.Tickets.For(chain[0])
 	tc.NextProtos = []string{"h2"}
 	return tc, u.Host, nil
 }

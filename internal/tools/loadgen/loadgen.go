@@ -75,6 +75,13 @@ type Config struct {
 	// own connection; connections are never shared across machines, whose
 	// client certificates differ.
 	Renewals int
+	// Resume, in renew mode, keeps a TLS session cache per machine and
+	// identity, as bcd does: before the clock starts each machine makes one
+	// call with its current certificate (as its session would have), so
+	// its first renewal resumes that TLS session instead of a full
+	// handshake. A renewed machine starts a new cache (its new
+	// certificate needs a full handshake).
+	Resume bool
 	// MeasureFloor measures the crypto floor after the run (Result.Floor,
 	// about two seconds of CPU).
 	MeasureFloor bool

@@ -173,17 +173,21 @@ func TestJoinMode(t *testing.T) {
 
 // Renew mode: every machine joins, then renews through the gateway with
 // the real protocol; every answer verifies as bcd checks it, and every
-// renewal is a node_certs row.
+// renewal is a node_certs row. With Resume each machine's first renewal
+// resumes the TLS session of a call made with its certificate before the
+// clock; its second, with the renewed certificate, is a full handshake
+// (R13.2: tickets are per identity).
 func TestRenewMode(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		tg := newTarget(t, e, 20)
 		cases := []struct {
 			fresh    bool
 			renewals int
-		}{{true, 1}, {false, 3}}
+			resume   bool
+		}{{true, 1, false}, {false, 3, false}, {true, 2, true}}
 		for _, c := range cases {
 			r, err := loadgen.Run(context.Background(), loadgen.Config{BCDConfig: tg.configPath, Token: tg.token, Machines: 6, Concurrency: 4,
-				NewConnections: c.fresh, Mode: "renew", Renewals: c.renewals, Verify: true, PIDs: map[string][]int{"self": {os.Getpid()}}}, nil)
+				NewConnections: c.fresh, Mode: "renew", Renewals: c.renewals, Resume: c.resume, Verify: true, PIDs: map[string][]int{"self": {os.Getpid()}}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,12 +200,15 @@ func TestRenewMode(t *testing.T) {
 				rr.RenewalsPerSecond <= 0 || rr.P99ms <= 0 || rr.CPUmsPerRenewal["self"] <= 0 {
 				t.Fatalf("renewals (new connections %v, %d each): %+v", c.fresh, c.renewals, rr)
 			}
+			if wantResumed := map[bool]int64{true: 6}[c.resume]; rr.Resume != c.resume || rr.Resumed != wantResumed {
+				t.Fatalf("resume %v: %d connections resumed, want %d", rr.Resume, rr.Resumed, wantResumed)
+			}
 		}
 		counts := map[int]int{}
 		for _, n := range certsPerNode(t, e) {
 			counts[n]++
 		}
-		if counts[2] != 6 || counts[4] != 6 || len(counts) != 2 {
+		if counts[2] != 6 || counts[4] != 6 || counts[3] != 6 || len(counts) != 3 {
 			t.Fatalf("certificates per node: %v", counts)
 		}
 	})

@@ -33,6 +33,10 @@ type RenewResult struct {
 	RenewalsPerMachine int  `json:"renewalsPerMachine"`
 	Concurrency        int  `json:"concurrency"`
 	NewConnections     bool `json:"newConnections"`
+	// Resume and Resumed: whether machines kept TLS session caches
+	// (Config.Resume), and how many timed connections resumed.
+	Resume  bool  `json:"resume"`
+	Resumed int64 `json:"resumed"`
 	// Renewed counts successful renewals (of Machines*RenewalsPerMachine).
 	Renewed           int                `json:"renewed"`
 	Refused           int                `json:"refused"`
@@ -67,6 +71,9 @@ type node struct {
 	chain                       [][]byte          // the current chain, leaf first
 	leaf                        *x509.Certificate
 	renewals                    []*renewal
+	// tickets is the TLS session cache of the current identity (nil:
+	// none, Config.Resume off).
+	tickets tls.ClientSessionCache
 }
 
 // clientCert is the node's current certificate, as bcd presents it.
@@ -119,9 +126,18 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 		first[i] = *n
 	}
 
+	var resumed atomic.Int64
+	timing := atomic.Bool{}
 	newClient := func(n *node) agentv1connect.JoinServiceClient {
 		tc := tg.tlsConf.Clone()
-		tc.ClientSessionCache = nil
+		tc.ClientSessionCache = n.tickets
+		verify := tc.VerifyConnection
+		tc.VerifyConnection = func(cs tls.ConnectionState) error {
+			if cs.DidResume && timing.Load() {
+				resumed.Add(1)
+			}
+			return verify(cs)
+		}
 		// Asked once per handshake: the node's certificate at dial time.
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return n.clientCert(), nil }
 		tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 1,
@@ -133,39 +149,39 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 	if !cfg.NewConnections {
 		mode = "each machine's renewals over its own connection"
 	}
-	progress(fmt.Sprintf("renewing %d nodes %d time(s) each, %d at a time, %s…", len(nodes), cfg.Renewals, cfg.Concurrency, mode))
-	before := cpuTimes(cfg.PIDs)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(nodes) || ctx.Err() != nil {
-					return
-				}
-				n := nodes[i]
-				var client agentv1connect.JoinServiceClient
-				for _, rn := range n.renewals {
-					if client == nil || cfg.NewConnections {
-						client = newClient(n)
-					}
-					if !renewOne(ctx, client, n, rn) {
-						break
-					}
-				}
-			}
-		}()
+	if cfg.Resume {
+		mode += ", resuming TLS sessions"
+		progress("one call per node with its certificate, for a TLS session ticket…")
+		if err := primeTickets(ctx, cfg, nodes, newClient); err != nil {
+			return nil, err
+		}
 	}
-	wg.Wait()
+	progress(fmt.Sprintf("renewing %d nodes %d time(s) each, %d at a time, %s…", len(nodes), cfg.Renewals, cfg.Concurrency, mode))
+	timing.Store(true)
+	before := cpuTimes(cfg.PIDs)
+	start := time.Now()
+	forEachNode(ctx, cfg.Concurrency, len(nodes), func(i int) bool {
+		n := nodes[i]
+		var client agentv1connect.JoinServiceClient
+		for _, rn := range n.renewals {
+			if client == nil || cfg.NewConnections {
+				client = newClient(n)
+			}
+			if !renewOne(ctx, client, n, rn) {
+				break
+			}
+			if n.tickets != nil {
+				n.tickets = tls.NewLRUClientSessionCache(1) // a new identity
+			}
+		}
+		return true
+	})
 	elapsed := time.Since(start)
 	after := cpuTimes(cfg.PIDs)
 
 	r := tallyRenewals(cfg, nodes, elapsed)
 	r.CPUmsPerRenewal = cpuPer(before, after, r.Renewed)
+	r.Resume, r.Resumed = cfg.Resume, resumed.Load()
 	if cfg.Verify {
 		progress("checking every renewal answer as bcd does…")
 		if err := verifyRenewals(tg, first, nodes, r); err != nil {
@@ -173,6 +189,52 @@ func runRenew(ctx context.Context, cfg Config, tg *target, ms []*machine, progre
 		}
 	}
 	return r, nil
+}
+
+// primeTickets gives every node a TLS session ticket bound to its current
+// certificate: one Keys call each over a connection of its own, cfg.Concurrency
+// at a time, before the clock starts.
+func primeTickets(ctx context.Context, cfg Config, nodes []*node, newClient func(*node) agentv1connect.JoinServiceClient) error {
+	var failed atomic.Pointer[error]
+	forEachNode(ctx, cfg.Concurrency, len(nodes), func(i int) bool {
+		n := nodes[i]
+		n.tickets = tls.NewLRUClientSessionCache(1)
+		if _, err := newClient(n).Keys(ctx, connect.NewRequest(&agentv1.KeysRequest{})); err != nil {
+			err = fmt.Errorf("keys call for a session ticket: %w", err)
+			failed.Store(&err)
+			return false
+		}
+		return true
+	})
+	if p := failed.Load(); p != nil {
+		return *p
+	}
+	return ctx.Err()
+}
+
+// forEachNode calls fn(0) … fn(n-1) from concurrency goroutines, each
+// taking the next index, until every one ran, fn returns false, or ctx
+// ends.
+func forEachNode(ctx context.Context, concurrency, n int, fn func(i int) bool) {
+	var next atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() && ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if !fn(i) {
+					stop.Store(true)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // tallyRenewals sums the timed phase's outcomes and latencies.
