@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -95,21 +96,9 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 		return err
 	}
 	defer stopRing()
-	// Without a metrics listener no one can read the metrics: the API
-	// counts nothing (a nil *telemetry.API) and its handler is not
-	// instrumented.
-	reg := prometheus.NewRegistry()
-	var fleet *telemetry.API
-	if cfg.Metrics.Listen != "" {
-		fleet = telemetry.NewAPI(reg)
-	}
-	srv, err := newAPI(ctx, cfg, o, db, bundle, log, fleet)
+	reg, fleet, srv, handler, err := newMeteredAPI(ctx, cfg, o, db, bundle, log)
 	if err != nil {
 		return err
-	}
-	var handler http.Handler = srv
-	if fleet != nil {
-		handler = apiMetrics(reg, srv)
 	}
 
 	apiCert, err := loadAPICert(cfg, log)
@@ -184,21 +173,45 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	// The in-process gateway first: it ends the sessions it relays (their
-	// daemons reconnect) and finishes its joins and renewals while the API
-	// still answers them.
-	stopGateway(sctx, gw)
+	return shutdown(sctx, gw, ms, as, srv, hs)
+}
+
+// newMeteredAPI builds the API server and the handler that serves it.
+// Without a metrics listener no one can read the metrics: the API counts
+// nothing (a nil *telemetry.API) and its handler is not instrumented.
+func newMeteredAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger) (*prometheus.Registry, *telemetry.API, *api.Server, http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	var fleet *telemetry.API
+	if cfg.Metrics.Listen != "" {
+		fleet = telemetry.NewAPI(reg)
+	}
+	srv, err := newAPI(ctx, cfg, o, db, bundle, log, fleet)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	var handler http.Handler = srv
+	if fleet != nil {
+		handler = apiMetrics(reg, srv)
+	}
+	return reg, fleet, srv, handler, nil
+}
+
+// shutdown stops the servers gracefully within ctx, in order: the
+// in-process gateway first (it ends the sessions it relays, whose daemons
+// reconnect, and finishes its joins and renewals while the API still
+// answers them), then metrics, the agent listener's sessions (they outlive
+// any graceful wait: each writes its disconnect before the database
+// closes), and the API last.
+func shutdown(ctx context.Context, gw *gateway.Gateway, ms, as *http.Server, srv *api.Server, hs *http.Server) error {
+	stopGateway(ctx, gw)
 	if ms != nil {
-		_ = ms.Shutdown(sctx)
+		_ = ms.Shutdown(ctx)
 	}
 	if as != nil {
-		// Sessions outlive any graceful wait: end them (their daemons
-		// reconnect through another replica) and let each write its
-		// disconnect before the database closes.
-		_ = srv.Sessions().Close(sctx)
-		_ = as.Shutdown(sctx)
+		_ = srv.Sessions().Close(ctx)
+		_ = as.Shutdown(ctx)
 	}
-	return hs.Shutdown(sctx)
+	return hs.Shutdown(ctx)
 }
 
 // serveAPI serves the operator API on ln (TLS with apiCert when set) until
