@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pressly/goose/v3"
 )
 
 // ExecRaw runs one statement in the transaction (tests only: scratch tables,
@@ -90,18 +93,33 @@ func MigrationUp(d Dialect, name string) (string, error) {
 }
 
 // MigrateDownTo rolls db's schema back to version, and MigrateUp brings it
-// up again as Open does (migration tests).
+// up again (migration tests). On SQLite they migrate through a connection
+// of their own: the writer goroutine holds the writer pool's only one.
 func (db *DB) MigrateDownTo(ctx context.Context, version int64) error {
-	p, err := db.migrations()
-	if err != nil {
-		return err
-	}
-	_, err = p.DownTo(ctx, version)
-	return err
+	return db.withMigrations(func(p *goose.Provider) error { _, err := p.DownTo(ctx, version); return err })
 }
 
 // MigrateUp applies every migration not applied yet.
-func (db *DB) MigrateUp(ctx context.Context) error { return db.migrate(ctx) }
+func (db *DB) MigrateUp(ctx context.Context) error {
+	return db.withMigrations(func(p *goose.Provider) error { _, err := p.Up(ctx); return err })
+}
+
+func (db *DB) withMigrations(fn func(*goose.Provider) error) error {
+	pool := db.w
+	if db.dialect == SQLite {
+		own, err := sql.Open("sqlite", db.wdsn)
+		if err != nil {
+			return err
+		}
+		defer own.Close()
+		pool = own
+	}
+	p, err := db.migrations(pool)
+	if err != nil {
+		return err
+	}
+	return fn(p)
+}
 
 // WithRowsOpen runs q and calls fn while its rows are open (tests only:
 // what a running query costs besides the statement).

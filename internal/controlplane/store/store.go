@@ -111,8 +111,11 @@ type Config struct {
 type DB struct {
 	dialect Dialect
 	w       *sql.DB // the writer: one connection on SQLite
-	r       *sql.DB // readers
-	log     *slog.Logger
+	// wdsn is the SQLite writer's DSN: the writer goroutine holds w's one
+	// connection, so a migration run after Open (tests) opens its own.
+	wdsn string
+	r    *sql.DB // readers
+	log  *slog.Logger
 
 	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
 	// writerDone is closed when that goroutine has returned its connection.
@@ -254,7 +257,7 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	// Keep every reader open: a closed connection takes its prepared
 	// statements with it.
 	r.SetMaxIdleConns(8)
-	db := &DB{dialect: SQLite, w: w, r: r, log: log, rStmts: &stmtCache{pool: r},
+	db := &DB{dialect: SQLite, w: w, wdsn: base + "&_txlock=immediate", r: r, log: log, rStmts: &stmtCache{pool: r},
 		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout,
 		outageWait: cfg.outageWait()}
 	if err := db.migrate(ctx); err != nil {
@@ -335,7 +338,7 @@ func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error
 }
 
 func (db *DB) migrate(ctx context.Context) error {
-	p, err := db.migrations()
+	p, err := db.migrations(db.w)
 	if err != nil {
 		return err
 	}
@@ -349,8 +352,8 @@ func (db *DB) migrate(ctx context.Context) error {
 	return nil
 }
 
-// migrations is the goose provider of db's dialect.
-func (db *DB) migrations() (*goose.Provider, error) {
+// migrations is the goose provider of db's dialect, migrating through pool.
+func (db *DB) migrations(pool *sql.DB) (*goose.Provider, error) {
 	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
@@ -359,7 +362,7 @@ func (db *DB) migrations() (*goose.Provider, error) {
 	if db.dialect == Postgres {
 		gd = goose.DialectPostgres
 	}
-	p, err := goose.NewProvider(gd, db.w, sub)
+	p, err := goose.NewProvider(gd, pool, sub)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
