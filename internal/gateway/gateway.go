@@ -342,8 +342,8 @@ func (g *Gateway) limit() connect.UnaryInterceptorFunc {
 			select {
 			case g.sem <- struct{}{}:
 			default:
-				g.lines.Log(slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, telemetry.LogPeer, peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
-				return nil, wire.ToWire(g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
+				g.lines.LogContext(ctx, slog.LevelWarn, "busy", "gateway busy: call refused", "procedure", req.Spec().Procedure, telemetry.LogPeer, peerOf(ctx).addr, "max_concurrent", g.cfg.MaxConcurrent)
+				return nil, wire.ToWireContext(ctx, g.log, req.Spec().Procedure, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 			}
 			defer func() { <-g.sem }()
 			return next(ctx, req)
@@ -405,7 +405,7 @@ func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string,
 	}
 	res, err := h.run(ctx)
 	if err != nil {
-		return nil, g.upstreamError(procedure, p, start, err)
+		return nil, g.upstreamError(ctx, procedure, p, start, err)
 	}
 	return connect.NewResponse(res.Msg), nil
 }
@@ -491,7 +491,7 @@ func binaryCodec(contentType string) bool {
 // details; never its headers or trailers) and turns anything else (no
 // connection, a timeout, a malformed answer) into UNAVAILABLE with the
 // detail in the log only.
-func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err error) error {
+func (g *Gateway) upstreamError(ctx context.Context, procedure string, p peer, start time.Time, err error) error {
 	var ce *connect.Error
 	if errors.As(err, &ce) && connect.IsWireError(ce) {
 		out := connect.NewError(ce.Code(), errors.New(ce.Message()))
@@ -500,7 +500,7 @@ func (g *Gateway) upstreamError(procedure string, p peer, start time.Time, err e
 		}
 		return out
 	}
-	g.lines.Log(slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, telemetry.LogPeer, p.addr,
+	g.lines.LogContext(ctx, slog.LevelWarn, "failed\x1f"+procedure, "relay to the API failed", "procedure", procedure, telemetry.LogPeer, p.addr,
 		"elapsed", g.clock.Now().Sub(start).String(), "err", err)
-	return wire.ToWire(g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
+	return wire.ToWireContext(ctx, g.log, procedure, errs.New(errs.Unavailable, "the control plane is unavailable; retry later"))
 }

@@ -118,7 +118,7 @@ func (h *hedge[Res]) next(ctx context.Context, timer clock.Timer) {
 	}
 	if len(h.tried) > 0 {
 		prev := h.tried[len(h.tried)-1]
-		h.g.lines.Log(slog.LevelInfo, "retried\x1f"+h.procedure, "relay resent to another API replica", "procedure", h.procedure,
+		h.g.lines.LogContext(ctx, slog.LevelInfo, "retried\x1f"+h.procedure, "relay resent to another API replica", "procedure", h.procedure,
 			"from", prev.base, "to", u.base, "attempts_running", h.running)
 	}
 	h.tried = append(h.tried, u)

@@ -69,13 +69,13 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	proc := agentv1connect.SessionServiceConnectProcedure
 	p := peerOf(ctx)
 	if len(p.certDER) == 0 {
-		return wire.ToWire(g.log, proc, errs.New(errs.AccessDenied, "Session refused"))
+		return wire.ToWireContext(ctx, g.log, proc, errs.New(errs.AccessDenied, "Session refused"))
 	}
 	select {
 	case g.held <- struct{}{}:
 	default:
-		g.lines.Log(slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, p.addr, "max_sessions", g.cfg.MaxSessions)
-		return wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
+		g.lines.LogContext(ctx, slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, p.addr, "max_sessions", g.cfg.MaxSessions)
+		return wire.ToWireContext(ctx, g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))
 	}
 	defer func() { <-g.held }()
 
@@ -95,7 +95,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	if err := up.Send(nil); err != nil && !errors.Is(err, io.EOF) {
 		g.relayError(u)
 		g.markDown(u, err)
-		return g.upstreamError(proc, p, start, err)
+		return g.upstreamError(ctx, proc, p, start, err)
 	}
 	g.metrics.opened.Inc()
 	// up.Send is used by both goroutines (relayed messages; results of
@@ -133,17 +133,17 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 			var ce *connect.Error
 			switch {
 			case g.stopped.Err() != nil:
-				return wire.ToWire(g.log, proc, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect"))
+				return wire.ToWireContext(ctx, g.log, proc, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect"))
 			case errors.Is(err, io.EOF):
 				return nil
 			case errors.As(err, &ce) && connect.IsWireError(ce):
 				// The API's answer (a refusal) goes to the daemon as it is.
-				return g.upstreamError(proc, p, start, err)
+				return g.upstreamError(ctx, proc, p, start, err)
 			case ctx.Err() != nil:
 				return nil // the daemon left
 			}
 			g.relayError(u)
-			return g.upstreamError(proc, p, start, err)
+			return g.upstreamError(ctx, proc, p, start, err)
 		}
 		switch msg := m.GetMsg().(type) {
 		case *agentv1.SessionServerMessage_Welcome:
@@ -154,8 +154,8 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 			}
 		case *agentv1.SessionServerMessage_Command:
 			if id, kind, ok := g.commandAllowed(allowed, msg.Command); !ok {
-				g.log.Warn("command refused at the gateway: kind not allowed by the node certificate",
-					"node", nodeID, "peer", p.addr, "command", id, "kind", kind, "allowed_kinds", strings.Join(allowed, ","))
+				g.log.WarnContext(ctx, "command refused at the gateway: kind not allowed by the node certificate",
+					telemetry.LogNodeID, nodeID, telemetry.LogPeer, p.addr, telemetry.LogCommand, id, telemetry.LogKind, kind, "allowed_kinds", strings.Join(allowed, ","))
 				if id != "" {
 					if err := send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
 						CommandId: id, Ok: false, Error: wire.GatewayKindRefused}}}); err != nil {
