@@ -77,6 +77,18 @@ const AdoptedBy = "controller"
 // moved to adopted in tx (R4.5, R14.1, R14.2): by a join in a pool without
 // acceptance checks, or by a controller.
 func RecordAdopted(ctx context.Context, tx *store.Tx, hub *events.Hub, n store.Node) error {
+	ev, entry, err := adoptedFacts(n)
+	if err != nil {
+		return err
+	}
+	if err := events.Publish(ctx, tx, hub, ev); err != nil {
+		return err
+	}
+	return events.Audit(ctx, tx, entry)
+}
+
+// adoptedFacts is node n's node.adopted event and its audit row.
+func adoptedFacts(n store.Node) (events.Event, events.Entry, error) {
 	// The event and the audit row carry the same data: encoded once, in
 	// the key order a map had.
 	data, err := json.Marshal(struct {
@@ -85,12 +97,10 @@ func RecordAdopted(ctx context.Context, tx *store.Tx, hub *events.Hub, n store.N
 		PoolID             string `json:"poolId"`
 	}{n.IdentityGeneration, n.ID, n.PoolID})
 	if err != nil {
-		return fmt.Errorf("marshal adoption: %w", err)
+		return events.Event{}, events.Entry{}, fmt.Errorf("marshal adoption: %w", err)
 	}
-	if err := events.Publish(ctx, tx, hub, events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
-		return err
-	}
-	return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: AdoptedBy, Action: "node.adopted", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)})
+	return events.Event{TenantID: n.TenantID, Type: "node.adopted", Subject: n.ID, Data: json.RawMessage(data)},
+		events.Entry{TenantID: n.TenantID, Actor: AdoptedBy, Action: "node.adopted", Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}, nil
 }
 
 // Config lists JoinService's dependencies.
@@ -609,54 +619,25 @@ func (s *Service) apply(ctx context.Context, tx *store.Tx, a *admission, d decis
 // when apply adopted the node, and the answer stored for the request
 // digest (R4.9).
 func (s *Service) record(ctx context.Context, tx *store.Tx, a *admission, d decision, w written) error {
-	n, pool, tenant, root := w.node, a.sit.Pool, a.adm.TenantID, a.sit.Root
-	for _, serial := range w.revoked {
-		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "security.certificate-revoked", Subject: n.ID,
-			Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": w.revokeReason}}); err != nil {
-			return err
-		}
-	}
-	if len(a.elsewhere) > 0 && root != "" {
-		// SECURITY: claims are self-reported, so a collision across
-		// tenants says nothing either tenant may learn; the root
-		// tenant (the platform) sees it.
-		others := make([]map[string]string, len(a.elsewhere))
-		for i, o := range a.elsewhere {
-			others[i] = map[string]string{"nodeId": o.ID, "tenantId": o.TenantID}
-		}
-		if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: root, Type: "security.hardware-key.conflict", Subject: n.ID,
-			Data: map[string]any{"nodeId": n.ID, "tenantId": tenant, "hardwareKey": a.in.Key.Hex(), "others": others}}); err != nil {
-			return err
-		}
-	}
-	reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
-	data, err := json.Marshal(joinedData{
-		NodeID: n.ID, PoolID: pool.ID, SiteID: pool.SiteID, Role: d.Role, Attestor: a.att.Name(), Reclaim: reclaim,
-		HardwareKeyTrusted: d.Trusted, CertSerial: w.issued.Cert.Serial, NodeKey: a.adm.NodeKey, IdentityGeneration: n.IdentityGeneration,
-		JoinTokenID: a.adm.JoinTokenID, Hostname: n.Hostname, Peer: a.peer.Addr,
-		JoinRequestID: w.consumed, MadeAhead: d.Outcome == joinBind, Rejoin: rejoin,
-	})
+	n := w.node
+	evs, ents, err := joinFacts(a, d, w)
 	if err != nil {
-		return fmt.Errorf("marshal join event: %w", err)
-	}
-	// The event and the audit row carry the same data: marshal it once.
-	if err := events.Publish(ctx, tx, s.cfg.Hub, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: json.RawMessage(data)}); err != nil {
-		return err
-	}
-	action := "node.joined"
-	switch {
-	case reclaim:
-		action = "node.reclaimed"
-	case rejoin:
-		action = "node.rejoined"
-	}
-	if err := events.Audit(ctx, tx, events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}); err != nil {
 		return err
 	}
 	if w.adopted {
-		if err := RecordAdopted(ctx, tx, s.cfg.Hub, n); err != nil {
+		ev, entry, err := adoptedFacts(n)
+		if err != nil {
 			return err
 		}
+		evs, ents = append(evs, ev), append(ents, entry)
+	}
+	// Every event in one insert and every audit row in another, in the
+	// order they happened.
+	if err := events.PublishAll(ctx, tx, s.cfg.Hub, evs...); err != nil {
+		return err
+	}
+	if err := events.AuditAll(ctx, tx, ents...); err != nil {
+		return err
 	}
 	raw, err := proto.Marshal(w.issued.Response)
 	if err != nil {
@@ -671,6 +652,51 @@ func (s *Service) record(ctx context.Context, tx *store.Tx, a *admission, d deci
 		return err
 	}
 	return nil
+}
+
+// joinFacts is what the join says about itself, in order: the
+// revocations, a cross-tenant hardware-key conflict for the root tenant,
+// and node.joined (or reclaimed, rejoined) with its audit row.
+func joinFacts(a *admission, d decision, w written) ([]events.Event, []events.Entry, error) {
+	n, pool, tenant, root := w.node, a.sit.Pool, a.adm.TenantID, a.sit.Root
+	evs := make([]events.Event, 0, len(w.revoked)+3)
+	for _, serial := range w.revoked {
+		evs = append(evs, events.Event{TenantID: tenant, Type: "security.certificate-revoked", Subject: n.ID,
+			Data: map[string]any{"nodeId": n.ID, "serial": serial, "reason": w.revokeReason}})
+	}
+	if len(a.elsewhere) > 0 && root != "" {
+		// SECURITY: claims are self-reported, so a collision across
+		// tenants says nothing either tenant may learn; the root
+		// tenant (the platform) sees it.
+		others := make([]map[string]string, len(a.elsewhere))
+		for i, o := range a.elsewhere {
+			others[i] = map[string]string{"nodeId": o.ID, "tenantId": o.TenantID}
+		}
+		evs = append(evs, events.Event{TenantID: root, Type: "security.hardware-key.conflict", Subject: n.ID,
+			Data: map[string]any{"nodeId": n.ID, "tenantId": tenant, "hardwareKey": a.in.Key.Hex(), "others": others}})
+	}
+	reclaim, rejoin := d.Outcome == joinReclaim, d.Outcome == joinRejoin
+	data, err := json.Marshal(joinedData{
+		NodeID: n.ID, PoolID: pool.ID, SiteID: pool.SiteID, Role: d.Role, Attestor: a.att.Name(), Reclaim: reclaim,
+		HardwareKeyTrusted: d.Trusted, CertSerial: w.issued.Cert.Serial, NodeKey: a.adm.NodeKey, IdentityGeneration: n.IdentityGeneration,
+		JoinTokenID: a.adm.JoinTokenID, Hostname: n.Hostname, Peer: a.peer.Addr,
+		JoinRequestID: w.consumed, MadeAhead: d.Outcome == joinBind, Rejoin: rejoin,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("marshal join event: %w", err)
+	}
+	// The event and the audit row carry the same data: marshal it once.
+	evs = append(evs, events.Event{TenantID: tenant, Type: "node.joined", Subject: n.ID, Data: json.RawMessage(data)})
+	action := "node.joined"
+	switch {
+	case reclaim:
+		action = "node.reclaimed"
+	case rejoin:
+		action = "node.rejoined"
+	}
+	ents := make([]events.Entry, 1, 2)
+	ents[0] = events.Entry{TenantID: tenant, Actor: "node:" + n.ID, Action: action, Resource: "compute-node/" + n.ID, Data: json.RawMessage(data)}
+	return evs, ents, nil
 }
 
 // joinedData is the data of a node.joined event and of its audit row. Its

@@ -28,6 +28,14 @@ import (
 // It was 8 while BEGIN and the spend had round trips of their own.
 const maxJoinRoundTrips = 6
 
+// maxJoinStatements is how many statements a join's transaction runs
+// (BEGIN and COMMIT aside) in a pool without acceptance checks: the token,
+// the pool and the hardware-key reads, the node, its certificate, its
+// events (node.joined and node.adopted in one insert), its audit rows (in
+// another), the stored answer and the spend. It was 11 while each event
+// and audit row had an insert of its own.
+const maxJoinStatements = 9
+
 // tripCounter is a pgx tracer that counts the round trips of each
 // transaction of each connection: every query or batch pgx sends and
 // waits for, and every statement it prepares first (a statement not yet
@@ -121,7 +129,8 @@ func (c *tripCounter) joins() []*txTrips {
 
 // R4.4: a join is one transaction, and on PostgreSQL it costs at most
 // maxJoinRoundTrips round trips once the connection has prepared its
-// statements (counted by a pgx tracer on the store's own connections).
+// statements, and runs at most maxJoinStatements statements (counted by a
+// pgx tracer on the store's own connections).
 func TestJoinRoundTripsR4_4(t *testing.T) {
 	cfg, err := pgx.ParseConfig(storetest.PostgresDSN(t))
 	if err != nil {
@@ -158,6 +167,17 @@ func TestJoinRoundTripsR4_4(t *testing.T) {
 			t.Errorf("join %d: %d round trips, want at most %d:\n%s", i, got, maxJoinRoundTrips, strings.Join(joins[0].sql, "\n"))
 		} else {
 			t.Logf("join %d: %d round trips", i, got)
+		}
+		statements := 0
+		for _, q := range joins[0].sql {
+			switch strings.ToLower(strings.TrimSpace(q)) {
+			case "begin", "commit", "rollback":
+			default:
+				statements++
+			}
+		}
+		if statements > maxJoinStatements {
+			t.Errorf("join %d: %d statements, want at most %d:\n%s", i, statements, maxJoinStatements, strings.Join(joins[0].sql, "\n"))
 		}
 	}
 }

@@ -18,12 +18,27 @@ type AuditEntry struct {
 	CreatedAt time.Time
 }
 
+var auditInsert = newMultiInsert("INSERT INTO audit (tenant_id, actor, action, resource, data, created_ms) VALUES", "(?, ?, ?, ?, ?, compute_now())")
+
 // InsertAudit writes an audit row in the current transaction.
 func (t *Tx) InsertAudit(ctx context.Context, a AuditEntry) error {
-	err := t.execLater(ctx, "INSERT INTO audit (tenant_id, actor, action, resource, data, created_ms) VALUES (?, ?, ?, ?, ?, compute_now())",
-		a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
-	if err != nil {
-		return fmt.Errorf("insert audit: %w", err)
+	return t.InsertAudits(ctx, a)
+}
+
+// InsertAudits writes audit rows in the current transaction, in the order
+// given (their ids ascend in it), in one statement per maxInsertRows of
+// them. Only the rows' tenant, actor, action, resource and data are used.
+func (t *Tx) InsertAudits(ctx context.Context, rows ...AuditEntry) error {
+	for len(rows) > 0 {
+		n := min(len(rows), maxInsertRows)
+		args := make([]any, 0, 5*n)
+		for _, a := range rows[:n] {
+			args = append(args, a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
+		}
+		if err := t.execLater(ctx, auditInsert.sql(n), args...); err != nil {
+			return fmt.Errorf("insert audit: %w", err)
+		}
+		rows = rows[n:]
 	}
 	return nil
 }

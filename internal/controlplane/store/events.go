@@ -42,17 +42,39 @@ func ParseEventCursor(c string) (txOrder, id int64, ok bool) {
 	return x, y, err1 == nil && err2 == nil && x >= 0 && y >= 0
 }
 
+// EventRow is an event to append: Data is JSON.
+type EventRow struct {
+	TenantID string
+	Type     string
+	Subject  string
+	Data     []byte
+}
+
+var eventInsert = newMultiInsert("INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES", "(?, ?, ?, ?, compute_now())")
+
 // InsertEvent appends an event in the current transaction, so it commits or
 // rolls back with the change it describes. On SQLite, whose one writer
 // commits in id order, it is readable at commit (tx_order stays 0); on
 // PostgreSQL once the sequencer has given it its position (sequencer.go).
 func (t *Tx) InsertEvent(ctx context.Context, tenantID, typ, subject string, data []byte) error {
-	err := t.execLater(ctx, "INSERT INTO events (tenant_id, type, subject, data, created_ms) VALUES (?, ?, ?, ?, compute_now())",
-		tenantID, typ, subject, string(data))
-	if err != nil {
-		return fmt.Errorf("insert event: %w", err)
+	return t.InsertEvents(ctx, EventRow{TenantID: tenantID, Type: typ, Subject: subject, Data: data})
+}
+
+// InsertEvents appends events as InsertEvent does, in the order given (their
+// ids ascend in it), in one statement per maxInsertRows of them.
+func (t *Tx) InsertEvents(ctx context.Context, rows ...EventRow) error {
+	for len(rows) > 0 {
+		n := min(len(rows), maxInsertRows)
+		args := make([]any, 0, 4*n)
+		for _, r := range rows[:n] {
+			args = append(args, r.TenantID, r.Type, r.Subject, string(r.Data))
+		}
+		if err := t.execLater(ctx, eventInsert.sql(n), args...); err != nil {
+			return fmt.Errorf("insert event: %w", err)
+		}
+		t.events = true
+		rows = rows[n:]
 	}
-	t.events = true
 	return nil
 }
 
