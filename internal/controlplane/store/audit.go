@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -58,7 +57,7 @@ func (t *Tx) ListAudit(ctx context.Context, tenantID string, before int64, limit
 const auditCols = "id, tenant_id, actor, action, resource, data, created_ms"
 
 // scanAudit reads every audit row of rows and closes them.
-func scanAudit(rows *sql.Rows) ([]AuditEntry, error) {
+func scanAudit(rows Rows) ([]AuditEntry, error) {
 	defer rows.Close()
 	var out []AuditEntry
 	for rows.Next() {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"strings"
@@ -98,7 +97,7 @@ func (t *Tx) ListEvents(ctx context.Context, tenantID string, afterTx, afterID i
 const eventCols = "id, tx_order, tenant_id, type, subject, data, created_ms"
 
 // scanEvents reads every event of rows and closes them.
-func scanEvents(rows *sql.Rows) ([]Event, error) {
+func scanEvents(rows Rows) ([]Event, error) {
 	defer rows.Close()
 	var out []Event
 	for rows.Next() {

@@ -210,7 +210,7 @@ func (t *Tx) ListNodes(ctx context.Context, tenantID, poolID, after string, limi
 }
 
 // scanNodes reads every node row of rows and closes them.
-func scanNodes(rows *sql.Rows) ([]Node, error) {
+func scanNodes(rows Rows) ([]Node, error) {
 	defer rows.Close()
 	var out []Node
 	for rows.Next() {

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strconv"
 	"time"
@@ -247,4 +248,80 @@ func namedValues(args []any) ([]driver.NamedValue, error) {
 		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
 	}
 	return nv, nil
+}
+
+// Rows is what Tx.query returns: database/sql's *sql.Rows, or, on SQLite's
+// writer, rawRows. Its caller reads and closes it as it would a *sql.Rows.
+type Rows interface {
+	Columns() ([]string, error)
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
+// rawRows are a query's rows read straight from the driver on SQLite's
+// writer (writerConn.query) and scanned as database/sql scans them
+// (assign), like row for one row.
+type rawRows struct {
+	rows   driver.Rows
+	vals   []driver.Value
+	ok     bool // vals holds the current row
+	err    error
+	closed bool
+}
+
+// Next reads the next row, false at the end or on an error (Err); the
+// rows are closed then, as database/sql closes them.
+func (r *rawRows) Next() bool {
+	if r.closed {
+		return false
+	}
+	err := r.rows.Next(r.vals)
+	if r.ok = err == nil; !r.ok {
+		if err != io.EOF {
+			r.err = err
+		}
+		if cerr := r.Close(); r.err == nil {
+			r.err = cerr
+		}
+	}
+	return r.ok
+}
+
+// Scan copies the current row's columns into dest.
+func (r *rawRows) Scan(dest ...any) error {
+	if r.closed || !r.ok {
+		return errors.New("sql: Scan called without calling Next")
+	}
+	if len(dest) != len(r.vals) {
+		return fmt.Errorf("sql: expected %d destination arguments in Scan, not %d", len(r.vals), len(dest))
+	}
+	for i, d := range dest {
+		if err := assign(d, r.vals[i]); err != nil {
+			return fmt.Errorf("sql: Scan error on column index %d, name %q: %w", i, r.rows.Columns()[i], err)
+		}
+	}
+	return nil
+}
+
+// Columns names the rows' columns.
+func (r *rawRows) Columns() ([]string, error) {
+	if r.closed {
+		return nil, errors.New("sql: Rows are closed")
+	}
+	return r.rows.Columns(), nil
+}
+
+// Err is the error that ended Next, nil at the end of the rows.
+func (r *rawRows) Err() error { return r.err }
+
+// Close releases the statement for the writer's next use of it; a second
+// Close does nothing.
+func (r *rawRows) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed, r.ok = true, false
+	return r.rows.Close()
 }

@@ -467,9 +467,6 @@ func (t *Tx) stmtCtx(ctx context.Context) (context.Context, error) {
 // stmt returns the prepared form of the rewritten query q in this
 // transaction, or nil to run q as text.
 func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
-	if t.wc != nil {
-		return t.wc.stmt(q)
-	}
 	if t.stmts == nil {
 		return nil
 	}
@@ -509,7 +506,7 @@ func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	return t.q.ExecContext(ctx, q, args...)
 }
 
-func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+func (t *Tx) query(ctx context.Context, q string, args ...any) (Rows, error) {
 	ctx, err := t.stmtCtx(ctx)
 	if err != nil {
 		return nil, err
@@ -517,6 +514,9 @@ func (t *Tx) query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 	q = t.db.rewrite(q)
 	if err := t.flush(ctx); err != nil {
 		return nil, err
+	}
+	if t.wc != nil {
+		return t.wc.query(q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)

@@ -22,21 +22,19 @@ import (
 // a context whose Done() is nil (context.Background here, or
 // Tx.stmtCtx's), so none is started and none can interrupt a statement.
 //
-// Statements that return at most one row (Tx.queryRow), those that return
-// none (Tx.exec) and the transaction's own (BEGIN, SAVEPOINT...) go
-// straight to modernc's driver connection (raw), prepared once as a
-// driver.Stmt: no database/sql locking, argument conversion, Rows or
-// Stmt bookkeeping per call. Multi-row queries (Tx.query, whose typed
-// methods scan a *sql.Rows) still go through database/sql, on the same
-// connection (conn, stmts). Using raw outside conn.Raw is sound here
-// because database/sql touches a held connection only in calls made
-// through it, and the writer makes every call, one at a time.
+// Every statement (Tx.queryRow, Tx.query, Tx.exec) and the transaction's
+// own (BEGIN, SAVEPOINT...) go straight to modernc's driver connection
+// (raw), prepared once as a driver.Stmt: no database/sql locking,
+// argument conversion, Rows or Stmt bookkeeping per call; rows are
+// scanned with database/sql's conversions (row.go). Using raw outside
+// conn.Raw is sound here because database/sql touches a held connection
+// only in calls made through it, and the writer makes every call, one at
+// a time.
 //
 // Only the writer goroutine uses it, and the participant it runs: one at
 // a time, each handed over by a channel, so the maps need no lock.
 type writerConn struct {
 	conn  *sql.Conn
-	stmts map[string]*sql.Stmt // rewritten text -> prepared on conn
 	raw   rawConn
 	rawSt map[string]rawStmt // rewritten text -> prepared on raw
 }
@@ -70,7 +68,7 @@ func (db *DB) newWriterConn(ctx context.Context) (*writerConn, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &writerConn{conn: conn, stmts: map[string]*sql.Stmt{}, raw: raw, rawSt: map[string]rawStmt{}}, nil
+	return &writerConn{conn: conn, raw: raw, rawSt: map[string]rawStmt{}}, nil
 }
 
 // rawStmt returns q prepared on the driver connection, preparing it the
@@ -133,19 +131,22 @@ func (c *writerConn) queryRow(q string, args ...any) *row {
 	return r
 }
 
-// stmt returns q prepared on the writer connection for database/sql,
-// preparing it the first time, or nil to run q as text (preparing failed:
-// running it reports the same error where the statement ran).
-func (c *writerConn) stmt(q string) *sql.Stmt {
-	if st, ok := c.stmts[q]; ok {
-		return st
-	}
-	st, err := c.conn.PrepareContext(context.Background(), q)
+// query runs q on the driver connection and returns its rows, to be read
+// and closed before the writer's next statement.
+func (c *writerConn) query(q string, args ...any) (Rows, error) {
+	st, err := c.rawStmt(q)
 	if err != nil {
-		return nil
+		return nil, err
 	}
-	c.stmts[q] = st
-	return st
+	nv, err := namedValues(args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := st.QueryContext(context.Background(), nv)
+	if err != nil {
+		return nil, err
+	}
+	return &rawRows{rows: rows, vals: make([]driver.Value, len(rows.Columns()))}, nil
 }
 
 // close closes the prepared statements (the driver's first, while their
@@ -157,10 +158,6 @@ func (c *writerConn) close(bad bool) error {
 	for q, st := range c.rawSt {
 		err = errors.Join(err, st.Close())
 		delete(c.rawSt, q)
-	}
-	for q, st := range c.stmts {
-		err = errors.Join(err, st.Close())
-		delete(c.stmts, q)
 	}
 	if bad {
 		_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -134,4 +135,87 @@ func TestGroupCommitCancelMidQueryRow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// R14.1, R11.3: the writer's multi-row queries read straight from the
+// driver (rawRows) and scan exactly as database/sql does in a read
+// transaction: the same nodes (NULL and set columns, blobs, timestamps, a
+// node made ahead and joined ones), events and audit rows, in the same
+// order; a query that fails to run is that query's error.
+func TestWriterRowsScanAsDatabaseSQL(t *testing.T) {
+	db := storetest.OpenSQLite(t)
+	ctx := context.Background()
+	tn, _, pl := fixture(t, db)
+	if err := db.WithTx(ctx, func(tx *store.Tx) error {
+		if _, err := tx.InsertNode(ctx, pendingNode(pl, "made-ahead", "deploy-1")); err != nil {
+			return err
+		}
+		for i := range 3 {
+			n, _ := insertNodeWithCert(t, tx, pl, i, "")
+			if err := tx.InsertEvent(ctx, tn.ID, "node.joined", n.ID, []byte(`{"n":1}`)); err != nil {
+				return err
+			}
+			if err := tx.InsertAudit(ctx, store.AuditEntry{TenantID: tn.ID, Actor: "node:" + n.ID, Action: "node.joined", Resource: "compute-node/" + n.ID, Data: []byte(`{}`)}); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ConnectNode(ctx, mustFirstNode(t, tx, tn.ID).ID, "sess-1")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	type read struct {
+		Nodes []store.Node
+		Certs []store.NodeCert
+		Evs   []store.Event
+		Audit []store.AuditEntry
+	}
+	readAll := func(run func(context.Context, func(*store.Tx) error) error) read {
+		t.Helper()
+		var r read
+		if err := run(ctx, func(tx *store.Tx) error {
+			var err error
+			if r.Nodes, err = tx.ListNodes(ctx, tn.ID, "", "", 100); err != nil {
+				return err
+			}
+			for _, n := range r.Nodes {
+				certs, err := tx.ListNodeCerts(ctx, n.ID, 10)
+				if err != nil {
+					return err
+				}
+				r.Certs = append(r.Certs, certs...)
+			}
+			if r.Evs, err = tx.ListEvents(ctx, tn.ID, 0, 0, "", 100); err != nil {
+				return err
+			}
+			r.Audit, err = tx.ListAudit(ctx, tn.ID, 0, 100)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	want, got := readAll(db.ReadTx), readAll(db.WithTx)
+	if len(want.Nodes) != 4 || len(want.Certs) != 3 || len(want.Evs) != 3 || len(want.Audit) != 3 {
+		t.Fatalf("read %d nodes, %d certificates, %d events, %d audit rows; want 4, 3, 3, 3", len(want.Nodes), len(want.Certs), len(want.Evs), len(want.Audit))
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the writer's rows differ from database/sql's:\n got %+v\nwant %+v", got, want)
+	}
+	if err := db.WithTx(ctx, func(tx *store.Tx) error {
+		_, err := tx.QueryTexts(ctx, "SELECT no_such_column FROM nodes")
+		return err
+	}); err == nil || !strings.Contains(err.Error(), "no_such_column") {
+		t.Fatalf("a query that cannot run: %v, want its error", err)
+	}
+}
+
+// mustFirstNode is the tenant's first node by id.
+func mustFirstNode(t *testing.T, tx *store.Tx, tenantID string) store.Node {
+	t.Helper()
+	nodes, err := tx.ListNodes(context.Background(), tenantID, "", "", 1)
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("first node: %v (%d)", err, len(nodes))
+	}
+	return nodes[0]
 }
