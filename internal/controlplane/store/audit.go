@@ -28,16 +28,12 @@ func (t *Tx) InsertAudit(ctx context.Context, a AuditEntry) error {
 // given (their ids ascend in it), in one statement per maxInsertRows of
 // them. Only the rows' tenant, actor, action, resource and data are used.
 func (t *Tx) InsertAudits(ctx context.Context, rows ...AuditEntry) error {
-	for len(rows) > 0 {
-		n := min(len(rows), maxInsertRows)
-		args := make([]any, 0, 5*n)
-		for _, a := range rows[:n] {
-			args = append(args, a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
-		}
-		if err := t.execLater(ctx, auditInsert.sql(n), args...); err != nil {
-			return fmt.Errorf("insert audit: %w", err)
-		}
-		rows = rows[n:]
+	err := t.insertRows(ctx, auditInsert, len(rows), 5, func(args []any, i int) []any {
+		a := rows[i]
+		return append(args, a.TenantID, a.Actor, a.Action, a.Resource, string(a.Data))
+	})
+	if err != nil {
+		return fmt.Errorf("insert audit: %w", err)
 	}
 	return nil
 }

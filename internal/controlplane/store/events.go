@@ -62,17 +62,15 @@ func (t *Tx) InsertEvent(ctx context.Context, tenantID, typ, subject string, dat
 // InsertEvents appends events as InsertEvent does, in the order given (their
 // ids ascend in it), in one statement per maxInsertRows of them.
 func (t *Tx) InsertEvents(ctx context.Context, rows ...EventRow) error {
-	for len(rows) > 0 {
-		n := min(len(rows), maxInsertRows)
-		args := make([]any, 0, 4*n)
-		for _, r := range rows[:n] {
-			args = append(args, r.TenantID, r.Type, r.Subject, string(r.Data))
-		}
-		if err := t.execLater(ctx, eventInsert.sql(n), args...); err != nil {
-			return fmt.Errorf("insert event: %w", err)
-		}
+	err := t.insertRows(ctx, eventInsert, len(rows), 4, func(args []any, i int) []any {
+		r := rows[i]
+		return append(args, r.TenantID, r.Type, r.Subject, string(r.Data))
+	})
+	if err != nil {
+		return fmt.Errorf("insert event: %w", err)
+	}
+	if len(rows) > 0 {
 		t.events = true
-		rows = rows[n:]
 	}
 	return nil
 }

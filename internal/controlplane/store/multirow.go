@@ -1,6 +1,9 @@
 package store
 
-import "strings"
+import (
+	"context"
+	"strings"
+)
 
 // maxInsertRows is how many rows one multi-row INSERT carries at most; a
 // longer list is written in several statements. It keeps a statement's
@@ -35,3 +38,20 @@ func newMultiInsert(head, row string) *multiInsert {
 
 // sql is the text for n rows, 1 ≤ n ≤ maxInsertRows.
 func (m *multiInsert) sql(n int) string { return m.texts[n] }
+
+// insertRows writes count rows with m, in statements of at most
+// maxInsertRows rows, held back like every insert (execLater). appendRow
+// appends row i's cols arguments to args.
+func (t *Tx) insertRows(ctx context.Context, m *multiInsert, count, cols int, appendRow func(args []any, i int) []any) error {
+	for start := 0; start < count; start += maxInsertRows {
+		n := min(count-start, maxInsertRows)
+		args := make([]any, 0, cols*n)
+		for i := start; i < start+n; i++ {
+			args = appendRow(args, i)
+		}
+		if err := t.execLater(ctx, m.sql(n), args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

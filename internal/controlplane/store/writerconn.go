@@ -106,15 +106,7 @@ func (c *writerConn) exec(q string, args ...any) (sql.Result, error) {
 
 // queryRow runs q on the driver connection and reads its first row.
 func (c *writerConn) queryRow(q string, args ...any) *row {
-	st, err := c.rawStmt(q)
-	if err != nil {
-		return &row{err: err}
-	}
-	nv, err := namedValues(args)
-	if err != nil {
-		return &row{err: err}
-	}
-	rows, err := st.QueryContext(context.Background(), nv)
+	rows, err := c.open(q, args)
 	if err != nil {
 		return &row{err: err}
 	}
@@ -134,6 +126,15 @@ func (c *writerConn) queryRow(q string, args ...any) *row {
 // query runs q on the driver connection and returns its rows, to be read
 // and closed before the writer's next statement.
 func (c *writerConn) query(q string, args ...any) (Rows, error) {
+	rows, err := c.open(q, args)
+	if err != nil {
+		return nil, err
+	}
+	return &rawRows{rows: rows, vals: make([]driver.Value, len(rows.Columns()))}, nil
+}
+
+// open runs the query q on its prepared statement.
+func (c *writerConn) open(q string, args []any) (driver.Rows, error) {
 	st, err := c.rawStmt(q)
 	if err != nil {
 		return nil, err
@@ -142,11 +143,7 @@ func (c *writerConn) query(q string, args ...any) (Rows, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := st.QueryContext(context.Background(), nv)
-	if err != nil {
-		return nil, err
-	}
-	return &rawRows{rows: rows, vals: make([]driver.Value, len(rows.Columns()))}, nil
+	return st.QueryContext(context.Background(), nv)
 }
 
 // close closes the prepared statements (the driver's first, while their
