@@ -33,6 +33,16 @@ func WithBusyTimeout(c Config, d time.Duration) Config {
 	return c
 }
 
+// WithCheckpoints sets after how many WAL pages, and how often, the
+// checkpointer runs (checkpoint.go).
+func WithCheckpoints(c Config, pages int64, every time.Duration) Config {
+	c.checkpointPages, c.checkpointEvery = pages, every
+	return c
+}
+
+// WALPagesWritten is how many WAL pages the SQLite writer has appended.
+func (db *DB) WALPagesWritten() int64 { return db.ckpt.written.Load() }
+
 // SetCommitTimeout sets the bound of a PostgreSQL COMMIT.
 func (db *DB) SetCommitTimeout(d time.Duration) { db.commitTimeout = d }
 

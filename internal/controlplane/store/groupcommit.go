@@ -120,6 +120,7 @@ func (db *DB) batch(first *writeReq) {
 		}
 		return
 	}
+	db.committed(wc)
 	for _, m := range ok {
 		m.r.done <- nil
 		m.t.committed()
@@ -160,6 +161,7 @@ func (db *DB) alone(r *writeReq) {
 		r.done <- fmt.Errorf("commit: %w", err)
 		return
 	}
+	db.committed(wc)
 	r.done <- nil
 	t.committed()
 }

@@ -105,6 +105,10 @@ type Config struct {
 	// busyTimeout is how long SQLite waits for a lock another process
 	// holds (default 10 s); tests shorten it.
 	busyTimeout time.Duration
+	// checkpointPages and checkpointEvery override when the checkpointer
+	// runs (checkpoint.go); tests set them.
+	checkpointPages int64
+	checkpointEvery time.Duration
 }
 
 // DB is an open, migrated database.
@@ -129,6 +133,8 @@ type DB struct {
 	commitTimeout time.Duration
 	// seq makes PostgreSQL events readable once committed (sequencer.go).
 	seq *sequencer
+	// ckpt copies SQLite's WAL into the database file (checkpoint.go).
+	ckpt *checkpointer
 	// dsn and channel (PostgreSQL): the listener's connection string and
 	// the channel of command notifications (notify.go).
 	dsn, channel string
@@ -242,7 +248,8 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	}.Encode()
 	// One writer connection: a pool of SQLite writers only contends for the
 	// file lock (seen stalling for seconds under load).
-	w, err := sql.Open("sqlite", base+"&_txlock=immediate")
+	// The writer never checkpoints: the checkpointer does (checkpoint.go).
+	w, err := sql.Open("sqlite", base+"&_txlock=immediate&"+url.Values{"_pragma": {"wal_autocheckpoint(0)"}}.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
@@ -265,6 +272,15 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 		db.Close()
 		return nil, err
 	}
+	cp, err := sql.Open("sqlite", base)
+	if err != nil {
+		close(db.writerDone)
+		db.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	cp.SetMaxOpenConns(1)
+	db.ckpt = newCheckpointer(db, cp, cfg.checkpointPages, cfg.checkpointEvery)
+	go db.ckpt.run()
 	go db.writer()
 	if err := db.loadStreamKey(ctx); err != nil {
 		db.Close()
@@ -381,6 +397,9 @@ func (db *DB) Close() error {
 		}
 		if db.seq != nil {
 			db.seq.stop()
+		}
+		if db.ckpt != nil {
+			db.ckpt.stop()
 		}
 	})
 	err := db.rStmts.close()

@@ -37,6 +37,9 @@ type writerConn struct {
 	conn  *sql.Conn
 	raw   rawConn
 	rawSt map[string]rawStmt // rewritten text -> prepared on raw
+	// walPages is the connection's WAL pages written when the
+	// checkpointer last counted them (checkpoint.go).
+	walPages int64
 }
 
 // rawConn and rawStmt are what the writer needs of modernc's driver
@@ -188,6 +191,13 @@ func (c *writerConn) end(commit bool) error {
 	}
 	_, err := c.exec(q)
 	return err
+}
+
+// committed counts what a commit on wc wrote for the checkpointer.
+func (db *DB) committed(wc *writerConn) {
+	if db.ckpt != nil {
+		db.ckpt.committed(wc)
+	}
 }
 
 // discardWriter drops the writer connection and its statements: the next
