@@ -16,7 +16,7 @@ import (
 // its newest version) and syncs both files. SQLite's default runs that
 // checkpoint inside the COMMIT that takes the WAL past 1,000 pages, on the
 // committing connection: here the one writer, so every write of the
-// process waited for the copy and its two fsyncs, about every 60 joins
+// process waited for the copy and its two fsyncs at every 1,000th page
 // (docs/performance.md, "Checkpoints off the writer").
 //
 // The writer connection has automatic checkpoints off
