@@ -3,44 +3,52 @@ package store
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"modernc.org/sqlite"
 )
 
-// Checkpoints off the writer (SQLite only).
+// Checkpoints, mostly off the writer (SQLite only).
 //
 // In WAL mode every commit appends the pages it changed to the -wal file,
 // and a checkpoint copies them back into the database file (each page once,
 // its newest version) and syncs both files. SQLite's default runs that
 // checkpoint inside the COMMIT that takes the WAL past 1,000 pages, on the
 // committing connection: here the one writer, so every write of the
-// process waited for the copy and its two fsyncs at every 1,000th page
-// (docs/performance.md, "Checkpoints off the writer").
+// process waited for the copy of up to 1,000 pages and two fsyncs at every
+// 1,000th page (docs/performance.md, "Checkpoints off the writer").
 //
 // The writer connection has automatic checkpoints off
-// (wal_autocheckpoint(0)). A checkpointer goroutine with a connection of its
-// own runs PASSIVE checkpoints, which copy what no reader still needs and
-// never block the writer or a reader, while the writer goes on appending:
-//   - when the writer has written checkpointPages WAL pages since the last
-//     checkpoint began (read from the writer connection's
-//     SQLITE_DBSTATUS_CACHE_WRITE counter after each commit), and
-//   - every checkpointEvery while anything was written since the last one,
-//     so that a quiet database is synced within a second of its last write
+// (wal_autocheckpoint(0)), and the work is split in two:
+//   - a checkpointer goroutine with a connection of its own runs PASSIVE
+//     checkpoints, which never block the writer or a reader, while the
+//     writer goes on appending: when the writer has written a quarter of
+//     checkpointPages WAL pages since it was last woken (the writer
+//     connection's SQLITE_DBSTATUS_CACHE_WRITE counter, read after each
+//     commit), and every checkpointEvery while anything was written, so
+//     that a quiet database is synced within a second of its last write
 //     (synchronous=NORMAL syncs the WAL at checkpoints only: a commit is
 //     safe from a process crash at once, and from a power loss once a
 //     checkpoint has run; SQLite's default left that to the 1,000th page,
-//     however long it took to come).
+//     however long it took to come);
+//   - every checkpointPages pages the writer itself, between two
+//     transactions, runs a PASSIVE checkpoint. Most of the WAL is copied
+//     by then, so it copies the pages written since the checkpointer's
+//     last pass and syncs. The WAL can only start again from its beginning
+//     once a checkpoint copied all of it while nobody wrote (SQLite
+//     restarts it at the next write); a checkpoint running beside a busy
+//     writer never gets there, and the WAL then grows without bound (2.3
+//     GB in a 100,000-machine storm before this step was added).
 //
-// The WAL then holds at most about checkpointPages pages plus what is
-// written while a checkpoint runs (16 MiB at SQLite's 4 KiB pages), unless
-// a reader holds an old snapshot for long, which stalls SQLite's own
-// checkpoints the same way. Closing the database checkpoints and removes
-// the WAL as before (the last connection to close does it).
+// The WAL then stays near checkpointPages pages (16 MiB at SQLite's 4 KiB
+// pages), unless a reader holds an old snapshot for long, which stalls
+// SQLite's own checkpoints the same way. Closing the database checkpoints
+// and removes the WAL as before (the last connection to close does it).
 
-// checkpointPages is how many WAL pages the writer appends before the
-// checkpointer is woken.
+// checkpointPages is how many WAL pages the writer appends between two of
+// its own checkpoints; the checkpointer is woken every quarter of it.
 const checkpointPages = 4000
 
 // checkpointEvery bounds how long a written page waits for a checkpoint.
@@ -49,15 +57,22 @@ const checkpointEvery = time.Second
 type checkpointer struct {
 	conn  *sql.DB // one connection, not the writer's
 	db    *DB
-	pages int64         // WAL pages before a wake-up
+	pages int64         // WAL pages between two of the writer's checkpoints
 	every time.Duration // the sweep
 
+	// running is held by whoever checkpoints: two checkpoints of one
+	// database cannot run at once (SQLite answers the second busy).
+	running sync.Mutex
 	// written is every WAL page the writer appended (all its connections);
-	// woke is written when the checkpointer was last woken for pages, done
-	// when its last checkpoint began.
-	written, woke, done atomic.Int64
-	kick                chan struct{}
-	quit, stopped       chan struct{}
+	// done is written when the checkpointer's last pass began.
+	written, done atomic.Int64
+	// woke is written when the checkpointer was last woken, and since the
+	// pages appended since the writer's last complete checkpoint: the
+	// writer's alone.
+	woke, since int64
+
+	kick          chan struct{}
+	quit, stopped chan struct{}
 }
 
 // newCheckpointer returns the checkpointer of db over conn; pages and
@@ -74,9 +89,9 @@ func newCheckpointer(db *DB, conn *sql.DB, pages int64, every time.Duration) *ch
 	return c
 }
 
-// committed is called by the writer after each commit on wc: it adds the
-// pages wc appended since the last call and wakes the checkpointer when
-// enough have accumulated.
+// committed is called by the writer after each commit on wc, outside any
+// transaction: it counts the pages wc appended, checkpoints itself every
+// c.pages and wakes the checkpointer every quarter of that.
 func (c *checkpointer) committed(wc *writerConn) {
 	st, ok := wc.raw.(sqlite.DBStatus)
 	if !ok {
@@ -92,13 +107,38 @@ func (c *checkpointer) committed(wc *writerConn) {
 		return
 	}
 	w := c.written.Add(n)
-	if w-c.woke.Load() >= c.pages {
-		c.woke.Store(w)
+	c.since += n
+	if c.since >= c.pages && c.running.TryLock() {
+		// The checkpointer is not running (else this waits for the next
+		// commit): copy what is left while nobody writes.
+		busy, logFrames, copied, err := walCheckpoint(wc.queryRow("PRAGMA wal_checkpoint(PASSIVE)"))
+		c.running.Unlock()
+		switch {
+		case err != nil:
+			c.db.log.Warn("sqlite checkpoint", "err", err)
+			c.since = c.pages * 3 / 4
+		case busy != 0 || copied < logFrames:
+			// A reader still needs part of the WAL: try again a little later.
+			c.since = c.pages * 3 / 4
+		default:
+			c.since = 0
+		}
+		return
+	}
+	if w-c.woke >= c.pages/4 {
+		c.woke = w
 		select {
 		case c.kick <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// walCheckpoint reads PRAGMA wal_checkpoint's row: busy, the frames in the
+// WAL, the frames copied.
+func walCheckpoint(r interface{ Scan(...any) error }) (busy, logFrames, copied int64, err error) {
+	err = r.Scan(&busy, &logFrames, &copied)
+	return
 }
 
 func (c *checkpointer) run() {
@@ -126,8 +166,10 @@ func (c *checkpointer) run() {
 func (c *checkpointer) checkpoint() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var busy, logFrames, copied int64
-	if err := c.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logFrames, &copied); err != nil {
+	c.running.Lock()
+	defer c.running.Unlock()
+	_, logFrames, copied, err := walCheckpoint(c.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"))
+	if err != nil {
 		c.db.log.Warn("sqlite checkpoint", "err", err)
 		return
 	}

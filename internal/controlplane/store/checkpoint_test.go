@@ -12,13 +12,15 @@ import (
 )
 
 // R14.1, R4.4: SQLite's WAL is copied into the database file by the
-// checkpointer, not by the writer's commits: a batch of writes never waits
-// for a checkpoint, and what was committed is read back, also after the
-// database is reopened. A WAL page reaches the database file only through a
-// checkpoint, so the file's size tells whether one ran: it stays put while
-// the checkpointer cannot run (SQLite's own automatic checkpoint, had the
-// writer kept it, would have grown it at the 1,000th page), and grows once
-// the checkpointer is woken by pages or by its sweep.
+// checkpointer, not inside the writer's commits, and what was committed is
+// read back, also after the database is reopened. A WAL page reaches the
+// database file only through a checkpoint, so the file's size tells
+// whether one ran: it stays put while no checkpoint is due (SQLite's own
+// automatic checkpoint, had the writer kept it, would have grown it at the
+// 1,000th page), and grows once the checkpointer is woken by pages or by
+// its sweep. Under a stream of writes the WAL stays near the writer's
+// checkpoint interval: without the writer's own checkpoints it never
+// starts again from its beginning and grows with every page written.
 func TestCheckpointsOffTheWriterR14_1(t *testing.T) {
 	never := time.Hour
 	for _, c := range []struct {
@@ -27,10 +29,15 @@ func TestCheckpointsOffTheWriterR14_1(t *testing.T) {
 		every  time.Duration
 		rows   int
 		copied bool
+		// maxWAL bounds the -wal file's size at the end, when not 0.
+		maxWAL int64
 	}{
-		{"the writer never checkpoints", 1 << 40, never, 400, false},
-		{"woken by the pages written", 200, never, 400, true},
-		{"the sweep syncs a quiet database", 1 << 40, 20 * time.Millisecond, 3, true},
+		{"no checkpoint before one is due", 1 << 40, never, 400, false, 0},
+		{"woken by the pages written", 200, never, 400, true, 0},
+		{"the sweep syncs a quiet database", 1 << 40, 20 * time.Millisecond, 3, true, 0},
+		// About 3 pages a row, 6,000 in all: 24 MiB of WAL if it never
+		// started again.
+		{"the WAL stays near the checkpoint interval", 400, never, 2000, true, 3 * 400 * (4096 + 24)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -53,6 +60,11 @@ func TestCheckpointsOffTheWriterR14_1(t *testing.T) {
 					return tx.ExecRaw(ctx, "INSERT INTO scratch (id, b) VALUES (?, randomblob(8192))", i)
 				}); err != nil {
 					t.Fatal(err)
+				}
+			}
+			if c.maxWAL > 0 {
+				if w, got := db.WALPagesWritten(), fileSize(t, path+"-wal"); got > c.maxWAL {
+					t.Fatalf("the WAL is %d bytes after %d pages written; want at most %d", got, w, c.maxWAL)
 				}
 			}
 			if c.copied {

@@ -120,11 +120,12 @@ func (db *DB) batch(first *writeReq) {
 		}
 		return
 	}
-	db.committed(wc)
 	for _, m := range ok {
 		m.r.done <- nil
 		m.t.committed()
 	}
+	// After the answers: a checkpoint due now does not delay them.
+	db.committed(wc)
 }
 
 // waiting returns a write transaction already waiting, if any.
@@ -161,9 +162,9 @@ func (db *DB) alone(r *writeReq) {
 		r.done <- fmt.Errorf("commit: %w", err)
 		return
 	}
-	db.committed(wc)
 	r.done <- nil
 	t.committed()
+	db.committed(wc)
 }
 
 // savepoint runs fn inside a savepoint of the shared transaction, rolling
