@@ -248,7 +248,8 @@ func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) 
 	}.Encode()
 	// One writer connection: a pool of SQLite writers only contends for the
 	// file lock (seen stalling for seconds under load).
-	// The writer never checkpoints: the checkpointer does (checkpoint.go).
+	// No automatic checkpoint in the writer's commits: checkpoint.go decides
+	// when, and mostly off the writer.
 	w, err := sql.Open("sqlite", base+"&_txlock=immediate&"+url.Values{"_pragma": {"wal_autocheckpoint(0)"}}.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
