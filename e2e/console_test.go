@@ -29,14 +29,14 @@ func TestConsoleApprovesWaitingMachineR18_2(t *testing.T) {
 		chromedp.Navigate(base+"/"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
 		chromedp.SendKeys(chromedp.CSS("#key"), s.env["BETTER_COMPUTE_API_KEY"]),
-		chromedp.Click(chromedp.CSS("#signin-submit")),
+		browser.Submit("#signin-submit"),
 		chromedp.WaitVisible(chromedp.CSS("#join-requests")),
 		chromedp.Navigate(base+"/join-requests?tenant="+s.env["TENANT"]+"&pool="+s.env["POOL"]),
 		chromedp.WaitVisible(chromedp.CSS(row)),
 		browser.Shot(t, dir, "waiting.png"),
 		chromedp.Click(chromedp.CSS(row+` input[type="checkbox"]`)),
 		chromedp.SendKeys(chromedp.CSS("#reason"), "rack B7 intake"),
-		chromedp.Click(chromedp.CSS("#approve")),
+		browser.Submit("#approve"),
 		chromedp.WaitNotPresent(chromedp.CSS(row)),
 	)
 	// The machine's bcd asks again on its own and is admitted.

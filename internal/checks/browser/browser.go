@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 )
 
@@ -91,6 +92,18 @@ func Run(t testing.TB, ctx context.Context, steps ...chromedp.Action[chromedp.Vo
 func Text(sel string, out *string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
 		*out, err = chromedp.Text(chromedp.CSS(sel))(ctx, tg)
+		return err
+	})
+}
+
+// Submit clicks sel, a button that submits a form, and waits for the page
+// the submission leads to (after its redirect) to load. A plain Click
+// returns at once, and the next steps may then find their element in the
+// page being replaced and act on it after it is gone (chromedp's "No node
+// with given id found").
+func Submit(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.WaitEvent(page.LoadEventFired, nil, chromedp.Click(chromedp.CSS(sel)))(ctx, tg)
 		return err
 	})
 }
