@@ -63,13 +63,13 @@ type checkpointer struct {
 	// running is held by whoever checkpoints: two checkpoints of one
 	// database cannot run at once (SQLite answers the second busy).
 	running sync.Mutex
-	// written is every WAL page the writer appended (all its connections);
-	// done is written when the checkpointer's last pass began.
-	written, done atomic.Int64
-	// woke is written when the checkpointer was last woken, and since the
-	// pages appended since the writer's last complete checkpoint: the
-	// writer's alone.
+	// written is every WAL page the writer appended (all its connections).
+	written atomic.Int64
+	// The writer's alone: written when it last woke the checkpointer, and
+	// the pages appended since its own last complete checkpoint.
 	woke, since int64
+	// The checkpointer's alone: written when its last pass began.
+	done int64
 
 	kick          chan struct{}
 	quit, stopped chan struct{}
@@ -153,10 +153,10 @@ func (c *checkpointer) run() {
 		case <-tick.C:
 		}
 		w := c.written.Load()
-		if w == c.done.Load() {
+		if w == c.done {
 			continue
 		}
-		c.done.Store(w)
+		c.done = w
 		c.checkpoint()
 	}
 }
