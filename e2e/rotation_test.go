@@ -69,7 +69,7 @@ func newFleetMachine(i int, pins map[string]any, encKey *ecdsa.PublicKey) *fleet
 // learn applies statements to every pinned kind.
 func (m *fleetMachine) learn(statements []string) {
 	for _, kind := range pinnedKinds {
-		set, ch := pki.ApplyStatements(kind, m.pins[kind], statements)
+		set, ch := pki.ApplyStatements(kind, m.pins[kind], nil, statements)
 		m.pins[kind] = set
 		for p, k := range ch.Keys {
 			m.encKeys[p] = k

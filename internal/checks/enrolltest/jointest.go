@@ -274,7 +274,9 @@ func (f *JoinService) Join(_ context.Context, req *connect.Request[agentv1.JoinR
 	f.answers[digest] = res
 	f.admissions++
 	f.mu.Unlock()
-	return connect.NewResponse(proto.Clone(res).(*agentv1.JoinResponse)), nil
+	out := proto.Clone(res).(*agentv1.JoinResponse)
+	out.KeyStatements = f.rotation.outer()
+	return connect.NewResponse(out), nil
 }
 
 // nextLoss pops the next loss, if any.

@@ -29,6 +29,29 @@ type rotation struct {
 	signer      crypto.Signer
 	signingCert []byte
 	keysCalls   int
+	// stripOuter: answers carry no statements outside their signed body
+	// (a server before that field, or a relay that drops it).
+	stripOuter bool
+}
+
+// outer is what an answer carries outside its signed body (R21.1).
+func (r *rotation) outer() []string {
+	r.mu.Lock()
+	strip := r.stripOuter
+	r.mu.Unlock()
+	if strip {
+		return nil
+	}
+	return r.statements()
+}
+
+// StripOuterStatements makes later join and renewal answers carry their
+// statements only inside the signed body, as a relay that drops the
+// outer field would.
+func (f *JoinService) StripOuterStatements(strip bool) {
+	f.rotation.mu.Lock()
+	f.rotation.stripOuter = strip
+	f.rotation.mu.Unlock()
 }
 
 func (r *rotation) statements() []string {
@@ -123,7 +146,7 @@ func (f *JoinService) Renew(_ context.Context, req *connect.Request[agentv1.Rene
 		f.t.Errorf("fake JoinService: %v", err)
 		return nil, refuse()
 	}
-	return connect.NewResponse(&agentv1.RenewResponse{Body: body, Sig: sig, SigningCertificate: a.SigningCert}), nil
+	return connect.NewResponse(&agentv1.RenewResponse{Body: body, Sig: sig, SigningCertificate: a.SigningCert, KeyStatements: f.rotation.outer()}), nil
 }
 
 // SetGatewayBundle makes the gateway present a certificate issued by b's

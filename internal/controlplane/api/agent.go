@@ -27,6 +27,12 @@ func (a *agent) Join(ctx context.Context, req *connect.Request[agentv1.JoinReque
 	if err != nil {
 		return nil, err
 	}
+	if len(res.GetBody()) > 0 {
+		// R21.1: the chain to the key that signed it, for a daemon whose
+		// pins predate a rotation (a stored answer may be shared, so it is
+		// copied, not changed).
+		res = &agentv1.JoinResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate(), KeyStatements: a.statements()}
+	}
 	return connect.NewResponse(res), nil
 }
 
@@ -38,7 +44,17 @@ func (a *agent) Renew(ctx context.Context, req *connect.Request[agentv1.RenewReq
 	if err != nil {
 		return nil, err
 	}
+	res.KeyStatements = a.statements()
 	return connect.NewResponse(res), nil
+}
+
+// statements are the rotation statements in force (R16.2), nil before the
+// bundle is loaded.
+func (a *agent) statements() []string {
+	if b := a.s.cfg.Bundle.Now(); b != nil {
+		return b.KeyStatements
+	}
+	return nil
 }
 
 // Keys returns the rotation statements (R16.2). They need no signature of
@@ -48,10 +64,7 @@ func (a *agent) Keys(ctx context.Context, req *connect.Request[agentv1.KeysReque
 	// R19.3: the time is a hint bcd uses to correct its clock before it
 	// retries a join or renewal refused for its time; unsigned, it never
 	// decides trust (the server enforces its own windows).
-	res := &agentv1.KeysResponse{ServerTimeUnixMs: a.s.cfg.Clock.Now().UnixMilli()}
-	if b := a.s.cfg.Bundle.Now(); b != nil {
-		res.KeyStatements = b.KeyStatements
-	}
+	res := &agentv1.KeysResponse{ServerTimeUnixMs: a.s.cfg.Clock.Now().UnixMilli(), KeyStatements: a.statements()}
 	return connect.NewResponse(res), nil
 }
 

@@ -112,6 +112,10 @@ type Config struct {
 	ServingCASPKIPins     []string `toml:"serving_ca_spki_pins,omitempty"`
 	JoinSigningKeyPins    []string `toml:"join_signing_key_pins,omitempty"`
 	JoinEncryptionKeyPins []string `toml:"join_encryption_key_pins,omitempty"`
+	// RetiredPins are the keys bcd saw retired or rolled back by a key it
+	// pinned (R21.3), newest last, at most MaxRetiredPins: no statement
+	// pins one of them again. bcd writes it; an operator never needs to.
+	RetiredPins []string `toml:"retired_pins,omitempty"`
 	// DataDir holds the identity; DefaultDataDir when empty.
 	DataDir string `toml:"data_dir,omitempty"`
 	// SysfsRoot and ProcfsRoot are where claims are read; tests point them
@@ -237,6 +241,11 @@ func (c *Config) Validate() error {
 			if !pki.ValidPin(v) {
 				bad(fmt.Sprintf("%ss[%d]", p.key, i), "want sha256/<base64 of a SHA-256> (44 characters after sha256/)")
 			}
+		}
+	}
+	for i, v := range c.RetiredPins {
+		if !pki.ValidPin(v) {
+			bad(fmt.Sprintf("retired_pins[%d]", i), "want sha256/<base64 of a SHA-256> (44 characters after sha256/)")
 		}
 	}
 	for _, p := range []struct{ key, val string }{

@@ -91,8 +91,20 @@ type PinUpdate struct {
 	Changes []pki.PinChange
 }
 
-// Changed reports whether any set changed.
+// Changed reports whether there is anything to save: a set changed, or a
+// key was newly seen retired.
 func (u PinUpdate) Changed() bool { return len(u.Changes) > 0 }
+
+// PinsChanged reports whether a pin set changed (what is worth a log
+// line).
+func (u PinUpdate) PinsChanged() bool {
+	for _, c := range u.Changes {
+		if c.Changed() {
+			return true
+		}
+	}
+	return false
+}
 
 // Kind returns the change of kind, if it changed.
 func (u PinUpdate) Kind(kind string) (pki.PinChange, bool) {
@@ -104,22 +116,41 @@ func (u PinUpdate) Kind(kind string) (pki.PinChange, bool) {
 	return pki.PinChange{}, false
 }
 
+// MaxRetiredPins bounds RetiredPins: the oldest are forgotten first. Each
+// rotation retires one key of a kind and a rollback one more, so this is
+// dozens of rotations of every kind.
+const MaxRetiredPins = 64
+
 // ApplyStatements applies the rotation statements to c's pin sets in memory
 // (pki.ApplyStatements per kind: only statements signed by a key c already
-// pins count) and reports what changed. It writes nothing.
+// pins count, and no key of RetiredPins is pinned again) and reports what
+// changed; keys newly seen retired join RetiredPins. It writes nothing.
 func (c *Config) ApplyStatements(statements []string) PinUpdate {
 	var u PinUpdate
-	if len(statements) == 0 {
-		return u
-	}
 	for _, kind := range PinKinds() {
-		next, change := pki.ApplyStatements(kind, c.PinSet(kind), statements)
+		next, change := pki.ApplyStatements(kind, c.PinSet(kind), c.RetiredPins, statements)
 		if change.Changed() && len(next) > 0 {
 			c.SetPinSet(kind, next)
+		}
+		if change.Learned() {
+			c.addRetired(change.Dropped)
 			u.Changes = append(u.Changes, change)
 		}
 	}
 	return u
+}
+
+// addRetired appends pins to RetiredPins, keeping the newest
+// MaxRetiredPins.
+func (c *Config) addRetired(pins []string) {
+	for _, p := range pins {
+		if !slices.Contains(c.RetiredPins, p) {
+			c.RetiredPins = append(c.RetiredPins, p)
+		}
+	}
+	if n := len(c.RetiredPins); n > MaxRetiredPins {
+		c.RetiredPins = slices.Clone(c.RetiredPins[n-MaxRetiredPins:])
+	}
 }
 
 // LearnStatements applies the rotation statements (R16.2) to the
@@ -184,7 +215,7 @@ func learnStatements(path string, statements []string, w learnIO) (*Config, PinU
 		return c, u, catchUpKey(dir, before, statements, w)
 	}
 	encChange, encChanged := u.Kind(pki.KindJoinEncryption)
-	if !encChanged {
+	if !encChanged || !encChange.Changed() {
 		return c, u, w.writeConfig(c, path)
 	}
 	after := c.JoinEncryptionPins()
@@ -325,7 +356,9 @@ type Pins struct {
 	mu   sync.Mutex
 	path string
 	sets map[string][]string
-	log  *slog.Logger
+	// retired is RetiredPins: keys never pinned again (R21.3).
+	retired []string
+	log     *slog.Logger
 }
 
 // NewPins returns the live pin sets of c, persisted to the config.toml at
@@ -335,11 +368,29 @@ func NewPins(path string, c *Config, log *slog.Logger) *Pins {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	p := &Pins{path: path, sets: map[string][]string{}, log: log}
+	p := &Pins{path: path, sets: map[string][]string{}, retired: slices.Clone(c.RetiredPins), log: log}
 	for _, k := range PinKinds() {
 		p.sets[k] = c.PinSet(k)
 	}
 	return p
+}
+
+// Preview returns kind's pin set as it would be after statements, without
+// learning them: a verifier asks it whether an answer's signing key is
+// vouched for by a chain from a pinned key (R21.1) before it checks the
+// answer, and learns the statements only from the answer it accepted.
+func (p *Pins) Preview(kind string, statements []string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next, _ := pki.ApplyStatements(kind, p.sets[kind], p.retired, statements)
+	return next
+}
+
+// Retired returns the keys known retired (a copy).
+func (p *Pins) Retired() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.retired)
 }
 
 // Set returns kind's pin set now, oldest first (a copy).
@@ -360,7 +411,7 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	mem := &Config{}
+	mem := &Config{RetiredPins: slices.Clone(p.retired)}
 	for _, k := range PinKinds() {
 		mem.SetPinSet(k, p.sets[k])
 	}
@@ -387,7 +438,12 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	for _, k := range PinKinds() {
 		p.sets[k] = mem.PinSet(k)
 	}
+	p.retired = mem.RetiredPins
 	for _, c := range u.Changes {
+		if !c.Changed() {
+			p.log.Debug("keys seen retired", telemetry.LogSource, source, telemetry.LogKind, c.Kind, telemetry.LogRetired, c.Dropped)
+			continue
+		}
 		p.log.Info("learned rotated keys", telemetry.LogSource, source, telemetry.LogKind, c.Kind, telemetry.LogAdded, c.Added, telemetry.LogRetired, c.Retired, telemetry.LogPins, p.sets[c.Kind])
 	}
 	if err != nil {

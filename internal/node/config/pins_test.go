@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/x509"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -358,5 +359,87 @@ func TestPinsLearn(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, gone.Set(pki.KindServingCA)); diff != "" {
 		t.Errorf("after a failed save (-want +got):\n%s", diff)
+	}
+}
+
+// R21.3: after a prepare and a rollback of join-encryption and
+// join-signing, the "trust" statements replayed alone (as a network
+// attacker answering Keys would, copying them from the well-known
+// document) never pin the rolled-back keys again, across a restart; and
+// the same rollback shown again rewrites nothing and logs nothing.
+func TestPinsOnlyMoveForward(t *testing.T) {
+	r := newRotation(t)
+	cfg, err := Load(r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	p := NewPins(r.path, cfg, log)
+	trust := []string{
+		stmt(t, pki.KindJoinEncryption, pki.ActionTrust, r.en[0], r.en[1]),
+		stmt(t, pki.KindJoinSigning, pki.ActionTrust, r.sg[0], r.sg[1]),
+	}
+	rollback := append(slices.Clone(trust),
+		stmt(t, pki.KindJoinEncryption, pki.ActionRetire, r.en[0], r.en[1]),
+		stmt(t, pki.KindJoinSigning, pki.ActionRetire, r.sg[0], r.sg[1]),
+	)
+	if _, err := p.Learn("prepare", trust); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Learn("rollback", rollback); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		pki.KindJoinEncryption: {pinOf(t, r.en[0])},
+		pki.KindJoinSigning:    {pinOf(t, r.sg[0])},
+	}
+	check := func(what string, p *Pins) {
+		t.Helper()
+		for kind, w := range want {
+			if diff := cmp.Diff(w, p.Set(kind)); diff != "" {
+				t.Errorf("%s: %s (-want +got):\n%s", what, kind, diff)
+			}
+		}
+	}
+	check("after the rollback", p)
+
+	before, err := os.ReadFile(r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := os.Stat(r.path)
+	logs.Reset()
+	for _, replay := range [][]string{trust, rollback, {trust[0]}, {trust[1]}} {
+		u, err := p.Learn("keys", replay)
+		if err != nil || u.Changed() {
+			t.Errorf("replay %d statements: changed %v, err %v", len(replay), u.Changed(), err)
+		}
+	}
+	check("after the replays", p)
+	after, _ := os.ReadFile(r.path)
+	info2, _ := os.Stat(r.path)
+	if string(before) != string(after) || !info.ModTime().Equal(info2.ModTime()) {
+		t.Error("config.toml was rewritten though nothing changed")
+	}
+	if logs.Len() != 0 {
+		t.Errorf("log lines though nothing changed:\n%s", logs.String())
+	}
+
+	// A restarted bcd reads the retirements from config.toml.
+	saved, err := Load(r.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(saved.RetiredPins) != 2 {
+		t.Errorf("retired_pins = %v, want the two rolled-back keys", saved.RetiredPins)
+	}
+	restarted := NewPins(r.path, saved, nil)
+	if _, err := restarted.Learn("keys", trust); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restart and a replay", restarted)
+	if got := restarted.Preview(pki.KindJoinSigning, trust); !slices.Equal(got, want[pki.KindJoinSigning]) {
+		t.Errorf("Preview pins a rolled-back key: %v", got)
 	}
 }

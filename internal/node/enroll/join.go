@@ -341,7 +341,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 	// seal, so the request stays the same.
 	j.progress("sealing the token…")
 	reseal := func(r *agentv1.JoinRequest) error {
-		sealed, err := pki.Seal(encKey, opts.Token, r.GetCsr(), pki.JoinRequestDigest(r), j.serverTime.Now())
+		sealed, err := pki.Seal(encKey, opts.Token, r.GetCsr(), pki.JoinRequestDigest(r), j.serverTime.StampNow())
 		if err != nil {
 			return fmt.Errorf("seal the token: %w", err)
 		}
@@ -353,6 +353,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		docCert = wk.signingCert
 	}
 	want2 := expectation{
+		liveRetired:   func() []string { return cfg.RetiredPins },
 		livePins:      cfg.JoinSigningPins,
 		docCert:       docCert,
 		csrHash:       pki.CSRHash(req.GetCsr()),
@@ -416,16 +417,14 @@ func (j *Joiner) learnTime(source string, serverMs int64) {
 // clockRetry reports whether a refused join is worth sending once more
 // with the clock corrected (R19.3): the refusal does not say why (R4.7),
 // so bcd asks the gateway for the control plane's time (an unsigned hint)
-// and retries when it moved the offset by more than retryClockMove.
+// and retries when it moved what the retry is dated by more than
+// retryClockMove. The hint dates the retry only (servertime.Hint, R21.4).
 func (j *Joiner) clockRetry(ctx context.Context, gatewayURL, serverName string) bool {
-	before, _ := j.serverTime.Offset()
 	ms, err := FetchServerTime(ctx, j.httpClient, gatewayURL, serverName)
 	if err != nil || ms == 0 {
 		return false
 	}
-	j.learnTime("keys answer", ms)
-	after, _ := j.serverTime.Offset()
-	return (after-before) > retryClockMove || (before-after) > retryClockMove
+	return j.serverTime.Hint(ms, retryClockMove)
 }
 
 // retryClockMove is how far a learned offset must move before a refused

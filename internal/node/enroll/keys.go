@@ -124,4 +124,5 @@ func syncPins(cfg *config.Config, pins *config.Pins) {
 			cfg.SetPinSet(k, s)
 		}
 	}
+	cfg.RetiredPins = pins.Retired()
 }

@@ -93,6 +93,7 @@ func (j *Joiner) tpmJoin(ctx context.Context, opts Options, role string) (*ident
 		return j.send(ctx, &cfg, req, nil)
 	}
 	body, err := j.untilDecided(ctx, expectation{
+		liveRetired:   func() []string { return cfg.RetiredPins },
 		livePins:      cfg.JoinSigningPins,
 		csrHash:       pki.CSRHash(csr),
 		nodeKey:       signer.Public(),

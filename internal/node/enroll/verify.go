@@ -72,6 +72,14 @@ type expectation struct {
 	// verification time (a send may have learned keys meanwhile).
 	signingPins []string
 	livePins    func() []string
+	// retired are the keys the daemon knows retired (R21.3), and
+	// vouchers statements from outside the signed answer (the answer's
+	// own unsigned field, or a Keys answer): a signing key not pinned yet
+	// is accepted when a chain of them from a pinned key vouches for it
+	// (R21.1). liveRetired, when set, is asked instead of retired.
+	retired     []string
+	liveRetired func() []string
+	vouchers    [][]string
 	// docCert is the well-known document's signing certificate when it was
 	// fetched and matched the pin; used when the response carries none.
 	docCert *x509.Certificate
@@ -103,6 +111,7 @@ type expectation struct {
 // JoinService gives a node joined through a hosted token). Nothing in the
 // body is looked at before (1) passed.
 func verifyResponse(res *agentv1.JoinResponse, want expectation) (*agentv1.JoinResponseBody, error) {
+	want.vouchers = append([][]string{res.GetKeyStatements()}, want.vouchers...)
 	return verifySigned(res.GetBody(), res.GetSig(), res.GetSigningCertificate(), want)
 }
 
@@ -115,11 +124,14 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 	if want.livePins != nil {
 		want.signingPins = want.livePins()
 	}
+	if want.liveRetired != nil {
+		want.retired = want.liveRetired()
+	}
 	var key crypto.PublicKey
 	var sawCert bool
 	if der := signingCert; len(der) > 0 {
 		sawCert = true
-		if cert, err := x509.ParseCertificate(der); err == nil && pki.PinIn(want.signingPins, cert.PublicKey) {
+		if cert, err := x509.ParseCertificate(der); err == nil && want.vouched(cert.PublicKey) {
 			key = cert.PublicKey
 		}
 	}
@@ -200,6 +212,26 @@ func verifySigned(rawBody, sig, signingCert []byte, want expectation) (*agentv1.
 		}
 	}
 	return &body, nil
+}
+
+// vouched reports whether pub may sign an answer: it hashes to a pinned
+// join-signing key, or a chain of statements (want.vouchers) from a pinned
+// key vouches for it and retired did not rule it out (R21.1, R21.3). The
+// statements are only previewed here: the caller learns them once the
+// answer passed every check.
+func (want expectation) vouched(pub crypto.PublicKey) bool {
+	if pki.PinIn(want.signingPins, pub) {
+		return true
+	}
+	for _, st := range want.vouchers {
+		if len(st) == 0 {
+			continue
+		}
+		if set, _ := pki.ApplyStatements(pki.KindJoinSigning, want.signingPins, want.retired, st); pki.PinIn(set, pub) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkDeferral is verifySigned's check of a signed deferral: for this
@@ -287,11 +319,18 @@ type RenewExpectation struct {
 	SiteID      string
 	NodeID      string
 	Role        string
+	// Retired are the keys known retired (R21.3); Vouchers, statements
+	// from elsewhere than the answer (a Keys answer) that may vouch for
+	// its signing key, as the answer's own key_statements do (R21.1).
+	Retired  []string
+	Vouchers []string
 }
 
 // VerifyRenewResponse checks a RenewResponse exactly like a join answer
 // (verifyResponse, R4.6): the signature under the pinned join-signing key
-// (from the answer's signing certificate only), csr_sha256, the leaf key,
+// or one a chain of statements from it vouches for (the answer's
+// key_statements or e.Vouchers, R21.1), from the answer's signing
+// certificate only, csr_sha256, the leaf key,
 // the SPIFFE ID (this node, site and trust domain), the role (exactly the
 // current one), the command bundle. It returns the body.
 func VerifyRenewResponse(res *agentv1.RenewResponse, e RenewExpectation) (*agentv1.JoinResponseBody, error) {
@@ -300,7 +339,7 @@ func VerifyRenewResponse(res *agentv1.RenewResponse, e RenewExpectation) (*agent
 	}
 	return verifySigned(res.GetBody(), res.GetSig(), res.GetSigningCertificate(), expectation{
 		signingPins: pinSet(e.SigningPins, e.SigningPin), csrHash: e.CSRHash, nodeKey: e.NodeKey, siteID: e.SiteID, nodeID: e.NodeID, role: e.Role,
-		renewal: true, trustDomain: e.TrustDomain,
+		renewal: true, trustDomain: e.TrustDomain, retired: e.Retired, vouchers: [][]string{res.GetKeyStatements(), e.Vouchers},
 	})
 }
 

@@ -104,6 +104,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 			return nil, err
 		}
 		body, err := verifyResponse(res, expectation{
+			liveRetired: func() []string { return cfg.RetiredPins },
 			livePins:    cfg.JoinSigningPins,
 			csrHash:     pki.CSRHash(p.req.GetCsr()),
 			nodeKey:     p.signer.Public(),
@@ -148,7 +149,7 @@ func (j *Joiner) newRejoinRequest(cfg *config.Config, old *identity.Identity, ro
 		Role:     role,
 		NodeId:   old.NodeID,
 		Protocol: version.ProtocolMax,
-		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.serverTime.Now().UnixMilli()},
+		X509Pop:  &agentv1.X509Pop{Chain: chain, ClientTimeUnixMs: j.serverTime.StampNow().UnixMilli()},
 	}
 	sig, err := pki.SignX509Pop(old.Signer, pki.JoinRequestDigest(req))
 	if err != nil {

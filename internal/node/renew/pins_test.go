@@ -3,6 +3,7 @@ package renew_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -252,6 +253,79 @@ func TestRenewAfterOfflineServingCARotation(t *testing.T) {
 			}
 			if saved.JoinSigningKeyPin != p.cfg.JoinSigningKeyPin || saved.JoinEncryptionKeyPin != p.cfg.JoinEncryptionKeyPin {
 				t.Error("the other pins changed")
+			}
+		})
+	}
+}
+
+// R21.1: a join-signing rotation run back to back (prepare, activate and
+// retire at once, the leak runbook) while bcd sleeps: the next renewal
+// answer is signed by a key bcd does not pin yet. bcd accepts it because a
+// chain from its pinned key vouches for that key, found in the answer
+// itself or, when a relay dropped it there, in the gateway's Keys answer;
+// then it pins only the new key. A chain from a key it never pinned is
+// refused and changes nothing.
+func TestRenewAcrossBackToBackJoinSigningRotation(t *testing.T) {
+	tests := []struct {
+		name      string
+		strip     bool
+		evil      bool
+		wantKeys  int
+		wantError bool
+	}{
+		{name: "chain in the answer"},
+		{name: "chain dropped by the relay, from Keys", strip: true, wantKeys: 1},
+		{name: "chain from an unpinned key", evil: true, wantKeys: 1, wantError: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPinned(t)
+			old, next, evil := p.srv.Bundle, generation(t, p.srv), generation(t, p.srv)
+			voucher := old.JoinSigningKey
+			if tt.evil {
+				voucher = evil.JoinSigningKey
+			}
+			p.srv.JoinService.SetKeyStatements([]string{
+				enrolltest.Statement(t, pki.KindJoinSigning, pki.ActionTrust, voucher, next.JoinSigningCert.PublicKey),
+				enrolltest.Statement(t, pki.KindJoinSigning, pki.ActionRetire, next.JoinSigningKey, old.JoinSigningCert.PublicKey),
+			})
+			p.srv.JoinService.UseSigner(next.JoinSigningKey, next.JoinSigningCert)
+			p.srv.JoinService.StripOuterStatements(tt.strip)
+			before := p.files(t)
+			_, err := p.renewer.RenewOnce(context.Background())
+			if n := p.srv.JoinService.KeysCalls(); n != tt.wantKeys {
+				t.Errorf("Keys calls = %d, want %d", n, tt.wantKeys)
+			}
+			if tt.wantError {
+				var re *enroll.ResponseError
+				if !errors.As(err, &re) || re.Check != enroll.CheckSignature {
+					t.Fatalf("err = %v, want the signature check's refusal", err)
+				}
+				if p.files(t) != before {
+					t.Error("config.toml or the jwk changed")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("renewal signed by the rotated key: %v", err)
+			}
+			want := []string{pinOf(t, next.JoinSigningCert.PublicKey)}
+			if diff := cmp.Diff(want, p.pins.Set(pki.KindJoinSigning)); diff != "" {
+				t.Errorf("live join-signing set (-want +got):\n%s", diff)
+			}
+			saved, err := config.Load(p.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, saved.JoinSigningPins()); diff != "" {
+				t.Errorf("saved join-signing set (-want +got):\n%s", diff)
+			}
+			// The old key, retired, is never pinned again.
+			if _, err := p.pins.Learn("keys", []string{enrolltest.Statement(t, pki.KindJoinSigning, pki.ActionTrust, next.JoinSigningKey, old.JoinSigningCert.PublicKey)}); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, p.pins.Set(pki.KindJoinSigning)); diff != "" {
+				t.Errorf("after a statement trusting the retired key again (-want +got):\n%s", diff)
 			}
 		})
 	}

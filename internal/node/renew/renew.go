@@ -18,6 +18,7 @@ package renew
 import (
 	"bytes"
 	"context"
+	"errors"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -235,7 +236,7 @@ func (r *Renewer) load() (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	if id.Expired(r.serverTime.Now()) {
+	if r.serverTime.Expired(id.NotAfter) {
 		return nil, errs.New(errs.InvalidState, "the certificate expired at %s and can no longer be renewed; join again as root: bcd join --reset --yes, then bcd join",
 			id.NotAfter.Format(time.RFC3339))
 	}
@@ -298,9 +299,9 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	body, err := enroll.VerifyRenewResponse(res, enroll.RenewExpectation{
+	body, err := r.verify(ctx, res, enroll.RenewExpectation{
 		SigningPins: r.pins.Set(pki.KindJoinSigning), CSRHash: pki.CSRHash(csr), NodeKey: signer.Public(),
-		TrustDomain: id.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role,
+		TrustDomain: id.TrustDomain, SiteID: id.SiteID, NodeID: id.NodeID, Role: id.Role, Retired: r.pins.Retired(),
 	})
 	if err != nil {
 		return nil, err
@@ -334,6 +335,41 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	return saved, nil
 }
 
+// verify checks the renewal answer (enroll.VerifyRenewResponse). R21.1: an
+// answer signed by a join-signing key bcd does not pin yet is accepted when
+// a chain of statements from a pinned key vouches for it: the answer's own
+// statements, or, when a relay dropped them (or a server before the field
+// sent none), those the gateway's Keys answers. The control plane has
+// already issued the certificate, so giving up here would strand the node.
+func (r *Renewer) verify(ctx context.Context, res *agentv1.RenewResponse, want enroll.RenewExpectation) (*agentv1.JoinResponseBody, error) {
+	body, err := enroll.VerifyRenewResponse(res, want)
+	var re *enroll.ResponseError
+	if err == nil || !errors.As(err, &re) || re.Check != enroll.CheckSignature || ctx.Err() != nil {
+		return body, err
+	}
+	st, ferr := enroll.FetchKeyStatements(ctx, r.hc, r.bcd.GatewayURL, r.serverName())
+	if ferr != nil || len(st) == 0 {
+		return nil, err
+	}
+	r.log.Info("the renewal answer is signed by a key bcd does not pin yet: checking it against the gateway's key statements (only those a pinned key vouches for count)")
+	want.Vouchers = st
+	return enroll.VerifyRenewResponse(res, want)
+}
+
+// serverName is the TLS server name of the gateway: gateway_server_name,
+// else the gateway URL's host ("" when the URL does not parse; the dial
+// then fails with that error).
+func (r *Renewer) serverName() string {
+	if r.bcd.GatewayServerName != "" {
+		return r.bcd.GatewayServerName
+	}
+	u, err := url.Parse(r.bcd.GatewayURL)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
+}
+
 // send signs the proof of possession for csr dated by the control plane's
 // clock as bcd knows it and calls Renew. R19.3: a refusal (which does not
 // say why, R13.5) sends it once more when the control plane's time, asked
@@ -345,7 +381,7 @@ func (r *Renewer) send(ctx context.Context, id *identity.Identity, csr, keyAttes
 		chain[i] = c.Raw
 	}
 	for retried := false; ; retried = true {
-		now := r.serverTime.Now().UnixMilli()
+		now := r.serverTime.StampNow().UnixMilli()
 		pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
 		if err != nil {
 			return nil, fmt.Errorf("sign the proof of possession: %w", err)
@@ -376,27 +412,15 @@ const clockNoteAfter = time.Minute
 const retryClockMove = 30 * time.Second
 
 // clockMoved asks the gateway for the control plane's time and reports
-// whether it moved the offset by more than retryClockMove.
+// whether it moved what the next attempt is dated by more than
+// retryClockMove. The answer is unsigned: it is a hint that dates the
+// retry only (servertime.Hint, R21.4), never the learned offset.
 func (r *Renewer) clockMoved(ctx context.Context) bool {
-	u, err := url.Parse(r.bcd.GatewayURL)
-	if err != nil {
-		return false
-	}
-	serverName := r.bcd.GatewayServerName
-	if serverName == "" {
-		serverName = u.Hostname()
-	}
-	ms, err := enroll.FetchServerTime(ctx, r.hc, r.bcd.GatewayURL, serverName)
+	ms, err := enroll.FetchServerTime(ctx, r.hc, r.bcd.GatewayURL, r.serverName())
 	if err != nil || ms == 0 {
 		return false
 	}
-	before, _ := r.serverTime.Offset()
-	after, err := r.serverTime.Learn(ms)
-	if err != nil {
-		r.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
-		return false
-	}
-	return after-before > retryClockMove || before-after > retryClockMove
+	return r.serverTime.Hint(ms, retryClockMove)
 }
 
 // call dials the gateway with the pinned TLS configuration and the current

@@ -232,7 +232,7 @@ func (d *Daemon) load() (*identity.Identity, error) {
 	if err != nil {
 		return nil, err
 	}
-	if id.Expired(d.serverTime.Now()) {
+	if d.serverTime.Expired(id.NotAfter) {
 		return nil, errs.New(errs.InvalidState, "%s", doctor.ExpiredMessage(id.NotAfter))
 	}
 	return id, nil
@@ -450,10 +450,9 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
 	}
 	d.learnWelcome(w)
-	// R19.3: the API's time, over the session's mTLS stream.
-	if _, err := d.serverTime.Learn(w.GetServerTimeUnixMs()); err != nil {
-		d.log.Warn("not correcting for the control plane's time", telemetry.LogErr, err)
-	}
+	// R21.4: Welcome's time is not signed, and the gateway relays it: it
+	// never moves bcd's clock (a forged one could run an expired command,
+	// or stop renewals). The signed renewal answers correct the clock.
 	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
 	if beat <= 0 {
 		beat = defaultHeartbeat

@@ -3,20 +3,23 @@
 // join's client_time, a seal's iat, the expiry check of a command) by the
 // server's clock even when this machine's clock is off.
 //
-// bcd learns the server's time from the signed join and renewal answers
-// and the session's Welcome, and, as a hint only, from the unsigned Keys
-// answer before it retries a join or renewal refused for its time. The
-// offset is what the server's clock read minus this machine's clock when
-// the answer arrived; it is persisted beside the identity so a restart
-// keeps it.
+// bcd learns the server's time only from signed answers: the join and
+// renewal answers, whose signed body carries the time and answers this
+// very request (R21.4). The offset is what the server's clock read minus
+// this machine's clock when the answer arrived; it is persisted beside the
+// identity so a restart keeps it, and the next signed answer replaces it.
 //
-// SECURITY: whoever relays the answers (the gateway) could forge a Keys
-// time, and replay an old signed answer. The offset only changes what bcd
-// claims as its own time: the server still enforces its own windows
-// (pki.SealMaxAge and SealMaxFuture, the renewal's client_time skew, the
-// certificate's not_after), so a forged time can at most make a join or
-// renewal fail; it cannot extend a certificate or a seal. Offsets beyond
-// MaxOffset are not applied.
+// SECURITY: whoever relays the answers (the gateway) can forge anything
+// unsigned: the session's Welcome time and the Keys answer's time. Neither
+// moves the offset. The Keys time is a hint (Hint) that dates one retry of
+// a join or renewal refused for its time (StampNow) and nothing else: it
+// is never persisted, and command expiry and the certificate's expiry
+// never read it. A relay can delay a signed answer, which makes the
+// offset smaller by at most the call's timeout, never larger. The
+// certificate counts as expired only when both the offset and this
+// machine's own clock say so (Expired), so no offset can keep bcd from
+// renewing a certificate that is still valid; the server enforces its own
+// windows whatever bcd claims. Offsets beyond MaxOffset are not applied.
 package servertime
 
 import (
@@ -57,6 +60,10 @@ type Offset struct {
 	mu      sync.Mutex
 	off     time.Duration
 	learned time.Time // this machine's clock when it was learned; zero: never
+	// hint is an unsigned offset (Hint) that dates what bcd stamps until
+	// the next signed answer; hinted says there is one.
+	hint   time.Duration
+	hinted bool
 }
 
 // record is the persisted form.
@@ -112,6 +119,59 @@ func (o *Offset) Now() time.Time {
 	return o.cfg.Clock.Now().Add(off)
 }
 
+// StampNow is the time bcd dates what it claims with (a renewal's or an
+// x509pop join's client_time, a seal's iat): Now, or this machine's clock
+// moved by the hint of an unsigned answer (Hint) when one came after the
+// last signed answer. The server checks these times against its own
+// clock, so a forged hint can only make the request fail.
+func (o *Offset) StampNow() time.Time {
+	if o == nil {
+		return clock.Real{}.Now()
+	}
+	o.mu.Lock()
+	off := o.off
+	if o.hinted {
+		off = o.hint
+	}
+	o.mu.Unlock()
+	return o.cfg.Clock.Now().Add(off)
+}
+
+// Hint takes the server's time serverMs from an unsigned answer (the Keys
+// answer) as a hint for StampNow, kept in memory until the next signed
+// answer, and reports whether it moves what StampNow dates by more than
+// moved. It never changes Now and is never persisted (R21.4). 0 and
+// offsets beyond MaxOffset are ignored.
+func (o *Offset) Hint(serverMs int64, moved time.Duration) bool {
+	if o == nil || serverMs == 0 {
+		return false
+	}
+	off := time.UnixMilli(serverMs).Sub(o.cfg.Clock.Now()).Round(time.Millisecond)
+	if !bounded(off) {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	before := o.off
+	if o.hinted {
+		before = o.hint
+	}
+	o.hint, o.hinted = off, true
+	return off-before > moved || before-off > moved
+}
+
+// Expired reports whether notAfter has passed by the control plane's clock
+// as bcd knows it and by this machine's own clock too: an offset alone
+// (a stale one, or one learned before a clock step) never makes a valid
+// certificate look expired, so bcd still tries to renew it and the
+// control plane decides (R21.4).
+func (o *Offset) Expired(notAfter time.Time) bool {
+	if o == nil {
+		return !clock.Real{}.Now().Before(notAfter)
+	}
+	return !o.Now().Before(notAfter) && !o.cfg.Clock.Now().Before(notAfter)
+}
+
 // Offset returns the offset (server minus this machine) and when it was
 // learned; learned is zero when nothing was.
 func (o *Offset) Offset() (time.Duration, time.Time) {
@@ -121,11 +181,11 @@ func (o *Offset) Offset() (time.Duration, time.Time) {
 }
 
 // Learn records the server's time serverMs (Unix milliseconds) read from
-// an answer that just arrived. 0 (a server before the field) changes
-// nothing; an offset beyond MaxOffset is not applied and is returned as
-// an error naming the clock. The offset is persisted when first learned
-// and when it moved by more than a second, so a session's Welcome does not
-// write each time.
+// a signed answer that just arrived (never from an unsigned one: Hint),
+// and drops any hint. 0 (a server before the field) changes nothing; an
+// offset beyond MaxOffset is not applied and is returned as an error
+// naming the clock. The offset is persisted when first learned and when
+// it moved by more than a second, so a renewal does not write each time.
 func (o *Offset) Learn(serverMs int64) (time.Duration, error) {
 	if o == nil || serverMs == 0 {
 		return 0, nil
@@ -138,6 +198,7 @@ func (o *Offset) Learn(serverMs int64) (time.Duration, error) {
 	o.mu.Lock()
 	moved, first := o.off-off, o.learned.IsZero()
 	o.off, o.learned = off, now
+	o.hint, o.hinted = 0, false
 	o.mu.Unlock()
 	if first || moved > time.Second || moved < -time.Second {
 		return off, o.save(off, now)

@@ -143,9 +143,17 @@ func ParseP256SPKI(der []byte) (*ecdsa.PublicKey, error) {
 
 // PinChange is what ApplyStatements did to one kind's pins.
 type PinChange struct {
-	Kind    string
+	Kind string
+	// Added and Retired are the pins the set gained and lost. A key both
+	// vouched for and retired by the same statements is in neither: the
+	// set did not change for it.
 	Added   []string
 	Retired []string
+	// Dropped are the keys a pinned key said are retired (a retire phase
+	// or a rollback) that were not known retired before, pinned or not:
+	// the daemon keeps them so that no later statement pins them again
+	// (R21.3).
+	Dropped []string
 	// Keys holds the public key of every added pin (the daemon needs the
 	// join-encryption key itself, not only its pin).
 	Keys map[string]*ecdsa.PublicKey
@@ -153,19 +161,85 @@ type PinChange struct {
 
 // ApplyStatements returns pins (one kind's pin set, oldest first) after the
 // statements of that kind that a pinned key signed, and what changed.
+// retired lists the keys already known retired (of any kind): they are
+// never pinned again, and a pin among them is dropped (a crash between the
+// two writes that record a retirement), unless it is the set's last.
 //
-// SECURITY (R16.2): a statement counts only when its signer's key hashes to
-// a pin already in the set, so neither a relay nor the network can add a
-// key; a key the set gains may then vouch for the next one, which is how a
-// daemon offline through several rotations follows the chain. A retire
-// statement removes its subject only when signed by another pinned key, so
-// the set is never emptied and a retired key can no longer vouch. Statements
-// that do not verify, are of another kind, or name unknown signers are
-// skipped (the answer carrying them may still be good). The result keeps
-// the order keys were learned in: the last is the newest.
-func ApplyStatements(kind string, pins []string, statements []string) ([]string, PinChange) {
-	set := slices.Clone(pins)
+// SECURITY (R16.2, R21.3): a statement counts only when its signer's key
+// hashes to a pin already in the set, so neither a relay nor the network
+// can add a key; a key the set gains may then vouch for the next one,
+// which is how a daemon offline through several rotations follows the
+// chain. A retire statement removes its subject only when signed by
+// another pinned key and never empties the set, and a retired key can no
+// longer vouch. Pins only move forward: a key once seen retired (in
+// retired, or retired by these statements) is never added, so replaying
+// an old "trust" statement after its key was retired or rolled back gains
+// nothing. Statements that do not verify, are of another kind, or name
+// unknown signers are skipped (the answer carrying them may still be
+// good). The result keeps the order keys were learned in: the last is the
+// newest.
+func ApplyStatements(kind string, pins, retired []string, statements []string) ([]string, PinChange) {
 	change := PinChange{Kind: kind, Keys: map[string]*ecdsa.PublicKey{}}
+	known := map[string]bool{}
+	for _, p := range retired {
+		known[p] = true
+	}
+	set := slices.DeleteFunc(slices.Clone(pins), func(p string) bool { return known[p] })
+	if len(set) == 0 {
+		set = slices.Clone(pins)
+	}
+	parsed := parseKind(kind, statements)
+	dropped := map[string]bool{}
+	// A fixpoint: each round may pin a key that signs the next statement.
+	for progress := true; progress; {
+		progress = false
+		for _, st := range parsed {
+			signer, subject := PinSPKI(st.Signer), PinSPKI(st.Subject)
+			if !slices.Contains(set, signer) {
+				continue
+			}
+			switch st.Action {
+			case ActionTrust:
+				if slices.Contains(set, subject) || known[subject] || dropped[subject] {
+					continue
+				}
+				set = append(set, subject)
+				change.Keys[subject], _ = ParseP256SPKI(st.Subject)
+				progress = true
+			case ActionRetire:
+				if !dropped[subject] && !known[subject] {
+					dropped[subject] = true
+					change.Dropped = append(change.Dropped, subject)
+					progress = true
+				}
+				if slices.Contains(set, subject) && len(set) > 1 {
+					set = slices.DeleteFunc(set, func(p string) bool { return p == subject })
+					progress = true
+				}
+			}
+		}
+	}
+	for _, p := range set {
+		if !slices.Contains(pins, p) {
+			change.Added = append(change.Added, p)
+		}
+	}
+	for _, p := range pins {
+		if !slices.Contains(set, p) {
+			change.Retired = append(change.Retired, p)
+		}
+	}
+	for p := range change.Keys {
+		if !slices.Contains(change.Added, p) {
+			delete(change.Keys, p)
+		}
+	}
+	return set, change
+}
+
+// parseKind returns the statements of kind that verify under their own
+// signer, at most MaxKeyStatements of them looked at.
+func parseKind(kind string, statements []string) []KeyStatement {
 	var parsed []KeyStatement
 	for i, enc := range statements {
 		if i >= MaxKeyStatements {
@@ -176,35 +250,15 @@ func ApplyStatements(kind string, pins []string, statements []string) ([]string,
 			parsed = append(parsed, st)
 		}
 	}
-	retired := map[string]bool{}
-	// A fixpoint: each round may pin a key that signs the next statement.
-	for progress := true; progress; {
-		progress = false
-		for _, st := range parsed {
-			signer, subject := PinSPKI(st.Signer), PinSPKI(st.Subject)
-			if !slices.Contains(set, signer) {
-				continue
-			}
-			switch {
-			case st.Action == ActionTrust && !slices.Contains(set, subject) && !retired[subject]:
-				set = append(set, subject)
-				change.Added = append(change.Added, subject)
-				change.Keys[subject], _ = ParseP256SPKI(st.Subject)
-				progress = true
-			case st.Action == ActionRetire && slices.Contains(set, subject):
-				set = slices.DeleteFunc(set, func(p string) bool { return p == subject })
-				retired[subject] = true
-				change.Retired = append(change.Retired, subject)
-				progress = true
-			}
-		}
-	}
-	change.Added = slices.DeleteFunc(change.Added, func(p string) bool { return retired[p] })
-	return set, change
+	return parsed
 }
 
 // Changed reports whether the set changed.
 func (c PinChange) Changed() bool { return len(c.Added) > 0 || len(c.Retired) > 0 }
+
+// Learned reports whether there is anything to keep: the set changed, or
+// a key was newly seen retired.
+func (c PinChange) Learned() bool { return c.Changed() || len(c.Dropped) > 0 }
 
 // PinIn reports whether pub hashes to one of pins (each compared in
 // constant time).

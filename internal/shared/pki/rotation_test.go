@@ -55,10 +55,12 @@ func TestApplyStatements(t *testing.T) {
 	tests := []struct {
 		name        string
 		pins        []string
+		retired     []string
 		statements  []string
 		want        []string
 		wantAdded   []string
 		wantRetired []string
+		wantDropped []string
 	}{
 		{name: "none", pins: []string{p1}, want: []string{p1}},
 		{name: "trusted by a pinned key", pins: []string{p1}, statements: []string{trust(k1, k2)}, want: []string{p1, p2}, wantAdded: []string{p2}},
@@ -71,12 +73,20 @@ func TestApplyStatements(t *testing.T) {
 		{name: "a retired key cannot vouch", pins: []string{p1, p2}, statements: []string{retire(k2, k1), trust(k1, k3)}, want: []string{p2}, wantRetired: []string{p1}},
 		{name: "a retired key is not trusted again", pins: []string{p1, p2}, statements: []string{retire(k2, k1), trust(k2, k1)}, want: []string{p2}, wantRetired: []string{p1}},
 		{name: "retire by an unpinned key", pins: []string{p1}, statements: []string{retire(stranger, k1)}, want: []string{p1}},
+		// R21.3: pins only move forward.
+		{name: "a rolled-back key is not pinned again", pins: []string{p1}, retired: []string{p2}, statements: []string{trust(k1, k2)}, want: []string{p1}},
+		{name: "trust then rollback in one answer changes no pin", pins: []string{p1}, statements: []string{trust(k1, k2), retire(k1, k2)}, want: []string{p1}, wantDropped: []string{p2}},
+		{name: "rollback then replayed trust changes no pin", pins: []string{p1}, statements: []string{retire(k1, k2), trust(k1, k2)}, want: []string{p1}, wantDropped: []string{p2}},
+		{name: "a retirement already known is not news", pins: []string{p1}, retired: []string{p2}, statements: []string{trust(k1, k2), retire(k1, k2)}, want: []string{p1}},
+		{name: "a pin known retired is dropped", pins: []string{p1, p2}, retired: []string{p1}, want: []string{p2}, wantRetired: []string{p1}},
+		{name: "the last pin is kept though known retired", pins: []string{p1}, retired: []string{p1}, want: []string{p1}},
+		{name: "two keys retiring each other never empty the set", pins: []string{p1, p2}, statements: []string{retire(k2, k1), retire(k1, k2)}, want: []string{p2}, wantRetired: []string{p1}, wantDropped: []string{p1}},
 		{name: "garbage is skipped", pins: []string{p1}, statements: []string{"", "x.y", "not a statement", tampered(), trust(k1, k2)}, want: []string{p1, p2}, wantAdded: []string{p2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			in := slices.Clone(tt.pins)
-			got, change := ApplyStatements(KindServingCA, tt.pins, tt.statements)
+			got, change := ApplyStatements(KindServingCA, tt.pins, tt.retired, tt.statements)
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("pins (-want +got):\n%s", diff)
 			}
@@ -88,6 +98,15 @@ func TestApplyStatements(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.wantRetired, change.Retired, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("retired (-want +got):\n%s", diff)
+			}
+			wantDropped := tt.wantDropped
+			if wantDropped == nil {
+				// A retire statement a pinned key signed is news unless
+				// its key was known retired already.
+				wantDropped = slices.DeleteFunc(slices.Clone(tt.wantRetired), func(p string) bool { return slices.Contains(tt.retired, p) })
+			}
+			if diff := cmp.Diff(wantDropped, change.Dropped, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("dropped (-want +got):\n%s", diff)
 			}
 			if change.Changed() != (len(tt.wantAdded)+len(tt.wantRetired) > 0) {
 				t.Errorf("Changed() = %v", change.Changed())
@@ -155,7 +174,7 @@ func TestParseKeyStatement(t *testing.T) {
 func TestApplyStatementsBounded(t *testing.T) {
 	k1, k2 := newP256(t), newP256(t)
 	junk := slices.Repeat([]string{"junk"}, MaxKeyStatements)
-	got, _ := ApplyStatements(KindServingCA, []string{pinOfKey(t, k1)}, append(junk, statement(t, KindServingCA, ActionTrust, k1, k2)))
+	got, _ := ApplyStatements(KindServingCA, []string{pinOfKey(t, k1)}, nil, append(junk, statement(t, KindServingCA, ActionTrust, k1, k2)))
 	if len(got) != 1 {
 		t.Errorf("a statement past the bound counted: %v", got)
 	}

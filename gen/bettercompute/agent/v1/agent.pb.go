@@ -359,7 +359,14 @@ type JoinResponse struct {
 	// Set (and body empty) when the attestor needs another leg: nothing was
 	// issued or spent; the daemon answers the challenge and sends the same
 	// request again with challenge_response.
-	Challenge     []byte `protobuf:"bytes,4,opt,name=challenge,proto3" json:"challenge,omitempty"`
+	Challenge []byte `protobuf:"bytes,4,opt,name=challenge,proto3" json:"challenge,omitempty"`
+	// The rotation statements in force, as in JoinResponseBody.key_statements
+	// but outside the signature (R21.1): a daemon whose pins predate a
+	// rotation of the join-signing key finds here the chain from a key it
+	// pins to the key that signed this answer, before it verifies. Each
+	// statement carries its own signature; the daemon applies only those a
+	// pinned key vouches for.
+	KeyStatements []string `protobuf:"bytes,5,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +425,13 @@ func (x *JoinResponse) GetSigningCertificate() []byte {
 func (x *JoinResponse) GetChallenge() []byte {
 	if x != nil {
 		return x.Challenge
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetKeyStatements() []string {
+	if x != nil {
+		return x.KeyStatements
 	}
 	return nil
 }
@@ -791,8 +805,10 @@ type RenewResponse struct {
 	Body               []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
 	Sig                []byte                 `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
 	SigningCertificate []byte                 `protobuf:"bytes,3,opt,name=signing_certificate,json=signingCertificate,proto3" json:"signing_certificate,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// As JoinResponse.key_statements (R21.1).
+	KeyStatements []string `protobuf:"bytes,4,rep,name=key_statements,json=keyStatements,proto3" json:"key_statements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
@@ -842,6 +858,13 @@ func (x *RenewResponse) GetSig() []byte {
 func (x *RenewResponse) GetSigningCertificate() []byte {
 	if x != nil {
 		return x.SigningCertificate
+	}
+	return nil
+}
+
+func (x *RenewResponse) GetKeyStatements() []string {
+	if x != nil {
+		return x.KeyStatements
 	}
 	return nil
 }
@@ -2100,12 +2123,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\aX509Pop\x12\x14\n" +
 	"\x05chain\x18\x01 \x03(\fR\x05chain\x12-\n" +
 	"\x13client_time_unix_ms\x18\x02 \x01(\x03R\x10clientTimeUnixMs\x12\x10\n" +
-	"\x03sig\x18\x03 \x01(\fR\x03sig\"\x83\x01\n" +
+	"\x03sig\x18\x03 \x01(\fR\x03sig\"\xaa\x01\n" +
 	"\fJoinResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
 	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12\x1c\n" +
-	"\tchallenge\x18\x04 \x01(\fR\tchallenge\"\xa9\x03\n" +
+	"\tchallenge\x18\x04 \x01(\fR\tchallenge\x12%\n" +
+	"\x0ekey_statements\x18\x05 \x03(\tR\rkeyStatements\"\xa9\x03\n" +
 	"\x10JoinResponseBody\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -2137,11 +2161,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x13client_time_unix_ms\x18\x03 \x01(\x03R\x10clientTimeUnixMs\x12\x17\n" +
 	"\apop_sig\x18\x04 \x01(\fR\x06popSig\x12'\n" +
 	"\x0fkey_attestation\x18\x05 \x01(\fR\x0ekeyAttestation\x12\x17\n" +
-	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"f\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"\x8d\x01\n" +
 	"\rRenewResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +
-	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\"\r\n" +
+	"\x13signing_certificate\x18\x03 \x01(\fR\x12signingCertificate\x12%\n" +
+	"\x0ekey_statements\x18\x04 \x03(\tR\rkeyStatements\"\r\n" +
 	"\vKeysRequest\"d\n" +
 	"\fKeysResponse\x12%\n" +
 	"\x0ekey_statements\x18\x01 \x03(\tR\rkeyStatements\x12-\n" +
