@@ -15,9 +15,11 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/commands"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -397,3 +399,62 @@ func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
 
 // sessionStream is a client session stream.
 type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]
+
+// R21.4: a compromised gateway forges the unsigned time of every Welcome
+// (a day back or ahead). Welcome's time moves nothing: a command bcd ran,
+// captured and injected again after its expiry, is refused as expired (a
+// day-back Welcome made an older bcd take it for unexpired, and run it
+// again once its run list had forgotten it); the learned offset is not
+// moved or persisted (a day-ahead one made an older bcd stop renewing and
+// refuse to start); and once the honest gateway is back bcd runs as
+// before.
+func TestForgedWelcomeTimeR21_4(t *testing.T) {
+	for _, forged := range []time.Duration{-24 * time.Hour, -23 * time.Hour, 23 * time.Hour, 24 * time.Hour} {
+		t.Run(forged.String(), func(t *testing.T) {
+			each(t, func(t *testing.T, h *harness) {
+				m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 85, 2)
+				offBefore, _, _ := servertime.Read(m.store.Dir)
+				evil := h.newEvilGateway(t)
+				p := h.startVia(t, m, evil.url)
+				p.welcome(t)
+				first := h.enqueue(t, m.nodeID)
+				if c := h.waitCommand(t, first); c.State != store.CommandDone {
+					t.Fatalf("command %s %q", c.State, c.Error)
+				}
+				captured, _ := evil.snapshot()
+				if len(captured) != 1 {
+					t.Fatalf("the relay saw %d commands", len(captured))
+				}
+				p.stop(t)
+
+				// This machine's clock moves on past the command's expiry and
+				// past what an older bcd remembered it for.
+				h.bcdAhead = commands.DefaultTTL + 15*time.Minute
+				evil.set(func(g *evilGateway) { g.welcomeShift = forged })
+				_, seen := evil.snapshot()
+				evil.set(func(g *evilGateway) { g.inject = []*agentv1.SignedCommand{captured[0]} })
+				p3 := h.startVia(t, m, evil.url)
+				p3.welcome(t)
+				r := waitResults(t, evil, len(seen), first, 1)[0]
+				if r.GetOk() || r.GetError() != run.RefusedExpired {
+					t.Errorf("the expired command injected under a forged Welcome time answered %v, want refused %q", r, run.RefusedExpired)
+				}
+				p3.stop(t)
+				if off, _, _ := servertime.Read(m.store.Dir); off != offBefore {
+					t.Errorf("the persisted offset moved from %s to %s", offBefore, off)
+				}
+
+				// The honest gateway again, and this machine's clock right:
+				// bcd runs.
+				h.bcdAhead = 0
+				evil.set(func(g *evilGateway) { g.welcomeShift, g.inject = 0, nil })
+				p4 := h.startVia(t, m, evil.url)
+				p4.welcome(t)
+				again := h.enqueue(t, m.nodeID)
+				if c := h.waitCommand(t, again); c.State != store.CommandDone {
+					t.Fatalf("after the gateway was repaired: %s %q", c.State, c.Error)
+				}
+			})
+		})
+	}
+}

@@ -79,6 +79,9 @@ type harness struct {
 	// (nil: none, quiet).
 	gwTracer, bcdTracer trace.TracerProvider
 	bcdLog              *slog.Logger
+	// bcdAhead sets the clocks of the daemons started from now on this
+	// far ahead of the wall clock (this machine's own clock moved on).
+	bcdAhead time.Duration
 }
 
 // each runs fn against a fresh harness on SQLite and on PostgreSQL, each
@@ -334,7 +337,7 @@ func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed
 	t.Helper()
 	cfg := *m.cfg
 	cfg.GatewayURL = gatewayURL
-	p := &bcdProc{clock: clock.NewFake(time.Now()), welcomes: make(chan string, 16), done: make(chan error, 1)}
+	p := &bcdProc{clock: clock.NewFake(time.Now().Add(h.bcdAhead)), welcomes: make(chan string, 16), done: make(chan error, 1)}
 	log := h.bcdLog
 	if log == nil {
 		log = quiet()
@@ -641,6 +644,9 @@ type evilGateway struct {
 	drop bool
 	// inject is sent to bcd after each Welcome.
 	inject []*agentv1.SignedCommand
+	// welcomeShift, when set, moves the time each Welcome claims (a
+	// forged, unsigned server_time).
+	welcomeShift time.Duration
 	// upstreams counts relayed sessions.
 	upstreams int
 }
@@ -740,7 +746,12 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 			return err // the API's answer, as the real gateway passes it
 		}
 		g.mu.Lock()
-		drop, inject := g.drop, g.inject
+		drop, inject, shift := g.drop, g.inject, g.welcomeShift
+		if w := m.GetWelcome(); w != nil && shift != 0 {
+			w = proto.Clone(w).(*agentv1.Welcome)
+			w.ServerTimeUnixMs = time.UnixMilli(w.GetServerTimeUnixMs()).Add(shift).UnixMilli()
+			m = &agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: w}}
+		}
 		if c := m.GetCommand(); c != nil {
 			g.captured = append(g.captured, proto.Clone(c).(*agentv1.SignedCommand))
 		}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 )
@@ -21,13 +22,16 @@ import (
 const RanFile = "commands-run.json"
 
 const (
-	// ranGrace keeps an id this long after its command expired, so a
-	// clock stepping back a little cannot make an expired command that
-	// was forgotten look fresh again.
-	ranGrace = 10 * time.Minute
+	// ranGrace keeps an id this long after its command expired by this
+	// machine's own clock. bcd checks expiry by the control plane's clock
+	// as it knows it, up to servertime.MaxOffset off its own, so an id is
+	// kept that much longer (R21.4): whatever offset bcd learned, a command
+	// it still takes for unexpired is still remembered if it ran. Ten
+	// minutes more cover a clock stepping back a little.
+	ranGrace = servertime.MaxOffset + 10*time.Minute
 	// maxRan bounds the ids remembered: commands expire within a day, and
 	// only the control plane can sign one.
-	maxRan     = 8192
+	maxRan     = 32768
 	ranVersion = 1
 )
 

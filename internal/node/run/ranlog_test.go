@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
@@ -114,4 +115,27 @@ func TestRanLogFailsClosed(t *testing.T) {
 			t.Fatal("recorded past the bound")
 		}
 	})
+}
+
+// R21.4: bcd checks a command's expiry by the control plane's clock as it
+// knows it, which may be up to servertime.MaxOffset off this machine's: a
+// command id it ran is remembered that much longer by its own clock, so no
+// offset makes a command it ran and forgot look unexpired.
+func TestRanLogOutlivesTheLargestOffset(t *testing.T) {
+	c := clock.NewFake(time.Unix(1_800_000_000, 0))
+	l := newRanLog(t.TempDir(), c)
+	expires := c.Now().Add(10 * time.Minute)
+	if st, err := l.begin("cmd_1", expires); err != nil || st != ranFresh {
+		t.Fatalf("begin: %v %v", st, err)
+	}
+	l.end("cmd_1")
+	// A day and more later, by this machine's clock, another command is
+	// recorded (which prunes what has expired).
+	c.Advance(10*time.Minute + servertime.MaxOffset)
+	if st, err := l.begin("cmd_2", c.Now().Add(10*time.Minute)); err != nil || st != ranFresh {
+		t.Fatalf("begin cmd_2: %v %v", st, err)
+	}
+	if st, err := l.begin("cmd_1", expires); err != nil || st != ranBefore {
+		t.Errorf("cmd_1 a day after its expiry: %v %v, want ranBefore", st, err)
+	}
 }
