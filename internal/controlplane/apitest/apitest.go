@@ -60,6 +60,9 @@ type Options struct {
 	// Tracer is the API's tracer provider (api.Config.Tracer); nil: the
 	// global one, a no-op.
 	Tracer trace.TracerProvider
+	// CertTTL is the node certificates' lifetime (api.Config.CertTTL); 0:
+	// the default, 24 h.
+	CertTTL time.Duration
 }
 
 // Start runs the API on db.
@@ -78,7 +81,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 			t.Fatalf("pki: %v", err)
 		}
 	}
-	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics, Tracer: opts.Tracer,
+	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics, Tracer: opts.Tracer, CertTTL: opts.CertTTL,
 		// In-process tests ask once their vouch is in: no discovery
 		// refusal waits for one (join.DefaultVouchWait is for real boots).
 		JoinVouchWait: time.Nanosecond})

@@ -1,6 +1,7 @@
 package bcdcmd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -115,8 +116,18 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				return err
 			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
+			// R21.5: an expired certificate re-joins by x509pop by itself.
+			rejoin := func(ctx context.Context) (*identity.Identity, error) {
+				j, err := enroll.New(enroll.Config{BCD: cfg, ConfigPath: configPath, Store: store, Keys: keys, Clock: a.env.Clock,
+					HTTPClient: httpClient, Log: log, ServerTime: serverTime, Pins: pins,
+					Progress: func(line string) { log.Info(line) }})
+				if err != nil {
+					return nil, err
+				}
+				return j.Join(ctx, enroll.Options{Attestor: identity.AttestorX509Pop})
+			}
 			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins, Tickets: tickets,
-				OnWelcome: dg.Welcomed, OnSessionEnded: dg.SessionEnded})
+				OnWelcome: dg.Welcomed, OnSessionEnded: dg.SessionEnded, Rejoin: rejoin})
 			if err != nil {
 				return err
 			}

@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/shared/clock"
@@ -79,6 +80,9 @@ type harness struct {
 	// (nil: none, quiet).
 	gwTracer, bcdTracer trace.TracerProvider
 	bcdLog              *slog.Logger
+	// rejoin gives the daemons started from now on bcd run's x509pop
+	// re-join (run.Config.Rejoin).
+	rejoin bool
 	// bcdAhead sets the clocks of the daemons started from now on this
 	// far ahead of the wall clock (this machine's own clock moved on).
 	bcdAhead time.Duration
@@ -342,8 +346,18 @@ func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed
 	if log == nil {
 		log = quiet()
 	}
-	d, err := run.New(run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 },
-		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer})
+	rc := run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 },
+		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer}
+	if h.rejoin {
+		rc.Rejoin = func(ctx context.Context) (*identity.Identity, error) {
+			j, err := enroll.New(enroll.Config{BCD: &cfg, Store: m.store, Clock: p.clock, Log: log})
+			if err != nil {
+				return nil, err
+			}
+			return j.Join(ctx, enroll.Options{Attestor: identity.AttestorX509Pop})
+		}
+	}
+	d, err := run.New(rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 		if !d.sleepOrRenewed(ctx, wait) {
 			return nil, ctx.Err()
 		}
-		next, err := d.load()
+		next, err := d.usable(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -41,6 +41,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,7 +54,6 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/node/config"
-	"github.com/better-compute/better-compute/internal/node/doctor"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/servertime"
@@ -143,10 +143,17 @@ type Config struct {
 	// current identity (shared with the renewer; enroll.TicketCache).
 	Tickets *enroll.TicketCache
 	// ServerTime is the control plane's clock as bcd knows it (R19.3):
-	// certificate expiry and command expiry are read by it, and each
-	// Welcome corrects it. nil: one persisted in Store.Dir (bcd run
-	// shares its renewer's).
+	// certificate expiry and command expiry are read by it; the signed
+	// renewal answers correct it (R21.4). nil: one persisted in Store.Dir
+	// (bcd run shares its renewer's).
 	ServerTime *servertime.Offset
+	// Rejoin, when set, re-joins the node by x509pop with its expired
+	// certificate's key (enroll, R21.5) and returns the new identity: a
+	// daemon whose certificate expired (it was offline, or the control
+	// plane was unreachable through the renewal window) comes back by
+	// itself. nil: an expired certificate stops bcd run with the command
+	// to run.
+	Rejoin func(ctx context.Context) (*identity.Identity, error)
 }
 
 // Daemon is bcd's service loop. Build it with New.
@@ -169,6 +176,9 @@ type Daemon struct {
 	// the gateway's chain (pins.go).
 	pins      *config.Pins
 	pinFailed atomic.Bool
+	// rejoined tells the renewer's loop that a re-join saved a new
+	// identity, so it renews that one (rejoin.go).
+	rejoined chan struct{}
 }
 
 // answer is a command's result waiting for a session to sign and send it,
@@ -198,7 +208,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Store == nil || cfg.Store.Dir == "" {
 		return nil, errs.New(errs.InvalidConfig, "run: no data directory")
 	}
-	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Log, rand: cfg.Rand, results: make(chan *answer, maxPendingResults)}
+	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Log, rand: cfg.Rand, results: make(chan *answer, maxPendingResults), rejoined: make(chan struct{}, 1)}
 	if d.clock == nil {
 		d.clock = clock.Real{}
 	}
@@ -225,19 +235,6 @@ func New(cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
-// load loads the identity and refuses an expired one the way bcd doctor
-// reports it (R11.4).
-func (d *Daemon) load() (*identity.Identity, error) {
-	id, err := d.cfg.Store.Load()
-	if err != nil {
-		return nil, err
-	}
-	if d.serverTime.Expired(id.NotAfter) {
-		return nil, errs.New(errs.InvalidState, "%s", doctor.ExpiredMessage(id.NotAfter))
-	}
-	return id, nil
-}
-
 // Backoff is the wait before reconnect attempt n (1-based) before jitter:
 // 1 s doubling to 60 s.
 func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
@@ -247,20 +244,21 @@ func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: 
 // damaged, expired), and ErrRetired when the control plane says the node
 // was retired.
 func (d *Daemon) Run(ctx context.Context) error {
-	if _, err := d.load(); err != nil {
+	if _, err := d.usable(ctx); err != nil {
 		return err
 	}
 	defer d.notify("STOPPING=1")
+	// The renewer runs until Run returns, and Run waits for it.
+	ctx, stop := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	defer func() { stop(); renewing.Wait() }()
 	if d.cfg.Renewer != nil {
-		go func() {
-			if err := d.cfg.Renewer.Loop(ctx); err != nil && ctx.Err() == nil {
-				d.log.Error("certificate renewal stopped", telemetry.LogErr, err)
-			}
-		}()
+		renewing.Add(1)
+		go func() { defer renewing.Done(); d.renewLoop(ctx) }()
 	}
 	failures, serial := 0, ""
 	for ctx.Err() == nil {
-		id, err := d.load()
+		id, err := d.usable(ctx)
 		if err == nil {
 			// R19.3: not on a certificate about to expire (recover.go).
 			id, err = d.awaitUsable(ctx, id)
