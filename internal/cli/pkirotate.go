@@ -81,6 +81,7 @@ func (a *app) openDeployment(ctx context.Context, d deployment, needSecret bool)
 func (a *app) pkiRotateCmd() *cobra.Command {
 	var d deployment
 	var phase string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "rotate KEY --phase prepare|activate|retire|rollback --config FILE",
 		Short: "Rotate one key of the machine PKI, one phase at a time",
@@ -99,7 +100,13 @@ restart.
             dropped; after prepare: the prepared key is dropped.
 
 Between phases, watch 'pki status': wait until no node is behind (about one
-certificate lifetime) before activate and again before retire. After
+certificate lifetime) before activate and again before retire. A node is
+behind until its daemon has said, in a signed session Hello, that it holds
+the keys in force; retire refuses while any node is behind and names them,
+unless --force. Daemons follow even a rotation run back to back (each
+answer carries the chain from the keys they pin), but a certificate of a
+retired node CA is refused: nodes behind a node-ca retire forced through
+must re-join with a token. After
 activating serving-ca, issue new gateway certificates (pki issue-gateway)
 and agent certificates; gateways and the API load them without a restart.
 
@@ -141,7 +148,7 @@ An event and an audit row (pki.key.prepared, .activated, .retired,
 				}
 				res, err = rotation.RotateSecret(ctx, db, base, op)
 			} else {
-				res, err = rotation.Rotate(ctx, db, base, sec, rotation.Op{Kind: args[0], Phase: phase, Actor: actor(), Now: time.Now()})
+				res, err = rotation.Rotate(ctx, db, base, sec, rotation.Op{Kind: args[0], Phase: phase, Actor: actor(), Now: time.Now(), Force: force})
 			}
 			if err != nil {
 				return err
@@ -156,6 +163,7 @@ An event and an audit row (pki.key.prepared, .activated, .retired,
 	}
 	d.flags(cmd)
 	cmd.Flags().StringVar(&phase, "phase", "", "prepare, activate, retire or rollback")
+	cmd.Flags().BoolVar(&force, "force", false, "retire though pki status shows nodes behind (they are cut off unless they re-join)")
 	return cmd
 }
 

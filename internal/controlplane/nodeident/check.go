@@ -152,6 +152,13 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 	return &Checked{Leaf: leaf, ID: id, Row: row, Node: n}, nil
 }
 
+// IssuerAccepted reports whether a certificate whose authority key id and
+// issuer are akid and rawIssuer was issued by a node CA still accepted:
+// a session held on a certificate of a retired node CA ends (R21.2).
+func (c *Core) IssuerAccepted(akid, rawIssuer []byte) bool {
+	return c.issuerAccepted(&x509.Certificate{AuthorityKeyId: akid, RawIssuer: rawIssuer})
+}
+
 // issuerAccepted reports whether leaf names an accepted node CA as its
 // issuer. The row matched byte for byte, so JoinService signed it; only
 // which CA is in question, and the authority key id answers that without a

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
@@ -34,6 +35,9 @@ type Op struct {
 	// Actor names who asked, for the audit row ("cli:<user>").
 	Actor string
 	Now   time.Time
+	// Force retires though nodes are behind (R21.2): they will need a
+	// person (a new join) unless another path brings them back.
+	Force bool
 }
 
 // Result says what a phase did.
@@ -68,12 +72,41 @@ func Rotate(ctx context.Context, db *store.DB, base *ca.Bundle, secret []byte, o
 	if err := seed(ctx, db, base); err != nil {
 		return Result{}, err
 	}
+	if op.Phase == PhaseRetire && !op.Force {
+		if err := refuseBehind(ctx, db, op); err != nil {
+			return Result{}, err
+		}
+	}
 	return phaseTx(ctx, db, op, func(rows []store.PKIKey) (changes, error) {
 		if secretRotating(rows) {
 			return changes{}, errs.New(errs.InvalidState, "BETTER_COMPUTE_SECRET is rotating: retire or roll back that rotation before rotating a key (every key must stay readable under both secrets)")
 		}
 		return transition{base: base, secret: secret, op: op, rows: kindRows(rows, op.Kind)}.apply()
 	})
+}
+
+// refuseBehind refuses to retire op.Kind's older generation while nodes
+// have not caught up with the one in force (R21.2): a daemon that does not
+// hold the new pin, or a certificate the old node CA issued, would be cut
+// off by the retirement. It names how many and which.
+func refuseBehind(ctx context.Context, db *store.DB, op Op) error {
+	st, err := Status(ctx, db, op.Now)
+	if err != nil {
+		return err
+	}
+	for _, ks := range st {
+		if ks.Kind != op.Kind || ks.Behind == 0 {
+			continue
+		}
+		more := ""
+		if ks.Behind > len(ks.BehindNodes) {
+			more = fmt.Sprintf(" and %d more", ks.Behind-len(ks.BehindNodes))
+		}
+		return errs.New(errs.InvalidState,
+			"%d of %d nodes are behind the %s rotation (%s%s): retiring the older key now would cut them off. They catch up at their next renewal or session; watch pki status, or pass --force to retire anyway",
+			ks.Behind, ks.Nodes, op.Kind, strings.Join(ks.BehindNodes, ", "), more)
+	}
+	return nil
 }
 
 // phaseTx runs one phase in one transaction: under the rotation lock it

@@ -158,14 +158,14 @@ func TestStatementsChainR16_2(t *testing.T) {
 		third = f.rotate(t, kind, rotation.PhaseActivate).Fingerprint
 		f.rotate(t, kind, rotation.PhaseRetire)
 	}
-	got, change := pki.ApplyStatements(kind, pins, f.base.Now().KeyStatements)
+	got, change := pki.ApplyStatements(kind, pins, nil, f.base.Now().KeyStatements)
 	if len(got) != 1 || got[0] != third || !change.Changed() {
 		t.Fatalf("pins %v after two rotations, want [%s]", got, third)
 	}
 
 	// Prepared, learned by a daemon, then rolled back from activate.
 	prep := f.rotate(t, kind, rotation.PhasePrepare)
-	learned, _ := pki.ApplyStatements(kind, got, f.base.Now().KeyStatements)
+	learned, _ := pki.ApplyStatements(kind, got, nil, f.base.Now().KeyStatements)
 	if len(learned) != 2 || learned[1] != prep.Fingerprint {
 		t.Fatalf("pins %v after prepare, want the next one added", learned)
 	}
@@ -174,7 +174,7 @@ func TestStatementsChainR16_2(t *testing.T) {
 	if pinOf(t, kind, f.base.Now()) != third {
 		t.Fatal("rollback from activate: the previous key must sign again")
 	}
-	after, _ := pki.ApplyStatements(kind, learned, f.base.Now().KeyStatements)
+	after, _ := pki.ApplyStatements(kind, learned, nil, f.base.Now().KeyStatements)
 	if len(after) != 1 || after[0] != third {
 		t.Fatalf("pins %v after the rollback, want only %s", after, third)
 	}

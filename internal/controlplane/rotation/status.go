@@ -29,13 +29,22 @@ type KeyStatus struct {
 	Generations []Generation `json:"generations"`
 	// Behind counts the nodes that still present the old key or have not
 	// learned the new one: for the node CA, nodes whose certificate an
-	// older CA issued; for the other kinds, nodes whose newest certificate
-	// predates the newest generation (they learn it, its statement or the
-	// new command bundle, from their next renewal).
+	// older CA issued; for the kinds a daemon pins, nodes whose daemon has
+	// not said, in a signed Hello, that it holds the current and next
+	// keys (R21.2: a renewal issued is not a renewal the daemon
+	// accepted); for the command-signing key, nodes whose newest
+	// certificate predates the newest generation (they get the new
+	// bundle with their next renewal).
 	Behind int `json:"nodesBehind"`
+	// BehindNodes names some of them (at most MaxBehindNamed), for the
+	// operator to look at.
+	BehindNodes []string `json:"behindNodes,omitempty"`
 	// Nodes is how many live nodes were counted.
 	Nodes int `json:"nodes"`
 }
+
+// MaxBehindNamed bounds KeyStatus.BehindNodes.
+const MaxBehindNamed = 20
 
 // ReloadMargin is how long after a generation is made pki status still
 // counts a renewal as too early to have carried it: every replica has
@@ -58,13 +67,15 @@ func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, erro
 		return nil, err
 	}
 	type live struct {
+		node    string
 		leaf    *x509.Certificate
 		created time.Time
+		acked   []string
 	}
 	leaves := make([]live, 0, len(certs))
 	for _, c := range certs {
 		if leaf, err := x509.ParseCertificate(c.DER); err == nil {
-			leaves = append(leaves, live{leaf, c.CreatedAt})
+			leaves = append(leaves, live{c.NodeID, leaf, c.CreatedAt, c.PinsAck})
 		}
 	}
 	var out []KeyStatus
@@ -72,6 +83,7 @@ func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, erro
 		ks := KeyStatus{Kind: kind, Nodes: len(leaves), Generations: []Generation{}}
 		var newest time.Time
 		var current *x509.Certificate
+		var inForce []string // the current and next pins a daemon must hold
 		for _, k := range kindRows(rows, kind) {
 			g := Generation{Gen: k.Gen, State: k.State, CreatedAt: k.CreatedAt, ChangedAt: k.ChangedAt}
 			if kind == KindSecret {
@@ -89,21 +101,40 @@ func Status(ctx context.Context, db *store.DB, now time.Time) ([]KeyStatus, erro
 				// Replicas pick a generation up within a poll: a node
 				// renewed before then may not have been told.
 				newest = later(newest, k.CreatedAt.Add(ReloadMargin))
+				inForce = append(inForce, g.Fingerprint)
 			}
 			ks.Generations = append(ks.Generations, g)
 		}
 		for _, l := range leaves {
-			if kind == ca.KindNodeCA {
-				if current != nil && !bytes.Equal(l.leaf.AuthorityKeyId, current.SubjectKeyId) {
-					ks.Behind++
-				}
-			} else if kind != KindSecret && len(ks.Generations) > 1 && l.created.Before(newest) {
+			var behind bool
+			switch {
+			case kind == ca.KindNodeCA:
+				behind = current != nil && !bytes.Equal(l.leaf.AuthorityKeyId, current.SubjectKeyId)
+			case ca.Pinned(kind):
+				behind = len(ks.Generations) > 1 && !containsAll(l.acked, inForce)
+			case kind != KindSecret:
+				behind = len(ks.Generations) > 1 && l.created.Before(newest)
+			}
+			if behind {
 				ks.Behind++
+				if len(ks.BehindNodes) < MaxBehindNamed {
+					ks.BehindNodes = append(ks.BehindNodes, l.node)
+				}
 			}
 		}
 		out = append(out, ks)
 	}
 	return out, nil
+}
+
+// containsAll reports whether every pin of want is in have.
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
 }
 
 func later(a, b time.Time) time.Time {

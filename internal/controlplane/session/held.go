@@ -12,7 +12,7 @@ import (
 // checkHeld ends the sessions among conns that the database says are over,
 // in one query for all of them (store.SessionStates): the node was
 // retired, reclaimed (its identity generation moved), its certificate
-// revoked or gone, or a newer session of the node holds it on another
+// revoked or gone (or its node CA retired), or a newer session of the node holds it on another
 // replica, or it was superseded by a renewal longer than
 // nodeident.SessionOverlap ago. It is how a change made by any replica ends a session here
 // within Check; the replica that made the change also calls EndNode.
@@ -36,7 +36,13 @@ func (s *Service) checkHeld(ctx context.Context, conns []*conn) {
 	}
 	for i, st := range states {
 		c := conns[i]
-		if reason := ended(c, st, s.cfg.Clock.Now()); reason != "" {
+		reason := ended(c, st, s.cfg.Clock.Now())
+		if reason == "" && !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
+			// R21.2: its node CA was retired, which refuses the
+			// certificate as a revocation does.
+			reason = EndRevoked
+		}
+		if reason != "" {
 			s.log.Info("session ended by the control plane", telemetry.LogNodeID, c.nodeID, "session", c.id, telemetry.LogReason, reason)
 			cause := endCause(reason)
 			if reason == endReplaced {

@@ -3,7 +3,6 @@ package session
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"crypto/rand"
 	"crypto/x509"
 	"fmt"
@@ -45,13 +44,13 @@ func (s *Service) challenge(stream *connect.BidiStream[agentv1.SessionClientMess
 // checkProof verifies Hello's proof of possession: the signature by the
 // key of certificate der (which authenticate matched byte for byte to the
 // node's record) over pki.SessionProofMessage(nonce, node, der). It returns
-// the certificate's key, or a refusal reason.
+// the certificate, or a refusal reason.
 //
 // SECURITY: the certificate is public and the gateway that forwards it is
 // not trusted; only this signature shows that the node's key is on the
 // other end of the stream. The nonce is this stream's own, so a proof
 // captured from another session does not verify.
-func checkProof(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (crypto.PublicKey, string) {
+func checkProof(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (*x509.Certificate, string) {
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, reasonSessionProof
@@ -59,7 +58,7 @@ func checkProof(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (
 	if len(hello.GetProof()) == 0 || pki.VerifySessionProof(leaf.PublicKey, nonce, nodeID, der, hello.GetProof()) != nil {
 		return nil, reasonSessionProof
 	}
-	return leaf.PublicKey, ""
+	return leaf, ""
 }
 
 // retiredWithProof reports whether der is a certificate issued to a node

@@ -283,23 +283,26 @@ func (s *Service) Count() int {
 
 // conn is one live session.
 type conn struct {
-	id           string
-	nodeID       string
-	tenantID     string
-	siteID       string
-	role         string // the certificate's role: a site agent reports booted machines
-	lastReport   uint64 // the last site report's sequence number (the handler goroutine's own)
-	generation   int
-	serial       string
-	nodeKey      crypto.PublicKey // the certificate's key: results and heartbeats verify under it
-	nonce        []byte           // the session's challenge: heartbeats are signed over it
-	lastSeq      uint64           // the last heartbeat's sequence number (the handler goroutine's own)
-	notAfter     time.Time
-	allowedKinds []string
-	kick         chan struct{}
-	cancel       context.CancelCauseFunc
-	lastRecv     atomic.Int64 // unix ms, injected clock
-	lastTouch    time.Time    // the handler goroutine's own
+	id         string
+	nodeID     string
+	tenantID   string
+	siteID     string
+	role       string // the certificate's role: a site agent reports booted machines
+	lastReport uint64 // the last site report's sequence number (the handler goroutine's own)
+	generation int
+	serial     string
+	nodeKey    crypto.PublicKey // the certificate's key: results and heartbeats verify under it
+	// issuerKeyID and issuer name the node CA that issued the session's
+	// certificate: retiring that CA ends the session (R21.2).
+	issuerKeyID, issuer []byte
+	nonce               []byte // the session's challenge: heartbeats are signed over it
+	lastSeq             uint64 // the last heartbeat's sequence number (the handler goroutine's own)
+	notAfter            time.Time
+	allowedKinds        []string
+	kick                chan struct{}
+	cancel              context.CancelCauseFunc
+	lastRecv            atomic.Int64 // unix ms, injected clock
+	lastTouch           time.Time    // the handler goroutine's own
 	// sent holds the commands this session sent that are not answered
 	// yet (the handler goroutine's own): they go back to the queue when
 	// the session ends.
@@ -396,7 +399,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		}
 		return s.fail(ctx, procedure, peer, err)
 	}
-	key, reason := checkProof(der, a.node.ID, nonce, hello)
+	leaf, reason := checkProof(der, a.node.ID, nonce, hello)
 	if reason != "" {
 		return s.fail(ctx, procedure, peer, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
 	}
@@ -405,7 +408,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		return s.fail(ctx, procedure, peer, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
 	}
 	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
-		nodeKey: key, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
+		nodeKey: leaf.PublicKey, issuerKeyID: leaf.AuthorityKeyId, issuer: leaf.RawIssuer, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
 	c.lastTouch = now
@@ -555,6 +558,9 @@ func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv
 		if _, err := tx.ConnectNode(ctx, n.ID, c.id); err != nil {
 			return err
 		}
+		if err := ackPins(ctx, tx, c, hello); err != nil {
+			return err
+		}
 		// A command an earlier session sent stays sent when that
 		// session's replica died before finish could put it back. This
 		// session delivers it again (after its Welcome): bcd answers an id
@@ -594,6 +600,23 @@ func (s *Service) connected(ctx context.Context, c *conn, a *auth, hello *agentv
 		// R14.2: the node (proven by its key) connected.
 		return events.Audit(ctx, tx, events.Entry{TenantID: n.TenantID, Actor: "node:" + n.ID, Action: "node.connected", Resource: nodeResource(n.ID), Data: data})
 	})
+}
+
+// ackPins records the pins Hello says the daemon holds (R21.2), when the
+// node key signed them over this session's nonce. Unsigned, badly signed
+// or malformed pins are not recorded and refuse nothing: pki status then
+// keeps counting the node as behind, the safe side, whatever a relay did.
+func ackPins(ctx context.Context, tx *store.Tx, c *conn, hello *agentv1.Hello) error {
+	pins := hello.GetPins()
+	if len(pins) == 0 || pki.VerifyPinsAck(c.nodeKey, c.nonce, pins, hello.GetPinsSig()) != nil {
+		return nil
+	}
+	for _, p := range pins {
+		if !pki.ValidPin(p) {
+			return nil
+		}
+	}
+	return tx.AckNodePins(ctx, c.nodeID, pins)
 }
 
 // nodeResource names a node in audit rows.

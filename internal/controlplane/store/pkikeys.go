@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -105,6 +106,9 @@ type LiveCert struct {
 	NodeID    string
 	DER       []byte
 	CreatedAt time.Time
+	// PinsAck are the pins the node's daemon said it holds at its last
+	// session (AckNodePins); nil: never said.
+	PinsAck []string
 }
 
 // LiveNodeCerts returns, for every node that is not retired, its newest
@@ -112,7 +116,7 @@ type LiveCert struct {
 // what each node presents now (pki status counts who still presents keys
 // of an older generation).
 func (t *Tx) LiveNodeCerts(ctx context.Context, now time.Time) ([]LiveCert, error) {
-	rows, err := t.query(ctx, `SELECT c.node_id, c.der, c.created_ms FROM node_certs c JOIN nodes n ON n.id = c.node_id
+	rows, err := t.query(ctx, `SELECT c.node_id, c.der, c.created_ms, n.pins_ack FROM node_certs c JOIN nodes n ON n.id = c.node_id
 		WHERE c.revoked_ms IS NULL AND c.not_after_ms > ? AND n.state <> 'retired' AND c.identity_generation = n.identity_generation
 		AND c.created_ms = (SELECT MAX(c2.created_ms) FROM node_certs c2 WHERE c2.node_id = c.node_id AND c2.identity_generation = c.identity_generation)`,
 		now.UnixMilli())
@@ -124,11 +128,26 @@ func (t *Tx) LiveNodeCerts(ctx context.Context, now time.Time) ([]LiveCert, erro
 	for rows.Next() {
 		var c LiveCert
 		var created int64
-		if err := rows.Scan(&c.NodeID, &c.DER, &created); err != nil {
+		var ack string
+		if err := rows.Scan(&c.NodeID, &c.DER, &created, &ack); err != nil {
 			return nil, fmt.Errorf("scan node certificate: %w", err)
 		}
 		c.CreatedAt = fromMS(created)
+		if ack != "" {
+			c.PinsAck = strings.Split(ack, "\n")
+		}
 		out = append(out, c)
 	}
 	return out, rows.Err()
+}
+
+// AckNodePins records the pins node nodeID's daemon said it holds (R21.2),
+// when they differ from what is recorded, so a session's Hello writes
+// nothing in the steady state.
+func (t *Tx) AckNodePins(ctx context.Context, nodeID string, pins []string) error {
+	ack := strings.Join(pins, "\n")
+	if _, err := t.exec(ctx, "UPDATE nodes SET pins_ack = ? WHERE id = ? AND pins_ack <> ?", ack, nodeID, ack); err != nil {
+		return fmt.Errorf("record the node's pins: %w", err)
+	}
+	return nil
 }

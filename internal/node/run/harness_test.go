@@ -239,6 +239,9 @@ type machine struct {
 	store  *identity.Store
 	cfg    *config.Config
 	id     *identity.Identity
+	// pins are the daemon's live pin sets, kept across its restarts as
+	// config.toml keeps them.
+	pins *config.Pins
 }
 
 // join joins machine i (its claims) with token and saves the identity in a
@@ -346,7 +349,10 @@ func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed
 	if log == nil {
 		log = quiet()
 	}
-	rc := run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 },
+	if m.pins == nil {
+		m.pins = config.NewPins("", m.cfg, log)
+	}
+	rc := run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 }, Pins: m.pins,
 		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer}
 	if h.rejoin {
 		rc.Rejoin = func(ctx context.Context) (*identity.Identity, error) {

@@ -435,8 +435,15 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	if err != nil {
 		return nil, 0, fmt.Errorf("sign the session proof: %w", err)
 	}
+	// R21.2: the pins this daemon holds, so the control plane knows when
+	// it has learned a rotation's keys.
+	pins := d.heldPins()
+	pinsSig, err := pki.SignPinsAck(id.Signer, nonce, pins)
+	if err != nil {
+		return nil, 0, fmt.Errorf("sign the pins acknowledgement: %w", err)
+	}
 	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
-		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof}}}); err != nil {
+		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof, Pins: pins, PinsSig: pinsSig}}}); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
 	}
 	welcome, err := stream.Receive()

@@ -188,3 +188,56 @@ func VerifySiteReport(pub crypto.PublicKey, nonce, body, sig []byte) error {
 	}
 	return VerifyPurpose(pub, PurposeSiteReport, m, sig)
 }
+
+// PurposePinsAck signs the pins a node says it holds, in its session's
+// Hello (R21.2).
+const PurposePinsAck = "session-pins"
+
+// MaxAckedPins bounds the pins a Hello may acknowledge: a few of each
+// pinned kind while they rotate.
+const MaxAckedPins = 16
+
+// PinsAckMessage is the message a node signs, under purpose session-pins,
+// to tell the control plane which pins it holds at the start of the
+// session opened with nonce (R21.2):
+//
+//	nonce (32 bytes) || sha256(pin 1 || "\n" || pin 2 || "\n" || …)
+//
+// The nonce ties it to this session, so a relay can neither replay an
+// older acknowledgement nor rewrite the pins (pki status would count a
+// node as up to date that is not). It returns nil for a nonce of another
+// size.
+func PinsAckMessage(nonce []byte, pins []string) []byte {
+	if len(nonce) != SessionNonceSize {
+		return nil
+	}
+	h := sha256.New()
+	for _, p := range pins {
+		h.Write([]byte(p))
+		h.Write([]byte{'\n'})
+	}
+	return h.Sum(append([]byte(nil), nonce...))
+}
+
+// SignPinsAck signs the pins a node holds for the session opened with
+// nonce.
+func SignPinsAck(key crypto.Signer, nonce []byte, pins []string) ([]byte, error) {
+	m := PinsAckMessage(nonce, pins)
+	if m == nil {
+		return nil, errNonce
+	}
+	return SignPurpose(key, PurposePinsAck, m)
+}
+
+// VerifyPinsAck checks a SignPinsAck signature under pub, the node key of
+// the session.
+func VerifyPinsAck(pub crypto.PublicKey, nonce []byte, pins []string, sig []byte) error {
+	if len(pins) > MaxAckedPins {
+		return errors.New("pins acknowledgement: too many pins")
+	}
+	m := PinsAckMessage(nonce, pins)
+	if m == nil {
+		return errNonce
+	}
+	return VerifyPurpose(pub, PurposePinsAck, m, sig)
+}

@@ -1256,7 +1256,14 @@ type Hello struct {
 	BcdVersion string                 `protobuf:"bytes,2,opt,name=bcd_version,json=bcdVersion,proto3" json:"bcd_version,omitempty"`
 	// Signature by the node key, purpose session, over
 	// pki.SessionProofMessage (nonce || node id || sha256(certificate DER)).
-	Proof         []byte `protobuf:"bytes,3,opt,name=proof,proto3" json:"proof,omitempty"`
+	Proof []byte `protobuf:"bytes,3,opt,name=proof,proto3" json:"proof,omitempty"`
+	// The pins the daemon holds (R21.2): every pin of each pinned kind, so
+	// pki status counts it as behind until it holds the keys in force.
+	// Signed by the node key with pins_sig, purpose session-pins, over
+	// pki.PinsAckMessage (nonce || sha256 of the pins): a relay cannot
+	// rewrite or replay them. Empty from a daemon before the field.
+	Pins          []string `protobuf:"bytes,4,rep,name=pins,proto3" json:"pins,omitempty"`
+	PinsSig       []byte   `protobuf:"bytes,5,opt,name=pins_sig,json=pinsSig,proto3" json:"pins_sig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1308,6 +1315,20 @@ func (x *Hello) GetBcdVersion() string {
 func (x *Hello) GetProof() []byte {
 	if x != nil {
 		return x.Proof
+	}
+	return nil
+}
+
+func (x *Hello) GetPins() []string {
+	if x != nil {
+		return x.Pins
+	}
+	return nil
+}
+
+func (x *Hello) GetPinsSig() []byte {
+	if x != nil {
+		return x.PinsSig
 	}
 	return nil
 }
@@ -2191,12 +2212,14 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x10\n" +
 	"\x03sig\x18\x05 \x01(\fR\x03sig\"!\n" +
 	"\tChallenge\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"Z\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\x89\x01\n" +
 	"\x05Hello\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\x05R\bprotocol\x12\x1f\n" +
 	"\vbcd_version\x18\x02 \x01(\tR\n" +
 	"bcdVersion\x12\x14\n" +
-	"\x05proof\x18\x03 \x01(\fR\x05proof\"/\n" +
+	"\x05proof\x18\x03 \x01(\fR\x05proof\x12\x12\n" +
+	"\x04pins\x18\x04 \x03(\tR\x04pins\x12\x19\n" +
+	"\bpins_sig\x18\x05 \x01(\fR\apinsSig\"/\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\"\x9f\x02\n" +
