@@ -56,7 +56,8 @@ func TestBackupRestoreDev(t *testing.T) {
 	}
 	dev2 := start(t, secretEnv, bc, "dev", "--data-dir", restored, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 	waitFor(t, "dev on the restored directory", 60*time.Second, func() bool {
-		_, err := os.Stat(filepath.Join(restored, "dev.env"))
+		// dev writes dev.env, then the bcd config read below.
+		_, err := os.Stat(filepath.Join(restored, "bcd", "config.toml"))
 		return err == nil && strings.Contains(dev2.output(), "gateway listening")
 	})
 	env2 := readEnv(t, filepath.Join(restored, "dev.env"))
