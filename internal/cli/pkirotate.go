@@ -187,8 +187,12 @@ func (a *app) pkiStatusCmd() *cobra.Command {
 		Long: `Show each key's generations (next, current, previous, retired,
 discarded) with fingerprints (pins), creation and expiry, and how many live
 nodes are behind: for the node CA, nodes whose certificate an older CA
-issued; for the other keys, nodes that have not renewed since the newest
-generation was made (their next renewal teaches them). Needs no secret.`,
+issued; for the keys daemons pin (serving-ca, join-signing,
+join-encryption), nodes whose daemon has not said, signed, in a session
+Hello or a renewal, that it holds the current and next keys; for
+command-signing, nodes that have not renewed since the newest generation
+was made. --json names up to 20 of them per key (behindNodes). Needs no
+secret.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
