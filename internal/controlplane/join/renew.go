@@ -6,6 +6,7 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -95,6 +96,16 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 				return pki.VerifyRenewPoP(pub, req.GetCsr(), req.GetNodeId(), req.GetClientTimeUnixMs(), req.GetPopSig())
 			},
 		}, nodeident.ForRenew)
+		var r *nodeident.Refusal
+		if errors.As(err, &r) && r.Reason == "cert-superseded" {
+			// R21.1: the same renewal again, its answer lost or not
+			// accepted: the same certificate, answered anew.
+			again, aerr := s.renewedAlready(ctx, tx, req, pub, csrHash, proof[:], now)
+			if aerr != nil || again != nil {
+				res = again
+				return aerr
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -179,6 +190,54 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 	}
 	s.cfg.Metrics.Renewal(role, telemetry.OutcomeAdmitted, "")
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
+}
+
+// renewedAlready answers a renewal from a certificate that a renewal
+// already superseded, when that renewal was for the same key (the CSR's)
+// and its certificate is still the node's newest, unrevoked and valid: the
+// daemon is asking again for the answer it did not get or could not
+// accept (a lost answer, a context that timed out after the commit, a
+// key it could not check yet). It gets the same certificate, answered
+// anew; nothing is issued. nil, nil: not such a request (the caller's
+// refusal stands). The caller's proof of possession of the superseded
+// certificate's key was verified by Check before it refused.
+func (s *Service) renewedAlready(ctx context.Context, tx *store.Tx, req *agentv1.RenewRequest, pub *ecdsa.PublicKey, csrHash, proof []byte, now time.Time) (*agentv1.JoinResponse, error) {
+	leaf, err := x509.ParseCertificate(req.GetChain()[0])
+	if err != nil {
+		return nil, nil
+	}
+	_, n, err := tx.GetNodeCertAndNode(ctx, pki.SerialHex(leaf))
+	if err != nil || n.ID != req.GetNodeId() {
+		return nil, nil
+	}
+	if skew := now.Sub(time.UnixMilli(req.GetClientTimeUnixMs())); skew > RenewClockSkew || skew < -RenewClockSkew {
+		return nil, nil
+	}
+	child, err := tx.CurrentNodeCert(ctx, n.ID, n.IdentityGeneration)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	spki, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, nil
+	}
+	want := sha256.Sum256(spki)
+	if child.SupersededAt != nil || child.RevokedAt != nil || !now.Before(child.NotAfter) || !bytes.Equal(child.SPKISHA256, want[:]) {
+		return nil, nil
+	}
+	// A proof is used once (R13.2): the daemon signs a fresh one for
+	// each attempt; a relay replaying the request gets the refusal.
+	if fresh, err := tx.UseRenewProof(ctx, proof, n.ID, now, RenewProofWindow); err != nil || !fresh {
+		return nil, err
+	}
+	res, err := s.core.Reanswer(n, child, csrHash)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg.Log.Info("renewal answered again: the same key asked for its certificate again", telemetry.LogNodeID, n.ID, telemetry.LogSerial, child.Serial)
+	return res, nil
 }
 
 // ackRenewPins records the pins the renewing daemon says it holds (R21.2)

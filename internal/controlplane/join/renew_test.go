@@ -545,3 +545,58 @@ func TestRenewSupersedesParentR13_2(t *testing.T) {
 		}
 	})
 }
+
+// R21.1: a renewal sent again from the certificate it superseded, with the
+// same CSR (its answer was lost, or the daemon could not accept it yet),
+// gets the same certificate answered anew and nothing is issued. Another
+// CSR from the superseded certificate, and the same CSR once the new
+// certificate renewed in turn, are refused (cert-superseded).
+func TestRenewSameCSRAnsweredAgainR21_1(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		r := newRenewEnv(t, f)
+		n1 := r.join(t, f.acme, nil)
+		req, next := r.request(t, n1)
+		first, err := r.renew(req, n1.leaf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got1 := next.VerifyRenewal(t, e.Bundle, first, pki.RoleNode)
+		again := func(csr []byte) (*agentv1.RenewResponse, error) {
+			r.clk.Advance(time.Second)
+			ms := r.clk.Now().UnixMilli()
+			sig, err := pki.SignRenewPoP(n1.key, csr, n1.id, ms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.renew(&agentv1.RenewRequest{Csr: csr, Chain: n1.chain, ClientTimeUnixMs: ms, PopSig: sig, NodeId: n1.id}, n1.leaf)
+		}
+		res, err := again(req.GetCsr())
+		if err != nil {
+			t.Fatalf("the same CSR from the superseded certificate: %v", err)
+		}
+		got2 := next.VerifyRenewal(t, e.Bundle, res, pki.RoleNode)
+		if !bytes.Equal(got2.Leaf.Raw, got1.Leaf.Raw) {
+			t.Error("the same CSR was answered with another certificate")
+		}
+		if n := len(f.certs(t, n1.id)); n != 2 {
+			t.Errorf("%d certificates, want 2: answering again issues nothing", n)
+		}
+
+		other, _ := jointest.RenewRequest(t, n1.key, n1.chain, n1.id, r.clk.Now())
+		_, err = again(other.GetCsr())
+		jointest.WantRenewRefused(t, err)
+
+		// The new certificate renews: the first CSR is no longer answered.
+		n2 := &renewNode{id: n1.id, key: next.Key, chain: got1.Body.CertChain, leaf: got1.Leaf.Raw}
+		req3, _ := r.request(t, n2)
+		if _, err := r.renew(req3, n2.leaf); err != nil {
+			t.Fatal(err)
+		}
+		_, err = again(req.GetCsr())
+		jointest.WantRenewRefused(t, err)
+		if got := jointest.RenewRefusals(t, e.DB, f.acme); len(got) == 0 || got[len(got)-1].Reason != "cert-superseded" {
+			t.Errorf("refusals %+v, want the last cert-superseded", got)
+		}
+	})
+}

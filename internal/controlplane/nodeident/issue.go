@@ -1,8 +1,10 @@
 package nodeident
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -122,6 +124,38 @@ func (c *Core) Issue(ctx context.Context, tx *store.Tx, p IssueParams) (*Issued,
 		return nil, err
 	}
 	return &Issued{Cert: cert, Body: body, Response: res}, nil
+}
+
+// Reanswer answers again for row, a certificate already issued to node n
+// for the CSR whose SHA-256 is csrSHA256 (R21.1): a renewal whose answer
+// the daemon never accepted (lost on the way, or refused by a daemon that
+// could not check it yet) is sent again with the same CSR and gets the same
+// certificate, signed anew with the keys in force, instead of stranding the
+// node. Nothing is issued or written.
+func (c *Core) Reanswer(n store.Node, row store.NodeCert, csrSHA256 []byte) (*agentv1.JoinResponse, error) {
+	b := c.cfg.Bundle.Now()
+	if b == nil {
+		return nil, ErrNotConfigured
+	}
+	leaf, err := x509.ParseCertificate(row.DER)
+	if err != nil {
+		return nil, fmt.Errorf("parse the issued certificate: %w", err)
+	}
+	var issuer *x509.Certificate
+	for _, ca := range b.TrustedNodeCAs() {
+		if bytes.Equal(leaf.AuthorityKeyId, ca.SubjectKeyId) {
+			issuer = ca
+		}
+	}
+	if issuer == nil {
+		return nil, errors.New("the issued certificate's node CA is no longer accepted")
+	}
+	return signAnswer(b, &agentv1.JoinResponseBody{
+		NodeId: n.ID, CertChain: [][]byte{row.DER, issuer.Raw}, CommandBundle: b.CommandBundle(),
+		CsrSha256: csrSHA256, TrustDomain: b.TrustDomain, SiteId: n.SiteID, Role: row.Role,
+		IdentityGeneration: int64(n.IdentityGeneration), KeyStatements: b.KeyStatements,
+		ServerTimeUnixMs: c.clock.Now().UnixMilli(),
+	})
 }
 
 // Defer answers a join that waits on join request requestID (R10.1): a

@@ -18,6 +18,7 @@ package renew
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -117,6 +119,42 @@ type Renewer struct {
 	pins  *config.Pins
 	// serverTime dates client_time and reads expiry (Config.ServerTime).
 	serverTime *servertime.Offset
+	// pending is the next key and its CSR, kept until a renewal from
+	// the same certificate is saved (nextKey).
+	mu      sync.Mutex
+	pending *pendingKey
+}
+
+// pendingKey is a next key made for renewing the certificate parent.
+type pendingKey struct {
+	parent string
+	signer crypto.Signer
+	record []byte
+	csr    []byte
+}
+
+// nextKey returns the next node key, its key file record and its CSR. A
+// renewal from the same certificate sends the same CSR again until one is
+// saved (R21.1): when an answer was lost, or came signed by a key bcd
+// could not check yet, the control plane has already issued the
+// certificate and superseded the current one, and answers the same CSR
+// again with that certificate, where a new key would be refused.
+func (r *Renewer) nextKey(id *identity.Identity) (crypto.Signer, []byte, []byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.pending; p != nil && p.parent == id.Serial {
+		return p.signer, p.record, p.csr, nil
+	}
+	signer, record, err := r.keys.GenerateKey()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("make the next node key: %w", err)
+	}
+	csr, err := identity.NewCSR(signer, id.NodeID)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("make the certificate request: %w", err)
+	}
+	r.pending = &pendingKey{parent: id.Serial, signer: signer, record: record, csr: csr}
+	return signer, record, csr, nil
 }
 
 // New returns a Renewer for cfg. Errors are INVALID_CONFIG.
@@ -276,13 +314,9 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 		return nil, errs.New(errs.InvalidState, "the identity in %s is of site %s, but config.toml names site %s; nothing was sent", r.cfg.Store.Dir, id.SiteID, r.bcd.Site)
 	}
 
-	signer, keyRecord, err := r.keys.GenerateKey()
+	signer, keyRecord, csr, err := r.nextKey(id)
 	if err != nil {
-		return nil, fmt.Errorf("make the next node key: %w", err)
-	}
-	csr, err := identity.NewCSR(signer, id.NodeID)
-	if err != nil {
-		return nil, fmt.Errorf("make the certificate request: %w", err)
+		return nil, err
 	}
 	var keyAttestation []byte
 	if attester != nil {
@@ -321,6 +355,9 @@ func (r *Renewer) RenewOnce(ctx context.Context) (*identity.Identity, error) {
 	if err := r.cfg.Store.Save(next, keyRecord, chainPEM, bundlePEM); err != nil {
 		return nil, fmt.Errorf("save the renewed identity in %s: %w", r.cfg.Store.Dir, err)
 	}
+	r.mu.Lock()
+	r.pending = nil
+	r.mu.Unlock()
 	saved, err := r.cfg.Store.Load()
 	if err != nil {
 		return nil, fmt.Errorf("reload the renewed identity: %w", err)
