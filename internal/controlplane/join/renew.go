@@ -119,20 +119,10 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if req.GetNodeId() != n.ID {
 			return ref("node-id-mismatch")
 		}
-		// The caller's mTLS identity is this node (R13.2): a stored, valid
-		// certificate of it (the leaf itself, or one in its session
-		// overlap).
-		if !bytes.Equal(peer.Cert, chain[0]) {
-			pc, err := s.core.Check(ctx, tx, nodeident.Presented{DER: peer.Cert, Proven: true}, nodeident.ForSession)
-			var pr *nodeident.Refusal
-			if errors.As(err, &pr) {
-				return ref("peer-" + strings.TrimPrefix(pr.Reason, "cert-"))
-			} else if err != nil {
-				return err
-			}
-			if pc.Node.ID != n.ID {
-				return ref("peer-node")
-			}
+		if reason, err := s.checkPeer(ctx, tx, peer, chain[0], n.ID); err != nil {
+			return err
+		} else if reason != "" {
+			return ref(reason)
 		}
 		if skew := now.Sub(time.UnixMilli(req.GetClientTimeUnixMs())); skew > RenewClockSkew || skew < -RenewClockSkew {
 			return ref("client-time")
@@ -190,6 +180,26 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 	}
 	s.cfg.Metrics.Renewal(role, telemetry.OutcomeAdmitted, "")
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
+}
+
+// checkPeer is R13.2's check of the caller's mTLS identity: a stored,
+// valid certificate of node nodeID (the leaf itself, or one in its session
+// overlap). It returns the refusal reason, "" when it passes.
+func (s *Service) checkPeer(ctx context.Context, tx *store.Tx, peer Peer, leaf []byte, nodeID string) (string, error) {
+	if bytes.Equal(peer.Cert, leaf) {
+		return "", nil
+	}
+	pc, err := s.core.Check(ctx, tx, nodeident.Presented{DER: peer.Cert, Proven: true}, nodeident.ForSession)
+	var pr *nodeident.Refusal
+	if errors.As(err, &pr) {
+		return "peer-" + strings.TrimPrefix(pr.Reason, "cert-"), nil
+	} else if err != nil {
+		return "", err
+	}
+	if pc.Node.ID != nodeID {
+		return "peer-node", nil
+	}
+	return "", nil
 }
 
 // renewedAlready answers a renewal from a certificate that a renewal
