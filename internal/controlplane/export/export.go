@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -113,7 +114,7 @@ func New(cfg Config) (*Exporter, error) {
 		cfg.Holder = ids.New("exp", cfg.Clock.Now())
 	}
 	if cfg.Retry.Min <= 0 {
-		cfg.Retry = backoff.Policy{Min: 500 * time.Millisecond, Max: 30 * time.Second}
+		cfg.Retry = backoff.Policy{Min: 500 * time.Millisecond, Max: 30 * time.Second, Jitter: backoff.DefaultJitter}
 	}
 	sinks, err := buildSinks(cfg.Sinks, cfg.Log)
 	if err != nil {
@@ -220,7 +221,7 @@ func (e *Exporter) runSink(ctx context.Context, s *sink) {
 			case err != nil && ctx.Err() == nil:
 				failures++
 				e.m.errors.WithLabelValues(s.name).Inc()
-				wait = e.cfg.Retry.Delay(failures)
+				wait = e.cfg.Retry.Spread(failures, rand.Float64())
 				e.cfg.Log.Warn("export: deliver", "sink", s.name, "err", err, "failures", failures, "retry_in", wait)
 				wake = nil
 			case more:

@@ -86,7 +86,7 @@ func (e *env) joiner(cfg *config.Config) *Joiner {
 func (e *env) config(cfg *config.Config) Config {
 	return Config{
 		BCD: cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock,
-		HTTPClient: e.srv.HTTPClient, Log: discard, CallTimeout: e.callTimeout,
+		HTTPClient: e.srv.HTTPClient, Log: discard, CallTimeout: e.callTimeout, Rand: func() float64 { return 0.5 },
 		Progress: func(line string) { e.progress = append(e.progress, line) },
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			e.sleeps = append(e.sleeps, d)

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -133,6 +134,9 @@ type Config struct {
 	// Sleep waits d between attempts, or until ctx ends (returning its
 	// error); nil uses a timer. Tests move their clock instead.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Rand returns a number in [0, 1) for the retries' jitter; nil:
+	// math/rand/v2.
+	Rand func() float64
 	// CallTimeout bounds one Join call; zero means two minutes.
 	CallTimeout time.Duration
 	// Pins are the live pin sets (R16.2), shared with bcd run's session
@@ -152,6 +156,7 @@ type Joiner struct {
 	httpClient  HTTPClientFunc
 	log         *slog.Logger
 	sleep       func(ctx context.Context, d time.Duration) error
+	rand        func() float64
 	callTimeout time.Duration
 	// waiting is set while a join waits on a join request: its repeated
 	// sends say nothing (untilDecided says when it still waits).
@@ -171,9 +176,12 @@ func New(cfg Config) (*Joiner, error) {
 	if cfg.ConfigPath == "" {
 		cfg.ConfigPath = config.DefaultPath
 	}
-	j := &Joiner{cfg: cfg, keys: cfg.Keys, clock: cfg.Clock, httpClient: cfg.HTTPClient, log: cfg.Log, sleep: cfg.Sleep, callTimeout: cfg.CallTimeout}
+	j := &Joiner{cfg: cfg, keys: cfg.Keys, clock: cfg.Clock, httpClient: cfg.HTTPClient, log: cfg.Log, sleep: cfg.Sleep, rand: cfg.Rand, callTimeout: cfg.CallTimeout}
 	if j.sleep == nil {
 		j.sleep = sleep
+	}
+	if j.rand == nil {
+		j.rand = rand.Float64
 	}
 	if j.callTimeout <= 0 {
 		j.callTimeout = joinTimeout
@@ -857,7 +865,7 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 		if attempt >= JoinAttempts {
 			return nil, false, out
 		}
-		wait := JoinBackoff(attempt)
+		wait := backoff.Policy{Min: JoinMinBackoff, Max: JoinMaxBackoff, Jitter: backoff.DefaultJitter}.Spread(attempt, j.rand())
 		j.progress("no answer through %s (%s); sending the same request again in %s (attempt %d of %d)…",
 			u.Host, errs.MessageOf(out), wait, attempt+1, JoinAttempts)
 		if err := j.sleep(ctx, wait); err != nil {
@@ -867,7 +875,9 @@ func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.Join
 }
 
 // JoinBackoff is the wait after the n-th failed attempt (n ≥ 1):
-// JoinMinBackoff doubling up to JoinMaxBackoff.
+// JoinMinBackoff doubling up to JoinMaxBackoff, before the join spreads it
+// by ±20% (backoff.DefaultJitter) so a rack that booted together does not
+// retry in lockstep.
 func JoinBackoff(n int) time.Duration {
 	return backoff.Policy{Min: JoinMinBackoff, Max: JoinMaxBackoff}.Delay(n)
 }

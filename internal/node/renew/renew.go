@@ -123,6 +123,9 @@ type Renewer struct {
 	// the same certificate is saved (nextKey).
 	mu      sync.Mutex
 	pending *pendingKey
+	// retryWait is the wait before the next attempt after a failure
+	// (Loop's own).
+	retryWait time.Duration
 }
 
 // pendingKey is a next key made for renewing the certificate parent.
@@ -219,7 +222,8 @@ func (r *Renewer) NextRenewal(id *identity.Identity) time.Time {
 }
 
 // Backoff is the wait after the n-th failed attempt in a row (n ≥ 1):
-// MinBackoff doubling up to MaxBackoff.
+// MinBackoff doubling up to MaxBackoff, before Loop spreads it by ±20%
+// (backoff.DefaultJitter).
 func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
 
 // Loop renews the certificate whenever it is due, until ctx ends: it
@@ -237,7 +241,7 @@ func (r *Renewer) Loop(ctx context.Context) error {
 		}
 		wait := r.NextRenewal(id).Sub(r.serverTime.Now())
 		if failures > 0 {
-			wait = Backoff(failures)
+			wait = r.retryWait
 		}
 		if err := r.sleep(ctx, wait); err != nil {
 			return err
@@ -248,7 +252,10 @@ func (r *Renewer) Loop(ctx context.Context) error {
 				return ctx.Err()
 			}
 			failures++
-			r.log.Warn("certificate renewal failed", telemetry.LogNodeID, id.NodeID, telemetry.LogAttempt, failures, telemetry.LogRetryIn, Backoff(failures).String(), telemetry.LogErr, err)
+			// Spread, so a fleet that failed at once (its gateway was
+			// down) does not come back in lockstep.
+			r.retryWait = backoff.Policy{Min: MinBackoff, Max: MaxBackoff, Jitter: backoff.DefaultJitter}.Spread(failures, r.rand())
+			r.log.Warn("certificate renewal failed", telemetry.LogNodeID, id.NodeID, telemetry.LogAttempt, failures, telemetry.LogRetryIn, r.retryWait.Round(time.Millisecond).String(), telemetry.LogErr, err)
 			if r.cfg.OnFailed != nil {
 				r.cfg.OnFailed(err)
 			}

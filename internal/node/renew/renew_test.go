@@ -483,6 +483,7 @@ func TestLoopBacksOffR13_1(t *testing.T) {
 		var waits []time.Duration
 		r := s.renewer(t, func(c *renew.Config) {
 			c.BCD = &cfg
+			c.Rand = func() float64 { return 0.5 } // the jitter's middle: the backoff itself
 			c.Sleep = func(ctx context.Context, d time.Duration) error {
 				waits = append(waits, d)
 				if len(waits) == 12 {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/backoff"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
@@ -91,7 +92,7 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 // reconnectWait is the wait before reconnect attempt n after failures:
 // Backoff(n) with jitter r in [0, 1) spreading it over ±20%.
 func reconnectWait(n int, r float64) time.Duration {
-	return time.Duration(float64(Backoff(n)) * (0.8 + 0.4*r))
+	return backoff.Policy{Min: MinBackoff, Max: MaxBackoff, Jitter: backoff.DefaultJitter}.Spread(n, r)
 }
 
 // sleepOrRenewed waits wait on the clock, or less when Renewed says a new

@@ -54,3 +54,25 @@ func TestWait(t *testing.T) {
 		t.Fatalf("Wait after cancel: %v, want context.Canceled", err)
 	}
 }
+
+// Spread keeps every wait within ±Jitter of the delay, r = 0.5 being the
+// delay itself, so retries of a fleet that failed at once spread out.
+func TestSpread(t *testing.T) {
+	p := Policy{Min: time.Second, Max: 60 * time.Second, Jitter: DefaultJitter}
+	for _, tc := range []struct {
+		n    int
+		r    float64
+		want time.Duration
+	}{
+		{1, 0.5, time.Second}, {1, 0, 800 * time.Millisecond}, {3, 0.5, 4 * time.Second},
+		{3, 1, 4800 * time.Millisecond}, {100, 0, 48 * time.Second},
+	} {
+		got := p.Spread(tc.n, tc.r)
+		if d := got - tc.want; d > time.Microsecond || d < -time.Microsecond {
+			t.Errorf("Spread(%d, %v) = %s, want %s", tc.n, tc.r, got, tc.want)
+		}
+	}
+	if got := (Policy{Min: time.Second, Max: time.Minute}).Spread(2, 0); got != 2*time.Second {
+		t.Errorf("no jitter: %s", got)
+	}
+}
