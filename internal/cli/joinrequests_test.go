@@ -71,7 +71,7 @@ func TestJoinRequestsListR3_4(t *testing.T) {
 		reqs := w.mkRequests(t, w.pool, 205)
 		r := w.cli(t, "join-requests", "list", "--tenant", w.root, "--pool", w.pool).ok(t)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		if len(lines) != 206 || !strings.HasPrefix(lines[0], "ID ") || !strings.Contains(lines[0], "VOUCHED BY") || !strings.Contains(lines[0], "CLAIMS") {
+		if len(lines) != 206 || !strings.HasPrefix(lines[0], "ID ") || !strings.Contains(lines[0], "EVIDENCE") || !strings.Contains(lines[0], "CLAIMS") {
 			t.Fatalf("table of %d lines:\n%s", len(lines), strings.Join(lines[:3], "\n"))
 		}
 		if strings.ContainsAny(r.stdout, "\x1b\x07") || !strings.Contains(lines[1], reqs[0]) || !strings.Contains(lines[1], `\u001b`) {

@@ -40,7 +40,7 @@ type approved struct {
 //     refused;
 //   - otherwise the machine's one open request is recorded, or refreshed
 //     with this CSR, and the join waits: nothing is issued or spent.
-func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID, role, source string) (approved, error) {
+func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID string, d decision, source string) (approved, error) {
 	a, tenant, now := adm.Approval, adm.TenantID, s.clock.Now()
 	open, err := tx.OpenJoinRequest(ctx, tenant, a.MachineKey)
 	found := err == nil
@@ -50,6 +50,12 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	if found && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
 		switch {
 		case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
+			// R22.2: a join that takes a node needs an approval that
+			// acknowledged that very node, even when the node appeared
+			// after the approval.
+			if d.Outcome == joinReclaim && open.AcknowledgedNodeID != d.NodeID {
+				return approved{}, attest.Refuse(ReasonReclaimUnacknowledged, tenant)
+			}
 			return approved{consume: open.ID}, nil
 		case open.State == store.JoinRequestApproved:
 			// R10.3: an approval admits one join until it runs out.
@@ -90,10 +96,12 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	r := store.JoinRequest{
-		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: role, MachineKey: a.MachineKey,
+		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: d.Role, MachineKey: a.MachineKey,
 		Claims: claimsJSON, EKHash: a.EKHash, MAC: a.MAC, IP: a.IP, WorkflowID: a.WorkflowID, VouchedBy: a.VouchedBy,
 		BootLeaseEpoch: a.BootLeaseEpoch, CSRSHA256: in.CSRSHA256, Source: source,
+		EKCert: a.EKCert, EKCertSubject: a.EKCertSubject, EKCertIssuer: a.EKCertIssuer, AKName: a.AKName,
 	}
+	r.Effect, r.EffectNodeID = effectOf(d)
 	if in.Key.Trusted {
 		r.HardwareKey = in.Key.Hash[:]
 	}
@@ -129,6 +137,23 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	return approved{waiting: &r}, nil
+}
+
+// ReasonReclaimUnacknowledged refuses a join whose approval did not
+// acknowledge the node it takes (R22.2).
+const ReasonReclaimUnacknowledged = "join-request-reclaim-unacknowledged"
+
+// effectOf is what approving a deferred join with decision d does (R22.2):
+// the node it takes, if any.
+func effectOf(d decision) (effect, nodeID string) {
+	switch d.Outcome {
+	case joinReclaim, joinRejoin:
+		return store.JoinEffectReclaim, d.NodeID
+	case joinBind:
+		return store.JoinEffectBind, d.NodeID
+	default:
+		return store.JoinEffectNew, ""
+	}
 }
 
 // Join-request limits (R15.4).

@@ -447,7 +447,7 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		}
 		err = e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
 			until := env.clk.Now().Add(15 * time.Minute)
-			_, err := tx.DecideJoinRequest(context.Background(), jr.ID, store.JoinRequestApproved, "key_test", "new rack", env.clk.Now(), &until)
+			_, err := tx.DecideJoinRequest(context.Background(), jr.ID, store.JoinRequestApproved, "key_test", "new rack", "", env.clk.Now(), &until)
 			return err
 		})
 		if err != nil {

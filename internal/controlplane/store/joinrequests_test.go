@@ -92,7 +92,7 @@ func TestJoinRequestOpenPerMachine(t *testing.T) {
 		at := time.Now().Truncate(time.Millisecond).UTC()
 		until := at.Add(15 * time.Minute)
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestApproved, "prn_alice", "known rack", at, &until)
+			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestApproved, "prn_alice", "known rack", "", at, &until)
 		})
 		fresh := newRequest(pl, "mk-1", "csr-b")
 		fresh.ID, fresh.HardwareKey, fresh.EKHash, fresh.BootLeaseEpoch, fresh.Attestor = r1.ID, []byte{1, 2}, []byte{3, 4}, 4, "tpm"
@@ -117,7 +117,7 @@ func TestJoinRequestOpenPerMachine(t *testing.T) {
 		// Rejected: closed. Refresh refuses it; a new request of the
 		// machine may be inserted, and is the newest by CSR.
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestRejected, "prn_alice", "not ours", at, nil)
+			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestRejected, "prn_alice", "not ours", "", at, nil)
 		})
 		if _, err := withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.RefreshJoinRequest(ctx, fresh) }); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("refresh a rejected request: %v", err)
@@ -152,7 +152,7 @@ func TestJoinRequestDecideConsumeExpire(t *testing.T) {
 		})
 		decide := func(id, state string, until *time.Time) (store.JoinRequest, error) {
 			return withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-				return tx.DecideJoinRequest(ctx, id, state, "prn_bob", "reason "+state, at, until)
+				return tx.DecideJoinRequest(ctx, id, state, "prn_bob", "reason "+state, "", at, until)
 			})
 		}
 		consume := func(id, node string, at time.Time) error {
@@ -242,7 +242,7 @@ func TestJoinRequestConsumeRace(t *testing.T) {
 			return tx.InsertJoinRequest(ctx, newRequest(pl, "mk", "c"))
 		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn_bob", "ok", at, &until)
+			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn_bob", "ok", "", at, &until)
 		})
 		const n = 50
 		var wg sync.WaitGroup
@@ -296,7 +296,7 @@ func TestListJoinRequests(t *testing.T) {
 			return tx.InsertJoinRequest(ctx, newRequest(other, "mk-0", "x"))
 		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, all[1], store.JoinRequestRejected, "prn", "no", at, nil)
+			return tx.DecideJoinRequest(ctx, all[1], store.JoinRequestRejected, "prn", "no", "", at, nil)
 		})
 		list := func(pool store.Pool, states []string, after string, limit int) []string {
 			rs := mustTx(t, db, func(tx *store.Tx) ([]store.JoinRequest, error) {
