@@ -47,27 +47,17 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return approved{}, err
 	}
-	if found && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
-		switch {
-		case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
-			// R22.2: a join that takes a node needs an approval that
-			// acknowledged that very node, even when the node appeared
-			// after the approval.
-			if d.Outcome == joinReclaim && open.AcknowledgedNodeID != d.NodeID {
-				return approved{}, attest.Refuse(ReasonReclaimUnacknowledged, tenant)
-			}
-			return approved{consume: open.ID}, nil
-		case open.State == store.JoinRequestApproved:
-			// R10.3: an approval admits one join until it runs out.
-			if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
-				return approved{}, err
-			}
-			tx.AfterCommit(func() { s.cfg.Metrics.Decided(telemetry.DecisionExpired) })
-			found = false
-		default:
-			// Still pending: the daemon asks again later.
-			return approved{waiting: &open}, nil
+	// R22.2: what approving does may have changed since the request was
+	// recorded (a node with these claims appeared, or went): the request
+	// is refreshed to show it, and an approval given for the old effect is
+	// void.
+	effectChanged := found && effectDiffers(open, d)
+	if found && !effectChanged && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
+		got, done, err := s.sameCSR(ctx, tx, open, d, now)
+		if done || err != nil {
+			return got, err
 		}
+		found = false
 	}
 	// R10.3: a rejected CSR fails; a consumed one admitted its one join
 	// (the very same request again gets its stored answer instead).
@@ -84,7 +74,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	// refreshes its request at most once per RefreshInterval (each refresh
 	// is an event and an audit row); a new request needs room in its pool
 	// and from its source.
-	if found {
+	if found && !effectChanged {
 		recent, err := tx.JoinRequestRefreshedWithin(ctx, open.ID, s.cfg.Limits.RefreshInterval)
 		if err != nil {
 			return approved{}, err
@@ -118,6 +108,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		}
 		event = joinreq.EventRefreshed
 		data["approvalVoided"] = open.State == store.JoinRequestApproved
+		data["effectChanged"] = effectChanged
 	} else {
 		r.ID = ids.New(ids.JoinRequest, now)
 		if r, err = tx.InsertJoinRequest(ctx, r); err != nil {
@@ -137,6 +128,46 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	return approved{waiting: &r}, nil
+}
+
+// sameCSR is the join-request check of a retry with the CSR its open
+// request holds, and the same effect: an approval in time admits it (done,
+// with the request to consume), a pending request keeps it waiting (done),
+// and an approval that ran out is stored as expired (not done: the retry
+// waits on a new request).
+func (s *Service) sameCSR(ctx context.Context, tx *store.Tx, open store.JoinRequest, d decision, now time.Time) (approved, bool, error) {
+	switch {
+	case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
+		// R22.2: a join that takes a node needs an approval that
+		// acknowledged that very node (the operator API never approves a
+		// reclaim otherwise).
+		if d.Outcome == joinReclaim && open.AcknowledgedNodeID != d.NodeID {
+			return approved{}, true, attest.Refuse(ReasonReclaimUnacknowledged, open.TenantID)
+		}
+		return approved{consume: open.ID}, true, nil
+	case open.State == store.JoinRequestApproved:
+		// R10.3: an approval admits one join until it runs out.
+		if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
+			return approved{}, true, err
+		}
+		tx.AfterCommit(func() { s.cfg.Metrics.Decided(telemetry.DecisionExpired) })
+		return approved{}, false, nil
+	default:
+		// Still pending: the daemon asks again later.
+		return approved{waiting: &open}, true, nil
+	}
+}
+
+// effectDiffers says whether the effect an open request records is not
+// what approving it does now (R22.2). A request recorded before effects
+// were (no effect) is taken as a new node's.
+func effectDiffers(open store.JoinRequest, d decision) bool {
+	eff, node := effectOf(d)
+	was := open.Effect
+	if was == "" {
+		was = store.JoinEffectNew
+	}
+	return was != eff || open.EffectNodeID != node
 }
 
 // ReasonReclaimUnacknowledged refuses a join whose approval did not

@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/discovery"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
+	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
@@ -770,6 +771,42 @@ func TestReclaimRequestThroughTheAPIR22_2(t *testing.T) {
 		rows := d.audit(t, d.root, "join-request.approved")
 		if len(rows) != 1 || rows[0].Data["acknowledgedReclaimNodeId"] != victim || rows[0].Data["effectNodeId"] != victim || rows[0].Data["version"] != jr.Version {
 			t.Fatalf("approval audit rows %+v: want one with the acknowledged node %s and the version", rows, victim)
+		}
+	})
+}
+
+// R22.2: a request recorded as a new node whose claims then become a
+// node's (that machine joined with a token meanwhile) is refreshed, on the
+// ramdisk's next retry, to name the node it would now reclaim: its
+// approval, given for a new node, is void, the ramdisk waits again and the
+// node is untouched.
+func TestRequestEffectChangesVoidApprovalR22_2(t *testing.T) {
+	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		d := newDiscoIn(t, f, tenancy.ApprovalUnknownMachines)
+		claims := jointest.Claims(41)
+		b := boot{claims.Macs[0], "10.0.4.41", 2}
+		d.vouch(t, d.site.Id, b.mac, b.ip, b.epoch)
+		rd := jointest.NewMachine(t, claims)
+		df := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+		if jr := d.getRequest(t, df.GetRequestId()); jr.Effect != store.JoinEffectNew || jr.EffectNodeID != "" {
+			t.Fatalf("an unknown machine's request: effect %q node %q, want a new node", jr.Effect, jr.EffectNodeID)
+		}
+		d.decide(t, df.GetRequestId(), 15*time.Minute, time.Now())
+		before := d.getRequest(t, df.GetRequestId())
+		// Meanwhile a machine with these claims joins with a token.
+		tok := d.token(t, &bcv1.CreateJoinTokenRequest{TenantId: d.root, PoolId: d.pool.Id})
+		node := d.mustJoin(t, jointest.NewMachine(t, claims), tok.Token, pki.RoleNode).Body.NodeId
+		again := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+		jr := d.getRequest(t, again.GetRequestId())
+		if jr.ID != df.GetRequestId() || jr.State != store.JoinRequestPending || jr.Effect != store.JoinEffectReclaim || jr.EffectNodeID != node ||
+			jr.AcknowledgedNodeID != "" || joinreq.Version(jr) == joinreq.Version(before) {
+			t.Fatalf("request after the node joined: %+v, want %s pending again as a reclaim of %s with a new version", jr, df.GetRequestId(), node)
+		}
+		d.untouched(t, node, "after the voided approval")
+		got := d.events(t, d.root, "security.join-request.refreshed")
+		if len(got) != 1 || got[0].Data["approvalVoided"] != true || got[0].Data["effectChanged"] != true || got[0].Data["effectNodeId"] != node {
+			t.Fatalf("refreshed events %+v: want one saying the approval is void and the effect changed", got)
 		}
 	})
 }
