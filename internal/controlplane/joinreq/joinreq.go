@@ -154,7 +154,9 @@ func view(ctx context.Context, tx *store.Tx, r store.JoinRequest) (View, error) 
 		}
 	}
 	if len(r.HardwareKey) > 0 && (r.State == store.JoinRequestPending || r.State == store.JoinRequestApproved) {
-		same, err := tx.OpenJoinRequestsByHardwareKey(ctx, r.TenantID, r.HardwareKey, MaxSameClaims+1)
+		// Only the pool's: a reader of this pool's requests may not read
+		// another pool's.
+		same, err := tx.OpenJoinRequestsByHardwareKey(ctx, r.TenantID, r.PoolID, r.HardwareKey, MaxSameClaims+1)
 		if err != nil {
 			return View{}, err
 		}
@@ -245,8 +247,10 @@ func (s *Service) List(ctx context.Context, p authz.Principal, tenantID, poolID 
 		return nil, err
 	}
 	var out []View
+	start := after
 	err = s.db.ReadTx(ctx, func(tx *store.Tx) error {
-		out = nil
+		// A retried transaction reads the page again from its start.
+		out, after = nil, start
 		pool, err := tenancy.PoolFor(ctx, tx, p, tenantID, poolID, authz.JoinRequestsRead)
 		if err != nil {
 			return err

@@ -258,12 +258,12 @@ func (t *Tx) ListJoinRequests(ctx context.Context, tenantID, poolID string, stat
 	return out, rows.Err()
 }
 
-// OpenJoinRequestsByHardwareKey lists the tenant's open requests with this
-// hardware key, in id order, up to limit (R22.2: two machines with the same
-// claims).
-func (t *Tx) OpenJoinRequestsByHardwareKey(ctx context.Context, tenantID string, hardwareKey []byte, limit int) ([]JoinRequest, error) {
-	rows, err := t.query(ctx, "SELECT "+joinRequestCols+" FROM join_requests WHERE tenant_id = ? AND hardware_key = ? AND state IN "+openStates+" ORDER BY id LIMIT ?",
-		tenantID, hardwareKey, limit)
+// OpenJoinRequestsByHardwareKey lists the open requests of the tenant's
+// pool with this hardware key, in id order, up to limit (R22.2: two
+// machines with the same claims).
+func (t *Tx) OpenJoinRequestsByHardwareKey(ctx context.Context, tenantID, poolID string, hardwareKey []byte, limit int) ([]JoinRequest, error) {
+	rows, err := t.query(ctx, "SELECT "+joinRequestCols+" FROM join_requests WHERE tenant_id = ? AND hardware_key = ? AND pool_id = ? AND state IN "+openStates+" ORDER BY id LIMIT ?",
+		tenantID, hardwareKey, poolID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list join requests by hardware key: %w", err)
 	}
