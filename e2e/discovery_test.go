@@ -145,12 +145,24 @@ func TestDiscoveryTakeoverRefused(t *testing.T) {
 	forgedReq := waitingRequest(t, forged)
 	untouched("while the forged ramdisk waits")
 
-	approve := func(id string) {
+	approve := func(id string, extra ...string) {
 		t.Helper()
-		if _, errOut, code := run(t, s.e, "", s.bc, "join-requests", "approve", id, "--tenant", tenant, "--pool", pool, "--ttl", "900", "--reason", "e2e"); code != 0 {
+		args := append([]string{"join-requests", "approve", id, "--tenant", tenant, "--pool", pool, "--ttl", "900", "--reason", "e2e"}, extra...)
+		if _, errOut, code := run(t, s.e, "", s.bc, args...); code != 0 {
 			t.Fatalf("approve %s: %s", id, errOut)
 		}
 	}
+	// R22.2: the forged request names the node it would take, and a bare
+	// approval of it is refused.
+	shown, _, code := run(t, s.e, "", s.bc, "join-requests", "show", forgedReq, "--tenant", tenant, "--pool", pool)
+	if code != 0 || !strings.Contains(shown, "RECLAIM "+y) || !strings.Contains(shown, "evidence: vouched by") {
+		t.Fatalf("join-requests show %s:\n%s", forgedReq, shown)
+	}
+	if _, errOut, code := run(t, s.e, "", s.bc, "join-requests", "approve", forgedReq, "--tenant", tenant, "--pool", pool, "--ttl", "900", "--reason", "e2e"); code == 0 ||
+		!strings.Contains(errOut, "reclaims node "+y) {
+		t.Fatalf("a bare approval of the forged request: exit %d, %s; want refused naming %s", code, errOut, y)
+	}
+	untouched("after a bare approval of the forged request")
 	// X's own ramdisk (an unknown machine: it waits too) is approved and
 	// joins on the vouch.
 	x := s.ramdisk(t, "--boot-mac", xMAC, "--boot-ip", loopback)
@@ -158,8 +170,9 @@ func TestDiscoveryTakeoverRefused(t *testing.T) {
 	if code := x.exited(t, 60*time.Second); code != 0 || !strings.Contains(x.output(), "joined as node_") || strings.Contains(x.output(), y) {
 		t.Fatalf("X's ramdisk exited %d:\n%s", code, x.output())
 	}
-	// A person approves the forged request too: the vouch admitted X.
-	approve(forgedReq)
+	// A person approves the forged request too, acknowledging the
+	// reclaim: the vouch admitted X.
+	approve(forgedReq, "--reclaim", y)
 	if code := forged.exited(t, 60*time.Second); code == 0 || strings.Contains(forged.output(), "joined as") {
 		t.Fatalf("the forged ramdisk exited %d:\n%s", code, forged.output())
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -96,6 +97,89 @@ func TestTPMJoinWithoutToken(t *testing.T) {
 	for _, want := range []string{"security.join-request.created", "security.join-request.approved", "node.joined"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("event %s missing from the stream", want)
+		}
+	}
+}
+
+// R22.1, R22.2 with real processes: better-compute dev with
+// --tpm-enrollment and two swtpm TPMs in two machines that report the same
+// claims (one fake sysfs). Both bcd wait, on two requests that the CLI's
+// list shows with the same claims and hardware key but their own EKs, each
+// naming the other as having the same claims. Approving one (bound to the
+// version listed) admits that machine only; the other still waits.
+func TestTPMSameClaimsTwoRequests(t *testing.T) {
+	bc, bcd := binaries(t)
+	first, second := tpmtest.StartFresh(t), tpmtest.StartFresh(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "bc-dev")
+	conf := filepath.Join(data, "bcd", "config.toml")
+	env := startDev(t, bc, data, conf, "--tpm-enrollment", "--tpm-simulator", first.Addr)
+	e := envList(env)
+	raw, err := os.ReadFile(conf)
+	must(t, err)
+	jwk, err := os.ReadFile(filepath.Join(data, "bcd", "join-encryption.jwk"))
+	must(t, err)
+	sys := filepath.Join(dir, "sys")
+	fakeSysfs(t, sys, "SN-CLONE", "4c4c4544-0042-3510-8053-b7c04f5a7101", "3c:ec:ef:07:01:01")
+	waiting := map[string]*proc{}
+	for i, sim := range []*tpmtest.Sim{first, second} {
+		cdir := filepath.Join(dir, fmt.Sprintf("bcd-%d", i))
+		must(t, os.MkdirAll(cdir, 0o755))
+		c := filepath.Join(cdir, "config.toml")
+		must(t, os.WriteFile(c, []byte(strings.ReplaceAll(string(raw), first.Addr, sim.Addr)), 0o600))
+		must(t, os.WriteFile(filepath.Join(cdir, "join-encryption.jwk"), jwk, 0o644))
+		p := start(t, nil, bcd, "join", "--config", c, "--attestor", "tpm", "--sysfs-root", sys, "--data-dir", filepath.Join(cdir, "data"))
+		waiting[waitingRequest(t, p)] = p
+	}
+	if len(waiting) != 2 {
+		t.Fatalf("two TPMs wait on %d requests, want two", len(waiting))
+	}
+	list := func() []map[string]any {
+		t.Helper()
+		out, errOut, code := run(t, e, "", bc, "join-requests", "list", "--tenant", env["TENANT"], "--pool", env["POOL"], "--json")
+		if code != 0 {
+			t.Fatalf("join-requests list: %s %s", out, errOut)
+		}
+		items, _ := jsonOf(t, out)["items"].([]any)
+		var rs []map[string]any
+		for _, it := range items {
+			rs = append(rs, it.(map[string]any))
+		}
+		return rs
+	}
+	rs := list()
+	if len(rs) != 2 {
+		t.Fatalf("%d pending requests, want two", len(rs))
+	}
+	ek := func(r map[string]any) string { s, _ := r["evidence"].(map[string]any)["ekSha256"].(string); return s }
+	if rs[0]["hardwareKey"] == "" || rs[0]["hardwareKey"] != rs[1]["hardwareKey"] || len(ek(rs[0])) != 64 || len(ek(rs[1])) != 64 || ek(rs[0]) == ek(rs[1]) {
+		t.Fatalf("requests %v: want the same hardware key and two EKs", rs)
+	}
+	out, _, _ := run(t, e, "", bc, "join-requests", "list", "--tenant", env["TENANT"], "--pool", env["POOL"])
+	for _, r := range rs {
+		if !strings.Contains(out, "ek "+ek(r)[:16]+"…") {
+			t.Errorf("the list table lacks %s's EK:\n%s", r["id"], out)
+		}
+	}
+	if strings.Count(out, "SAME CLAIMS as") != 2 {
+		t.Errorf("the list table does not flag both requests as having the same claims:\n%s", out)
+	}
+	approved, other := rs[1]["id"].(string), rs[0]["id"].(string)
+	if _, errOut, code := run(t, e, "", bc, "join-requests", "approve", approved, "--tenant", env["TENANT"], "--pool", env["POOL"], "--ttl", "900",
+		"--reason", "EK checked against the machine", "--version", rs[1]["version"].(string)); code != 0 {
+		t.Fatalf("approve: %s", errOut)
+	}
+	if code := waiting[approved].exited(t, 90*time.Second); code != 0 || !strings.Contains(waiting[approved].output(), "joined as node_") {
+		t.Fatalf("the approved bcd join exited %d:\n%s", code, waiting[approved].output())
+	}
+	select {
+	case <-waiting[other].done:
+		t.Fatalf("the other TPM's bcd exited:\n%s", waiting[other].output())
+	default:
+	}
+	for _, r := range list() {
+		if r["id"] != other {
+			t.Fatalf("pending after the approval: %v, want only %s", r, other)
 		}
 	}
 }

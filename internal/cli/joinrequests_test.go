@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -71,7 +72,7 @@ func TestJoinRequestsListR3_4(t *testing.T) {
 		reqs := w.mkRequests(t, w.pool, 205)
 		r := w.cli(t, "join-requests", "list", "--tenant", w.root, "--pool", w.pool).ok(t)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		if len(lines) != 206 || !strings.HasPrefix(lines[0], "ID ") || !strings.Contains(lines[0], "VOUCHED BY") || !strings.Contains(lines[0], "CLAIMS") {
+		if len(lines) != 206 || !strings.HasPrefix(lines[0], "ID ") || !strings.Contains(lines[0], "EVIDENCE") || !strings.Contains(lines[0], "CLAIMS") {
 			t.Fatalf("table of %d lines:\n%s", len(lines), strings.Join(lines[:3], "\n"))
 		}
 		if strings.ContainsAny(r.stdout, "\x1b\x07") || !strings.Contains(lines[1], reqs[0]) || !strings.Contains(lines[1], `\u001b`) {
@@ -169,4 +170,84 @@ func TestJoinRequestsHelp(t *testing.T) {
 			}
 		}
 	}
+}
+
+// R22.1, R22.2: two tpm requests with the same claims show apart in the
+// table and in --json by their EK, each naming the other; a request that
+// reclaims a node names it in list and show, and approve refuses it
+// locally without --reclaim, at the server with a stale --version
+// (CONFLICT), and admits it acknowledged.
+func TestJoinRequestsEvidenceAndReclaimR22(t *testing.T) {
+	apitest.Each(t, apitest.Options{NoJoin: true}, func(t *testing.T, e *apitest.Env) {
+		ctx := context.Background()
+		w := newWorld(t, e)
+		claims := []byte(`{"productUuid":"4c4c4544-0042-3510-8052-b7c04f000001","productSerial":"SN-7","macs":["00:1b:21:00:00:07"]}`)
+		var reqs []string
+		var victim string
+		err := w.e.DB.WithTx(ctx, func(tx *store.Tx) error {
+			p, err := tx.GetPool(ctx, w.pool)
+			if err != nil {
+				return err
+			}
+			n, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, time.Now()), TenantID: p.OwnerTenantID, SiteID: p.SiteID, PoolID: p.ID,
+				Role: "node", State: store.NodeAdopted, Connection: "disconnected", IdentityGeneration: 1, HardwareKey: []byte{0x77}, HardwareKeyTrusted: true,
+				NodeKey: "unattested", Attestor: "join-token", Hostname: "db-7", Claims: claims})
+			if err != nil {
+				return err
+			}
+			victim = n.ID
+			for i, ek := range []byte{0xe1, 0xe2, 0xe3} {
+				r := store.JoinRequest{ID: ids.New(ids.JoinRequest, time.Now().Add(time.Duration(i)*time.Millisecond)), TenantID: p.OwnerTenantID, PoolID: p.ID,
+					SiteID: p.SiteID, Attestor: "tpm", Role: "node", MachineKey: fmt.Sprintf("ek:%x", ek), Claims: claims, HardwareKey: []byte{0x77},
+					EKHash: bytes.Repeat([]byte{ek}, 32), EKCert: store.EKCertUntrusted, EKCertSubject: "CN=swtpm", EKCertIssuer: fmt.Sprintf("CN=swtpm-localca-%d", i),
+					AKName: []byte{0, 0xb, ek}, CSRSHA256: bytes.Repeat([]byte{ek}, 32), Source: "192.0.2.9", Effect: store.JoinEffectNew}
+				if i == 2 {
+					r.MachineKey, r.HardwareKey, r.Effect, r.EffectNodeID = "ek:other", []byte{0x78}, store.JoinEffectReclaim, victim
+				}
+				if r, err = tx.InsertJoinRequest(ctx, r); err != nil {
+					return err
+				}
+				reqs = append(reqs, r.ID)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := []string{"--tenant", w.root, "--pool", w.pool}
+		out := w.cli(t, append([]string{"join-requests", "list"}, base...)...).ok(t).stdout
+		for _, want := range []string{"EVIDENCE", "EFFECT", "ek e1e1e1e1e1e1e1e1…, ek cert untrusted, peer 192.0.2.9", "ek e2e2e2e2e2e2e2e2…",
+			"new node; SAME CLAIMS as " + reqs[1], "new node; SAME CLAIMS as " + reqs[0], "RECLAIM " + victim + " (node, gen 1"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("list lacks %q:\n%s", want, out)
+			}
+		}
+		var l bcv1.ListJoinRequestsResponse
+		w.cli(t, append([]string{"join-requests", "list", "--json"}, base...)...).ok(t).decode(t, &l)
+		if len(l.Items) != 3 || l.Items[0].Evidence.GetEkSha256() == l.Items[1].Evidence.GetEkSha256() || l.Items[0].HardwareKey != l.Items[1].HardwareKey ||
+			l.Items[0].Evidence.GetEkCertificateIssuer() == l.Items[1].Evidence.GetEkCertificateIssuer() || l.Items[0].Version == "" {
+			t.Fatalf("--json: %v", l.Items)
+		}
+		show := w.cli(t, append([]string{"join-requests", "show", reqs[2]}, base...)...).ok(t).stdout
+		for _, want := range []string{"RECLAIM " + victim, "node: serials", "SN-7", "00:1b:21:00:00:07", "db-7", "untrusted (chains to no manufacturer CA", "CN=swtpm-localca-2"} {
+			if !strings.Contains(show, want) {
+				t.Errorf("show lacks %q:\n%s", want, show)
+			}
+		}
+		approve := func(args ...string) result {
+			return w.cli(t, append(append([]string{"join-requests", "approve"}, args...), base...)...)
+		}
+		approve(reqs[2], "--ttl", "900", "--reason", "disk replaced").fails(t, "INVALID_STATE", "--reclaim "+victim)
+		approve(reqs[2], "--ttl", "900", "--reason", "disk replaced", "--reclaim", "node_x").fails(t, "INVALID_ARGUMENT", "--reclaim")
+		approve(reqs[2], "--ttl", "900", "--reason", "disk replaced", "--reclaim", victim, "--version", l.Items[0].Version).fails(t, "CONFLICT", "changed since it was listed")
+		if s := w.requestState(t, reqs[2]); s != "pending" {
+			t.Fatalf("state %s after refused approvals", s)
+		}
+		var got bcv1.JoinRequest
+		approve(reqs[2], "--ttl", "900", "--reason", "disk replaced", "--reclaim", victim, "--json").ok(t).decode(t, &got)
+		if got.State != "approved" || got.AcknowledgedReclaimNodeId != victim {
+			t.Fatalf("approved %v", &got)
+		}
+		approve(reqs[0], "--ttl", "900", "--reason", "EK checked", "--version", l.Items[0].Version).ok(t)
+	})
 }

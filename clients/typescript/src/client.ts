@@ -65,7 +65,7 @@ const groups = {
   },
   joinRequests: {
     service: pb.JoinRequestService,
-    methods: { list: "listJoinRequests", approve: "approveJoinRequest", reject: "rejectJoinRequest" },
+    methods: { list: "listJoinRequests", get: "getJoinRequest", approve: "approveJoinRequest", reject: "rejectJoinRequest" },
   },
   nodes: { service: pb.NodeService, methods: { create: "createNode", list: "listNodes", get: "getNode", retire: "retireNode" } },
   commands: { service: pb.CommandService, methods: { enqueue: "enqueueCommand", list: "listCommands", get: "getCommand" } },

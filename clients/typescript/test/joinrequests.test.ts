@@ -66,6 +66,18 @@ test("the page's joinRequests.list and approve run as written", async () => {
   assert.equal(items[0].attestor, "discovery");
   assert.equal(items[0].mac, "00:1b:21:0a:0b:0c");
   assert.match(items[0].vouchedBy ?? "", /^node_/);
+  // R22.1, R22.2: the attestor's evidence apart from the claims, the
+  // effect of approving, and the version an approval may name. The page's
+  // approval names no version: a new node's request accepts that.
+  assert.equal(items[0].evidence?.vouchedBy, items[0].vouchedBy);
+  assert.equal(items[0].evidence?.vouchedMac, "00:1b:21:0a:0b:0c");
+  assert.equal(items[0].evidence?.bootLeaseEpoch, "1");
+  assert.equal(items[0].evidence?.ekSha256, "");
+  assert.equal(items[0].effect?.kind, "new-node");
+  assert.match(items[0].version, /^v1-[0-9a-f]{32}$/);
+  const got = await client.joinRequests.get({ tenantId, poolId, requestId: items[0].id });
+  assert.equal(got.version, items[0].version);
+  assert.equal(got.acknowledgedReclaimNodeId, "");
   await until("the approved join", () => /joined as node_/.test(booted.output()), 30_000);
   const { items: all } = await client.joinRequests.list({ tenantId, poolId, state: ["all"] });
   assert.equal(all[0].state, "consumed");

@@ -2311,9 +2311,20 @@ type JoinRequest struct {
 	ApprovedUntil *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=approved_until,json=approvedUntil,proto3" json:"approved_until,omitempty"`
 	ConsumedAt    *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=consumed_at,json=consumedAt,proto3" json:"consumed_at,omitempty"`
 	// The node whose join consumed the approval.
-	NodeId        string `protobuf:"bytes,21,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeId string `protobuf:"bytes,21,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// What the attestor itself established (R22.1), apart from claims, which
+	// are only what the machine says about itself.
+	Evidence *JoinRequestEvidence `protobuf:"bytes,22,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// What approving the request does (R22.2).
+	Effect *JoinRequestEffect `protobuf:"bytes,23,opt,name=effect,proto3" json:"effect,omitempty"`
+	// Names what was shown: the request's CSR, evidence, claims and effect.
+	// An approval that passes it is refused with CONFLICT when the request
+	// was refreshed since (R22.2).
+	Version string `protobuf:"bytes,24,opt,name=version,proto3" json:"version,omitempty"`
+	// The node an approval acknowledged it reclaims; "" for none.
+	AcknowledgedReclaimNodeId string `protobuf:"bytes,25,opt,name=acknowledged_reclaim_node_id,json=acknowledgedReclaimNodeId,proto3" json:"acknowledged_reclaim_node_id,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *JoinRequest) Reset() {
@@ -2493,6 +2504,373 @@ func (x *JoinRequest) GetNodeId() string {
 	return ""
 }
 
+func (x *JoinRequest) GetEvidence() *JoinRequestEvidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetEffect() *JoinRequestEffect {
+	if x != nil {
+		return x.Effect
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetAcknowledgedReclaimNodeId() string {
+	if x != nil {
+		return x.AcknowledgedReclaimNodeId
+	}
+	return ""
+}
+
+// What the attestor established about the machine (R22.1). Only the fields
+// of the request's attestor are set.
+type JoinRequestEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tpm: hex SHA-256 of the endorsement key (the key the TPM proved it
+	// holds by activating the credential challenge).
+	EkSha256 string `protobuf:"bytes,1,opt,name=ek_sha256,json=ekSha256,proto3" json:"ek_sha256,omitempty"`
+	// tpm: whether the machine sent an EK certificate.
+	EkCertificatePresent bool `protobuf:"varint,2,opt,name=ek_certificate_present,json=ekCertificatePresent,proto3" json:"ek_certificate_present,omitempty"`
+	// tpm: whether that certificate chained to a manufacturer CA the server
+	// trusts (for the request's pool); false for an unknown EK.
+	EkCertificateTrusted bool `protobuf:"varint,3,opt,name=ek_certificate_trusted,json=ekCertificateTrusted,proto3" json:"ek_certificate_trusted,omitempty"`
+	// tpm: the certificate's subject and issuer (RFC 2253), as the machine
+	// sent them; not verified unless ek_certificate_trusted.
+	EkCertificateSubject string `protobuf:"bytes,4,opt,name=ek_certificate_subject,json=ekCertificateSubject,proto3" json:"ek_certificate_subject,omitempty"`
+	EkCertificateIssuer  string `protobuf:"bytes,5,opt,name=ek_certificate_issuer,json=ekCertificateIssuer,proto3" json:"ek_certificate_issuer,omitempty"`
+	// tpm: hex name of the attestation key that certified the node key.
+	AkName string `protobuf:"bytes,6,opt,name=ak_name,json=akName,proto3" json:"ak_name,omitempty"`
+	// discovery: the site agent (node id) that vouched for the machine, the
+	// lease epoch of its vouch, and the address and MAC it leased.
+	VouchedBy      string `protobuf:"bytes,7,opt,name=vouched_by,json=vouchedBy,proto3" json:"vouched_by,omitempty"`
+	BootLeaseEpoch int64  `protobuf:"varint,8,opt,name=boot_lease_epoch,json=bootLeaseEpoch,proto3" json:"boot_lease_epoch,omitempty"`
+	VouchedIp      string `protobuf:"bytes,9,opt,name=vouched_ip,json=vouchedIp,proto3" json:"vouched_ip,omitempty"`
+	VouchedMac     string `protobuf:"bytes,10,opt,name=vouched_mac,json=vouchedMac,proto3" json:"vouched_mac,omitempty"`
+	WorkflowId     string `protobuf:"bytes,11,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	// Every attestor: the address the join came from, as the gateway saw it.
+	PeerAddress   string `protobuf:"bytes,12,opt,name=peer_address,json=peerAddress,proto3" json:"peer_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequestEvidence) Reset() {
+	*x = JoinRequestEvidence{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequestEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequestEvidence) ProtoMessage() {}
+
+func (x *JoinRequestEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequestEvidence.ProtoReflect.Descriptor instead.
+func (*JoinRequestEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *JoinRequestEvidence) GetEkSha256() string {
+	if x != nil {
+		return x.EkSha256
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetEkCertificatePresent() bool {
+	if x != nil {
+		return x.EkCertificatePresent
+	}
+	return false
+}
+
+func (x *JoinRequestEvidence) GetEkCertificateTrusted() bool {
+	if x != nil {
+		return x.EkCertificateTrusted
+	}
+	return false
+}
+
+func (x *JoinRequestEvidence) GetEkCertificateSubject() string {
+	if x != nil {
+		return x.EkCertificateSubject
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetEkCertificateIssuer() string {
+	if x != nil {
+		return x.EkCertificateIssuer
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetAkName() string {
+	if x != nil {
+		return x.AkName
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetVouchedBy() string {
+	if x != nil {
+		return x.VouchedBy
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetBootLeaseEpoch() int64 {
+	if x != nil {
+		return x.BootLeaseEpoch
+	}
+	return 0
+}
+
+func (x *JoinRequestEvidence) GetVouchedIp() string {
+	if x != nil {
+		return x.VouchedIp
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetVouchedMac() string {
+	if x != nil {
+		return x.VouchedMac
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
+func (x *JoinRequestEvidence) GetPeerAddress() string {
+	if x != nil {
+		return x.PeerAddress
+	}
+	return ""
+}
+
+// What approving a join request does (R22.2).
+type JoinRequestEffect struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "new-node": the join makes a new node; "reclaim": it takes over node
+	// (a new identity generation; its older certificates are revoked);
+	// "bind": it takes node, made ahead of its machine.
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The node reclaimed or bound, as recorded now; unset for a new node.
+	Node *JoinRequestNode `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Other open requests of the pool with the same hardware key (derived
+	// from the same claims) but another machine key, e.g. another EK: two
+	// machines claim to be one.
+	SameClaimsRequestIds []string `protobuf:"bytes,3,rep,name=same_claims_request_ids,json=sameClaimsRequestIds,proto3" json:"same_claims_request_ids,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *JoinRequestEffect) Reset() {
+	*x = JoinRequestEffect{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequestEffect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequestEffect) ProtoMessage() {}
+
+func (x *JoinRequestEffect) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequestEffect.ProtoReflect.Descriptor instead.
+func (*JoinRequestEffect) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *JoinRequestEffect) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *JoinRequestEffect) GetNode() *JoinRequestNode {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *JoinRequestEffect) GetSameClaimsRequestIds() []string {
+	if x != nil {
+		return x.SameClaimsRequestIds
+	}
+	return nil
+}
+
+// A node as a join request would take it over (R22.2).
+type JoinRequestNode struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Id                 string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Role               string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	State              string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	IdentityGeneration int32                  `protobuf:"varint,4,opt,name=identity_generation,json=identityGeneration,proto3" json:"identity_generation,omitempty"`
+	LastSeenAt         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
+	Hostname           string                 `protobuf:"bytes,6,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	ProductUuid        string                 `protobuf:"bytes,7,opt,name=product_uuid,json=productUuid,proto3" json:"product_uuid,omitempty"`
+	Serials            []string               `protobuf:"bytes,8,rep,name=serials,proto3" json:"serials,omitempty"`
+	Macs               []string               `protobuf:"bytes,9,rep,name=macs,proto3" json:"macs,omitempty"`
+	// Hex hardware key the node holds.
+	HardwareKey   string `protobuf:"bytes,10,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
+	Attestor      string `protobuf:"bytes,11,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequestNode) Reset() {
+	*x = JoinRequestNode{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequestNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequestNode) ProtoMessage() {}
+
+func (x *JoinRequestNode) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequestNode.ProtoReflect.Descriptor instead.
+func (*JoinRequestNode) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *JoinRequestNode) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetIdentityGeneration() int32 {
+	if x != nil {
+		return x.IdentityGeneration
+	}
+	return 0
+}
+
+func (x *JoinRequestNode) GetLastSeenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeenAt
+	}
+	return nil
+}
+
+func (x *JoinRequestNode) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetProductUuid() string {
+	if x != nil {
+		return x.ProductUuid
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetSerials() []string {
+	if x != nil {
+		return x.Serials
+	}
+	return nil
+}
+
+func (x *JoinRequestNode) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+func (x *JoinRequestNode) GetHardwareKey() string {
+	if x != nil {
+		return x.HardwareKey
+	}
+	return ""
+}
+
+func (x *JoinRequestNode) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
 type ListJoinRequestsRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	TenantId string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
@@ -2507,7 +2885,7 @@ type ListJoinRequestsRequest struct {
 
 func (x *ListJoinRequestsRequest) Reset() {
 	*x = ListJoinRequestsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2897,7 @@ func (x *ListJoinRequestsRequest) String() string {
 func (*ListJoinRequestsRequest) ProtoMessage() {}
 
 func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2910,7 @@ func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListJoinRequestsRequest) GetTenantId() string {
@@ -2580,7 +2958,7 @@ type ListJoinRequestsResponse struct {
 
 func (x *ListJoinRequestsResponse) Reset() {
 	*x = ListJoinRequestsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2970,7 @@ func (x *ListJoinRequestsResponse) String() string {
 func (*ListJoinRequestsResponse) ProtoMessage() {}
 
 func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2983,7 @@ func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListJoinRequestsResponse) GetItems() []*JoinRequest {
@@ -2630,14 +3008,21 @@ type ApproveJoinRequestRequest struct {
 	// How long the approval admits the retry: 60 to 86400.
 	TtlSeconds int32 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
 	// Required: why (a ticket, an intake).
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The version of the request as listed (JoinRequest.version). Optional
+	// for a new node, required for a reclaim; when set and the request
+	// changed since, the approval is refused with CONFLICT.
+	Version string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	// Required when the request reclaims a node (effect.kind "reclaim"): that
+	// node's id, acknowledging the takeover; else INVALID_STATE.
+	AcknowledgeReclaimNodeId string `protobuf:"bytes,7,opt,name=acknowledge_reclaim_node_id,json=acknowledgeReclaimNodeId,proto3" json:"acknowledge_reclaim_node_id,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *ApproveJoinRequestRequest) Reset() {
 	*x = ApproveJoinRequestRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +3034,7 @@ func (x *ApproveJoinRequestRequest) String() string {
 func (*ApproveJoinRequestRequest) ProtoMessage() {}
 
 func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +3047,7 @@ func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*ApproveJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ApproveJoinRequestRequest) GetTenantId() string {
@@ -2700,6 +3085,80 @@ func (x *ApproveJoinRequestRequest) GetReason() string {
 	return ""
 }
 
+func (x *ApproveJoinRequestRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ApproveJoinRequestRequest) GetAcknowledgeReclaimNodeId() string {
+	if x != nil {
+		return x.AcknowledgeReclaimNodeId
+	}
+	return ""
+}
+
+type GetJoinRequestRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PoolId        string                 `protobuf:"bytes,2,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJoinRequestRequest) Reset() {
+	*x = GetJoinRequestRequest{}
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJoinRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJoinRequestRequest) ProtoMessage() {}
+
+func (x *GetJoinRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJoinRequestRequest.ProtoReflect.Descriptor instead.
+func (*GetJoinRequestRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *GetJoinRequestRequest) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *GetJoinRequestRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *GetJoinRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type RejectJoinRequestRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	TenantId  string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
@@ -2713,7 +3172,7 @@ type RejectJoinRequestRequest struct {
 
 func (x *RejectJoinRequestRequest) Reset() {
 	*x = RejectJoinRequestRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +3184,7 @@ func (x *RejectJoinRequestRequest) String() string {
 func (*RejectJoinRequestRequest) ProtoMessage() {}
 
 func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +3197,7 @@ func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*RejectJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RejectJoinRequestRequest) GetTenantId() string {
@@ -2785,7 +3244,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3256,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3269,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Event) GetId() string {
@@ -2880,7 +3339,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +3351,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +3364,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListEventsRequest) GetTenantId() string {
@@ -2953,7 +3412,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3424,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3437,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -3012,7 +3471,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3483,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3496,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -3110,7 +3569,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3122,7 +3581,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3135,7 +3594,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListAuditRequest) GetTenantId() string {
@@ -3171,7 +3630,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +3642,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +3655,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListAuditResponse) GetItems() []*AuditEntry {
@@ -3229,7 +3688,7 @@ type NodeCert struct {
 
 func (x *NodeCert) Reset() {
 	*x = NodeCert{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3700,7 @@ func (x *NodeCert) String() string {
 func (*NodeCert) ProtoMessage() {}
 
 func (x *NodeCert) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3713,7 @@ func (x *NodeCert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
 func (*NodeCert) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NodeCert) GetSerial() string {
@@ -3345,7 +3804,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3357,7 +3816,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3370,7 +3829,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Node) GetId() string {
@@ -3511,7 +3970,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3523,7 +3982,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3536,7 +3995,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListNodesRequest) GetTenantId() string {
@@ -3577,7 +4036,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +4048,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +4061,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListNodesResponse) GetItems() []*Node {
@@ -3629,7 +4088,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3641,7 +4100,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3654,7 +4113,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetNodeRequest) GetTenantId() string {
@@ -3686,7 +4145,7 @@ type RetireNodeRequest struct {
 
 func (x *RetireNodeRequest) Reset() {
 	*x = RetireNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3698,7 +4157,7 @@ func (x *RetireNodeRequest) String() string {
 func (*RetireNodeRequest) ProtoMessage() {}
 
 func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3711,7 +4170,7 @@ func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
 func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RetireNodeRequest) GetTenantId() string {
@@ -3753,7 +4212,7 @@ type CreateNodeRequest struct {
 
 func (x *CreateNodeRequest) Reset() {
 	*x = CreateNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3765,7 +4224,7 @@ func (x *CreateNodeRequest) String() string {
 func (*CreateNodeRequest) ProtoMessage() {}
 
 func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3778,7 +4237,7 @@ func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNodeRequest.ProtoReflect.Descriptor instead.
 func (*CreateNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateNodeRequest) GetTenantId() string {
@@ -3833,7 +4292,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +4304,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +4317,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Command) GetId() string {
@@ -3955,7 +4414,7 @@ type EnqueueCommandRequest struct {
 
 func (x *EnqueueCommandRequest) Reset() {
 	*x = EnqueueCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3967,7 +4426,7 @@ func (x *EnqueueCommandRequest) String() string {
 func (*EnqueueCommandRequest) ProtoMessage() {}
 
 func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3980,7 +4439,7 @@ func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *EnqueueCommandRequest) GetTenantId() string {
@@ -4031,7 +4490,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4502,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4515,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListCommandsRequest) GetTenantId() string {
@@ -4098,7 +4557,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4110,7 +4569,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4123,7 +4582,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListCommandsResponse) GetItems() []*Command {
@@ -4150,7 +4609,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4162,7 +4621,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4175,7 +4634,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GetCommandRequest) GetTenantId() string {
@@ -4376,7 +4835,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x16RevokeJoinTokenRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x19\n" +
-	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\x81\x06\n" +
+	"\btoken_id\x18\x03 \x01(\tR\atokenId\"\xdc\a\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x17\n" +
@@ -4407,7 +4866,47 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x0eapproved_until\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\rapprovedUntil\x12;\n" +
 	"\vconsumed_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"consumedAt\x12\x17\n" +
-	"\anode_id\x18\x15 \x01(\tR\x06nodeId\"\xa1\x01\n" +
+	"\anode_id\x18\x15 \x01(\tR\x06nodeId\x12A\n" +
+	"\bevidence\x18\x16 \x01(\v2%.bettercompute.v1.JoinRequestEvidenceR\bevidence\x12;\n" +
+	"\x06effect\x18\x17 \x01(\v2#.bettercompute.v1.JoinRequestEffectR\x06effect\x12\x18\n" +
+	"\aversion\x18\x18 \x01(\tR\aversion\x12?\n" +
+	"\x1cacknowledged_reclaim_node_id\x18\x19 \x01(\tR\x19acknowledgedReclaimNodeId\"\xee\x03\n" +
+	"\x13JoinRequestEvidence\x12\x1b\n" +
+	"\tek_sha256\x18\x01 \x01(\tR\bekSha256\x124\n" +
+	"\x16ek_certificate_present\x18\x02 \x01(\bR\x14ekCertificatePresent\x124\n" +
+	"\x16ek_certificate_trusted\x18\x03 \x01(\bR\x14ekCertificateTrusted\x124\n" +
+	"\x16ek_certificate_subject\x18\x04 \x01(\tR\x14ekCertificateSubject\x122\n" +
+	"\x15ek_certificate_issuer\x18\x05 \x01(\tR\x13ekCertificateIssuer\x12\x17\n" +
+	"\aak_name\x18\x06 \x01(\tR\x06akName\x12\x1d\n" +
+	"\n" +
+	"vouched_by\x18\a \x01(\tR\tvouchedBy\x12(\n" +
+	"\x10boot_lease_epoch\x18\b \x01(\x03R\x0ebootLeaseEpoch\x12\x1d\n" +
+	"\n" +
+	"vouched_ip\x18\t \x01(\tR\tvouchedIp\x12\x1f\n" +
+	"\vvouched_mac\x18\n" +
+	" \x01(\tR\n" +
+	"vouchedMac\x12\x1f\n" +
+	"\vworkflow_id\x18\v \x01(\tR\n" +
+	"workflowId\x12!\n" +
+	"\fpeer_address\x18\f \x01(\tR\vpeerAddress\"\x95\x01\n" +
+	"\x11JoinRequestEffect\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x125\n" +
+	"\x04node\x18\x02 \x01(\v2!.bettercompute.v1.JoinRequestNodeR\x04node\x125\n" +
+	"\x17same_claims_request_ids\x18\x03 \x03(\tR\x14sameClaimsRequestIds\"\xe6\x02\n" +
+	"\x0fJoinRequestNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12/\n" +
+	"\x13identity_generation\x18\x04 \x01(\x05R\x12identityGeneration\x12<\n" +
+	"\flast_seen_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastSeenAt\x12\x1a\n" +
+	"\bhostname\x18\x06 \x01(\tR\bhostname\x12!\n" +
+	"\fproduct_uuid\x18\a \x01(\tR\vproductUuid\x12\x18\n" +
+	"\aserials\x18\b \x03(\tR\aserials\x12\x12\n" +
+	"\x04macs\x18\t \x03(\tR\x04macs\x12!\n" +
+	"\fhardware_key\x18\n" +
+	" \x01(\tR\vhardwareKey\x12\x1a\n" +
+	"\battestor\x18\v \x01(\tR\battestor\"\xa1\x01\n" +
 	"\x17ListJoinRequestsRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x14\n" +
@@ -4417,7 +4916,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"page_token\x18\x05 \x01(\tR\tpageToken\"w\n" +
 	"\x18ListJoinRequestsResponse\x123\n" +
 	"\x05items\x18\x01 \x03(\v2\x1d.bettercompute.v1.JoinRequestR\x05items\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa9\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x82\x02\n" +
 	"\x19ApproveJoinRequestRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
@@ -4425,7 +4924,14 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1f\n" +
 	"\vttl_seconds\x18\x04 \x01(\x05R\n" +
 	"ttlSeconds\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x87\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12=\n" +
+	"\x1backnowledge_reclaim_node_id\x18\a \x01(\tR\x18acknowledgeReclaimNodeId\"l\n" +
+	"\x15GetJoinRequestRequest\x12\x1b\n" +
+	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
+	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\x87\x01\n" +
 	"\x18RejectJoinRequestRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1d\n" +
@@ -4583,9 +5089,10 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\x10JoinTokenService\x12X\n" +
 	"\x0fCreateJoinToken\x12(.bettercompute.v1.CreateJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken\x12c\n" +
 	"\x0eListJoinTokens\x12'.bettercompute.v1.ListJoinTokensRequest\x1a(.bettercompute.v1.ListJoinTokensResponse\x12X\n" +
-	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\xc1\x02\n" +
+	"\x0fRevokeJoinToken\x12(.bettercompute.v1.RevokeJoinTokenRequest\x1a\x1b.bettercompute.v1.JoinToken2\x9b\x03\n" +
 	"\x12JoinRequestService\x12i\n" +
-	"\x10ListJoinRequests\x12).bettercompute.v1.ListJoinRequestsRequest\x1a*.bettercompute.v1.ListJoinRequestsResponse\x12`\n" +
+	"\x10ListJoinRequests\x12).bettercompute.v1.ListJoinRequestsRequest\x1a*.bettercompute.v1.ListJoinRequestsResponse\x12X\n" +
+	"\x0eGetJoinRequest\x12'.bettercompute.v1.GetJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest\x12`\n" +
 	"\x12ApproveJoinRequest\x12+.bettercompute.v1.ApproveJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest\x12^\n" +
 	"\x11RejectJoinRequest\x12*.bettercompute.v1.RejectJoinRequestRequest\x1a\x1d.bettercompute.v1.JoinRequest2\xbd\x01\n" +
 	"\fEventService\x12W\n" +
@@ -4617,7 +5124,7 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ErrorDetail)(nil),               // 0: bettercompute.v1.ErrorDetail
 	(*Tenant)(nil),                    // 1: bettercompute.v1.Tenant
@@ -4655,151 +5162,161 @@ var file_bettercompute_v1_api_proto_goTypes = []any{
 	(*ListJoinTokensResponse)(nil),    // 33: bettercompute.v1.ListJoinTokensResponse
 	(*RevokeJoinTokenRequest)(nil),    // 34: bettercompute.v1.RevokeJoinTokenRequest
 	(*JoinRequest)(nil),               // 35: bettercompute.v1.JoinRequest
-	(*ListJoinRequestsRequest)(nil),   // 36: bettercompute.v1.ListJoinRequestsRequest
-	(*ListJoinRequestsResponse)(nil),  // 37: bettercompute.v1.ListJoinRequestsResponse
-	(*ApproveJoinRequestRequest)(nil), // 38: bettercompute.v1.ApproveJoinRequestRequest
-	(*RejectJoinRequestRequest)(nil),  // 39: bettercompute.v1.RejectJoinRequestRequest
-	(*Event)(nil),                     // 40: bettercompute.v1.Event
-	(*ListEventsRequest)(nil),         // 41: bettercompute.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),        // 42: bettercompute.v1.ListEventsResponse
-	(*AuditEntry)(nil),                // 43: bettercompute.v1.AuditEntry
-	(*ListAuditRequest)(nil),          // 44: bettercompute.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),         // 45: bettercompute.v1.ListAuditResponse
-	(*NodeCert)(nil),                  // 46: bettercompute.v1.NodeCert
-	(*Node)(nil),                      // 47: bettercompute.v1.Node
-	(*ListNodesRequest)(nil),          // 48: bettercompute.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),         // 49: bettercompute.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),            // 50: bettercompute.v1.GetNodeRequest
-	(*RetireNodeRequest)(nil),         // 51: bettercompute.v1.RetireNodeRequest
-	(*CreateNodeRequest)(nil),         // 52: bettercompute.v1.CreateNodeRequest
-	(*Command)(nil),                   // 53: bettercompute.v1.Command
-	(*EnqueueCommandRequest)(nil),     // 54: bettercompute.v1.EnqueueCommandRequest
-	(*ListCommandsRequest)(nil),       // 55: bettercompute.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),      // 56: bettercompute.v1.ListCommandsResponse
-	(*GetCommandRequest)(nil),         // 57: bettercompute.v1.GetCommandRequest
-	(*timestamppb.Timestamp)(nil),     // 58: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),     // 59: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),           // 60: google.protobuf.Struct
+	(*JoinRequestEvidence)(nil),       // 36: bettercompute.v1.JoinRequestEvidence
+	(*JoinRequestEffect)(nil),         // 37: bettercompute.v1.JoinRequestEffect
+	(*JoinRequestNode)(nil),           // 38: bettercompute.v1.JoinRequestNode
+	(*ListJoinRequestsRequest)(nil),   // 39: bettercompute.v1.ListJoinRequestsRequest
+	(*ListJoinRequestsResponse)(nil),  // 40: bettercompute.v1.ListJoinRequestsResponse
+	(*ApproveJoinRequestRequest)(nil), // 41: bettercompute.v1.ApproveJoinRequestRequest
+	(*GetJoinRequestRequest)(nil),     // 42: bettercompute.v1.GetJoinRequestRequest
+	(*RejectJoinRequestRequest)(nil),  // 43: bettercompute.v1.RejectJoinRequestRequest
+	(*Event)(nil),                     // 44: bettercompute.v1.Event
+	(*ListEventsRequest)(nil),         // 45: bettercompute.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 46: bettercompute.v1.ListEventsResponse
+	(*AuditEntry)(nil),                // 47: bettercompute.v1.AuditEntry
+	(*ListAuditRequest)(nil),          // 48: bettercompute.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),         // 49: bettercompute.v1.ListAuditResponse
+	(*NodeCert)(nil),                  // 50: bettercompute.v1.NodeCert
+	(*Node)(nil),                      // 51: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),          // 52: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),         // 53: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),            // 54: bettercompute.v1.GetNodeRequest
+	(*RetireNodeRequest)(nil),         // 55: bettercompute.v1.RetireNodeRequest
+	(*CreateNodeRequest)(nil),         // 56: bettercompute.v1.CreateNodeRequest
+	(*Command)(nil),                   // 57: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),     // 58: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),       // 59: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 60: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),         // 61: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),     // 62: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),     // 63: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),           // 64: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	58, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	62, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	58, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	62, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
 	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
 	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
 	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
 	14, // 6: bettercompute.v1.PoolPolicy.discovery:type_name -> bettercompute.v1.DiscoveryPolicy
 	13, // 7: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	58, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	58, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	62, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
 	13, // 10: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
 	15, // 11: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
 	13, // 12: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	59, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	63, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
 	21, // 14: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	58, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	58, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	62, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	62, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	62, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
 	21, // 18: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
 	22, // 19: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
 	22, // 20: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
 	29, // 21: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	58, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	58, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	62, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	62, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	62, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
 	29, // 25: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
 	30, // 26: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	60, // 27: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
-	58, // 28: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
-	58, // 29: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
-	58, // 30: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
-	58, // 31: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
-	58, // 32: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
-	35, // 33: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
-	58, // 34: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	60, // 35: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	40, // 36: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	58, // 37: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	60, // 38: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	43, // 39: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	58, // 40: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	58, // 41: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	58, // 42: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	58, // 43: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	60, // 44: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	58, // 45: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	58, // 46: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	46, // 47: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	47, // 48: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	60, // 49: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	60, // 50: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	58, // 51: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	58, // 52: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	58, // 53: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	58, // 54: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	60, // 55: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	53, // 56: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 57: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 58: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 59: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 60: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 61: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 62: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	16, // 63: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	17, // 64: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	18, // 65: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	20, // 66: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	23, // 67: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	25, // 68: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	27, // 69: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	31, // 70: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	32, // 71: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	34, // 72: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	36, // 73: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
-	38, // 74: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
-	39, // 75: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
-	41, // 76: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	44, // 77: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	52, // 78: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
-	48, // 79: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	50, // 80: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	51, // 81: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	54, // 82: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	55, // 83: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	57, // 84: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 85: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 86: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 87: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 88: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 89: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 90: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	15, // 91: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	15, // 92: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	19, // 93: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	15, // 94: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	24, // 95: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	26, // 96: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	28, // 97: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	30, // 98: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	33, // 99: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	30, // 100: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	37, // 101: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
-	35, // 102: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
-	35, // 103: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
-	42, // 104: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	45, // 105: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	47, // 106: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
-	49, // 107: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	47, // 108: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	47, // 109: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	53, // 110: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	56, // 111: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	53, // 112: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
-	85, // [85:113] is the sub-list for method output_type
-	57, // [57:85] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	64, // 27: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
+	62, // 28: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
+	62, // 29: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 30: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
+	62, // 31: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
+	62, // 32: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
+	36, // 33: bettercompute.v1.JoinRequest.evidence:type_name -> bettercompute.v1.JoinRequestEvidence
+	37, // 34: bettercompute.v1.JoinRequest.effect:type_name -> bettercompute.v1.JoinRequestEffect
+	38, // 35: bettercompute.v1.JoinRequestEffect.node:type_name -> bettercompute.v1.JoinRequestNode
+	62, // 36: bettercompute.v1.JoinRequestNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	35, // 37: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
+	62, // 38: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	64, // 39: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	44, // 40: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	62, // 41: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	64, // 42: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	47, // 43: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	62, // 44: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	62, // 45: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	62, // 46: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	62, // 47: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	64, // 48: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	62, // 49: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	62, // 50: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	50, // 51: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	51, // 52: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	64, // 53: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	64, // 54: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	62, // 55: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	62, // 56: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	62, // 57: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	62, // 58: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	64, // 59: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	57, // 60: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	2,  // 61: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	3,  // 62: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	4,  // 63: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	7,  // 64: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	8,  // 65: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	9,  // 66: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	16, // 67: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	17, // 68: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	18, // 69: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	20, // 70: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	23, // 71: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	25, // 72: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	27, // 73: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	31, // 74: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	32, // 75: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	34, // 76: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	39, // 77: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
+	42, // 78: bettercompute.v1.JoinRequestService.GetJoinRequest:input_type -> bettercompute.v1.GetJoinRequestRequest
+	41, // 79: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
+	43, // 80: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
+	45, // 81: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	48, // 82: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	56, // 83: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
+	52, // 84: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	54, // 85: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	55, // 86: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	58, // 87: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	59, // 88: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	61, // 89: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	1,  // 90: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	1,  // 91: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	5,  // 92: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	6,  // 93: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	6,  // 94: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	10, // 95: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	15, // 96: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	15, // 97: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	19, // 98: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	15, // 99: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	24, // 100: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	26, // 101: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	28, // 102: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	30, // 103: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	33, // 104: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	30, // 105: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	40, // 106: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
+	35, // 107: bettercompute.v1.JoinRequestService.GetJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	35, // 108: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	35, // 109: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	46, // 110: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	49, // 111: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	51, // 112: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
+	53, // 113: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	51, // 114: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	51, // 115: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	57, // 116: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	60, // 117: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	57, // 118: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	90, // [90:119] is the sub-list for method output_type
+	61, // [61:90] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_v1_api_proto_init() }
@@ -4813,7 +5330,7 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   58,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   9,
 		},

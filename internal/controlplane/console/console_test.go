@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -401,5 +402,148 @@ func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
 	res, _ = get(t, c, p.base+"/nodes"+q)
 	if res.StatusCode != http.StatusSeeOther {
 		t.Fatalf("after sign out: %d, want a redirect to sign in", res.StatusCode)
+	}
+}
+
+// insertReview stores what an operator reviews (R22): a node, a vouched
+// ramdisk's request that reclaims it (copied claims), and two tpm requests
+// with the same claims and different EKs.
+func insertReview(t *testing.T, p *plane) (victim string, reclaim store.JoinRequest, tpms []store.JoinRequest) {
+	t.Helper()
+	ctx := context.Background()
+	claims := []byte(`{"productSerial":"SN-VICTIM","macs":["00:1b:21:00:00:99"],"hostname":"db-9"}`)
+	same := []byte(`{"productUuid":"4c4c4544-0042-3510-8052-b7c04f000001","productSerial":"SN-CLONE","hostname":"clone"}`)
+	must(t, p.e.DB.WithTx(ctx, func(tx *store.Tx) error {
+		n, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, time.Now()), TenantID: p.e.RootTenant, SiteID: p.pool.SiteId, PoolID: p.pool.Id,
+			Role: "node", State: store.NodeAdopted, Connection: "disconnected", IdentityGeneration: 1, HardwareKey: []byte{0x99}, HardwareKeyTrusted: true,
+			NodeKey: "unattested", Attestor: "join-token", Hostname: "db-9", Claims: claims})
+		if err != nil {
+			return err
+		}
+		victim = n.ID
+		reclaim, err = tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, time.Now()), TenantID: p.e.RootTenant, PoolID: p.pool.Id,
+			SiteID: p.pool.SiteId, Attestor: "discovery", Role: "ramdisk", MachineKey: "mac:victim", Claims: claims, HardwareKey: []byte{0x99},
+			MAC: "00:1b:21:00:00:99", IP: "10.0.0.99", VouchedBy: "node_site", BootLeaseEpoch: 5, CSRSHA256: bytes.Repeat([]byte{9}, 32), Source: "10.0.0.99",
+			Effect: store.JoinEffectReclaim, EffectNodeID: victim})
+		if err != nil {
+			return err
+		}
+		for i, ek := range []byte{0x3f, 0xc2} {
+			r, err := tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, time.Now().Add(time.Duration(i+1)*time.Millisecond)),
+				TenantID: p.e.RootTenant, PoolID: p.pool.Id, SiteID: p.pool.SiteId, Attestor: "tpm", Role: "node", MachineKey: fmt.Sprintf("ek:%x", ek),
+				Claims: same, HardwareKey: bytes.Repeat([]byte{0x5a}, 32), EKHash: bytes.Repeat([]byte{ek}, 32), EKCert: store.EKCertUntrusted,
+				EKCertSubject: "", EKCertIssuer: fmt.Sprintf("CN=swtpm-localca-%d", i+1), AKName: append([]byte{0, 0xb}, bytes.Repeat([]byte{ek + 1}, 32)...),
+				CSRSHA256: bytes.Repeat([]byte{ek}, 32), Source: "192.0.2.9", Effect: store.JoinEffectNew})
+			if err != nil {
+				return err
+			}
+			tpms = append(tpms, r)
+		}
+		return nil
+	}))
+	return victim, reclaim, tpms
+}
+
+// R22.1, R22.2: in a browser, the join requests page shows two tpm
+// requests with the same claims apart by their EKs and a reclaim as a
+// warning; approving the reclaim without ticking its confirmation shows
+// the API's refusal and leaves it pending, and with it approves.
+func TestConsoleReclaimInBrowserR22_2(t *testing.T) {
+	p := newPlane(t)
+	victim, reclaim, tpms := insertReview(t, p)
+	ctx := browser.New(t, 40*time.Second)
+	dir := browser.Artifacts(t, "console")
+	row := func(id string) string { return `tr[data-id="` + id + `"]` }
+	var failure, notice, same string
+	browser.Run(t, ctx,
+		chromedp.Navigate(p.base+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#signin")),
+		chromedp.SendKeys(chromedp.CSS("#key"), p.e.AdminKey),
+		browser.Submit("#signin-submit"),
+		chromedp.WaitVisible(chromedp.CSS(row(reclaim.ID)+`[data-effect="reclaim"]`)),
+		browser.Text(row(tpms[0].ID)+" td.effect", &same),
+		browser.Shot(t, dir, "join-requests-review.png"),
+		chromedp.Click(chromedp.CSS(row(reclaim.ID)+` input[name="id"]`)),
+		chromedp.SendKeys(chromedp.CSS("#reason"), "disk replaced"),
+		browser.Submit("#approve"),
+		browser.Text("#error", &failure),
+		chromedp.Click(chromedp.CSS(row(reclaim.ID)+` input[name="id"]`)),
+		chromedp.Click(chromedp.CSS(row(reclaim.ID)+` input[name="reclaim-`+reclaim.ID+`"]`)),
+		chromedp.SendKeys(chromedp.CSS("#reason"), "disk replaced"),
+		browser.Submit("#approve"),
+		chromedp.WaitNotPresent(chromedp.CSS(row(reclaim.ID))),
+		browser.Text("#notice", &notice),
+	)
+	if !strings.Contains(same, "Same claims as "+tpms[1].ID) {
+		t.Errorf("the first tpm request's effect %q: want it to name %s", same, tpms[1].ID)
+	}
+	if !strings.Contains(failure, "reclaims node "+victim) {
+		t.Errorf("the unconfirmed approval's error %q: want the node named", failure)
+	}
+	if notice != "1 approved" {
+		t.Errorf("notice after the confirmed approval: %q", notice)
+	}
+	if got := p.requestState(t, reclaim.ID); got != "approved" {
+		t.Fatalf("the reclaim request: %q, want approved", got)
+	}
+}
+
+// R22.1, R22.2: the join requests page shows each request's evidence apart
+// from its claims, and a reclaim as a warning naming the node with its
+// serials and MACs and a confirmation; approving the reclaim without the
+// confirmation fails with the API's message and changes nothing, and with
+// it approves; an approval of a request refreshed after the page showed
+// it is refused as stale. The nodes page shows serials and MACs.
+func TestConsoleReclaimConfirmationR22_2(t *testing.T) {
+	p := newPlane(t)
+	c := httpClient(p)
+	csrf := signIn(t, p, c, p.e.AdminKey)
+	ctx := context.Background()
+	victim, reclaim, _ := insertReview(t, p)
+	_, page := get(t, c, p.base+"/join-requests?tenant="+p.e.RootTenant+"&pool="+p.pool.Id)
+	for _, want := range []string{"Evidence (attestor)", "Claims (machine)", "Hardware key (from claims)", "vouched by <code>node_site</code>, lease 5",
+		"peer 10.0.0.99", "Reclaims <code>" + victim + "</code>", "serials SN-VICTIM", "MACs 00:1b:21:00:00:99", `name="reclaim-` + reclaim.ID + `" value="` + victim + `"`,
+		`name="version-` + reclaim.ID + `"`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("join requests page lacks %q", want)
+		}
+	}
+	version := regexp.MustCompile(`name="version-` + reclaim.ID + `" value="([^"]+)"`).FindStringSubmatch(page)[1]
+	form := func(extra ...string) url.Values {
+		v := url.Values{"csrf": {csrf}, "tenant": {p.e.RootTenant}, "pool": {p.pool.Id}, "id": {reclaim.ID}, "action": {"approve"}, "reason": {"disk replaced"},
+			"ttl": {"900"}, "version-" + reclaim.ID: {version}}
+		for i := 0; i+1 < len(extra); i += 2 {
+			v.Set(extra[i], extra[i+1])
+		}
+		return v
+	}
+	if _, body := postBody(t, c, p.base+"/join-requests", form()); !strings.Contains(body, "reclaims node "+victim) || !strings.Contains(body, "0 approved") {
+		t.Fatalf("an unconfirmed reclaim: want the API's refusal naming %s", victim)
+	}
+	if got := p.requestState(t, reclaim.ID); got != "pending" {
+		t.Fatalf("after an unconfirmed approval: %q", got)
+	}
+	// The machine refreshed its request after the page showed it.
+	must(t, p.e.DB.WithTx(ctx, func(tx *store.Tx) error {
+		r := reclaim
+		r.CSRSHA256 = bytes.Repeat([]byte{8}, 32)
+		_, err := tx.RefreshJoinRequest(ctx, r)
+		return err
+	}))
+	if _, body := postBody(t, c, p.base+"/join-requests", form("reclaim-"+reclaim.ID, victim)); !strings.Contains(body, "changed since it was listed") {
+		t.Fatal("a confirmed approval of a refreshed request: want it refused as stale")
+	}
+	_, page = get(t, c, p.base+"/join-requests?tenant="+p.e.RootTenant+"&pool="+p.pool.Id)
+	version = regexp.MustCompile(`name="version-` + reclaim.ID + `" value="([^"]+)"`).FindStringSubmatch(page)[1]
+	if _, body := postBody(t, c, p.base+"/join-requests", form("reclaim-"+reclaim.ID, victim, "version-"+reclaim.ID, version)); !strings.Contains(body, "1 approved") {
+		t.Fatal("the confirmed approval: want it approved")
+	}
+	_, page = get(t, c, p.base+"/join-requests?tenant="+p.e.RootTenant+"&pool="+p.pool.Id+"&state=all")
+	if !strings.Contains(page, "reclaim of "+victim+" confirmed") {
+		t.Error("the decided request does not say the reclaim was confirmed")
+	}
+	_, page = get(t, c, p.base+"/nodes?tenant="+p.e.RootTenant+"&pool="+p.pool.Id)
+	if !strings.Contains(page, `<td class="serials">SN-VICTIM</td><td class="macs">00:1b:21:00:00:99</td>`) {
+		t.Error("the nodes page lacks the node's serials and MACs")
 	}
 }

@@ -34,6 +34,29 @@ var funcs = template.FuncMap{
 		b, _ := json.Marshal(s.AsMap())
 		return string(b)
 	},
+	// serials and macs read a node's claims (hwid.Claims as JSON).
+	"serials": func(c *structpb.Struct) []string {
+		var out []string
+		for _, k := range []string{"productSerial", "boardSerial", "chassisSerial"} {
+			if v := c.GetFields()[k].GetStringValue(); v != "" {
+				out = append(out, v)
+			}
+		}
+		return out
+	},
+	"macs": func(c *structpb.Struct) []string {
+		var out []string
+		for _, v := range c.GetFields()["macs"].GetListValue().GetValues() {
+			out = append(out, v.GetStringValue())
+		}
+		return out
+	},
+	"join": func(s []string) string {
+		if len(s) == 0 {
+			return "—"
+		}
+		return strings.Join(s, ", ")
+	},
 	"short": func(s string) string {
 		if len(s) > 16 {
 			return s[:16] + "…"
@@ -155,8 +178,10 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 		switch f.Get("action") {
 		case "approve":
 			ttl, _ := strconv.Atoi(f.Get("ttl"))
+			// R22.2: the approval is bound to the version the page showed,
+			// and a reclaim to the takeover its row confirmed.
 			_, err = cl.JoinRequests.ApproveJoinRequest(r.Context(), req(&bcv1.ApproveJoinRequestRequest{TenantId: tenant, PoolId: pool, RequestId: id,
-				TtlSeconds: int32(ttl), Reason: reason}))
+				TtlSeconds: int32(ttl), Reason: reason, Version: f.Get("version-" + id), AcknowledgeReclaimNodeId: f.Get("reclaim-" + id)}))
 		case "reject":
 			_, err = cl.JoinRequests.RejectJoinRequest(r.Context(), req(&bcv1.RejectJoinRequestRequest{TenantId: tenant, PoolId: pool, RequestId: id, Reason: reason}))
 		default:

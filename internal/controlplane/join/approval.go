@@ -40,28 +40,24 @@ type approved struct {
 //     refused;
 //   - otherwise the machine's one open request is recorded, or refreshed
 //     with this CSR, and the join waits: nothing is issued or spent.
-func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID, role, source string) (approved, error) {
+func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admission, attestor string, in *attest.Input, claimsJSON []byte, siteID string, d decision, source string) (approved, error) {
 	a, tenant, now := adm.Approval, adm.TenantID, s.clock.Now()
 	open, err := tx.OpenJoinRequest(ctx, tenant, a.MachineKey)
 	found := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return approved{}, err
 	}
-	if found && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
-		switch {
-		case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
-			return approved{consume: open.ID}, nil
-		case open.State == store.JoinRequestApproved:
-			// R10.3: an approval admits one join until it runs out.
-			if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
-				return approved{}, err
-			}
-			tx.AfterCommit(func() { s.cfg.Metrics.Decided(telemetry.DecisionExpired) })
-			found = false
-		default:
-			// Still pending: the daemon asks again later.
-			return approved{waiting: &open}, nil
+	// R22.2: what approving does may have changed since the request was
+	// recorded (a node with these claims appeared, or went): the request
+	// is refreshed to show it, and an approval given for the old effect is
+	// void.
+	effectChanged := found && effectDiffers(open, d)
+	if found && !effectChanged && bytes.Equal(open.CSRSHA256, in.CSRSHA256) {
+		got, done, err := s.sameCSR(ctx, tx, open, d, now)
+		if done || err != nil {
+			return got, err
 		}
+		found = false
 	}
 	// R10.3: a rejected CSR fails; a consumed one admitted its one join
 	// (the very same request again gets its stored answer instead).
@@ -78,7 +74,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 	// refreshes its request at most once per RefreshInterval (each refresh
 	// is an event and an audit row); a new request needs room in its pool
 	// and from its source.
-	if found {
+	if found && !effectChanged {
 		recent, err := tx.JoinRequestRefreshedWithin(ctx, open.ID, s.cfg.Limits.RefreshInterval)
 		if err != nil {
 			return approved{}, err
@@ -90,10 +86,12 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	r := store.JoinRequest{
-		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: role, MachineKey: a.MachineKey,
+		TenantID: tenant, PoolID: adm.PoolID, SiteID: siteID, Attestor: attestor, Role: d.Role, MachineKey: a.MachineKey,
 		Claims: claimsJSON, EKHash: a.EKHash, MAC: a.MAC, IP: a.IP, WorkflowID: a.WorkflowID, VouchedBy: a.VouchedBy,
 		BootLeaseEpoch: a.BootLeaseEpoch, CSRSHA256: in.CSRSHA256, Source: source,
+		EKCert: a.EKCert, EKCertSubject: a.EKCertSubject, EKCertIssuer: a.EKCertIssuer, AKName: a.AKName,
 	}
+	r.Effect, r.EffectNodeID = effectOf(d)
 	if in.Key.Trusted {
 		r.HardwareKey = in.Key.Hash[:]
 	}
@@ -110,6 +108,7 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		}
 		event = joinreq.EventRefreshed
 		data["approvalVoided"] = open.State == store.JoinRequestApproved
+		data["effectChanged"] = effectChanged
 	} else {
 		r.ID = ids.New(ids.JoinRequest, now)
 		if r, err = tx.InsertJoinRequest(ctx, r); err != nil {
@@ -129,6 +128,63 @@ func (s *Service) approval(ctx context.Context, tx *store.Tx, adm *attest.Admiss
 		return approved{}, err
 	}
 	return approved{waiting: &r}, nil
+}
+
+// sameCSR is the join-request check of a retry with the CSR its open
+// request holds, and the same effect: an approval in time admits it (done,
+// with the request to consume), a pending request keeps it waiting (done),
+// and an approval that ran out is stored as expired (not done: the retry
+// waits on a new request).
+func (s *Service) sameCSR(ctx context.Context, tx *store.Tx, open store.JoinRequest, d decision, now time.Time) (approved, bool, error) {
+	switch {
+	case open.State == store.JoinRequestApproved && open.ApprovedUntil != nil && now.Before(*open.ApprovedUntil):
+		// R22.2: a join that takes a node needs an approval that
+		// acknowledged that very node (the operator API never approves a
+		// reclaim otherwise).
+		if d.Outcome == joinReclaim && open.AcknowledgedNodeID != d.NodeID {
+			return approved{}, true, attest.Refuse(ReasonReclaimUnacknowledged, open.TenantID)
+		}
+		return approved{consume: open.ID}, true, nil
+	case open.State == store.JoinRequestApproved:
+		// R10.3: an approval admits one join until it runs out.
+		if err := tx.ExpireJoinRequest(ctx, open.ID, now); err != nil {
+			return approved{}, true, err
+		}
+		tx.AfterCommit(func() { s.cfg.Metrics.Decided(telemetry.DecisionExpired) })
+		return approved{}, false, nil
+	default:
+		// Still pending: the daemon asks again later.
+		return approved{waiting: &open}, true, nil
+	}
+}
+
+// effectDiffers says whether the effect an open request records is not
+// what approving it does now (R22.2). A request recorded before effects
+// were (no effect) is taken as a new node's.
+func effectDiffers(open store.JoinRequest, d decision) bool {
+	eff, node := effectOf(d)
+	was := open.Effect
+	if was == "" {
+		was = store.JoinEffectNew
+	}
+	return was != eff || open.EffectNodeID != node
+}
+
+// ReasonReclaimUnacknowledged refuses a join whose approval did not
+// acknowledge the node it takes (R22.2).
+const ReasonReclaimUnacknowledged = "join-request-reclaim-unacknowledged"
+
+// effectOf is what approving a deferred join with decision d does (R22.2):
+// the node it takes, if any.
+func effectOf(d decision) (effect, nodeID string) {
+	switch d.Outcome {
+	case joinReclaim, joinRejoin:
+		return store.JoinEffectReclaim, d.NodeID
+	case joinBind:
+		return store.JoinEffectBind, d.NodeID
+	default:
+		return store.JoinEffectNew, ""
+	}
 }
 
 // Join-request limits (R15.4).

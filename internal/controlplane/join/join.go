@@ -398,7 +398,7 @@ func (s *Service) admit(ctx context.Context, att attest.Attestor, in *attest.Inp
 		// on a join request and nothing else is written.
 		var consume string
 		if ap := a.adm.Approval; ap != nil && (!ap.OnlyReclaims || a.sit.Existing != nil || a.sit.Requested != nil) {
-			got, err := s.approval(ctx, tx, a.adm, att.Name(), in, a.claimsJSON, a.sit.Pool.SiteID, d.Role, peerSource(peer.Addr))
+			got, err := s.approval(ctx, tx, a.adm, att.Name(), in, a.claimsJSON, a.sit.Pool.SiteID, d, peerSource(peer.Addr))
 			if err != nil {
 				return err
 			}

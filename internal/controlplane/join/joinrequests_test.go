@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/discovery"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/jointoken"
 	"github.com/better-compute/better-compute/internal/controlplane/join/jointest"
+	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
@@ -163,17 +165,66 @@ func (d *disco) requests(t testing.TB) []store.JoinRequest {
 	return out
 }
 
+// getRequest reads a join request.
+func (d *disco) getRequest(t testing.TB, id string) store.JoinRequest {
+	t.Helper()
+	var r store.JoinRequest
+	err := d.e.DB.ReadTx(context.Background(), func(tx *store.Tx) (err error) {
+		r, err = tx.GetJoinRequest(context.Background(), id)
+		return
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// approveUnacknowledged approves a request without acknowledging the node
+// it reclaims, as the operator API never does (R22.2).
+func (d *disco) approveUnacknowledged(t testing.TB, id string) {
+	t.Helper()
+	err := d.e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
+		until := time.Now().Add(15 * time.Minute)
+		_, err := tx.DecideJoinRequest(context.Background(), id, store.JoinRequestApproved, "key_test", "unreviewed", "", time.Now(), &until)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reset puts a decided request back to pending, as a refresh does.
+func (d *disco) reset(t testing.TB, id string) {
+	t.Helper()
+	err := d.e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
+		r, err := tx.GetJoinRequest(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		_, err = tx.RefreshJoinRequest(context.Background(), r)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // decide approves (ttl > 0) or rejects a pending request as an operator
-// would, at the wall clock.
+// would, at the wall clock; an approval acknowledges the node the request
+// reclaims, as an operator does after reviewing it (R22.2).
 func (d *disco) decide(t testing.TB, id string, ttl time.Duration, at time.Time) {
 	t.Helper()
 	err := d.e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
 		if ttl > 0 {
+			r, err := tx.GetJoinRequest(context.Background(), id)
+			if err != nil {
+				return err
+			}
 			until := at.Add(ttl)
-			_, err := tx.DecideJoinRequest(context.Background(), id, store.JoinRequestApproved, "key_test", "rack B7 intake", at, &until)
+			_, err = tx.DecideJoinRequest(context.Background(), id, store.JoinRequestApproved, "key_test", "rack B7 intake", r.EffectNodeID, at, &until)
 			return err
 		}
-		_, err := tx.DecideJoinRequest(context.Background(), id, store.JoinRequestRejected, "key_test", "unknown serial", at, nil)
+		_, err := tx.DecideJoinRequest(context.Background(), id, store.JoinRequestRejected, "key_test", "unknown serial", "", at, nil)
 		return err
 	})
 	if err != nil {
@@ -514,6 +565,20 @@ func TestDiscoveryApprovalModes(t *testing.T) {
 				rd := jointest.NewMachine(t, claims)
 				df := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
 				d.untouched(t, node, "while its machine waits for approval")
+				// R22.2: the request names the node it takes.
+				jr := d.getRequest(t, df.GetRequestId())
+				if jr.Effect != store.JoinEffectReclaim || jr.EffectNodeID != node || jr.VouchedBy == "" {
+					t.Fatalf("the ramdisk's request: effect %q node %q vouched by %q, want a reclaim of %s with its vouch", jr.Effect, jr.EffectNodeID, jr.VouchedBy, node)
+				}
+				// An approval that did not acknowledge the node (written
+				// past the API, which refuses it) admits nothing.
+				d.approveUnacknowledged(t, df.GetRequestId())
+				d.refusedOnce(t, d.root, "discovery:"+join.ReasonReclaimUnacknowledged, func() error {
+					_, err := d.joinWith(d.svc, d.request(t, rd, d.ramdisk, b, time.Time{}))
+					return err
+				})
+				d.untouched(t, node, "after an unacknowledged approval")
+				d.reset(t, df.GetRequestId())
 				d.decide(t, df.GetRequestId(), 15*time.Minute, time.Now())
 				res, err := d.joinWith(d.svc, d.request(t, rd, d.ramdisk, b, time.Time{}))
 				if err != nil {
@@ -614,6 +679,134 @@ func TestNodeMadeAhead(t *testing.T) {
 		f.refusedOnce(t, f.root, reason("node-id-pool"), func() error { _, err := f.svc.Join(context.Background(), req3, join.Peer{}); return err })
 		if n := f.node(t, id2); n.State != store.NodePending {
 			t.Fatalf("the other pool's node is %s after a refused join, want pending", n.State)
+		}
+	})
+}
+
+// R22.1, R22.2: through the operator API, a ramdisk that presents the
+// claims of an existing node (its product UUID and serial) on a vouch
+// waits on a request that shows the vouch as evidence and names the node
+// it would take, with that node as recorded. A bare approval is refused
+// and leaves the node alone; an approval of a request refreshed since it
+// was listed is refused as stale; the acknowledged approval reclaims the
+// node and is audited with the acknowledgement.
+func TestReclaimRequestThroughTheAPIR22_2(t *testing.T) {
+	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
+		ctx := context.Background()
+		f := newFixture(t, e)
+		d := newDiscoIn(t, f, tenancy.ApprovalUnknownMachines)
+		claims := jointest.Claims(31)
+		tok := d.token(t, &bcv1.CreateJoinTokenRequest{TenantId: d.root, PoolId: d.pool.Id})
+		victim := d.mustJoin(t, jointest.NewMachine(t, claims), tok.Token, pki.RoleNode).Body.NodeId
+		b := boot{claims.Macs[0], "10.0.3.31", 4}
+		d.vouch(t, d.site.Id, b.mac, b.ip, b.epoch)
+		rd := jointest.NewMachine(t, claims)
+		df := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+		list := func() *bcv1.JoinRequest {
+			t.Helper()
+			res, err := e.Admin.JoinRequests.ListJoinRequests(ctx, rq(&bcv1.ListJoinRequestsRequest{TenantId: d.root, PoolId: d.pool.Id}))
+			if err != nil || len(res.Msg.Items) != 1 || res.Msg.Items[0].Id != df.GetRequestId() {
+				t.Fatalf("list: %v %+v, want the one request %s", err, res, df.GetRequestId())
+			}
+			return res.Msg.Items[0]
+		}
+		jr := list()
+		ev, eff := jr.GetEvidence(), jr.GetEffect()
+		if ev.GetVouchedBy() != d.agent || ev.GetBootLeaseEpoch() != b.epoch || ev.GetVouchedIp() != b.ip || ev.GetVouchedMac() != b.mac || ev.GetPeerAddress() == "" {
+			t.Errorf("evidence %+v: want the vouch of %s (lease %d, %s %s) and the peer", ev, d.agent, b.epoch, b.ip, b.mac)
+		}
+		n := eff.GetNode()
+		if eff.GetKind() != "reclaim" || n.GetId() != victim || n.GetIdentityGeneration() != 1 || n.GetRole() != pki.RoleNode ||
+			!slices.Equal(n.GetSerials(), []string{claims.ProductSerial}) || !slices.Equal(n.GetMacs(), claims.Macs) || n.GetHardwareKey() != jr.HardwareKey {
+			t.Fatalf("effect %+v: want the reclaim of %s at generation 1 with its serials, MACs and the request's hardware key", eff, victim)
+		}
+		approve := func(version, ack string) error {
+			_, err := e.Admin.JoinRequests.ApproveJoinRequest(ctx, rq(&bcv1.ApproveJoinRequestRequest{TenantId: d.root, PoolId: d.pool.Id,
+				RequestId: jr.Id, TtlSeconds: 900, Reason: "disk replaced", Version: version, AcknowledgeReclaimNodeId: ack}))
+			return err
+		}
+		other := ids.New(ids.Node, time.Now())
+		for _, tc := range []struct {
+			name, version, ack string
+			code               errs.Code
+			msg                string
+		}{
+			{"bare", "", "", errs.InvalidState, "reclaims node " + victim},
+			{"version only", jr.Version, "", errs.InvalidState, "acknowledge it by naming the node"},
+			{"another node", jr.Version, other, errs.InvalidState, "not " + other},
+			{"ack without version", "", victim, errs.InvalidState, "must name the version"},
+			{"another version", "v1-00", victim, errs.Conflict, "changed since it was listed"},
+		} {
+			err := approve(tc.version, tc.ack)
+			if errs.CodeOf(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("%s: %v, want %s %q", tc.name, err, tc.code, tc.msg)
+			}
+		}
+		d.untouched(t, victim, "after refused approvals")
+		// The machine tries again with a new key past the refresh
+		// interval: the request the operator listed is stale.
+		if err := e.DB.SetClockOffset(ctx, join.DefaultRefreshInterval+time.Second); err != nil {
+			t.Fatal(err)
+		}
+		rd2 := jointest.NewMachine(t, claims)
+		d.mustDefer(t, d.svc, rd2, d.request(t, rd2, d.ramdisk, b, time.Time{}))
+		if err := approve(jr.Version, victim); errs.CodeOf(err) != errs.Conflict {
+			t.Fatalf("approving the request as listed before its refresh: %v, want CONFLICT", err)
+		}
+		fresh := list()
+		if fresh.Version == jr.Version || fresh.CsrSha256 == jr.CsrSha256 {
+			t.Fatalf("refreshed request keeps version %s and CSR %s", fresh.Version, fresh.CsrSha256)
+		}
+		jr = fresh
+		if err := approve(jr.Version, victim); err != nil {
+			t.Fatalf("the acknowledged approval: %v", err)
+		}
+		res, err := d.joinWith(d.svc, d.request(t, rd2, d.ramdisk, b, time.Time{}))
+		if err != nil {
+			t.Fatalf("the approved reclaim: %v", err)
+		}
+		if got := rd2.Verify(t, e.Bundle, res, pki.RoleRamdisk); got.Body.NodeId != victim || got.Body.IdentityGeneration != 2 {
+			t.Fatalf("joined as %s generation %d, want %s at generation 2", got.Body.NodeId, got.Body.IdentityGeneration, victim)
+		}
+		rows := d.audit(t, d.root, "join-request.approved")
+		if len(rows) != 1 || rows[0].Data["acknowledgedReclaimNodeId"] != victim || rows[0].Data["effectNodeId"] != victim || rows[0].Data["version"] != jr.Version {
+			t.Fatalf("approval audit rows %+v: want one with the acknowledged node %s and the version", rows, victim)
+		}
+	})
+}
+
+// R22.2: a request recorded as a new node whose claims then become a
+// node's (that machine joined with a token meanwhile) is refreshed, on the
+// ramdisk's next retry, to name the node it would now reclaim: its
+// approval, given for a new node, is void, the ramdisk waits again and the
+// node is untouched.
+func TestRequestEffectChangesVoidApprovalR22_2(t *testing.T) {
+	apitest.Each(t, discoveryAttestors, func(t *testing.T, e *apitest.Env) {
+		f := newFixture(t, e)
+		d := newDiscoIn(t, f, tenancy.ApprovalUnknownMachines)
+		claims := jointest.Claims(41)
+		b := boot{claims.Macs[0], "10.0.4.41", 2}
+		d.vouch(t, d.site.Id, b.mac, b.ip, b.epoch)
+		rd := jointest.NewMachine(t, claims)
+		df := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+		if jr := d.getRequest(t, df.GetRequestId()); jr.Effect != store.JoinEffectNew || jr.EffectNodeID != "" {
+			t.Fatalf("an unknown machine's request: effect %q node %q, want a new node", jr.Effect, jr.EffectNodeID)
+		}
+		d.decide(t, df.GetRequestId(), 15*time.Minute, time.Now())
+		before := d.getRequest(t, df.GetRequestId())
+		// Meanwhile a machine with these claims joins with a token.
+		tok := d.token(t, &bcv1.CreateJoinTokenRequest{TenantId: d.root, PoolId: d.pool.Id})
+		node := d.mustJoin(t, jointest.NewMachine(t, claims), tok.Token, pki.RoleNode).Body.NodeId
+		again := d.mustDefer(t, d.svc, rd, d.request(t, rd, d.ramdisk, b, time.Time{}))
+		jr := d.getRequest(t, again.GetRequestId())
+		if jr.ID != df.GetRequestId() || jr.State != store.JoinRequestPending || jr.Effect != store.JoinEffectReclaim || jr.EffectNodeID != node ||
+			jr.AcknowledgedNodeID != "" || joinreq.Version(jr) == joinreq.Version(before) {
+			t.Fatalf("request after the node joined: %+v, want %s pending again as a reclaim of %s with a new version", jr, df.GetRequestId(), node)
+		}
+		d.untouched(t, node, "after the voided approval")
+		got := d.events(t, d.root, "security.join-request.refreshed")
+		if len(got) != 1 || got[0].Data["approvalVoided"] != true || got[0].Data["effectChanged"] != true || got[0].Data["effectNodeId"] != node {
+			t.Fatalf("refreshed events %+v: want one saying the approval is void and the effect changed", got)
 		}
 	})
 }

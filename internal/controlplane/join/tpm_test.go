@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -93,6 +94,8 @@ type tpmReq struct {
 	relay func(leg int, req *agentv1.JoinRequest)
 	// peer is the address the gateway saw ("": 192.0.2.9:1).
 	peer string
+	// claims are the machine's claims (nil: claims of a new machine).
+	claims *agentv1.Claims
 }
 
 // join runs both legs and returns the answer and the node key.
@@ -135,7 +138,11 @@ func (e *tpmEnv) join(t *testing.T, r tpmReq) (*agentv1.JoinResponse, *tpmdevice
 	}
 	ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes(), EkCertificate: ek.Cert})
 	tpmMachines++
-	req := &agentv1.JoinRequest{Csr: csr, Claims: jointest.Claims(tpmMachines), Attestor: tpm.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka, Role: r.role}
+	claims := r.claims
+	if claims == nil {
+		claims = jointest.Claims(tpmMachines)
+	}
+	req := &agentv1.JoinRequest{Csr: csr, Claims: claims, Attestor: tpm.Name, Protocol: 1, Evidence: ev, KeyAttestation: ka, Role: r.role}
 	if !r.unsigned {
 		signTPMRequest(t, key, req)
 	}
@@ -447,7 +454,7 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		}
 		err = e.DB.WithTx(context.Background(), func(tx *store.Tx) error {
 			until := env.clk.Now().Add(15 * time.Minute)
-			_, err := tx.DecideJoinRequest(context.Background(), jr.ID, store.JoinRequestApproved, "key_test", "new rack", env.clk.Now(), &until)
+			_, err := tx.DecideJoinRequest(context.Background(), jr.ID, store.JoinRequestApproved, "key_test", "new rack", "", env.clk.Now(), &until)
 			return err
 		})
 		if err != nil {
@@ -464,6 +471,108 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 		}
 		if n := f.node(t, body.NodeId); n.NodeKey != "tpm" {
 			t.Fatalf("node key %q, want tpm", n.NodeKey)
+		}
+	})
+}
+
+// R22.1, R22.2: two TPMs (real swtpm, each with its own EK and EK
+// certificate from its own local CA) whose machines report the same
+// claims wait on two requests with the same claims and hardware key; the
+// API shows them apart by their evidence (EK hash, AK name, the EK
+// certificate's issuer, untrusted) and names each as the other's double.
+// Approving one admits that TPM only: the other still waits.
+func TestTPMSameClaimsTwoRequestsR22_1(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		ctx := context.Background()
+		f := newFixture(t, e)
+		env := newTPMEnv(t, f, func(*tpmtest.Sim, *tpmdevice.TPM) []tpm.Pool {
+			return []tpm.Pool{{PoolID: f.pool.Id, Enrollment: true}}
+		})
+		other := *env
+		other.tp = tpmtest.StartFresh(t).Open(t)
+		claims := jointest.Claims(9100)
+		type machine struct {
+			env *tpmEnv
+			key *tpmdevice.Key
+			req *agentv1.JoinRequest
+			id  string
+		}
+		var ms []*machine
+		for _, te := range []*tpmEnv{env, &other} {
+			key, err := te.tp.NewNodeKey()
+			if err != nil {
+				t.Fatal(err)
+			}
+			csr, _ := identity.NewCSR(key, "")
+			att, _ := te.tp.Certify(key, pki.CSRHash(csr))
+			ka, _ := att.Marshal()
+			ek, err := te.tp.EK(tpmdevice.EKRSA2048)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, _ := proto.Marshal(&agentv1.TPMEvidence{EkPublic: ek.PublicBytes(), EkCertificate: ek.Cert})
+			req := &agentv1.JoinRequest{Csr: csr, Claims: proto.CloneOf(claims), Attestor: tpm.Name, Protocol: 2, Evidence: ev, KeyAttestation: ka}
+			signTPMRequest(t, key, req)
+			res, err := te.legs(t, req, tpmReq{kind: tpmdevice.EKRSA2048})
+			if err != nil {
+				t.Fatalf("leg 2: %v, want a deferral", err)
+			}
+			df := (&jointest.Machine{CSR: csr}).Deferral(t, e.Bundle, res)
+			ms = append(ms, &machine{env: te, key: key, req: req, id: df.GetRequestId()})
+		}
+		if ms[0].id == ms[1].id {
+			t.Fatalf("two TPMs wait on one request %s", ms[0].id)
+		}
+		res, err := e.Admin.JoinRequests.ListJoinRequests(ctx, rq(&bcv1.ListJoinRequestsRequest{TenantId: f.root, PoolId: f.pool.Id}))
+		if err != nil || len(res.Msg.Items) != 2 {
+			t.Fatalf("list: %v %+v, want two requests", err, res)
+		}
+		a, b := res.Msg.Items[0], res.Msg.Items[1]
+		if a.Id != ms[0].id {
+			a, b = b, a
+		}
+		// What the machines say is the same ...
+		if a.HardwareKey == "" || a.HardwareKey != b.HardwareKey || !proto.Equal(a.Claims, b.Claims) {
+			t.Fatalf("claims %v / %v and hardware keys %q / %q: want the same", a.Claims, b.Claims, a.HardwareKey, b.HardwareKey)
+		}
+		// ... what the attestor established is not.
+		for i, r := range []*bcv1.JoinRequest{a, b} {
+			ev, eff := r.GetEvidence(), r.GetEffect()
+			ek, _ := ms[i].env.tp.EK(tpmdevice.EKRSA2048)
+			h, _ := tpmverify.EKHash(&ek.Public)
+			if ev.GetEkSha256() != hex.EncodeToString(h) || ev.GetAkName() == "" || !ev.GetEkCertificatePresent() || ev.GetEkCertificateTrusted() ||
+				ev.GetEkCertificateIssuer() == "" || ev.GetPeerAddress() != "192.0.2.9" {
+				t.Errorf("request %s evidence %+v: want its TPM's EK %x, an AK, an untrusted EK certificate with its issuer, the peer", r.Id, ev, h)
+			}
+			if eff.GetKind() != "new-node" || len(eff.GetSameClaimsRequestIds()) != 1 || eff.GetSameClaimsRequestIds()[0] != ms[1-i].id {
+				t.Errorf("request %s effect %+v: want a new node with the same claims as %s", r.Id, eff, ms[1-i].id)
+			}
+		}
+		if a.Evidence.EkSha256 == b.Evidence.EkSha256 || a.Evidence.AkName == b.Evidence.AkName || a.Version == b.Version {
+			t.Fatalf("evidence %+v and %+v: want two EKs and AKs", a.Evidence, b.Evidence)
+		}
+		// Approve the second TPM's request only.
+		if _, err := e.Admin.JoinRequests.ApproveJoinRequest(ctx, rq(&bcv1.ApproveJoinRequestRequest{TenantId: f.root, PoolId: f.pool.Id,
+			RequestId: b.Id, TtlSeconds: 900, Reason: "rack B7, EK checked", Version: b.Version})); err != nil {
+			t.Fatalf("approve: %v", err)
+		}
+		env.clk.Advance(5 * time.Minute)
+		first, err := env.legs(t, ms[0].req, tpmReq{kind: tpmdevice.EKRSA2048})
+		if err != nil {
+			t.Fatalf("the unapproved TPM: %v, want a deferral", err)
+		}
+		if df := (&jointest.Machine{CSR: ms[0].req.Csr}).Deferral(t, e.Bundle, first); df.GetRequestId() != ms[0].id {
+			t.Fatalf("the unapproved TPM waits on %s, want %s", df.GetRequestId(), ms[0].id)
+		}
+		second, err := other.legs(t, ms[1].req, tpmReq{kind: tpmdevice.EKRSA2048})
+		if err != nil {
+			t.Fatalf("the approved TPM: %v", err)
+		}
+		if body, leaf := leafOf(t, second); body.GetDeferral() != nil || len(leaf.URIs) != 2 {
+			t.Fatalf("the approved TPM's answer %v: want a certificate", body)
+		}
+		if n := len(f.nodes(t, f.root)); n != 1 {
+			t.Fatalf("%d nodes, want the approved TPM's one", n)
 		}
 	})
 }

@@ -46,11 +46,41 @@ type JoinRequest struct {
 	// Source is the address the deferred join came from (the peer the
 	// gateway saw, without its port); "" when unknown.
 	Source string
+	// EKCert is the standing of a tpm request's EK certificate (R22.1):
+	// EKCertAbsent, EKCertUntrusted or EKCertTrusted; "" for other
+	// attestors. EKCertSubject and EKCertIssuer are as the machine sent
+	// them, verified only when trusted.
+	EKCert, EKCertSubject, EKCertIssuer string
+	// AKName is the name of the TPM attestation key that certified the
+	// node key; nil for other attestors.
+	AKName []byte
+	// Effect is what approving the request does (R22.2): JoinEffectNew,
+	// JoinEffectReclaim or JoinEffectBind, EffectNodeID the node taken
+	// ("" for a new node). "" for a request recorded before effects were.
+	Effect, EffectNodeID string
+	// AcknowledgedNodeID is the node an approval acknowledged it reclaims
+	// (DecideJoinRequest); "" when none.
+	AcknowledgedNodeID string
 }
+
+// Standings of a tpm request's EK certificate (JoinRequest.EKCert).
+const (
+	EKCertAbsent    = "absent"
+	EKCertUntrusted = "untrusted"
+	EKCertTrusted   = "trusted"
+)
+
+// Effects of approving a join request (JoinRequest.Effect).
+const (
+	JoinEffectNew     = "new-node"
+	JoinEffectReclaim = "reclaim"
+	JoinEffectBind    = "bind"
+)
 
 const joinRequestCols = `id, tenant_id, pool_id, site_id, attestor, role, machine_key, claims, hardware_key, ek_hash,
 	mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, state, created_ms, updated_ms,
-	decided_ms, decided_by, reason, approved_until_ms, consumed_ms, node_id, source`
+	decided_ms, decided_by, reason, approved_until_ms, consumed_ms, node_id, source,
+	ek_cert, ek_cert_subject, ek_cert_issuer, ak_name, effect, effect_node_id, acknowledged_node_id`
 
 // openStates is the SQL set of open request states.
 const openStates = `('pending', 'approved')`
@@ -62,7 +92,8 @@ func scanJoinRequest(sc interface{ Scan(...any) error }) (JoinRequest, error) {
 	var decided, until, consumed sql.NullInt64
 	if err := sc.Scan(&r.ID, &r.TenantID, &r.PoolID, &r.SiteID, &r.Attestor, &r.Role, &r.MachineKey, &claims, &r.HardwareKey, &r.EKHash,
 		&r.MAC, &r.IP, &r.WorkflowID, &r.VouchedBy, &r.BootLeaseEpoch, &r.CSRSHA256, &r.State, &created, &updated,
-		&decided, &r.DecidedBy, &r.Reason, &until, &consumed, &r.NodeID, &r.Source); err != nil {
+		&decided, &r.DecidedBy, &r.Reason, &until, &consumed, &r.NodeID, &r.Source,
+		&r.EKCert, &r.EKCertSubject, &r.EKCertIssuer, &r.AKName, &r.Effect, &r.EffectNodeID, &r.AcknowledgedNodeID); err != nil {
 		return JoinRequest{}, err
 	}
 	r.Claims = []byte(claims)
@@ -102,10 +133,12 @@ func (t *Tx) JoinRequestByCSR(ctx context.Context, tenantID string, csrSHA256 []
 // roll back and retry.
 func (t *Tx) InsertJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest, error) {
 	row := t.queryRow(ctx, `INSERT INTO join_requests (id, tenant_id, pool_id, site_id, attestor, role, machine_key, claims, hardware_key, ek_hash,
-			mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, source, state, created_ms, updated_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', compute_now(), compute_now()) RETURNING `+joinRequestCols,
+			mac, ip, workflow_id, vouched_by, boot_lease_epoch, csr_sha256, source, ek_cert, ek_cert_subject, ek_cert_issuer, ak_name,
+			effect, effect_node_id, state, created_ms, updated_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', compute_now(), compute_now()) RETURNING `+joinRequestCols,
 		r.ID, r.TenantID, r.PoolID, r.SiteID, r.Attestor, r.Role, r.MachineKey, claimsText(r.Claims), nullBytes(r.HardwareKey), nullBytes(r.EKHash),
-		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source)
+		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source, r.EKCert, r.EKCertSubject, r.EKCertIssuer, nullBytes(r.AKName),
+		r.Effect, r.EffectNodeID)
 	out, err := scanJoinRequest(row)
 	if err != nil {
 		return JoinRequest{}, fmt.Errorf("insert join request: %w", err)
@@ -116,25 +149,29 @@ func (t *Tx) InsertJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest,
 // RefreshJoinRequest records a newer attempt of the machine whose open
 // request is r.ID: it takes r's pool, site, attestor, role, claims,
 // hardware key, EK hash, MAC, IP, workflow id, vouched-by, boot lease epoch,
-// CSR hash and source, and puts the request back to pending, clearing any decision
+// CSR hash, source, EK certificate, AK name and effect, and puts the request back to pending, clearing any decision
 // (an approval admits the CSR it was given for, not a newer one). It fails
 // with ErrNotFound when the request is no longer open.
 func (t *Tx) RefreshJoinRequest(ctx context.Context, r JoinRequest) (JoinRequest, error) {
 	row := t.queryRow(ctx, `UPDATE join_requests SET pool_id = ?, site_id = ?, attestor = ?, role = ?, claims = ?, hardware_key = ?, ek_hash = ?,
-			mac = ?, ip = ?, workflow_id = ?, vouched_by = ?, boot_lease_epoch = ?, csr_sha256 = ?, source = ?, state = 'pending', updated_ms = compute_now(),
-			decided_ms = NULL, decided_by = '', reason = '', approved_until_ms = NULL
+			mac = ?, ip = ?, workflow_id = ?, vouched_by = ?, boot_lease_epoch = ?, csr_sha256 = ?, source = ?,
+			ek_cert = ?, ek_cert_subject = ?, ek_cert_issuer = ?, ak_name = ?, effect = ?, effect_node_id = ?,
+			state = 'pending', updated_ms = compute_now(),
+			decided_ms = NULL, decided_by = '', reason = '', approved_until_ms = NULL, acknowledged_node_id = ''
 		WHERE id = ? AND state IN `+openStates+` RETURNING `+joinRequestCols,
 		r.PoolID, r.SiteID, r.Attestor, r.Role, claimsText(r.Claims), nullBytes(r.HardwareKey), nullBytes(r.EKHash),
-		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source, r.ID)
+		r.MAC, r.IP, r.WorkflowID, r.VouchedBy, r.BootLeaseEpoch, r.CSRSHA256, r.Source,
+		r.EKCert, r.EKCertSubject, r.EKCertIssuer, nullBytes(r.AKName), r.Effect, r.EffectNodeID, r.ID)
 	out, err := scanJoinRequest(row)
 	return out, notFound(err)
 }
 
 // DecideJoinRequest decides a pending request at at: state
 // JoinRequestApproved (approvedUntil required: the approval admits one join
-// until then) or JoinRequestRejected. It fails with ErrNotFound when the
-// request is not pending (absent, or decided already).
-func (t *Tx) DecideJoinRequest(ctx context.Context, id, state, decidedBy, reason string, at time.Time, approvedUntil *time.Time) (JoinRequest, error) {
+// until then) or JoinRequestRejected. ackNodeID is the node an approval
+// acknowledged it reclaims ("" for none). It fails with ErrNotFound when
+// the request is not pending (absent, or decided already).
+func (t *Tx) DecideJoinRequest(ctx context.Context, id, state, decidedBy, reason, ackNodeID string, at time.Time, approvedUntil *time.Time) (JoinRequest, error) {
 	var until any
 	switch {
 	case state == JoinRequestApproved && approvedUntil != nil:
@@ -143,9 +180,10 @@ func (t *Tx) DecideJoinRequest(ctx context.Context, id, state, decidedBy, reason
 	default:
 		return JoinRequest{}, fmt.Errorf("decide join request: state %q with approved-until %v: want approved with a time or rejected without", state, approvedUntil)
 	}
-	row := t.queryRow(ctx, `UPDATE join_requests SET state = ?, decided_ms = ?, decided_by = ?, reason = ?, approved_until_ms = ?, updated_ms = ?
+	row := t.queryRow(ctx, `UPDATE join_requests SET state = ?, decided_ms = ?, decided_by = ?, reason = ?, approved_until_ms = ?, updated_ms = ?,
+			acknowledged_node_id = ?
 		WHERE id = ? AND state = 'pending' RETURNING `+joinRequestCols,
-		state, ms(at), decidedBy, reason, until, ms(at), id)
+		state, ms(at), decidedBy, reason, until, ms(at), ackNodeID, id)
 	out, err := scanJoinRequest(row)
 	return out, notFound(err)
 }
@@ -207,6 +245,27 @@ func (t *Tx) ListJoinRequests(ctx context.Context, tenantID, poolID string, stat
 	rows, err := t.query(ctx, q, append(args, after, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("list join requests: %w", err)
+	}
+	defer rows.Close()
+	var out []JoinRequest
+	for rows.Next() {
+		r, err := scanJoinRequest(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// OpenJoinRequestsByHardwareKey lists the open requests of the tenant's
+// pool with this hardware key, in id order, up to limit (R22.2: two
+// machines with the same claims).
+func (t *Tx) OpenJoinRequestsByHardwareKey(ctx context.Context, tenantID, poolID string, hardwareKey []byte, limit int) ([]JoinRequest, error) {
+	rows, err := t.query(ctx, "SELECT "+joinRequestCols+" FROM join_requests WHERE tenant_id = ? AND hardware_key = ? AND pool_id = ? AND state IN "+openStates+" ORDER BY id LIMIT ?",
+		tenantID, hardwareKey, poolID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list join requests by hardware key: %w", err)
 	}
 	defer rows.Close()
 	var out []JoinRequest

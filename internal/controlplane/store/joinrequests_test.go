@@ -92,7 +92,7 @@ func TestJoinRequestOpenPerMachine(t *testing.T) {
 		at := time.Now().Truncate(time.Millisecond).UTC()
 		until := at.Add(15 * time.Minute)
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestApproved, "prn_alice", "known rack", at, &until)
+			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestApproved, "prn_alice", "known rack", "", at, &until)
 		})
 		fresh := newRequest(pl, "mk-1", "csr-b")
 		fresh.ID, fresh.HardwareKey, fresh.EKHash, fresh.BootLeaseEpoch, fresh.Attestor = r1.ID, []byte{1, 2}, []byte{3, 4}, 4, "tpm"
@@ -117,7 +117,7 @@ func TestJoinRequestOpenPerMachine(t *testing.T) {
 		// Rejected: closed. Refresh refuses it; a new request of the
 		// machine may be inserted, and is the newest by CSR.
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestRejected, "prn_alice", "not ours", at, nil)
+			return tx.DecideJoinRequest(ctx, r1.ID, store.JoinRequestRejected, "prn_alice", "not ours", "", at, nil)
 		})
 		if _, err := withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.RefreshJoinRequest(ctx, fresh) }); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("refresh a rejected request: %v", err)
@@ -152,7 +152,7 @@ func TestJoinRequestDecideConsumeExpire(t *testing.T) {
 		})
 		decide := func(id, state string, until *time.Time) (store.JoinRequest, error) {
 			return withTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-				return tx.DecideJoinRequest(ctx, id, state, "prn_bob", "reason "+state, at, until)
+				return tx.DecideJoinRequest(ctx, id, state, "prn_bob", "reason "+state, "", at, until)
 			})
 		}
 		consume := func(id, node string, at time.Time) error {
@@ -242,7 +242,7 @@ func TestJoinRequestConsumeRace(t *testing.T) {
 			return tx.InsertJoinRequest(ctx, newRequest(pl, "mk", "c"))
 		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn_bob", "ok", at, &until)
+			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn_bob", "ok", "", at, &until)
 		})
 		const n = 50
 		var wg sync.WaitGroup
@@ -296,7 +296,7 @@ func TestListJoinRequests(t *testing.T) {
 			return tx.InsertJoinRequest(ctx, newRequest(other, "mk-0", "x"))
 		})
 		mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
-			return tx.DecideJoinRequest(ctx, all[1], store.JoinRequestRejected, "prn", "no", at, nil)
+			return tx.DecideJoinRequest(ctx, all[1], store.JoinRequestRejected, "prn", "no", "", at, nil)
 		})
 		list := func(pool store.Pool, states []string, after string, limit int) []string {
 			rs := mustTx(t, db, func(tx *store.Tx) ([]store.JoinRequest, error) {
@@ -379,6 +379,70 @@ func TestSiteVouches(t *testing.T) {
 		}
 		if got := byMAC("tn_a", "52:54:00:00:00:00"); len(got) != 0 {
 			t.Fatalf("unknown MAC: %+v", got)
+		}
+	})
+}
+
+// R22.1, R22.2: a request keeps the attestor's evidence and its effect
+// through insert and refresh; an approval keeps the node it acknowledged,
+// and a refresh clears it; the open requests of one hardware key are
+// listed per pool, closed ones left out.
+func TestJoinRequestEvidenceAndEffect(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		_, _, pl := fixture(t, db)
+		r := newRequest(pl, "ek:01", "csr-a")
+		r.Attestor, r.HardwareKey, r.EKHash, r.AKName = "tpm", []byte{0x77}, []byte{1}, []byte{0, 0xb, 2}
+		r.EKCert, r.EKCertSubject, r.EKCertIssuer, r.Source = store.EKCertUntrusted, "CN=ek", "CN=ca", "192.0.2.9"
+		r.Effect, r.EffectNodeID = store.JoinEffectReclaim, "node_v"
+		got := mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.InsertJoinRequest(ctx, r) })
+		if got.EKCert != store.EKCertUntrusted || got.EKCertSubject != "CN=ek" || got.EKCertIssuer != "CN=ca" || !bytes.Equal(got.AKName, r.AKName) ||
+			got.Effect != store.JoinEffectReclaim || got.EffectNodeID != "node_v" || got.AcknowledgedNodeID != "" {
+			t.Fatalf("inserted %+v", got)
+		}
+		until := time.Now().Add(time.Hour)
+		got = mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) {
+			return tx.DecideJoinRequest(ctx, r.ID, store.JoinRequestApproved, "prn", "ok", "node_v", time.Now(), &until)
+		})
+		if got.AcknowledgedNodeID != "node_v" {
+			t.Fatalf("approved %+v: want the acknowledged node", got)
+		}
+		r.CSRSHA256, r.Effect, r.EffectNodeID, r.EKCert, r.AKName = digestOf("csr-b"), store.JoinEffectNew, "", store.EKCertAbsent, nil
+		got = mustTx(t, db, func(tx *store.Tx) (store.JoinRequest, error) { return tx.RefreshJoinRequest(ctx, r) })
+		if got.State != store.JoinRequestPending || got.AcknowledgedNodeID != "" || got.Effect != store.JoinEffectNew || got.EffectNodeID != "" ||
+			got.EKCert != store.EKCertAbsent || got.AKName != nil {
+			t.Fatalf("refreshed %+v", got)
+		}
+		// Two more of the same key: one in the pool, one closed; and one
+		// in another pool of the tenant.
+		same := newRequest(pl, "ek:02", "csr-c")
+		same.HardwareKey = []byte{0x77}
+		closed := newRequest(pl, "ek:03", "csr-d")
+		closed.HardwareKey = []byte{0x77}
+		pl2 := mustTx(t, db, func(tx *store.Tx) (store.Pool, error) {
+			return tx.InsertPool(ctx, store.Pool{ID: ids.New(ids.Pool, time.Now()), SiteID: pl.SiteID, OwnerTenantID: pl.OwnerTenantID, Name: "cpu",
+				Agent: "bcd", Policy: []byte(`{}`)})
+		})
+		elsewhere := newRequest(pl2, "ek:04", "csr-e")
+		elsewhere.HardwareKey = []byte{0x77}
+		mustTx(t, db, func(tx *store.Tx) (int, error) {
+			for _, x := range []store.JoinRequest{same, closed, elsewhere} {
+				if _, err := tx.InsertJoinRequest(ctx, x); err != nil {
+					return 0, err
+				}
+			}
+			_, err := tx.DecideJoinRequest(ctx, closed.ID, store.JoinRequestRejected, "prn", "no", "", time.Now(), nil)
+			return 0, err
+		})
+		open := mustTx(t, db, func(tx *store.Tx) ([]store.JoinRequest, error) {
+			return tx.OpenJoinRequestsByHardwareKey(ctx, pl.OwnerTenantID, pl.ID, []byte{0x77}, 10)
+		})
+		var ids []string
+		for _, o := range open {
+			ids = append(ids, o.ID)
+		}
+		if want := []string{r.ID, same.ID}; !slices.Equal(ids, want) {
+			t.Fatalf("open requests of the key: %v, want %v", ids, want)
 		}
 	})
 }

@@ -99,6 +99,9 @@ const (
 	// JoinRequestServiceListJoinRequestsProcedure is the fully-qualified name of the
 	// JoinRequestService's ListJoinRequests RPC.
 	JoinRequestServiceListJoinRequestsProcedure = "/bettercompute.v1.JoinRequestService/ListJoinRequests"
+	// JoinRequestServiceGetJoinRequestProcedure is the fully-qualified name of the JoinRequestService's
+	// GetJoinRequest RPC.
+	JoinRequestServiceGetJoinRequestProcedure = "/bettercompute.v1.JoinRequestService/GetJoinRequest"
 	// JoinRequestServiceApproveJoinRequestProcedure is the fully-qualified name of the
 	// JoinRequestService's ApproveJoinRequest RPC.
 	JoinRequestServiceApproveJoinRequestProcedure = "/bettercompute.v1.JoinRequestService/ApproveJoinRequest"
@@ -767,6 +770,7 @@ func (UnimplementedJoinTokenServiceHandler) RevokeJoinToken(context.Context, *co
 // JoinRequestServiceClient is a client for the bettercompute.v1.JoinRequestService service.
 type JoinRequestServiceClient interface {
 	ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error)
+	GetJoinRequest(context.Context, *connect.Request[v1.GetJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 	ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 	RejectJoinRequest(context.Context, *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 }
@@ -788,6 +792,12 @@ func NewJoinRequestServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(joinRequestServiceMethods.ByName("ListJoinRequests")),
 			connect.WithClientOptions(opts...),
 		),
+		getJoinRequest: connect.NewClient[v1.GetJoinRequestRequest, v1.JoinRequest](
+			httpClient,
+			baseURL+JoinRequestServiceGetJoinRequestProcedure,
+			connect.WithSchema(joinRequestServiceMethods.ByName("GetJoinRequest")),
+			connect.WithClientOptions(opts...),
+		),
 		approveJoinRequest: connect.NewClient[v1.ApproveJoinRequestRequest, v1.JoinRequest](
 			httpClient,
 			baseURL+JoinRequestServiceApproveJoinRequestProcedure,
@@ -806,6 +816,7 @@ func NewJoinRequestServiceClient(httpClient connect.HTTPClient, baseURL string, 
 // joinRequestServiceClient implements JoinRequestServiceClient.
 type joinRequestServiceClient struct {
 	listJoinRequests   *connect.Client[v1.ListJoinRequestsRequest, v1.ListJoinRequestsResponse]
+	getJoinRequest     *connect.Client[v1.GetJoinRequestRequest, v1.JoinRequest]
 	approveJoinRequest *connect.Client[v1.ApproveJoinRequestRequest, v1.JoinRequest]
 	rejectJoinRequest  *connect.Client[v1.RejectJoinRequestRequest, v1.JoinRequest]
 }
@@ -813,6 +824,11 @@ type joinRequestServiceClient struct {
 // ListJoinRequests calls bettercompute.v1.JoinRequestService.ListJoinRequests.
 func (c *joinRequestServiceClient) ListJoinRequests(ctx context.Context, req *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error) {
 	return c.listJoinRequests.CallUnary(ctx, req)
+}
+
+// GetJoinRequest calls bettercompute.v1.JoinRequestService.GetJoinRequest.
+func (c *joinRequestServiceClient) GetJoinRequest(ctx context.Context, req *connect.Request[v1.GetJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return c.getJoinRequest.CallUnary(ctx, req)
 }
 
 // ApproveJoinRequest calls bettercompute.v1.JoinRequestService.ApproveJoinRequest.
@@ -829,6 +845,7 @@ func (c *joinRequestServiceClient) RejectJoinRequest(ctx context.Context, req *c
 // service.
 type JoinRequestServiceHandler interface {
 	ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error)
+	GetJoinRequest(context.Context, *connect.Request[v1.GetJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 	ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 	RejectJoinRequest(context.Context, *connect.Request[v1.RejectJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error)
 }
@@ -844,6 +861,12 @@ func NewJoinRequestServiceHandler(svc JoinRequestServiceHandler, opts ...connect
 		JoinRequestServiceListJoinRequestsProcedure,
 		svc.ListJoinRequests,
 		connect.WithSchema(joinRequestServiceMethods.ByName("ListJoinRequests")),
+		connect.WithHandlerOptions(opts...),
+	)
+	joinRequestServiceGetJoinRequestHandler := connect.NewUnaryHandler(
+		JoinRequestServiceGetJoinRequestProcedure,
+		svc.GetJoinRequest,
+		connect.WithSchema(joinRequestServiceMethods.ByName("GetJoinRequest")),
 		connect.WithHandlerOptions(opts...),
 	)
 	joinRequestServiceApproveJoinRequestHandler := connect.NewUnaryHandler(
@@ -862,6 +885,8 @@ func NewJoinRequestServiceHandler(svc JoinRequestServiceHandler, opts ...connect
 		switch r.URL.Path {
 		case JoinRequestServiceListJoinRequestsProcedure:
 			joinRequestServiceListJoinRequestsHandler.ServeHTTP(w, r)
+		case JoinRequestServiceGetJoinRequestProcedure:
+			joinRequestServiceGetJoinRequestHandler.ServeHTTP(w, r)
 		case JoinRequestServiceApproveJoinRequestProcedure:
 			joinRequestServiceApproveJoinRequestHandler.ServeHTTP(w, r)
 		case JoinRequestServiceRejectJoinRequestProcedure:
@@ -877,6 +902,10 @@ type UnimplementedJoinRequestServiceHandler struct{}
 
 func (UnimplementedJoinRequestServiceHandler) ListJoinRequests(context.Context, *connect.Request[v1.ListJoinRequestsRequest]) (*connect.Response[v1.ListJoinRequestsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinRequestService.ListJoinRequests is not implemented"))
+}
+
+func (UnimplementedJoinRequestServiceHandler) GetJoinRequest(context.Context, *connect.Request[v1.GetJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.v1.JoinRequestService.GetJoinRequest is not implemented"))
 }
 
 func (UnimplementedJoinRequestServiceHandler) ApproveJoinRequest(context.Context, *connect.Request[v1.ApproveJoinRequestRequest]) (*connect.Response[v1.JoinRequest], error) {

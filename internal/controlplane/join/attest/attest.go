@@ -128,12 +128,16 @@ type Approval struct {
 	// MachineKey keys the machine's one open request: "hw:<hex>" for a
 	// trusted hardware key, "ek:<hex>" for a TPM endorsement key hash,
 	// else "mac:<site>:<mac>". Use MachineKeyFor.
-	MachineKey     string
-	EKHash         []byte
-	MAC, IP        string
-	WorkflowID     string
-	VouchedBy      string
-	BootLeaseEpoch int64
+	MachineKey string
+	// EKHash, EKCert (store.EKCertAbsent, …), EKCertSubject, EKCertIssuer
+	// and AKName are what the tpm attestor established (R22.1).
+	EKHash                              []byte
+	EKCert, EKCertSubject, EKCertIssuer string
+	AKName                              []byte
+	MAC, IP                             string
+	WorkflowID                          string
+	VouchedBy                           string
+	BootLeaseEpoch                      int64
 	// OnlyReclaims defers only a join that would take a node that already
 	// exists (a trusted hardware key matching a node of the tenant, or a
 	// node made ahead that the request names), and admits a new machine at

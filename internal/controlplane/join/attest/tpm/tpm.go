@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -222,9 +223,9 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 	}
 	for _, p := range a.cfg.Pools {
 		if p.Enrollment {
-			return a.admission(ctx, tx, Pool{PoolID: p.PoolID}, in, stmt, &attest.Approval{
-				MachineKey: attest.MachineKeyFor(hwid.HardwareKey{}, ekHash, "", ""), EKHash: ekHash,
-			})
+			ap := &attest.Approval{MachineKey: attest.MachineKeyFor(hwid.HardwareKey{}, ekHash, "", ""), EKHash: ekHash, AKName: pr.akName}
+			ap.EKCert, ap.EKCertSubject, ap.EKCertIssuer = ekCertificate(pr.ev.GetEkCertificate())
+			return a.admission(ctx, tx, Pool{PoolID: p.PoolID}, in, stmt, ap)
 		}
 	}
 	return nil, attest.Refuse(ReasonEKUnknown, "")
@@ -260,6 +261,38 @@ func (a *Attestor) admission(ctx context.Context, tx *store.Tx, p Pool, in *atte
 		}
 	}
 	return adm, nil
+}
+
+// MaxCertName bounds the EK certificate's subject and issuer a join
+// request records, in bytes: the machine chose them.
+const MaxCertName = 256
+
+// ekCertificate is the standing of an enrolling EK's certificate, for its
+// join request (R22.1): absent, or untrusted with the subject and issuer
+// the machine sent. No pool's manufacturer CAs anchored it (a trusted EK
+// joins without a request), so nothing in it is verified; a person reads
+// it as a claim, beside the EK hash the TPM proved.
+func ekCertificate(der []byte) (standing, subject, issuer string) {
+	if len(der) == 0 {
+		return store.EKCertAbsent, "", ""
+	}
+	c, err := tpmverify.ParseEKCertificate(der)
+	if err != nil {
+		return store.EKCertUntrusted, "", ""
+	}
+	return store.EKCertUntrusted, clip(c.Subject.String()), clip(c.Issuer.String())
+}
+
+// clip cuts s to MaxCertName bytes, on a rune boundary.
+func clip(s string) string {
+	if len(s) <= MaxCertName {
+		return s
+	}
+	s = s[:MaxCertName]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
 }
 
 // refusal turns a tpmverify failure into a refusal with its reason.

@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file bettercompute/v1/api.proto.
  */
 export const file_bettercompute_v1_api: GenFile = /*@__PURE__*/
-  fileDesc("ChpiZXR0ZXJjb21wdXRlL3YxL2FwaS5wcm90bxIQYmV0dGVyY29tcHV0ZS52MSIqCgtFcnJvckRldGFpbBIMCgRjb2RlGAEgASgJEg0KBWZpZWxkGAIgASgJImAKBlRlbmFudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBHJvb3QYAyABKAgSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiIwoTQ3JlYXRlVGVuYW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIiUKEEdldFRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIjsKEkxpc3RUZW5hbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJXChNMaXN0VGVuYW50c1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhguYmV0dGVyY29tcHV0ZS52MS5UZW5hbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIokBCgRTaXRlEgoKAmlkGAEgASgJEhcKD293bmVyX3RlbmFudF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg4KBnJlZ2lvbhgEIAEoCRIOCgZjdXN0b20YBSABKAgSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiRAoRQ3JlYXRlU2l0ZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkSDgoGcmVnaW9uGAMgASgJIjQKDkdldFNpdGVSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdzaXRlX2lkGAIgASgJIkwKEExpc3RTaXRlc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlMKEUxpc3RTaXRlc1Jlc3BvbnNlEiUKBWl0ZW1zGAEgAygLMhYuYmV0dGVyY29tcHV0ZS52MS5TaXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSItChBLdWJlcm5ldGVzUG9saWN5EhkKEXBsYXRmb3JtX29wZXJhdGVkGAEgASgIIlAKEEFjY2VwdGFuY2VQb2xpY3kSEAoIbWluX2NwdXMYASABKAUSGAoQbWluX21lbW9yeV9ieXRlcxgCIAEoAxIQCghtaW5fZ3B1cxgDIAEoBSLKAQoKUG9vbFBvbGljeRIWCg5qb2luX2F0dGVzdG9ycxgBIAMoCRI2CgprdWJlcm5ldGVzGAIgASgLMiIuYmV0dGVyY29tcHV0ZS52MS5LdWJlcm5ldGVzUG9saWN5EjYKCmFjY2VwdGFuY2UYAyABKAsyIi5iZXR0ZXJjb21wdXRlLnYxLkFjY2VwdGFuY2VQb2xpY3kSNAoJZGlzY292ZXJ5GAQgASgLMiEuYmV0dGVyY29tcHV0ZS52MS5EaXNjb3ZlcnlQb2xpY3kiIwoPRGlzY292ZXJ5UG9saWN5EhAKCGFwcHJvdmFsGAEgASgJIucBCgRQb29sEgoKAmlkGAEgASgJEg8KB3NpdGVfaWQYAiABKAkSFwoPb3duZXJfdGVuYW50X2lkGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFYWdlbnQYBSABKAkSLAoGcG9saWN5GAYgASgLMhwuYmV0dGVyY29tcHV0ZS52MS5Qb29sUG9saWN5Ei4KCmNyZWF0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIoIBChFDcmVhdGVQb29sUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHc2l0ZV9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBWFnZW50GAQgASgJEiwKBnBvbGljeRgFIAEoCzIcLmJldHRlcmNvbXB1dGUudjEuUG9vbFBvbGljeSI0Cg5HZXRQb29sUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCSJdChBMaXN0UG9vbHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdzaXRlX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIlMKEUxpc3RQb29sc1Jlc3BvbnNlEiUKBWl0ZW1zGAEgAygLMhYuYmV0dGVyY29tcHV0ZS52MS5Qb29sEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKcAQoXVXBkYXRlUG9vbFBvbGljeVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSLAoGcG9saWN5GAMgASgLMhwuYmV0dGVyY29tcHV0ZS52MS5Qb29sUG9saWN5Ei8KC3VwZGF0ZV9tYXNrGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayIpCgVHcmFudBIOCgZhY3Rpb24YASABKAkSEAoIcmVzb3VyY2UYAiABKAki7gEKBkFwaUtleRIKCgJpZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRInCgZncmFudHMYBCADKAsyFy5iZXR0ZXJjb21wdXRlLnYxLkdyYW50Ei4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInQKE0NyZWF0ZUFwaUtleVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoGZ3JhbnRzGAMgAygLMhcuYmV0dGVyY29tcHV0ZS52MS5HcmFudBITCgt0dGxfc2Vjb25kcxgEIAEoAyJOChRDcmVhdGVBcGlLZXlSZXNwb25zZRIpCgdhcGlfa2V5GAEgASgLMhguYmV0dGVyY29tcHV0ZS52MS5BcGlLZXkSCwoDa2V5GAIgASgJIk4KEkxpc3RBcGlLZXlzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVwoTTGlzdEFwaUtleXNSZXNwb25zZRInCgVpdGVtcxgBIAMoCzIYLmJldHRlcmNvbXB1dGUudjEuQXBpS2V5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8ChNSZXZva2VBcGlLZXlSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJIhYKFFJldm9rZUFwaUtleVJlc3BvbnNlIk0KBkV4cGVjdBIUCgxwcm9kdWN0X3V1aWQYASABKAkSDgoGc2VyaWFsGAIgASgJEgsKA21hYxgDIAEoCRIQCghncHVfdXVpZBgEIAEoCSLrAgoJSm9pblRva2VuEgoKAmlkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSDwoHc2l0ZV9pZBgDIAEoCRIMCgRyb2xlGAQgASgJEhEKCXVzZXNfbGVmdBgFIAEoBRIQCghtYXhfdXNlcxgGIAEoBRIoCgZleHBlY3QYByABKAsyGC5iZXR0ZXJjb21wdXRlLnYxLkV4cGVjdBIVCg1hbGxvd19yZWNsYWltGAggASgIEg4KBmhvc3RlZBgJIAEoCRIuCgpleHBpcmVzX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpyZXZva2VkX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVzdGF0ZRgNIAEoCRINCgV0b2tlbhgOIAEoCSLNAQoWQ3JlYXRlSm9pblRva2VuUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoBRIQCghtYXhfdXNlcxgEIAEoBRIoCgZleHBlY3QYBSABKAsyGC5iZXR0ZXJjb21wdXRlLnYxLkV4cGVjdBIVCg1hbGxvd19yZWNsYWltGAYgASgIEg4KBmhvc3RlZBgHIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYCCABKAkifAoVTGlzdEpvaW5Ub2tlbnNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhgKEGluY2x1ZGVfaW5hY3RpdmUYAyABKAgSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkiXQoWTGlzdEpvaW5Ub2tlbnNSZXNwb25zZRIqCgVpdGVtcxgBIAMoCzIbLmJldHRlcmNvbXB1dGUudjEuSm9pblRva2VuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJOChZSZXZva2VKb2luVG9rZW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhAKCHRva2VuX2lkGAMgASgJIrUECgtKb2luUmVxdWVzdBIKCgJpZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEg8KB3NpdGVfaWQYAyABKAkSEAoIYXR0ZXN0b3IYBCABKAkSJwoGY2xhaW1zGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIUCgxoYXJkd2FyZV9rZXkYBiABKAkSCwoDbWFjGAcgASgJEgoKAmlwGAggASgJEhMKC3dvcmtmbG93X2lkGAkgASgJEhIKCnZvdWNoZWRfYnkYCiABKAkSGAoQYm9vdF9sZWFzZV9lcG9jaBgLIAEoAxISCgpjc3Jfc2hhMjU2GAwgASgJEg0KBXN0YXRlGA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmRlY2lkZWRfYXQYECABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmRlY2lkZWRfYnkYESABKAkSDgoGcmVhc29uGBIgASgJEjIKDmFwcHJvdmVkX3VudGlsGBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtjb25zdW1lZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHbm9kZV9pZBgVIAEoCSJzChdMaXN0Sm9pblJlcXVlc3RzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCRINCgVzdGF0ZRgDIAMoCRIRCglwYWdlX3NpemUYBCABKAUSEgoKcGFnZV90b2tlbhgFIAEoCSJhChhMaXN0Sm9pblJlcXVlc3RzUmVzcG9uc2USLAoFaXRlbXMYASADKAsyHS5iZXR0ZXJjb21wdXRlLnYxLkpvaW5SZXF1ZXN0EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJ4ChlBcHByb3ZlSm9pblJlcXVlc3RSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhIKCnJlcXVlc3RfaWQYAyABKAkSEwoLdHRsX3NlY29uZHMYBCABKAUSDgoGcmVhc29uGAUgASgJImIKGFJlamVjdEpvaW5SZXF1ZXN0UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCRISCgpyZXF1ZXN0X2lkGAMgASgJEg4KBnJlYXNvbhgEIAEoCSKmAQoFRXZlbnQSCgoCaWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEgwKBHR5cGUYAyABKAkSDwoHc3ViamVjdBgEIAEoCRIoCgR0aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgRkYXRhGAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIOCgZjdXJzb3IYByABKAkicAoRTGlzdEV2ZW50c1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg4KBmN1cnNvchgCIAEoCRITCgt0eXBlX3ByZWZpeBgDIAEoCRINCgVsaW1pdBgEIAEoBRIUCgx3YWl0X3NlY29uZHMYBSABKAUiUgoSTGlzdEV2ZW50c1Jlc3BvbnNlEicKBmV2ZW50cxgBIAMoCzIXLmJldHRlcmNvbXB1dGUudjEuRXZlbnQSEwoLbmV4dF9jdXJzb3IYAiABKAkivQEKCkF1ZGl0RW50cnkSCgoCaWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEg0KBWFjdG9yGAMgASgJEg4KBmFjdGlvbhgEIAEoCRIQCghyZXNvdXJjZRgFIAEoCRIoCgR0aW1lGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIlCgRkYXRhGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIOCgZjdXJzb3IYCCABKAkiWgoQTGlzdEF1ZGl0UmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEg4KBmN1cnNvchgEIAEoCUoECAMQBFIKcGFnZV90b2tlbiJsChFMaXN0QXVkaXRSZXNwb25zZRIrCgVpdGVtcxgBIAMoCzIcLmJldHRlcmNvbXB1dGUudjEuQXVkaXRFbnRyeRITCgtuZXh0X2N1cnNvchgDIAEoCUoECAIQA1IPbmV4dF9wYWdlX3Rva2VuIoICCghOb2RlQ2VydBIOCgZzZXJpYWwYASABKAkSGwoTaWRlbnRpdHlfZ2VuZXJhdGlvbhgCIAEoBRIMCgRyb2xlGAMgASgJEi4KCm5vdF9iZWZvcmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KCW5vdF9hZnRlchgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKcmV2b2tlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoNcmV2b2tlX3JlYXNvbhgHIAEoCRIVCg1hbGxvd2VkX2tpbmRzGAggAygJIuIDCgROb2RlEgoKAmlkGAEgASgJEhEKCXRlbmFudF9pZBgCIAEoCRIPCgdzaXRlX2lkGAMgASgJEg8KB3Bvb2xfaWQYBCABKAkSDAoEcm9sZRgFIAEoCRINCgVzdGF0ZRgGIAEoCRIUCgxzdGF0ZV9yZWFzb24YByABKAkSEgoKY29ubmVjdGlvbhgIIAEoCRItCglsYXN0X3NlZW4YCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhsKE2lkZW50aXR5X2dlbmVyYXRpb24YCiABKAUSHAoUaGFyZHdhcmVfa2V5X3RydXN0ZWQYCyABKAgSEAoIbm9kZV9rZXkYDCABKAkSEAoIYXR0ZXN0b3IYDSABKAkSEAoIaG9zdG5hbWUYDiABKAkSJwoGY2xhaW1zGA8gASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpjcmVhdGVkX2F0GBAgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GBEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIpCgVjZXJ0cxgSIAMoCzIaLmJldHRlcmNvbXB1dGUudjEuTm9kZUNlcnQiXQoQTGlzdE5vZGVzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJTChFMaXN0Tm9kZXNSZXNwb25zZRIlCgVpdGVtcxgBIAMoCzIWLmJldHRlcmNvbXB1dGUudjEuTm9kZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiNAoOR2V0Tm9kZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkiRwoRUmV0aXJlTm9kZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSDgoGcmVhc29uGAMgASgJImIKEUNyZWF0ZU5vZGVSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhAKCGhvc3RuYW1lGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCSLcAgoHQ29tbWFuZBIKCgJpZBgBIAEoCRIPCgdub2RlX2lkGAIgASgJEgwKBGtpbmQYAyABKAkSJQoEYXJncxgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDQoFc3RhdGUYBSABKAkSJwoGcmVzdWx0GAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVlcnJvchgHIAEoCRIuCgpjcmVhdGVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgdzZW50X2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgdkb25lX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpleHBpcmVzX2F0GAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKFAQoVRW5xdWV1ZUNvbW1hbmRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdub2RlX2lkGAIgASgJEgwKBGtpbmQYAyABKAkSJQoEYXJncxgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSEwoLdHRsX3NlY29uZHMYBSABKAUiYAoTTGlzdENvbW1hbmRzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJZChRMaXN0Q29tbWFuZHNSZXNwb25zZRIoCgVpdGVtcxgBIAMoCzIZLmJldHRlcmNvbXB1dGUudjEuQ29tbWFuZBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOgoRR2V0Q29tbWFuZFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhIKCmNvbW1hbmRfaWQYAiABKAkyhwIKDVRlbmFudFNlcnZpY2USTwoMQ3JlYXRlVGVuYW50EiUuYmV0dGVyY29tcHV0ZS52MS5DcmVhdGVUZW5hbnRSZXF1ZXN0GhguYmV0dGVyY29tcHV0ZS52MS5UZW5hbnQSSQoJR2V0VGVuYW50EiIuYmV0dGVyY29tcHV0ZS52MS5HZXRUZW5hbnRSZXF1ZXN0GhguYmV0dGVyY29tcHV0ZS52MS5UZW5hbnQSWgoLTGlzdFRlbmFudHMSJC5iZXR0ZXJjb21wdXRlLnYxLkxpc3RUZW5hbnRzUmVxdWVzdBolLmJldHRlcmNvbXB1dGUudjEuTGlzdFRlbmFudHNSZXNwb25zZTLzAQoLU2l0ZVNlcnZpY2USSQoKQ3JlYXRlU2l0ZRIjLmJldHRlcmNvbXB1dGUudjEuQ3JlYXRlU2l0ZVJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLlNpdGUSQwoHR2V0U2l0ZRIgLmJldHRlcmNvbXB1dGUudjEuR2V0U2l0ZVJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLlNpdGUSVAoJTGlzdFNpdGVzEiIuYmV0dGVyY29tcHV0ZS52MS5MaXN0U2l0ZXNSZXF1ZXN0GiMuYmV0dGVyY29tcHV0ZS52MS5MaXN0U2l0ZXNSZXNwb25zZTLKAgoLUG9vbFNlcnZpY2USSQoKQ3JlYXRlUG9vbBIjLmJldHRlcmNvbXB1dGUudjEuQ3JlYXRlUG9vbFJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLlBvb2wSQwoHR2V0UG9vbBIgLmJldHRlcmNvbXB1dGUudjEuR2V0UG9vbFJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLlBvb2wSVAoJTGlzdFBvb2xzEiIuYmV0dGVyY29tcHV0ZS52MS5MaXN0UG9vbHNSZXF1ZXN0GiMuYmV0dGVyY29tcHV0ZS52MS5MaXN0UG9vbHNSZXNwb25zZRJVChBVcGRhdGVQb29sUG9saWN5EikuYmV0dGVyY29tcHV0ZS52MS5VcGRhdGVQb29sUG9saWN5UmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuUG9vbDKpAgoNQXBpS2V5U2VydmljZRJdCgxDcmVhdGVBcGlLZXkSJS5iZXR0ZXJjb21wdXRlLnYxLkNyZWF0ZUFwaUtleVJlcXVlc3QaJi5iZXR0ZXJjb21wdXRlLnYxLkNyZWF0ZUFwaUtleVJlc3BvbnNlEloKC0xpc3RBcGlLZXlzEiQuYmV0dGVyY29tcHV0ZS52MS5MaXN0QXBpS2V5c1JlcXVlc3QaJS5iZXR0ZXJjb21wdXRlLnYxLkxpc3RBcGlLZXlzUmVzcG9uc2USXQoMUmV2b2tlQXBpS2V5EiUuYmV0dGVyY29tcHV0ZS52MS5SZXZva2VBcGlLZXlSZXF1ZXN0GiYuYmV0dGVyY29tcHV0ZS52MS5SZXZva2VBcGlLZXlSZXNwb25zZTKrAgoQSm9pblRva2VuU2VydmljZRJYCg9DcmVhdGVKb2luVG9rZW4SKC5iZXR0ZXJjb21wdXRlLnYxLkNyZWF0ZUpvaW5Ub2tlblJlcXVlc3QaGy5iZXR0ZXJjb21wdXRlLnYxLkpvaW5Ub2tlbhJjCg5MaXN0Sm9pblRva2VucxInLmJldHRlcmNvbXB1dGUudjEuTGlzdEpvaW5Ub2tlbnNSZXF1ZXN0GiguYmV0dGVyY29tcHV0ZS52MS5MaXN0Sm9pblRva2Vuc1Jlc3BvbnNlElgKD1Jldm9rZUpvaW5Ub2tlbhIoLmJldHRlcmNvbXB1dGUudjEuUmV2b2tlSm9pblRva2VuUmVxdWVzdBobLmJldHRlcmNvbXB1dGUudjEuSm9pblRva2VuMsECChJKb2luUmVxdWVzdFNlcnZpY2USaQoQTGlzdEpvaW5SZXF1ZXN0cxIpLmJldHRlcmNvbXB1dGUudjEuTGlzdEpvaW5SZXF1ZXN0c1JlcXVlc3QaKi5iZXR0ZXJjb21wdXRlLnYxLkxpc3RKb2luUmVxdWVzdHNSZXNwb25zZRJgChJBcHByb3ZlSm9pblJlcXVlc3QSKy5iZXR0ZXJjb21wdXRlLnYxLkFwcHJvdmVKb2luUmVxdWVzdFJlcXVlc3QaHS5iZXR0ZXJjb21wdXRlLnYxLkpvaW5SZXF1ZXN0El4KEVJlamVjdEpvaW5SZXF1ZXN0EiouYmV0dGVyY29tcHV0ZS52MS5SZWplY3RKb2luUmVxdWVzdFJlcXVlc3QaHS5iZXR0ZXJjb21wdXRlLnYxLkpvaW5SZXF1ZXN0Mr0BCgxFdmVudFNlcnZpY2USVwoKTGlzdEV2ZW50cxIjLmJldHRlcmNvbXB1dGUudjEuTGlzdEV2ZW50c1JlcXVlc3QaJC5iZXR0ZXJjb21wdXRlLnYxLkxpc3RFdmVudHNSZXNwb25zZRJUCglMaXN0QXVkaXQSIi5iZXR0ZXJjb21wdXRlLnYxLkxpc3RBdWRpdFJlcXVlc3QaIy5iZXR0ZXJjb21wdXRlLnYxLkxpc3RBdWRpdFJlc3BvbnNlMr4CCgtOb2RlU2VydmljZRJJCgpDcmVhdGVOb2RlEiMuYmV0dGVyY29tcHV0ZS52MS5DcmVhdGVOb2RlUmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuTm9kZRJUCglMaXN0Tm9kZXMSIi5iZXR0ZXJjb21wdXRlLnYxLkxpc3ROb2Rlc1JlcXVlc3QaIy5iZXR0ZXJjb21wdXRlLnYxLkxpc3ROb2Rlc1Jlc3BvbnNlEkMKB0dldE5vZGUSIC5iZXR0ZXJjb21wdXRlLnYxLkdldE5vZGVSZXF1ZXN0GhYuYmV0dGVyY29tcHV0ZS52MS5Ob2RlEkkKClJldGlyZU5vZGUSIy5iZXR0ZXJjb21wdXRlLnYxLlJldGlyZU5vZGVSZXF1ZXN0GhYuYmV0dGVyY29tcHV0ZS52MS5Ob2RlMpMCCg5Db21tYW5kU2VydmljZRJUCg5FbnF1ZXVlQ29tbWFuZBInLmJldHRlcmNvbXB1dGUudjEuRW5xdWV1ZUNvbW1hbmRSZXF1ZXN0GhkuYmV0dGVyY29tcHV0ZS52MS5Db21tYW5kEl0KDExpc3RDb21tYW5kcxIlLmJldHRlcmNvbXB1dGUudjEuTGlzdENvbW1hbmRzUmVxdWVzdBomLmJldHRlcmNvbXB1dGUudjEuTGlzdENvbW1hbmRzUmVzcG9uc2USTAoKR2V0Q29tbWFuZBIjLmJldHRlcmNvbXB1dGUudjEuR2V0Q29tbWFuZFJlcXVlc3QaGS5iZXR0ZXJjb21wdXRlLnYxLkNvbW1hbmRCRFpCZ2l0aHViLmNvbS9iZXR0ZXItY29tcHV0ZS9iZXR0ZXItY29tcHV0ZS9nZW4vYmV0dGVyY29tcHV0ZS92MTtiY3YxYgZwcm90bzM", [file_google_protobuf_field_mask, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChpiZXR0ZXJjb21wdXRlL3YxL2FwaS5wcm90bxIQYmV0dGVyY29tcHV0ZS52MSIqCgtFcnJvckRldGFpbBIMCgRjb2RlGAEgASgJEg0KBWZpZWxkGAIgASgJImAKBlRlbmFudBIKCgJpZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBHJvb3QYAyABKAgSLgoKY3JlYXRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiIwoTQ3JlYXRlVGVuYW50UmVxdWVzdBIMCgRuYW1lGAEgASgJIiUKEEdldFRlbmFudFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJIjsKEkxpc3RUZW5hbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCSJXChNMaXN0VGVuYW50c1Jlc3BvbnNlEicKBWl0ZW1zGAEgAygLMhguYmV0dGVyY29tcHV0ZS52MS5UZW5hbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIokBCgRTaXRlEgoKAmlkGAEgASgJEhcKD293bmVyX3RlbmFudF9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg4KBnJlZ2lvbhgEIAEoCRIOCgZjdXN0b20YBSABKAgSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiRAoRQ3JlYXRlU2l0ZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkSDgoGcmVnaW9uGAMgASgJIjQKDkdldFNpdGVSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdzaXRlX2lkGAIgASgJIkwKEExpc3RTaXRlc1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlMKEUxpc3RTaXRlc1Jlc3BvbnNlEiUKBWl0ZW1zGAEgAygLMhYuYmV0dGVyY29tcHV0ZS52MS5TaXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSItChBLdWJlcm5ldGVzUG9saWN5EhkKEXBsYXRmb3JtX29wZXJhdGVkGAEgASgIIlAKEEFjY2VwdGFuY2VQb2xpY3kSEAoIbWluX2NwdXMYASABKAUSGAoQbWluX21lbW9yeV9ieXRlcxgCIAEoAxIQCghtaW5fZ3B1cxgDIAEoBSLKAQoKUG9vbFBvbGljeRIWCg5qb2luX2F0dGVzdG9ycxgBIAMoCRI2CgprdWJlcm5ldGVzGAIgASgLMiIuYmV0dGVyY29tcHV0ZS52MS5LdWJlcm5ldGVzUG9saWN5EjYKCmFjY2VwdGFuY2UYAyABKAsyIi5iZXR0ZXJjb21wdXRlLnYxLkFjY2VwdGFuY2VQb2xpY3kSNAoJZGlzY292ZXJ5GAQgASgLMiEuYmV0dGVyY29tcHV0ZS52MS5EaXNjb3ZlcnlQb2xpY3kiIwoPRGlzY292ZXJ5UG9saWN5EhAKCGFwcHJvdmFsGAEgASgJIucBCgRQb29sEgoKAmlkGAEgASgJEg8KB3NpdGVfaWQYAiABKAkSFwoPb3duZXJfdGVuYW50X2lkGAMgASgJEgwKBG5hbWUYBCABKAkSDQoFYWdlbnQYBSABKAkSLAoGcG9saWN5GAYgASgLMhwuYmV0dGVyY29tcHV0ZS52MS5Qb29sUG9saWN5Ei4KCmNyZWF0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIoIBChFDcmVhdGVQb29sUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHc2l0ZV9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBWFnZW50GAQgASgJEiwKBnBvbGljeRgFIAEoCzIcLmJldHRlcmNvbXB1dGUudjEuUG9vbFBvbGljeSI0Cg5HZXRQb29sUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCSJdChBMaXN0UG9vbHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdzaXRlX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIlMKEUxpc3RQb29sc1Jlc3BvbnNlEiUKBWl0ZW1zGAEgAygLMhYuYmV0dGVyY29tcHV0ZS52MS5Qb29sEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKcAQoXVXBkYXRlUG9vbFBvbGljeVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSLAoGcG9saWN5GAMgASgLMhwuYmV0dGVyY29tcHV0ZS52MS5Qb29sUG9saWN5Ei8KC3VwZGF0ZV9tYXNrGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLkZpZWxkTWFzayIpCgVHcmFudBIOCgZhY3Rpb24YASABKAkSEAoIcmVzb3VyY2UYAiABKAki7gEKBkFwaUtleRIKCgJpZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRInCgZncmFudHMYBCADKAsyFy5iZXR0ZXJjb21wdXRlLnYxLkdyYW50Ei4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnJldm9rZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInQKE0NyZWF0ZUFwaUtleVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEgwKBG5hbWUYAiABKAkSJwoGZ3JhbnRzGAMgAygLMhcuYmV0dGVyY29tcHV0ZS52MS5HcmFudBITCgt0dGxfc2Vjb25kcxgEIAEoAyJOChRDcmVhdGVBcGlLZXlSZXNwb25zZRIpCgdhcGlfa2V5GAEgASgLMhguYmV0dGVyY29tcHV0ZS52MS5BcGlLZXkSCwoDa2V5GAIgASgJIk4KEkxpc3RBcGlLZXlzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVwoTTGlzdEFwaUtleXNSZXNwb25zZRInCgVpdGVtcxgBIAMoCzIYLmJldHRlcmNvbXB1dGUudjEuQXBpS2V5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI8ChNSZXZva2VBcGlLZXlSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJIhYKFFJldm9rZUFwaUtleVJlc3BvbnNlIk0KBkV4cGVjdBIUCgxwcm9kdWN0X3V1aWQYASABKAkSDgoGc2VyaWFsGAIgASgJEgsKA21hYxgDIAEoCRIQCghncHVfdXVpZBgEIAEoCSLrAgoJSm9pblRva2VuEgoKAmlkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSDwoHc2l0ZV9pZBgDIAEoCRIMCgRyb2xlGAQgASgJEhEKCXVzZXNfbGVmdBgFIAEoBRIQCghtYXhfdXNlcxgGIAEoBRIoCgZleHBlY3QYByABKAsyGC5iZXR0ZXJjb21wdXRlLnYxLkV4cGVjdBIVCg1hbGxvd19yZWNsYWltGAggASgIEg4KBmhvc3RlZBgJIAEoCRIuCgpleHBpcmVzX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpjcmVhdGVkX2F0GAsgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpyZXZva2VkX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBINCgVzdGF0ZRgNIAEoCRINCgV0b2tlbhgOIAEoCSLNAQoWQ3JlYXRlSm9pblRva2VuUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHcG9vbF9pZBgCIAEoCRITCgt0dGxfc2Vjb25kcxgDIAEoBRIQCghtYXhfdXNlcxgEIAEoBRIoCgZleHBlY3QYBSABKAsyGC5iZXR0ZXJjb21wdXRlLnYxLkV4cGVjdBIVCg1hbGxvd19yZWNsYWltGAYgASgIEg4KBmhvc3RlZBgHIAEoCRIXCg9pZGVtcG90ZW5jeV9rZXkYCCABKAkifAoVTGlzdEpvaW5Ub2tlbnNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhgKEGluY2x1ZGVfaW5hY3RpdmUYAyABKAgSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkiXQoWTGlzdEpvaW5Ub2tlbnNSZXNwb25zZRIqCgVpdGVtcxgBIAMoCzIbLmJldHRlcmNvbXB1dGUudjEuSm9pblRva2VuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJOChZSZXZva2VKb2luVG9rZW5SZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhAKCHRva2VuX2lkGAMgASgJItoFCgtKb2luUmVxdWVzdBIKCgJpZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEg8KB3NpdGVfaWQYAyABKAkSEAoIYXR0ZXN0b3IYBCABKAkSJwoGY2xhaW1zGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIUCgxoYXJkd2FyZV9rZXkYBiABKAkSCwoDbWFjGAcgASgJEgoKAmlwGAggASgJEhMKC3dvcmtmbG93X2lkGAkgASgJEhIKCnZvdWNoZWRfYnkYCiABKAkSGAoQYm9vdF9sZWFzZV9lcG9jaBgLIAEoAxISCgpjc3Jfc2hhMjU2GAwgASgJEg0KBXN0YXRlGA0gASgJEi4KCmNyZWF0ZWRfYXQYDiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYDyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmRlY2lkZWRfYXQYECABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmRlY2lkZWRfYnkYESABKAkSDgoGcmVhc29uGBIgASgJEjIKDmFwcHJvdmVkX3VudGlsGBMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtjb25zdW1lZF9hdBgUIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHbm9kZV9pZBgVIAEoCRI3CghldmlkZW5jZRgWIAEoCzIlLmJldHRlcmNvbXB1dGUudjEuSm9pblJlcXVlc3RFdmlkZW5jZRIzCgZlZmZlY3QYFyABKAsyIy5iZXR0ZXJjb21wdXRlLnYxLkpvaW5SZXF1ZXN0RWZmZWN0Eg8KB3ZlcnNpb24YGCABKAkSJAocYWNrbm93bGVkZ2VkX3JlY2xhaW1fbm9kZV9pZBgZIAEoCSK6AgoTSm9pblJlcXVlc3RFdmlkZW5jZRIRCglla19zaGEyNTYYASABKAkSHgoWZWtfY2VydGlmaWNhdGVfcHJlc2VudBgCIAEoCBIeChZla19jZXJ0aWZpY2F0ZV90cnVzdGVkGAMgASgIEh4KFmVrX2NlcnRpZmljYXRlX3N1YmplY3QYBCABKAkSHQoVZWtfY2VydGlmaWNhdGVfaXNzdWVyGAUgASgJEg8KB2FrX25hbWUYBiABKAkSEgoKdm91Y2hlZF9ieRgHIAEoCRIYChBib290X2xlYXNlX2Vwb2NoGAggASgDEhIKCnZvdWNoZWRfaXAYCSABKAkSEwoLdm91Y2hlZF9tYWMYCiABKAkSEwoLd29ya2Zsb3dfaWQYCyABKAkSFAoMcGVlcl9hZGRyZXNzGAwgASgJInMKEUpvaW5SZXF1ZXN0RWZmZWN0EgwKBGtpbmQYASABKAkSLwoEbm9kZRgCIAEoCzIhLmJldHRlcmNvbXB1dGUudjEuSm9pblJlcXVlc3ROb2RlEh8KF3NhbWVfY2xhaW1zX3JlcXVlc3RfaWRzGAMgAygJIvgBCg9Kb2luUmVxdWVzdE5vZGUSCgoCaWQYASABKAkSDAoEcm9sZRgCIAEoCRINCgVzdGF0ZRgDIAEoCRIbChNpZGVudGl0eV9nZW5lcmF0aW9uGAQgASgFEjAKDGxhc3Rfc2Vlbl9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIaG9zdG5hbWUYBiABKAkSFAoMcHJvZHVjdF91dWlkGAcgASgJEg8KB3NlcmlhbHMYCCADKAkSDAoEbWFjcxgJIAMoCRIUCgxoYXJkd2FyZV9rZXkYCiABKAkSEAoIYXR0ZXN0b3IYCyABKAkicwoXTGlzdEpvaW5SZXF1ZXN0c1JlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSDQoFc3RhdGUYAyADKAkSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkiYQoYTGlzdEpvaW5SZXF1ZXN0c1Jlc3BvbnNlEiwKBWl0ZW1zGAEgAygLMh0uYmV0dGVyY29tcHV0ZS52MS5Kb2luUmVxdWVzdBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkirgEKGUFwcHJvdmVKb2luUmVxdWVzdFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSEgoKcmVxdWVzdF9pZBgDIAEoCRITCgt0dGxfc2Vjb25kcxgEIAEoBRIOCgZyZWFzb24YBSABKAkSDwoHdmVyc2lvbhgGIAEoCRIjChthY2tub3dsZWRnZV9yZWNsYWltX25vZGVfaWQYByABKAkiTwoVR2V0Sm9pblJlcXVlc3RSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhIKCnJlcXVlc3RfaWQYAyABKAkiYgoYUmVqZWN0Sm9pblJlcXVlc3RSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhIKCnJlcXVlc3RfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqYBCgVFdmVudBIKCgJpZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSDAoEdHlwZRgDIAEoCRIPCgdzdWJqZWN0GAQgASgJEigKBHRpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBGRhdGEYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg4KBmN1cnNvchgHIAEoCSJwChFMaXN0RXZlbnRzUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDgoGY3Vyc29yGAIgASgJEhMKC3R5cGVfcHJlZml4GAMgASgJEg0KBWxpbWl0GAQgASgFEhQKDHdhaXRfc2Vjb25kcxgFIAEoBSJSChJMaXN0RXZlbnRzUmVzcG9uc2USJwoGZXZlbnRzGAEgAygLMhcuYmV0dGVyY29tcHV0ZS52MS5FdmVudBITCgtuZXh0X2N1cnNvchgCIAEoCSK9AQoKQXVkaXRFbnRyeRIKCgJpZBgBIAEoCRIRCgl0ZW5hbnRfaWQYAiABKAkSDQoFYWN0b3IYAyABKAkSDgoGYWN0aW9uGAQgASgJEhAKCHJlc291cmNlGAUgASgJEigKBHRpbWUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiUKBGRhdGEYByABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg4KBmN1cnNvchgIIAEoCSJaChBMaXN0QXVkaXRSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSDgoGY3Vyc29yGAQgASgJSgQIAxAEUgpwYWdlX3Rva2VuImwKEUxpc3RBdWRpdFJlc3BvbnNlEisKBWl0ZW1zGAEgAygLMhwuYmV0dGVyY29tcHV0ZS52MS5BdWRpdEVudHJ5EhMKC25leHRfY3Vyc29yGAMgASgJSgQIAhADUg9uZXh0X3BhZ2VfdG9rZW4iggIKCE5vZGVDZXJ0Eg4KBnNlcmlhbBgBIAEoCRIbChNpZGVudGl0eV9nZW5lcmF0aW9uGAIgASgFEgwKBHJvbGUYAyABKAkSLgoKbm90X2JlZm9yZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJbm90X2FmdGVyGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpyZXZva2VkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1yZXZva2VfcmVhc29uGAcgASgJEhUKDWFsbG93ZWRfa2luZHMYCCADKAki4gMKBE5vZGUSCgoCaWQYASABKAkSEQoJdGVuYW50X2lkGAIgASgJEg8KB3NpdGVfaWQYAyABKAkSDwoHcG9vbF9pZBgEIAEoCRIMCgRyb2xlGAUgASgJEg0KBXN0YXRlGAYgASgJEhQKDHN0YXRlX3JlYXNvbhgHIAEoCRISCgpjb25uZWN0aW9uGAggASgJEi0KCWxhc3Rfc2VlbhgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGwoTaWRlbnRpdHlfZ2VuZXJhdGlvbhgKIAEoBRIcChRoYXJkd2FyZV9rZXlfdHJ1c3RlZBgLIAEoCBIQCghub2RlX2tleRgMIAEoCRIQCghhdHRlc3RvchgNIAEoCRIQCghob3N0bmFtZRgOIAEoCRInCgZjbGFpbXMYDyABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Ei4KCmNyZWF0ZWRfYXQYECABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEikKBWNlcnRzGBIgAygLMhouYmV0dGVyY29tcHV0ZS52MS5Ob2RlQ2VydCJdChBMaXN0Tm9kZXNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIlMKEUxpc3ROb2Rlc1Jlc3BvbnNlEiUKBWl0ZW1zGAEgAygLMhYuYmV0dGVyY29tcHV0ZS52MS5Ob2RlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI0Cg5HZXROb2RlUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCSJHChFSZXRpcmVOb2RlUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiYgoRQ3JlYXRlTm9kZVJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSEAoIaG9zdG5hbWUYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJItwCCgdDb21tYW5kEgoKAmlkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIlCgRhcmdzGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBINCgVzdGF0ZRgFIAEoCRInCgZyZXN1bHQYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg0KBWVycm9yGAcgASgJEi4KCmNyZWF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKB3NlbnRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKB2RvbmVfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIoUBChVFbnF1ZXVlQ29tbWFuZFJlcXVlc3QSEQoJdGVuYW50X2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSDAoEa2luZBgDIAEoCRIlCgRhcmdzGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBITCgt0dGxfc2Vjb25kcxgFIAEoBSJgChNMaXN0Q29tbWFuZHNSZXF1ZXN0EhEKCXRlbmFudF9pZBgBIAEoCRIPCgdub2RlX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIlkKFExpc3RDb21tYW5kc1Jlc3BvbnNlEigKBWl0ZW1zGAEgAygLMhkuYmV0dGVyY29tcHV0ZS52MS5Db21tYW5kEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI6ChFHZXRDb21tYW5kUmVxdWVzdBIRCgl0ZW5hbnRfaWQYASABKAkSEgoKY29tbWFuZF9pZBgCIAEoCTKHAgoNVGVuYW50U2VydmljZRJPCgxDcmVhdGVUZW5hbnQSJS5iZXR0ZXJjb21wdXRlLnYxLkNyZWF0ZVRlbmFudFJlcXVlc3QaGC5iZXR0ZXJjb21wdXRlLnYxLlRlbmFudBJJCglHZXRUZW5hbnQSIi5iZXR0ZXJjb21wdXRlLnYxLkdldFRlbmFudFJlcXVlc3QaGC5iZXR0ZXJjb21wdXRlLnYxLlRlbmFudBJaCgtMaXN0VGVuYW50cxIkLmJldHRlcmNvbXB1dGUudjEuTGlzdFRlbmFudHNSZXF1ZXN0GiUuYmV0dGVyY29tcHV0ZS52MS5MaXN0VGVuYW50c1Jlc3BvbnNlMvMBCgtTaXRlU2VydmljZRJJCgpDcmVhdGVTaXRlEiMuYmV0dGVyY29tcHV0ZS52MS5DcmVhdGVTaXRlUmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuU2l0ZRJDCgdHZXRTaXRlEiAuYmV0dGVyY29tcHV0ZS52MS5HZXRTaXRlUmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuU2l0ZRJUCglMaXN0U2l0ZXMSIi5iZXR0ZXJjb21wdXRlLnYxLkxpc3RTaXRlc1JlcXVlc3QaIy5iZXR0ZXJjb21wdXRlLnYxLkxpc3RTaXRlc1Jlc3BvbnNlMsoCCgtQb29sU2VydmljZRJJCgpDcmVhdGVQb29sEiMuYmV0dGVyY29tcHV0ZS52MS5DcmVhdGVQb29sUmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuUG9vbBJDCgdHZXRQb29sEiAuYmV0dGVyY29tcHV0ZS52MS5HZXRQb29sUmVxdWVzdBoWLmJldHRlcmNvbXB1dGUudjEuUG9vbBJUCglMaXN0UG9vbHMSIi5iZXR0ZXJjb21wdXRlLnYxLkxpc3RQb29sc1JlcXVlc3QaIy5iZXR0ZXJjb21wdXRlLnYxLkxpc3RQb29sc1Jlc3BvbnNlElUKEFVwZGF0ZVBvb2xQb2xpY3kSKS5iZXR0ZXJjb21wdXRlLnYxLlVwZGF0ZVBvb2xQb2xpY3lSZXF1ZXN0GhYuYmV0dGVyY29tcHV0ZS52MS5Qb29sMqkCCg1BcGlLZXlTZXJ2aWNlEl0KDENyZWF0ZUFwaUtleRIlLmJldHRlcmNvbXB1dGUudjEuQ3JlYXRlQXBpS2V5UmVxdWVzdBomLmJldHRlcmNvbXB1dGUudjEuQ3JlYXRlQXBpS2V5UmVzcG9uc2USWgoLTGlzdEFwaUtleXMSJC5iZXR0ZXJjb21wdXRlLnYxLkxpc3RBcGlLZXlzUmVxdWVzdBolLmJldHRlcmNvbXB1dGUudjEuTGlzdEFwaUtleXNSZXNwb25zZRJdCgxSZXZva2VBcGlLZXkSJS5iZXR0ZXJjb21wdXRlLnYxLlJldm9rZUFwaUtleVJlcXVlc3QaJi5iZXR0ZXJjb21wdXRlLnYxLlJldm9rZUFwaUtleVJlc3BvbnNlMqsCChBKb2luVG9rZW5TZXJ2aWNlElgKD0NyZWF0ZUpvaW5Ub2tlbhIoLmJldHRlcmNvbXB1dGUudjEuQ3JlYXRlSm9pblRva2VuUmVxdWVzdBobLmJldHRlcmNvbXB1dGUudjEuSm9pblRva2VuEmMKDkxpc3RKb2luVG9rZW5zEicuYmV0dGVyY29tcHV0ZS52MS5MaXN0Sm9pblRva2Vuc1JlcXVlc3QaKC5iZXR0ZXJjb21wdXRlLnYxLkxpc3RKb2luVG9rZW5zUmVzcG9uc2USWAoPUmV2b2tlSm9pblRva2VuEiguYmV0dGVyY29tcHV0ZS52MS5SZXZva2VKb2luVG9rZW5SZXF1ZXN0GhsuYmV0dGVyY29tcHV0ZS52MS5Kb2luVG9rZW4ymwMKEkpvaW5SZXF1ZXN0U2VydmljZRJpChBMaXN0Sm9pblJlcXVlc3RzEikuYmV0dGVyY29tcHV0ZS52MS5MaXN0Sm9pblJlcXVlc3RzUmVxdWVzdBoqLmJldHRlcmNvbXB1dGUudjEuTGlzdEpvaW5SZXF1ZXN0c1Jlc3BvbnNlElgKDkdldEpvaW5SZXF1ZXN0EicuYmV0dGVyY29tcHV0ZS52MS5HZXRKb2luUmVxdWVzdFJlcXVlc3QaHS5iZXR0ZXJjb21wdXRlLnYxLkpvaW5SZXF1ZXN0EmAKEkFwcHJvdmVKb2luUmVxdWVzdBIrLmJldHRlcmNvbXB1dGUudjEuQXBwcm92ZUpvaW5SZXF1ZXN0UmVxdWVzdBodLmJldHRlcmNvbXB1dGUudjEuSm9pblJlcXVlc3QSXgoRUmVqZWN0Sm9pblJlcXVlc3QSKi5iZXR0ZXJjb21wdXRlLnYxLlJlamVjdEpvaW5SZXF1ZXN0UmVxdWVzdBodLmJldHRlcmNvbXB1dGUudjEuSm9pblJlcXVlc3QyvQEKDEV2ZW50U2VydmljZRJXCgpMaXN0RXZlbnRzEiMuYmV0dGVyY29tcHV0ZS52MS5MaXN0RXZlbnRzUmVxdWVzdBokLmJldHRlcmNvbXB1dGUudjEuTGlzdEV2ZW50c1Jlc3BvbnNlElQKCUxpc3RBdWRpdBIiLmJldHRlcmNvbXB1dGUudjEuTGlzdEF1ZGl0UmVxdWVzdBojLmJldHRlcmNvbXB1dGUudjEuTGlzdEF1ZGl0UmVzcG9uc2UyvgIKC05vZGVTZXJ2aWNlEkkKCkNyZWF0ZU5vZGUSIy5iZXR0ZXJjb21wdXRlLnYxLkNyZWF0ZU5vZGVSZXF1ZXN0GhYuYmV0dGVyY29tcHV0ZS52MS5Ob2RlElQKCUxpc3ROb2RlcxIiLmJldHRlcmNvbXB1dGUudjEuTGlzdE5vZGVzUmVxdWVzdBojLmJldHRlcmNvbXB1dGUudjEuTGlzdE5vZGVzUmVzcG9uc2USQwoHR2V0Tm9kZRIgLmJldHRlcmNvbXB1dGUudjEuR2V0Tm9kZVJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLk5vZGUSSQoKUmV0aXJlTm9kZRIjLmJldHRlcmNvbXB1dGUudjEuUmV0aXJlTm9kZVJlcXVlc3QaFi5iZXR0ZXJjb21wdXRlLnYxLk5vZGUykwIKDkNvbW1hbmRTZXJ2aWNlElQKDkVucXVldWVDb21tYW5kEicuYmV0dGVyY29tcHV0ZS52MS5FbnF1ZXVlQ29tbWFuZFJlcXVlc3QaGS5iZXR0ZXJjb21wdXRlLnYxLkNvbW1hbmQSXQoMTGlzdENvbW1hbmRzEiUuYmV0dGVyY29tcHV0ZS52MS5MaXN0Q29tbWFuZHNSZXF1ZXN0GiYuYmV0dGVyY29tcHV0ZS52MS5MaXN0Q29tbWFuZHNSZXNwb25zZRJMCgpHZXRDb21tYW5kEiMuYmV0dGVyY29tcHV0ZS52MS5HZXRDb21tYW5kUmVxdWVzdBoZLmJldHRlcmNvbXB1dGUudjEuQ29tbWFuZEJEWkJnaXRodWIuY29tL2JldHRlci1jb21wdXRlL2JldHRlci1jb21wdXRlL2dlbi9iZXR0ZXJjb21wdXRlL3YxO2JjdjFiBnByb3RvMw", [file_google_protobuf_field_mask, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ErrorDetail rides on every error: the product code (NOT_FOUND,
@@ -2037,6 +2037,37 @@ export type JoinRequest = Message<"bettercompute.v1.JoinRequest"> & {
    * @generated from field: string node_id = 21;
    */
   nodeId: string;
+
+  /**
+   * What the attestor itself established (R22.1), apart from claims, which
+   * are only what the machine says about itself.
+   *
+   * @generated from field: bettercompute.v1.JoinRequestEvidence evidence = 22;
+   */
+  evidence?: JoinRequestEvidence | undefined;
+
+  /**
+   * What approving the request does (R22.2).
+   *
+   * @generated from field: bettercompute.v1.JoinRequestEffect effect = 23;
+   */
+  effect?: JoinRequestEffect | undefined;
+
+  /**
+   * Names what was shown: the request's CSR, evidence, claims and effect.
+   * An approval that passes it is refused with CONFLICT when the request
+   * was refreshed since (R22.2).
+   *
+   * @generated from field: string version = 24;
+   */
+  version: string;
+
+  /**
+   * The node an approval acknowledged it reclaims; "" for none.
+   *
+   * @generated from field: string acknowledged_reclaim_node_id = 25;
+   */
+  acknowledgedReclaimNodeId: string;
 };
 
 /**
@@ -2165,6 +2196,37 @@ export type JoinRequestJson = {
    * @generated from field: string node_id = 21;
    */
   nodeId?: string;
+
+  /**
+   * What the attestor itself established (R22.1), apart from claims, which
+   * are only what the machine says about itself.
+   *
+   * @generated from field: bettercompute.v1.JoinRequestEvidence evidence = 22;
+   */
+  evidence?: JoinRequestEvidenceJson;
+
+  /**
+   * What approving the request does (R22.2).
+   *
+   * @generated from field: bettercompute.v1.JoinRequestEffect effect = 23;
+   */
+  effect?: JoinRequestEffectJson;
+
+  /**
+   * Names what was shown: the request's CSR, evidence, claims and effect.
+   * An approval that passes it is refused with CONFLICT when the request
+   * was refreshed since (R22.2).
+   *
+   * @generated from field: string version = 24;
+   */
+  version?: string;
+
+  /**
+   * The node an approval acknowledged it reclaims; "" for none.
+   *
+   * @generated from field: string acknowledged_reclaim_node_id = 25;
+   */
+  acknowledgedReclaimNodeId?: string;
 };
 
 /**
@@ -2173,6 +2235,391 @@ export type JoinRequestJson = {
  */
 export const JoinRequestSchema: GenMessage<JoinRequest, {jsonType: JoinRequestJson}> = /*@__PURE__*/
   messageDesc(file_bettercompute_v1_api, 35);
+
+/**
+ * What the attestor established about the machine (R22.1). Only the fields
+ * of the request's attestor are set.
+ *
+ * @generated from message bettercompute.v1.JoinRequestEvidence
+ */
+export type JoinRequestEvidence = Message<"bettercompute.v1.JoinRequestEvidence"> & {
+  /**
+   * tpm: hex SHA-256 of the endorsement key (the key the TPM proved it
+   * holds by activating the credential challenge).
+   *
+   * @generated from field: string ek_sha256 = 1;
+   */
+  ekSha256: string;
+
+  /**
+   * tpm: whether the machine sent an EK certificate.
+   *
+   * @generated from field: bool ek_certificate_present = 2;
+   */
+  ekCertificatePresent: boolean;
+
+  /**
+   * tpm: whether that certificate chained to a manufacturer CA the server
+   * trusts (for the request's pool); false for an unknown EK.
+   *
+   * @generated from field: bool ek_certificate_trusted = 3;
+   */
+  ekCertificateTrusted: boolean;
+
+  /**
+   * tpm: the certificate's subject and issuer (RFC 2253), as the machine
+   * sent them; not verified unless ek_certificate_trusted.
+   *
+   * @generated from field: string ek_certificate_subject = 4;
+   */
+  ekCertificateSubject: string;
+
+  /**
+   * @generated from field: string ek_certificate_issuer = 5;
+   */
+  ekCertificateIssuer: string;
+
+  /**
+   * tpm: hex name of the attestation key that certified the node key.
+   *
+   * @generated from field: string ak_name = 6;
+   */
+  akName: string;
+
+  /**
+   * discovery: the site agent (node id) that vouched for the machine, the
+   * lease epoch of its vouch, and the address and MAC it leased.
+   *
+   * @generated from field: string vouched_by = 7;
+   */
+  vouchedBy: string;
+
+  /**
+   * @generated from field: int64 boot_lease_epoch = 8;
+   */
+  bootLeaseEpoch: bigint;
+
+  /**
+   * @generated from field: string vouched_ip = 9;
+   */
+  vouchedIp: string;
+
+  /**
+   * @generated from field: string vouched_mac = 10;
+   */
+  vouchedMac: string;
+
+  /**
+   * @generated from field: string workflow_id = 11;
+   */
+  workflowId: string;
+
+  /**
+   * Every attestor: the address the join came from, as the gateway saw it.
+   *
+   * @generated from field: string peer_address = 12;
+   */
+  peerAddress: string;
+};
+
+/**
+ * What the attestor established about the machine (R22.1). Only the fields
+ * of the request's attestor are set.
+ *
+ * @generated from message bettercompute.v1.JoinRequestEvidence
+ */
+export type JoinRequestEvidenceJson = {
+  /**
+   * tpm: hex SHA-256 of the endorsement key (the key the TPM proved it
+   * holds by activating the credential challenge).
+   *
+   * @generated from field: string ek_sha256 = 1;
+   */
+  ekSha256?: string;
+
+  /**
+   * tpm: whether the machine sent an EK certificate.
+   *
+   * @generated from field: bool ek_certificate_present = 2;
+   */
+  ekCertificatePresent?: boolean;
+
+  /**
+   * tpm: whether that certificate chained to a manufacturer CA the server
+   * trusts (for the request's pool); false for an unknown EK.
+   *
+   * @generated from field: bool ek_certificate_trusted = 3;
+   */
+  ekCertificateTrusted?: boolean;
+
+  /**
+   * tpm: the certificate's subject and issuer (RFC 2253), as the machine
+   * sent them; not verified unless ek_certificate_trusted.
+   *
+   * @generated from field: string ek_certificate_subject = 4;
+   */
+  ekCertificateSubject?: string;
+
+  /**
+   * @generated from field: string ek_certificate_issuer = 5;
+   */
+  ekCertificateIssuer?: string;
+
+  /**
+   * tpm: hex name of the attestation key that certified the node key.
+   *
+   * @generated from field: string ak_name = 6;
+   */
+  akName?: string;
+
+  /**
+   * discovery: the site agent (node id) that vouched for the machine, the
+   * lease epoch of its vouch, and the address and MAC it leased.
+   *
+   * @generated from field: string vouched_by = 7;
+   */
+  vouchedBy?: string;
+
+  /**
+   * @generated from field: int64 boot_lease_epoch = 8;
+   */
+  bootLeaseEpoch?: string;
+
+  /**
+   * @generated from field: string vouched_ip = 9;
+   */
+  vouchedIp?: string;
+
+  /**
+   * @generated from field: string vouched_mac = 10;
+   */
+  vouchedMac?: string;
+
+  /**
+   * @generated from field: string workflow_id = 11;
+   */
+  workflowId?: string;
+
+  /**
+   * Every attestor: the address the join came from, as the gateway saw it.
+   *
+   * @generated from field: string peer_address = 12;
+   */
+  peerAddress?: string;
+};
+
+/**
+ * Describes the message bettercompute.v1.JoinRequestEvidence.
+ * Use `create(JoinRequestEvidenceSchema)` to create a new message.
+ */
+export const JoinRequestEvidenceSchema: GenMessage<JoinRequestEvidence, {jsonType: JoinRequestEvidenceJson}> = /*@__PURE__*/
+  messageDesc(file_bettercompute_v1_api, 36);
+
+/**
+ * What approving a join request does (R22.2).
+ *
+ * @generated from message bettercompute.v1.JoinRequestEffect
+ */
+export type JoinRequestEffect = Message<"bettercompute.v1.JoinRequestEffect"> & {
+  /**
+   * "new-node": the join makes a new node; "reclaim": it takes over node
+   * (a new identity generation; its older certificates are revoked);
+   * "bind": it takes node, made ahead of its machine.
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * The node reclaimed or bound, as recorded now; unset for a new node.
+   *
+   * @generated from field: bettercompute.v1.JoinRequestNode node = 2;
+   */
+  node?: JoinRequestNode | undefined;
+
+  /**
+   * Other open requests of the pool with the same hardware key (derived
+   * from the same claims) but another machine key, e.g. another EK: two
+   * machines claim to be one.
+   *
+   * @generated from field: repeated string same_claims_request_ids = 3;
+   */
+  sameClaimsRequestIds: string[];
+};
+
+/**
+ * What approving a join request does (R22.2).
+ *
+ * @generated from message bettercompute.v1.JoinRequestEffect
+ */
+export type JoinRequestEffectJson = {
+  /**
+   * "new-node": the join makes a new node; "reclaim": it takes over node
+   * (a new identity generation; its older certificates are revoked);
+   * "bind": it takes node, made ahead of its machine.
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind?: string;
+
+  /**
+   * The node reclaimed or bound, as recorded now; unset for a new node.
+   *
+   * @generated from field: bettercompute.v1.JoinRequestNode node = 2;
+   */
+  node?: JoinRequestNodeJson;
+
+  /**
+   * Other open requests of the pool with the same hardware key (derived
+   * from the same claims) but another machine key, e.g. another EK: two
+   * machines claim to be one.
+   *
+   * @generated from field: repeated string same_claims_request_ids = 3;
+   */
+  sameClaimsRequestIds?: string[];
+};
+
+/**
+ * Describes the message bettercompute.v1.JoinRequestEffect.
+ * Use `create(JoinRequestEffectSchema)` to create a new message.
+ */
+export const JoinRequestEffectSchema: GenMessage<JoinRequestEffect, {jsonType: JoinRequestEffectJson}> = /*@__PURE__*/
+  messageDesc(file_bettercompute_v1_api, 37);
+
+/**
+ * A node as a join request would take it over (R22.2).
+ *
+ * @generated from message bettercompute.v1.JoinRequestNode
+ */
+export type JoinRequestNode = Message<"bettercompute.v1.JoinRequestNode"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string role = 2;
+   */
+  role: string;
+
+  /**
+   * @generated from field: string state = 3;
+   */
+  state: string;
+
+  /**
+   * @generated from field: int32 identity_generation = 4;
+   */
+  identityGeneration: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp last_seen_at = 5;
+   */
+  lastSeenAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: string hostname = 6;
+   */
+  hostname: string;
+
+  /**
+   * @generated from field: string product_uuid = 7;
+   */
+  productUuid: string;
+
+  /**
+   * @generated from field: repeated string serials = 8;
+   */
+  serials: string[];
+
+  /**
+   * @generated from field: repeated string macs = 9;
+   */
+  macs: string[];
+
+  /**
+   * Hex hardware key the node holds.
+   *
+   * @generated from field: string hardware_key = 10;
+   */
+  hardwareKey: string;
+
+  /**
+   * @generated from field: string attestor = 11;
+   */
+  attestor: string;
+};
+
+/**
+ * A node as a join request would take it over (R22.2).
+ *
+ * @generated from message bettercompute.v1.JoinRequestNode
+ */
+export type JoinRequestNodeJson = {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id?: string;
+
+  /**
+   * @generated from field: string role = 2;
+   */
+  role?: string;
+
+  /**
+   * @generated from field: string state = 3;
+   */
+  state?: string;
+
+  /**
+   * @generated from field: int32 identity_generation = 4;
+   */
+  identityGeneration?: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp last_seen_at = 5;
+   */
+  lastSeenAt?: TimestampJson;
+
+  /**
+   * @generated from field: string hostname = 6;
+   */
+  hostname?: string;
+
+  /**
+   * @generated from field: string product_uuid = 7;
+   */
+  productUuid?: string;
+
+  /**
+   * @generated from field: repeated string serials = 8;
+   */
+  serials?: string[];
+
+  /**
+   * @generated from field: repeated string macs = 9;
+   */
+  macs?: string[];
+
+  /**
+   * Hex hardware key the node holds.
+   *
+   * @generated from field: string hardware_key = 10;
+   */
+  hardwareKey?: string;
+
+  /**
+   * @generated from field: string attestor = 11;
+   */
+  attestor?: string;
+};
+
+/**
+ * Describes the message bettercompute.v1.JoinRequestNode.
+ * Use `create(JoinRequestNodeSchema)` to create a new message.
+ */
+export const JoinRequestNodeSchema: GenMessage<JoinRequestNode, {jsonType: JoinRequestNodeJson}> = /*@__PURE__*/
+  messageDesc(file_bettercompute_v1_api, 38);
 
 /**
  * @generated from message bettercompute.v1.ListJoinRequestsRequest
@@ -2243,7 +2690,7 @@ export type ListJoinRequestsRequestJson = {
  * Use `create(ListJoinRequestsRequestSchema)` to create a new message.
  */
 export const ListJoinRequestsRequestSchema: GenMessage<ListJoinRequestsRequest, {jsonType: ListJoinRequestsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 36);
+  messageDesc(file_bettercompute_v1_api, 39);
 
 /**
  * @generated from message bettercompute.v1.ListJoinRequestsResponse
@@ -2280,7 +2727,7 @@ export type ListJoinRequestsResponseJson = {
  * Use `create(ListJoinRequestsResponseSchema)` to create a new message.
  */
 export const ListJoinRequestsResponseSchema: GenMessage<ListJoinRequestsResponse, {jsonType: ListJoinRequestsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 37);
+  messageDesc(file_bettercompute_v1_api, 40);
 
 /**
  * @generated from message bettercompute.v1.ApproveJoinRequestRequest
@@ -2314,6 +2761,23 @@ export type ApproveJoinRequestRequest = Message<"bettercompute.v1.ApproveJoinReq
    * @generated from field: string reason = 5;
    */
   reason: string;
+
+  /**
+   * The version of the request as listed (JoinRequest.version). Optional
+   * for a new node, required for a reclaim; when set and the request
+   * changed since, the approval is refused with CONFLICT.
+   *
+   * @generated from field: string version = 6;
+   */
+  version: string;
+
+  /**
+   * Required when the request reclaims a node (effect.kind "reclaim"): that
+   * node's id, acknowledging the takeover; else INVALID_STATE.
+   *
+   * @generated from field: string acknowledge_reclaim_node_id = 7;
+   */
+  acknowledgeReclaimNodeId: string;
 };
 
 /**
@@ -2348,6 +2812,23 @@ export type ApproveJoinRequestRequestJson = {
    * @generated from field: string reason = 5;
    */
   reason?: string;
+
+  /**
+   * The version of the request as listed (JoinRequest.version). Optional
+   * for a new node, required for a reclaim; when set and the request
+   * changed since, the approval is refused with CONFLICT.
+   *
+   * @generated from field: string version = 6;
+   */
+  version?: string;
+
+  /**
+   * Required when the request reclaims a node (effect.kind "reclaim"): that
+   * node's id, acknowledging the takeover; else INVALID_STATE.
+   *
+   * @generated from field: string acknowledge_reclaim_node_id = 7;
+   */
+  acknowledgeReclaimNodeId?: string;
 };
 
 /**
@@ -2355,7 +2836,54 @@ export type ApproveJoinRequestRequestJson = {
  * Use `create(ApproveJoinRequestRequestSchema)` to create a new message.
  */
 export const ApproveJoinRequestRequestSchema: GenMessage<ApproveJoinRequestRequest, {jsonType: ApproveJoinRequestRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 38);
+  messageDesc(file_bettercompute_v1_api, 41);
+
+/**
+ * @generated from message bettercompute.v1.GetJoinRequestRequest
+ */
+export type GetJoinRequestRequest = Message<"bettercompute.v1.GetJoinRequestRequest"> & {
+  /**
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId: string;
+
+  /**
+   * @generated from field: string pool_id = 2;
+   */
+  poolId: string;
+
+  /**
+   * @generated from field: string request_id = 3;
+   */
+  requestId: string;
+};
+
+/**
+ * @generated from message bettercompute.v1.GetJoinRequestRequest
+ */
+export type GetJoinRequestRequestJson = {
+  /**
+   * @generated from field: string tenant_id = 1;
+   */
+  tenantId?: string;
+
+  /**
+   * @generated from field: string pool_id = 2;
+   */
+  poolId?: string;
+
+  /**
+   * @generated from field: string request_id = 3;
+   */
+  requestId?: string;
+};
+
+/**
+ * Describes the message bettercompute.v1.GetJoinRequestRequest.
+ * Use `create(GetJoinRequestRequestSchema)` to create a new message.
+ */
+export const GetJoinRequestRequestSchema: GenMessage<GetJoinRequestRequest, {jsonType: GetJoinRequestRequestJson}> = /*@__PURE__*/
+  messageDesc(file_bettercompute_v1_api, 42);
 
 /**
  * @generated from message bettercompute.v1.RejectJoinRequestRequest
@@ -2416,7 +2944,7 @@ export type RejectJoinRequestRequestJson = {
  * Use `create(RejectJoinRequestRequestSchema)` to create a new message.
  */
 export const RejectJoinRequestRequestSchema: GenMessage<RejectJoinRequestRequest, {jsonType: RejectJoinRequestRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 39);
+  messageDesc(file_bettercompute_v1_api, 43);
 
 /**
  * @generated from message bettercompute.v1.Event
@@ -2507,7 +3035,7 @@ export type EventJson = {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event, {jsonType: EventJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 40);
+  messageDesc(file_bettercompute_v1_api, 44);
 
 /**
  * @generated from message bettercompute.v1.ListEventsRequest
@@ -2592,7 +3120,7 @@ export type ListEventsRequestJson = {
  * Use `create(ListEventsRequestSchema)` to create a new message.
  */
 export const ListEventsRequestSchema: GenMessage<ListEventsRequest, {jsonType: ListEventsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 41);
+  messageDesc(file_bettercompute_v1_api, 45);
 
 /**
  * @generated from message bettercompute.v1.ListEventsResponse
@@ -2629,7 +3157,7 @@ export type ListEventsResponseJson = {
  * Use `create(ListEventsResponseSchema)` to create a new message.
  */
 export const ListEventsResponseSchema: GenMessage<ListEventsResponse, {jsonType: ListEventsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 42);
+  messageDesc(file_bettercompute_v1_api, 46);
 
 /**
  * @generated from message bettercompute.v1.AuditEntry
@@ -2730,7 +3258,7 @@ export type AuditEntryJson = {
  * Use `create(AuditEntrySchema)` to create a new message.
  */
 export const AuditEntrySchema: GenMessage<AuditEntry, {jsonType: AuditEntryJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 43);
+  messageDesc(file_bettercompute_v1_api, 47);
 
 /**
  * Audit rows are read oldest first with a cursor, like events.
@@ -2789,7 +3317,7 @@ export type ListAuditRequestJson = {
  * Use `create(ListAuditRequestSchema)` to create a new message.
  */
 export const ListAuditRequestSchema: GenMessage<ListAuditRequest, {jsonType: ListAuditRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 44);
+  messageDesc(file_bettercompute_v1_api, 48);
 
 /**
  * @generated from message bettercompute.v1.ListAuditResponse
@@ -2832,7 +3360,7 @@ export type ListAuditResponseJson = {
  * Use `create(ListAuditResponseSchema)` to create a new message.
  */
 export const ListAuditResponseSchema: GenMessage<ListAuditResponse, {jsonType: ListAuditResponseJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 45);
+  messageDesc(file_bettercompute_v1_api, 49);
 
 /**
  * @generated from message bettercompute.v1.NodeCert
@@ -2929,7 +3457,7 @@ export type NodeCertJson = {
  * Use `create(NodeCertSchema)` to create a new message.
  */
 export const NodeCertSchema: GenMessage<NodeCert, {jsonType: NodeCertJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 46);
+  messageDesc(file_bettercompute_v1_api, 50);
 
 /**
  * @generated from message bettercompute.v1.Node
@@ -3148,7 +3676,7 @@ export type NodeJson = {
  * Use `create(NodeSchema)` to create a new message.
  */
 export const NodeSchema: GenMessage<Node, {jsonType: NodeJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 47);
+  messageDesc(file_bettercompute_v1_api, 51);
 
 /**
  * @generated from message bettercompute.v1.ListNodesRequest
@@ -3205,7 +3733,7 @@ export type ListNodesRequestJson = {
  * Use `create(ListNodesRequestSchema)` to create a new message.
  */
 export const ListNodesRequestSchema: GenMessage<ListNodesRequest, {jsonType: ListNodesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 48);
+  messageDesc(file_bettercompute_v1_api, 52);
 
 /**
  * @generated from message bettercompute.v1.ListNodesResponse
@@ -3242,7 +3770,7 @@ export type ListNodesResponseJson = {
  * Use `create(ListNodesResponseSchema)` to create a new message.
  */
 export const ListNodesResponseSchema: GenMessage<ListNodesResponse, {jsonType: ListNodesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 49);
+  messageDesc(file_bettercompute_v1_api, 53);
 
 /**
  * @generated from message bettercompute.v1.GetNodeRequest
@@ -3279,7 +3807,7 @@ export type GetNodeRequestJson = {
  * Use `create(GetNodeRequestSchema)` to create a new message.
  */
 export const GetNodeRequestSchema: GenMessage<GetNodeRequest, {jsonType: GetNodeRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 50);
+  messageDesc(file_bettercompute_v1_api, 54);
 
 /**
  * RetireNode ends a node's life: state retired, every unrevoked certificate
@@ -3336,7 +3864,7 @@ export type RetireNodeRequestJson = {
  * Use `create(RetireNodeRequestSchema)` to create a new message.
  */
 export const RetireNodeRequestSchema: GenMessage<RetireNodeRequest, {jsonType: RetireNodeRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 51);
+  messageDesc(file_bettercompute_v1_api, 55);
 
 /**
  * CreateNode makes a node ahead of its machine, decided on the pool
@@ -3409,7 +3937,7 @@ export type CreateNodeRequestJson = {
  * Use `create(CreateNodeRequestSchema)` to create a new message.
  */
 export const CreateNodeRequestSchema: GenMessage<CreateNodeRequest, {jsonType: CreateNodeRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 52);
+  messageDesc(file_bettercompute_v1_api, 56);
 
 /**
  * Command is one command to a node (R12.3): queued, sent once signed and
@@ -3552,7 +4080,7 @@ export type CommandJson = {
  * Use `create(CommandSchema)` to create a new message.
  */
 export const CommandSchema: GenMessage<Command, {jsonType: CommandJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 53);
+  messageDesc(file_bettercompute_v1_api, 57);
 
 /**
  * @generated from message bettercompute.v1.EnqueueCommandRequest
@@ -3631,7 +4159,7 @@ export type EnqueueCommandRequestJson = {
  * Use `create(EnqueueCommandRequestSchema)` to create a new message.
  */
 export const EnqueueCommandRequestSchema: GenMessage<EnqueueCommandRequest, {jsonType: EnqueueCommandRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 54);
+  messageDesc(file_bettercompute_v1_api, 58);
 
 /**
  * @generated from message bettercompute.v1.ListCommandsRequest
@@ -3692,7 +4220,7 @@ export type ListCommandsRequestJson = {
  * Use `create(ListCommandsRequestSchema)` to create a new message.
  */
 export const ListCommandsRequestSchema: GenMessage<ListCommandsRequest, {jsonType: ListCommandsRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 55);
+  messageDesc(file_bettercompute_v1_api, 59);
 
 /**
  * @generated from message bettercompute.v1.ListCommandsResponse
@@ -3733,7 +4261,7 @@ export type ListCommandsResponseJson = {
  * Use `create(ListCommandsResponseSchema)` to create a new message.
  */
 export const ListCommandsResponseSchema: GenMessage<ListCommandsResponse, {jsonType: ListCommandsResponseJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 56);
+  messageDesc(file_bettercompute_v1_api, 60);
 
 /**
  * @generated from message bettercompute.v1.GetCommandRequest
@@ -3770,7 +4298,7 @@ export type GetCommandRequestJson = {
  * Use `create(GetCommandRequestSchema)` to create a new message.
  */
 export const GetCommandRequestSchema: GenMessage<GetCommandRequest, {jsonType: GetCommandRequestJson}> = /*@__PURE__*/
-  messageDesc(file_bettercompute_v1_api, 57);
+  messageDesc(file_bettercompute_v1_api, 61);
 
 /**
  * @generated from service bettercompute.v1.TenantService
@@ -3949,6 +4477,14 @@ export const JoinRequestService: GenService<{
     methodKind: "unary";
     input: typeof ListJoinRequestsRequestSchema;
     output: typeof ListJoinRequestsResponseSchema;
+  },
+  /**
+   * @generated from rpc bettercompute.v1.JoinRequestService.GetJoinRequest
+   */
+  getJoinRequest: {
+    methodKind: "unary";
+    input: typeof GetJoinRequestRequestSchema;
+    output: typeof JoinRequestSchema;
   },
   /**
    * @generated from rpc bettercompute.v1.JoinRequestService.ApproveJoinRequest
