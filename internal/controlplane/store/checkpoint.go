@@ -108,9 +108,12 @@ func (c *checkpointer) committed(wc *writerConn) {
 	}
 	w := c.written.Add(n)
 	c.since += n
-	if c.since >= c.pages && c.running.TryLock() {
+	if c.since >= c.pages && (c.running.TryLock() || c.since >= 2*c.pages && lockNow(&c.running)) {
 		// The checkpointer is not running (else this waits for the next
-		// commit): copy what is left while nobody writes.
+		// commit, and past twice the interval for its pass to end: on a
+		// loaded machine its passes can follow each other so closely that
+		// the writer would never find it idle, and the WAL would grow
+		// without bound): copy what is left while nobody writes.
 		busy, logFrames, copied, err := walCheckpoint(wc.queryRow("PRAGMA wal_checkpoint(PASSIVE)"))
 		c.running.Unlock()
 		switch {
@@ -132,6 +135,12 @@ func (c *checkpointer) committed(wc *writerConn) {
 		default:
 		}
 	}
+}
+
+// lockNow locks mu, waiting for its holder, and reports true.
+func lockNow(mu *sync.Mutex) bool {
+	mu.Lock()
+	return true
 }
 
 // walCheckpoint reads PRAGMA wal_checkpoint's row: busy, the frames in the
