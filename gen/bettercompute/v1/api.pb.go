@@ -3797,7 +3797,13 @@ type Node struct {
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	// Newest first; only in GetNode.
-	Certs         []*NodeCert `protobuf:"bytes,18,rep,name=certs,proto3" json:"certs,omitempty"`
+	Certs []*NodeCert `protobuf:"bytes,18,rep,name=certs,proto3" json:"certs,omitempty"`
+	// The hardware key (hex) the node was admitted under (R22.1), derived
+	// from the machine's claims (hardware_key_trusted: at least two
+	// independent kinds of identifier back it). An approver compares it with
+	// a join request's; for tpm nodes the EK tells two machines with the
+	// same claims apart, not this key.
+	HardwareKey   string `protobuf:"bytes,19,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3956,6 +3962,13 @@ func (x *Node) GetCerts() []*NodeCert {
 		return x.Certs
 	}
 	return nil
+}
+
+func (x *Node) GetHardwareKey() string {
+	if x != nil {
+		return x.HardwareKey
+	}
+	return ""
 }
 
 type ListNodesRequest struct {
@@ -4986,7 +4999,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12#\n" +
 	"\rrevoke_reason\x18\a \x01(\tR\frevokeReason\x12#\n" +
-	"\rallowed_kinds\x18\b \x03(\tR\fallowedKinds\"\x9a\x05\n" +
+	"\rallowed_kinds\x18\b \x03(\tR\fallowedKinds\"\xbd\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -5010,7 +5023,8 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"created_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x120\n" +
-	"\x05certs\x18\x12 \x03(\v2\x1a.bettercompute.v1.NodeCertR\x05certs\"\x84\x01\n" +
+	"\x05certs\x18\x12 \x03(\v2\x1a.bettercompute.v1.NodeCertR\x05certs\x12!\n" +
+	"\fhardware_key\x18\x13 \x01(\tR\vhardwareKey\"\x84\x01\n" +
 	"\x10ListNodesRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1b\n" +
