@@ -43,16 +43,21 @@ func TestBackupRestoreDev(t *testing.T) {
 	dev.exited(t, 30*time.Second)
 
 	restored := filepath.Join(dir, "restored")
-	out, errOut, code := run(t, nil, "", bc, "restore", "--in", archive, "--data-dir", restored)
-	if code != 0 || !regexp.MustCompile(`revoked [1-9][0-9]* join tokens`).MatchString(out) {
-		t.Fatalf("restore: %d %s %s", code, out, errOut)
-	}
 	secret, err := os.ReadFile(filepath.Join(data, "dev-secret"))
 	must(t, err)
 	secretEnv := []string{"BETTER_COMPUTE_SECRET=" + strings.TrimSpace(string(secret))}
+	// R23.2: the archive is authenticated under dev's secret.
+	if out, errOut, code := run(t, nil, "", bc, "restore", "--in", archive, "--data-dir", restored); code == 0 || !strings.Contains(errOut, "BETTER_COMPUTE_SECRET is not set") {
+		t.Fatalf("restore without the secret: %d %s %s", code, out, errOut)
+	}
+	out, errOut, code := run(t, secretEnv, "", bc, "restore", "--in", archive, "--data-dir", restored)
+	if code != 0 || !regexp.MustCompile(`revoked [1-9][0-9]* join tokens`).MatchString(out) {
+		t.Fatalf("restore: %d %s %s", code, out, errOut)
+	}
 	dev2 := start(t, secretEnv, bc, "dev", "--data-dir", restored, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
 	waitFor(t, "dev on the restored directory", 60*time.Second, func() bool {
-		_, err := os.Stat(filepath.Join(restored, "dev.env"))
+		// dev writes dev.env, then the bcd config read below.
+		_, err := os.Stat(filepath.Join(restored, "bcd", "config.toml"))
 		return err == nil && strings.Contains(dev2.output(), "gateway listening")
 	})
 	env2 := readEnv(t, filepath.Join(restored, "dev.env"))

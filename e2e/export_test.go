@@ -140,6 +140,7 @@ batch_size = 7
 [[export.sinks]]
 kind = "webhook"
 url = "http://`+sink.addr+`/ingest"
+allow_http_loopback = true
 timeout = "1s"
 `), 0o600))
 	}

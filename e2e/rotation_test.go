@@ -188,9 +188,19 @@ func (m *fleetMachine) renew(ctx context.Context, url string) error {
 	if err != nil {
 		return err
 	}
+	// R21.2: the pins it holds, as bcd says them, so pki status sees it
+	// catch up.
+	var pins []string
+	for _, kind := range pinnedKinds {
+		pins = append(pins, m.pins[kind]...)
+	}
+	pinsSig, err := pki.SignPinsAck(m.key, pki.CSRHash(csr), pins)
+	if err != nil {
+		return err
+	}
 	c, done := m.client(url)
 	defer done()
-	res, err := c.Renew(ctx, connect.NewRequest(&agentv1.RenewRequest{Csr: csr, Chain: m.chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: m.id}))
+	res, err := c.Renew(ctx, connect.NewRequest(&agentv1.RenewRequest{Csr: csr, Chain: m.chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: m.id, Pins: pins, PinsSig: pinsSig}))
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,13 +33,16 @@ func (a *app) backupCmd() *cobra.Command {
 		Long: `Write one archive (tar.gz, 0600) of serve's SQLite database, copied
 consistently while the server keeps running (VACUUM INTO), and of the PKI
 directory's public and encrypted files (pki.dir), with a manifest of the
-schema version and each file's SHA-256. --config is serve's config;
+schema version and each file's SHA-256, and the manifest's MAC (HMAC-SHA256
+under a key derived from BETTER_COMPUTE_SECRET), so that restore takes only
+an archive made by someone holding the secret. --config is serve's config;
 --data-dir is a 'dev' (or restored) data directory: DIR/bc.db and DIR/pki. The
 archive is written beside --out and moved into place; an existing --out is
 never overwritten.
 
-BETTER_COMPUTE_SECRET is not read and not in the archive: keep it apart
-(a password manager, a secret store). PostgreSQL is backed up with pg_dump
+BETTER_COMPUTE_SECRET must be set (with --data-dir, DIR/dev-secret is used
+when it is not) and is not in the archive: keep it apart (a password
+manager, a secret store); restore needs it. PostgreSQL is backed up with pg_dump
 or point-in-time recovery plus a copy of pki.dir: see docs/operations.md,
 "Backup and restore".
 
@@ -49,7 +56,11 @@ Progress goes to stderr; --json prints the manifest on stdout.`,
 			if err != nil {
 				return err
 			}
-			m, err := backup.Create(cmd.Context(), backup.Config{Store: st, PKIDir: pkiDir, Out: out, Progress: a.progress})
+			sec, err := backupSecret(a.env.Getenv(SecretEnv), dataDir)
+			if err != nil {
+				return err
+			}
+			m, err := backup.Create(cmd.Context(), backup.Config{Store: st, PKIDir: pkiDir, Out: out, Secret: sec, Progress: a.progress})
 			if err != nil {
 				return err
 			}
@@ -82,6 +93,30 @@ func backupSource(config, dataDir string) (store.Config, string, error) {
 	return cfg.Store, cfg.PKI.Dir, nil
 }
 
+// backupSecret is BETTER_COMPUTE_SECRET or, for a dev data directory, the
+// secret dev keeps in it (never made here: a backup of a directory without
+// one has nothing to authenticate under).
+func backupSecret(env, dataDir string) ([]byte, error) {
+	if env != "" || dataDir == "" {
+		return []byte(env), nil
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "dev-secret"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errs.Wrap(err, errs.InvalidConfig, "read the dev secret: %v", err)
+	}
+	return []byte(strings.TrimSpace(string(b))), nil
+}
+
+// unauthenticatedWarning is printed on stderr whenever an archive without
+// a MAC is read.
+const unauthenticatedWarning = `WARNING: this archive carries no MAC (written by an older release, or
+stripped of it). Nothing shows it is the archive 'better-compute backup'
+wrote: anyone who could write it could have changed the database, its API
+keys and grants. Use it only if you know where it has been.`
+
 // restoreSummary is restore's --json answer.
 type restoreSummary struct {
 	Manifest      backup.Manifest `json:"manifest"`
@@ -91,18 +126,22 @@ type restoreSummary struct {
 	RevokedTokens []string        `json:"revokedTokens"`
 	Nodes         int64           `json:"nodes"`
 	Verified      bool            `json:"verifiedOnly,omitempty"`
+	Authenticated bool            `json:"authenticated"`
 }
 
 func (a *app) restoreCmd() *cobra.Command {
 	var in, dir string
-	var keep, verify, known bool
+	var keep, verify, known, unauth bool
 	cmd := &cobra.Command{
 		Use:   "restore --in FILE --data-dir DIR",
 		Short: "Restore a backup into a fresh data directory",
 		Long: `Restore an archive written by 'better-compute backup' into DIR, which must
 not exist or be empty: DIR/bc.db (store.path) and DIR/pki (pki.dir). The
-archive is checked against its manifest (SHA-256 of every file) and a
-schema newer than this binary is refused. Nothing is left half-written:
+archive's MAC is checked under BETTER_COMPUTE_SECRET (the secret it was
+taken under), then every file against the manifest (size and SHA-256); a
+schema newer than this binary is refused, and so is an archive whose files
+take more than the free space. An archive of an older release has no MAC:
+it restores only with --unauthenticated, and with a warning. Nothing is left half-written:
 the restore is staged beside DIR and renamed into place.
 
 Every join token that was live in the backup is revoked, because uses spent
@@ -131,21 +170,24 @@ dump's: SELECT max(version_id) FROM goose_db_version WHERE is_applied).`,
 			if err := required("in", in); err != nil {
 				return err
 			}
+			auth := backup.Auth{Secret: []byte(a.env.Getenv(SecretEnv)), Unauthenticated: unauth}
 			if verify {
-				m, err := backup.Verify(cmd.Context(), in)
+				v, err := backup.Verify(cmd.Context(), in, auth)
 				if err != nil {
 					return err
 				}
-				return a.printRestore(restoreSummary{Manifest: m, SchemaVersion: m.SchemaVersion, Verified: true})
+				a.warnUnauthenticated(v.Authenticated)
+				return a.printRestore(restoreSummary{Manifest: v.Manifest, SchemaVersion: v.Manifest.SchemaVersion, Verified: true, Authenticated: v.Authenticated})
 			}
 			if err := required("data-dir", dir); err != nil {
 				return err
 			}
-			res, err := backup.Restore(cmd.Context(), backup.RestoreConfig{In: in, DataDir: dir, KeepTokens: keep, Progress: a.progress})
+			res, err := backup.Restore(cmd.Context(), backup.RestoreConfig{In: in, DataDir: dir, KeepTokens: keep, Auth: auth, Progress: a.progress})
 			if err != nil {
 				return err
 			}
-			s := restoreSummary{Manifest: res.Manifest, DBPath: res.DBPath, PKIDir: res.PKIDir, SchemaVersion: res.SchemaVersion, Nodes: res.Nodes, RevokedTokens: []string{}}
+			a.warnUnauthenticated(res.Authenticated)
+			s := restoreSummary{Manifest: res.Manifest, DBPath: res.DBPath, PKIDir: res.PKIDir, SchemaVersion: res.SchemaVersion, Nodes: res.Nodes, RevokedTokens: []string{}, Authenticated: res.Authenticated}
 			for _, j := range res.RevokedTokens {
 				s.RevokedTokens = append(s.RevokedTokens, j.ID)
 			}
@@ -158,7 +200,14 @@ dump's: SELECT max(version_id) FROM goose_db_version WHERE is_applied).`,
 	f.BoolVar(&keep, "keep-tokens", false, "keep the join tokens live in the backup live (only if nothing joined since)")
 	f.BoolVar(&verify, "verify", false, "only check the archive against its manifest; write nothing")
 	f.BoolVar(&known, "known-schema", false, "print the newest schema version this binary runs and exit")
+	f.BoolVar(&unauth, "unauthenticated", false, "accept an archive without a MAC (from an older release); only one you know where it has been")
 	return cmd
+}
+
+func (a *app) warnUnauthenticated(authenticated bool) {
+	if !authenticated {
+		fmt.Fprintln(a.env.Stderr, unauthenticatedWarning)
+	}
 }
 
 func (a *app) printRestore(s restoreSummary) error {
@@ -173,7 +222,11 @@ func (a *app) printRestore(s restoreSummary) error {
 	fmt.Fprintf(w, "backup taken %s: trust domain %s, schema version %d (this binary knows up to %d), %d files\n",
 		m.CreatedAt.Format(time.RFC3339), m.TrustDomain, m.SchemaVersion, known, len(m.Files))
 	if s.Verified {
-		fmt.Fprintln(w, "the archive matches its manifest")
+		if s.Authenticated {
+			fmt.Fprintln(w, "the archive is authenticated under BETTER_COMPUTE_SECRET and matches its manifest")
+		} else {
+			fmt.Fprintln(w, "the archive matches its manifest, but is NOT authenticated (no MAC)")
+		}
 		return nil
 	}
 	fmt.Fprintf(w, "restored into:\n  store.path = %q\n  pki.dir    = %q\n", s.DBPath, s.PKIDir)

@@ -117,7 +117,10 @@ func (s *Server) agentMux() http.Handler {
 	mux.HandleFunc("GET /readyz", s.ready)
 	// A server span per call, a child of the gateway's (trace context
 	// carries no authority: it only labels spans).
-	return tracing.Handler(s.cfg.Tracer, mux)
+	// Its callers are authenticated gateways (AgentHandler checks their
+	// client certificate; LocalAgentHandler is held in-process only), so
+	// their sampling decision stands and a trace runs on unbroken.
+	return tracing.Handler(s.cfg.Tracer, mux, tracing.TrustCallerSampling())
 }
 
 // Join exposes JoinService in-process (tests and the load generator's

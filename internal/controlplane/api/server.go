@@ -110,6 +110,7 @@ type Server struct {
 	// lines writes what an unauthenticated request can cause (a failed key
 	// lookup, readiness, downloads) rate-limited: LinesPerMinute per kind.
 	lines   *ratelimit.Logger
+	console *console.Console
 	hub     *events.Hub
 	tenancy *tenancy.Service
 	authz   *authz.Service
@@ -227,6 +228,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.console = con
 	s.mux.Handle(con.Prefix()+"/", con)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
@@ -236,6 +238,10 @@ func New(cfg Config) (*Server, error) {
 
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Console exposes the web console, whose Run the process starts with its
+// other background loops (it drops expired sessions).
+func (s *Server) Console() *console.Console { return s.console }
 
 // Mux exposes the route table so other parts of the control plane (the
 // agent service, downloads) mount beside the operator API.

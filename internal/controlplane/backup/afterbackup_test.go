@@ -65,7 +65,7 @@ func TestMachinesChangedAfterBackup(t *testing.T) {
 	later := p.token(t, pool.Id, 2, false)
 
 	out := filepath.Join(t.TempDir(), "bc.backup")
-	if _, err := backup.Create(ctx, backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: out}); err != nil {
+	if _, err := backup.Create(ctx, backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: out, Secret: testSecret}); err != nil {
 		t.Fatal(err)
 	}
 	joiner := p.join(t, jointest.NewMachine(t, jointest.Claims(2)), later.Token)
@@ -75,7 +75,7 @@ func TestMachinesChangedAfterBackup(t *testing.T) {
 	}
 
 	dir := filepath.Join(t.TempDir(), "restored")
-	res, err := backup.Restore(ctx, backup.RestoreConfig{In: out, DataDir: dir})
+	res, err := backup.Restore(ctx, backup.RestoreConfig{In: out, DataDir: dir, Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ type Config struct {
 	PKIDir string
 	// Out is the archive to write. It must not exist.
 	Out string
+	// Secret is BETTER_COMPUTE_SECRET: the archive's MAC key is derived
+	// from it (mac.go). It is not written anywhere.
+	Secret []byte
 	// Clock stamps the manifest; nil is the wall clock.
 	Clock clock.Clock
 	// Progress receives one line per step; nil drops them.
@@ -78,6 +81,10 @@ func Create(ctx context.Context, cfg Config) (Manifest, error) {
 	if _, err := os.Lstat(cfg.Out); !errors.Is(err, fs.ErrNotExist) {
 		return Manifest{}, errs.New(errs.AlreadyExists, "--out %s exists: a backup never overwrites a file", cfg.Out)
 	}
+	if len(cfg.Secret) == 0 {
+		// Checked first, so nothing is copied for an archive never written.
+		return Manifest{}, errNoSecret()
+	}
 	tmp, err := os.MkdirTemp(filepath.Dir(cfg.Out), ".bc-backup-*")
 	if err != nil {
 		return Manifest{}, fmt.Errorf("create a temporary directory beside %s: %w", cfg.Out, err)
@@ -109,7 +116,7 @@ func Create(ctx context.Context, cfg Config) (Manifest, error) {
 		m.Files = append(m.Files, mb.File)
 	}
 	archive := filepath.Join(tmp, "backup.tar.gz")
-	if err := writeArchive(archive, m, members); err != nil {
+	if err := writeArchive(archive, m, members, cfg.Secret); err != nil {
 		return Manifest{}, err
 	}
 	if err := publish(archive, cfg.Out); err != nil {
@@ -205,9 +212,9 @@ func hashFile(p string) (File, error) {
 	return File{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
-// writeArchive writes the manifest and members to a new file at p (0600)
-// and syncs it.
-func writeArchive(p string, m Manifest, members []member) (err error) {
+// writeArchive writes the manifest, its MAC under secret and the members
+// to a new file at p (0600) and syncs it.
+func writeArchive(p string, m Manifest, members []member, secret []byte) (err error) {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("create the archive: %w", err)
@@ -219,7 +226,14 @@ func writeArchive(p string, m Manifest, members []member) (err error) {
 	if err != nil {
 		return err
 	}
+	mac, err := sealManifest(mj, secret)
+	if err != nil {
+		return err
+	}
 	if err := writeMember(tw, memberManifest, m.CreatedAt, int64(len(mj)), bytes.NewReader(mj)); err != nil {
+		return err
+	}
+	if err := writeMember(tw, memberMAC, m.CreatedAt, int64(len(mac)), bytes.NewReader(mac)); err != nil {
 		return err
 	}
 	for _, mb := range members {

@@ -62,7 +62,7 @@ func TestBackupDuringJoinsRestores(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bc.backup")
 	var lines []string
 	before := joined.Load()
-	m, err := backup.Create(ctx, backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: out,
+	m, err := backup.Create(ctx, backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: out, Secret: testSecret,
 		Progress: func(f string, _ ...any) { lines = append(lines, f) }})
 	atBackup := joined.Load()
 	wg.Wait()
@@ -83,7 +83,7 @@ func TestBackupDuringJoinsRestores(t *testing.T) {
 	checkArchive(t, out)
 
 	dir := filepath.Join(t.TempDir(), "restored")
-	res, err := backup.Restore(ctx, backup.RestoreConfig{In: out, DataDir: dir})
+	res, err := backup.Restore(ctx, backup.RestoreConfig{In: out, DataDir: dir, Auth: auth})
 	if err != nil {
 		t.Fatalf("restore: %v", err)
 	}
@@ -232,8 +232,11 @@ func TestBackupRefusals(t *testing.T) {
 		msg  string
 	}{
 		{"out exists", backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: exists}, errs.AlreadyExists, "a backup never overwrites a file"},
-		{"postgres", backup.Config{Store: store.Config{Driver: "postgres", DSN: "postgres://db/bc"}, Out: filepath.Join(t.TempDir(), "pg")}, errs.InvalidState, "pg_dump"},
-		{"clear key", backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: clear, Out: filepath.Join(t.TempDir(), "clear")}, errs.InvalidState, "refusing to put a key in the clear"},
+		{"postgres", backup.Config{Store: store.Config{Driver: "postgres", DSN: "postgres://db/bc"}, Out: filepath.Join(t.TempDir(), "pg"), Secret: testSecret}, errs.InvalidState, "pg_dump"},
+		{"clear key", backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: clear, Out: filepath.Join(t.TempDir(), "clear"), Secret: testSecret}, errs.InvalidState, "refusing to put a key in the clear"},
+		// R23.2: the archive is authenticated under the secret, so none is
+		// written without it.
+		{"no secret", backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: filepath.Join(t.TempDir(), "nosecret")}, errs.InvalidConfig, "BETTER_COMPUTE_SECRET is not set"},
 		{"no out", backup.Config{Store: store.Config{Path: p.dbPath}}, errs.InvalidArgument, "required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
+	"github.com/better-compute/better-compute/internal/controlplane/backup"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -28,6 +29,9 @@ import (
 
 // testSecret encrypts the test PKI's keys (a secret.GenerateStrong form).
 var testSecret = []byte("lH3f2xq0m1U8cYt7bVQ2r9nK5sJwE6aZpD4gL0oTyXc")
+
+// auth checks archives under testSecret.
+var auth = backup.Auth{Secret: testSecret}
 
 // plane is a control plane as serve runs it from a data directory: the
 // SQLite file and the PKI directory on disk, the API on them, an admin

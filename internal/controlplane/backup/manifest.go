@@ -10,8 +10,13 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
-// Format is the archive format this package writes and reads.
-const Format = 1
+// Format is the archive format this package writes: a manifest and its
+// MAC (mac.go). It also reads FormatUnauthenticated, the format of older
+// releases, whose archives carry no MAC, when told to (--unauthenticated).
+const (
+	Format                = 2
+	FormatUnauthenticated = 1
+)
 
 // Members of the archive. The manifest comes first, so a restore checks
 // the format and schema before it extracts anything.
@@ -22,11 +27,16 @@ const (
 )
 
 // Limits on what a restore reads, so a damaged or hostile archive cannot
-// make it spend unbounded memory: the manifest is read whole, the members
-// are streamed.
+// make it spend unbounded memory or disk: the manifest is read whole, the
+// members are streamed, each bounded by its size in the manifest, a PKI
+// file by maxPKIFileBytes too, and all of them together by the free space
+// where they are written (restore.go).
 const (
 	maxManifestBytes = 1 << 20
 	maxMembers       = 1000
+	maxPKIFileBytes  = 1 << 20
+	// maxMemberBytes (1 PiB) only keeps the sum of sizes from overflowing.
+	maxMemberBytes = 1 << 50
 )
 
 // Manifest is manifest.json: what the archive holds and what it was taken
@@ -58,14 +68,34 @@ func damaged(format string, args ...any) error {
 	return errs.Invalid("--in", "the backup archive is damaged: "+format, args...)
 }
 
-// parseManifest reads and checks manifest.json.
-func parseManifest(b []byte) (Manifest, error) {
+// checkFormat refuses a manifest of a format this binary does not read,
+// before anything else is checked: an archive of a newer release is not
+// damaged, it needs that release.
+func checkFormat(b []byte) error {
+	var m struct{ Format int }
+	if err := json.Unmarshal(b, &m); err != nil {
+		return damaged("manifest.json: %v", err)
+	}
+	if m.Format != Format && m.Format != FormatUnauthenticated {
+		return errs.New(errs.InvalidState, "backup format %d: this binary reads formats %d and %d", m.Format, FormatUnauthenticated, Format)
+	}
+	return nil
+}
+
+// parseManifest reads and checks manifest.json; authenticated says whether
+// its MAC was checked.
+func parseManifest(b []byte, authenticated bool) (Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, damaged("manifest.json: %v", err)
 	}
-	if m.Format != Format {
-		return m, errs.New(errs.InvalidState, "backup format %d: this binary reads format %d", m.Format, Format)
+	if err := checkFormat(b); err != nil {
+		return m, err
+	}
+	if authenticated != (m.Format == Format) {
+		// A format 2 manifest without its MAC had it stripped; a format 1
+		// manifest with one was not written by backup.
+		return m, damaged("a format %d manifest %s %s", m.Format, map[bool]string{true: "with", false: "without"}[authenticated], memberMAC)
 	}
 	if m.Store != "sqlite" {
 		return m, damaged("store %q: want sqlite", m.Store)
@@ -78,8 +108,11 @@ func parseManifest(b []byte) (Manifest, error) {
 		if err := checkName(f.Name); err != nil {
 			return m, err
 		}
-		if seen[f.Name] || f.Size < 0 || len(f.SHA256) != 64 {
+		if seen[f.Name] || f.Size < 0 || f.Size > maxMemberBytes || len(f.SHA256) != 64 {
 			return m, damaged("manifest entry %q", f.Name)
+		}
+		if f.Name != memberDB && f.Size > maxPKIFileBytes {
+			return m, damaged("%s: %d bytes, a PKI file is at most %d", f.Name, f.Size, maxPKIFileBytes)
 		}
 		seen[f.Name] = true
 	}
@@ -110,6 +143,15 @@ func (m Manifest) file(name string) (File, bool) {
 		}
 	}
 	return File{}, false
+}
+
+// size is the bytes of every member together.
+func (m Manifest) size() int64 {
+	var n int64
+	for _, f := range m.Files {
+		n += f.Size
+	}
+	return n
 }
 
 func (f File) String() string { return fmt.Sprintf("%s (%d bytes)", f.Name, f.Size) }

@@ -31,6 +31,7 @@ type RestoreConfig struct {
 	// KeepTokens leaves the join tokens live in the backup live. Only for
 	// a backup known to be the latest state (nothing joined since).
 	KeepTokens bool
+	Auth
 	// Log is the database's log; nil discards it.
 	Log *slog.Logger
 	// Progress receives one line per step; nil drops them.
@@ -43,9 +44,24 @@ func (c *RestoreConfig) progress(format string, args ...any) {
 	}
 }
 
+// Auth is what an archive is authenticated with.
+type Auth struct {
+	// Secret is BETTER_COMPUTE_SECRET as it was when the backup was taken:
+	// the archive's MAC key is derived from it.
+	Secret []byte
+	// Unauthenticated accepts an archive without a MAC (FormatUnauthenticated,
+	// written by an older release). SECURITY: nothing then shows the
+	// archive is the one backup wrote; the caller warns loudly. An archive
+	// that has a MAC must verify all the same.
+	Unauthenticated bool
+}
+
 // Restored is what Restore did.
 type Restored struct {
 	Manifest Manifest
+	// Authenticated is false for an archive without a MAC, taken only with
+	// Auth.Unauthenticated.
+	Authenticated bool
 	// DBPath and PKIDir are where the database and bundle now are:
 	// store.path and pki.dir of the restored server's config.
 	DBPath, PKIDir string
@@ -68,14 +84,22 @@ const (
 // restoreActor is the audit actor of what a restore writes.
 const restoreActor = "system"
 
-// Verify reads the whole archive at in and checks it against its manifest,
-// and that the database copy is at the manifest's schema version. It
-// writes nothing but a temporary copy of the database, removed before it
-// returns.
-func Verify(ctx context.Context, in string) (Manifest, error) {
+// Verified is what Verify found.
+type Verified struct {
+	Manifest Manifest
+	// Authenticated is false for an archive without a MAC, taken only with
+	// Auth.Unauthenticated.
+	Authenticated bool
+}
+
+// Verify reads the whole archive at in and checks its MAC under auth, its
+// members against its manifest, and that the database copy is at the
+// manifest's schema version. It writes nothing but a temporary copy of
+// the database, removed before it returns.
+func Verify(ctx context.Context, in string, auth Auth) (Verified, error) {
 	tmp, err := os.MkdirTemp("", "bc-verify-*")
 	if err != nil {
-		return Manifest{}, err
+		return Verified{}, err
 	}
 	defer os.RemoveAll(tmp)
 	put := func(name string) (io.WriteCloser, error) {
@@ -84,11 +108,17 @@ func Verify(ctx context.Context, in string) (Manifest, error) {
 		}
 		return nopCloser{io.Discard}, nil
 	}
-	m, err := extract(in, checkSchema, put)
-	if err != nil {
-		return m, err
+	// Only the database copy is written (to tmp).
+	need := func(m Manifest) int64 {
+		f, _ := m.file(memberDB)
+		return f.Size
 	}
-	return m, checkCopy(ctx, m, filepath.Join(tmp, DBFile))
+	x := extraction{in: in, auth: auth, dir: tmp, need: need, put: put}
+	m, authed, err := x.run()
+	if err != nil {
+		return Verified{Manifest: m}, err
+	}
+	return Verified{Manifest: m, Authenticated: authed}, checkCopy(ctx, m, filepath.Join(tmp, DBFile))
 }
 
 // checkCopy checks that the database copy is at the manifest's schema.
@@ -147,11 +177,16 @@ func Restore(ctx context.Context, cfg RestoreConfig) (Restored, error) {
 	}
 	defer os.RemoveAll(stage) // a no-op once renamed into place
 	cfg.progress("checking and extracting %s", cfg.In)
-	m, err := extract(cfg.In, checkSchema, stageWriter(stage))
+	x := extraction{in: cfg.In, auth: cfg.Auth, dir: stage, need: Manifest.size, put: stageWriter(stage)}
+	m, authed, err := x.run()
 	if err != nil {
 		return Restored{}, err
 	}
-	cfg.progress("backup of %s taken %s, schema version %d, %d files: checksums match", m.TrustDomain, m.CreatedAt.Format(time.RFC3339), m.SchemaVersion, len(m.Files))
+	checked := "MAC and checksums match"
+	if !authed {
+		checked = "checksums match, NO MAC (unauthenticated)"
+	}
+	cfg.progress("backup of %s taken %s, schema version %d, %d files: %s", m.TrustDomain, m.CreatedAt.Format(time.RFC3339), m.SchemaVersion, len(m.Files), checked)
 	res, err := openRestored(ctx, cfg, m, filepath.Join(stage, DBFile))
 	if err != nil {
 		return Restored{}, err
@@ -167,7 +202,7 @@ func Restore(ctx context.Context, cfg RestoreConfig) (Restored, error) {
 	if err := syncDir(filepath.Dir(target)); err != nil {
 		return Restored{}, err
 	}
-	res.Manifest = m
+	res.Manifest, res.Authenticated = m, authed
 	res.DBPath, res.PKIDir = filepath.Join(target, DBFile), filepath.Join(target, PKIDir)
 	return res, nil
 }
@@ -207,63 +242,137 @@ func stageWriter(stage string) func(name string) (io.WriteCloser, error) {
 	}
 }
 
-// extract reads the archive at in: the manifest first, checked by check
-// before any member is read, then every member, streamed to the writer
-// put returns and checked against the manifest's size and SHA-256. Any
-// member missing, extra, repeated, of the wrong kind or altered makes the
-// archive damaged.
-func extract(in string, check func(Manifest) error, put func(name string) (io.WriteCloser, error)) (Manifest, error) {
-	f, err := os.Open(in)
+// extraction reads one archive: the manifest first, then its MAC, both
+// checked before any member is read, then every member, streamed to the
+// writer put returns and checked against the manifest's size and SHA-256.
+// Any member missing, extra, repeated, of the wrong kind, altered or
+// longer than the manifest says makes the archive damaged.
+type extraction struct {
+	in   string
+	auth Auth
+	// dir is where the members are written; need is how many bytes of
+	// the manifest's members go there, refused above dir's free space.
+	dir  string
+	need func(Manifest) int64
+	put  func(name string) (io.WriteCloser, error)
+}
+
+// run extracts x.in, and reports whether its MAC was checked.
+func (x extraction) run() (Manifest, bool, error) {
+	f, err := os.Open(x.in)
 	if err != nil {
-		return Manifest{}, errs.Wrap(err, errs.InvalidArgument, "--in: %v", err)
+		return Manifest{}, false, errs.Wrap(err, errs.InvalidArgument, "--in: %v", err)
 	}
 	defer f.Close()
 	zr, err := gzip.NewReader(f)
 	if err != nil {
-		return Manifest{}, damaged("%v", err)
+		return Manifest{}, false, damaged("%v", err)
 	}
 	tr := tar.NewReader(zr)
-	hdr, err := tr.Next()
-	if err != nil || hdr.Name != memberManifest || hdr.Typeflag != tar.TypeReg || hdr.Size > maxManifestBytes {
-		return Manifest{}, damaged("the first member is not %s", memberManifest)
-	}
-	raw, err := io.ReadAll(io.LimitReader(tr, maxManifestBytes))
+	m, authed, next, err := x.manifest(tr)
 	if err != nil {
-		return Manifest{}, damaged("%s: %v", memberManifest, err)
+		return m, false, err
 	}
-	m, err := parseManifest(raw)
-	if err != nil {
-		return m, err
+	if err := checkSchema(m); err != nil {
+		return m, false, err
 	}
-	if err := check(m); err != nil {
-		return m, err
+	if err := checkSpace(x.dir, x.need(m)); err != nil {
+		return m, false, err
 	}
 	seen := map[string]bool{}
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return m, damaged("%v", err)
+	for hdr := next; ; {
+		if hdr == nil {
+			if hdr, err = tr.Next(); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				return m, false, damaged("%v", err)
+			}
 		}
 		want, ok := m.file(hdr.Name)
 		if !ok || seen[hdr.Name] || hdr.Typeflag != tar.TypeReg || hdr.Size != want.Size {
-			return m, damaged("member %q is not in the manifest as it is", hdr.Name)
+			return m, false, damaged("member %q is not in the manifest as it is", hdr.Name)
 		}
 		seen[hdr.Name] = true
-		if err := copyMember(tr, want, put); err != nil {
-			return m, err
+		if err := copyMember(tr, want, x.put); err != nil {
+			return m, false, err
 		}
+		hdr = nil
 	}
 	if len(seen) != len(m.Files) {
-		return m, damaged("%d of the manifest's %d members are missing", len(m.Files)-len(seen), len(m.Files))
+		return m, false, damaged("%d of the manifest's %d members are missing", len(m.Files)-len(seen), len(m.Files))
 	}
 	// Reading to the end checks gzip's own checksum of the whole stream.
 	if _, err := io.Copy(io.Discard, zr); err != nil {
-		return m, damaged("%v", err)
+		return m, false, damaged("%v", err)
 	}
-	return m, nil
+	return m, authed, nil
+}
+
+// manifest reads manifest.json and manifest.mac, checks the MAC and parses
+// the manifest. next is the member after them, already read, when the
+// archive has no MAC (and x.auth accepts that).
+func (x extraction) manifest(tr *tar.Reader) (m Manifest, authed bool, next *tar.Header, err error) {
+	raw, err := readSmall(tr, memberManifest, maxManifestBytes)
+	if err != nil {
+		return m, false, nil, err
+	}
+	if err := checkFormat(raw); err != nil {
+		return m, false, nil, err
+	}
+	next, err = tr.Next()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return m, false, nil, damaged("%v", err)
+	}
+	if next != nil && next.Name == memberMAC {
+		mac, err := readMember(tr, next, memberMAC, maxMACBytes)
+		if err != nil {
+			return m, false, nil, err
+		}
+		if err := checkManifestMAC(raw, mac, x.auth.Secret); err != nil {
+			return m, false, nil, err
+		}
+		authed, next = true, nil
+	} else if !x.auth.Unauthenticated {
+		return m, false, nil, errNoMAC()
+	}
+	m, err = parseManifest(raw, authed)
+	return m, authed, next, err
+}
+
+// readSmall reads the next member, which must be name, whole.
+func readSmall(tr *tar.Reader, name string, limit int64) ([]byte, error) {
+	hdr, err := tr.Next()
+	if err != nil {
+		return nil, damaged("the archive has no %s: %v", name, err)
+	}
+	return readMember(tr, hdr, name, limit)
+}
+
+// readMember reads the member of hdr, which must be name, a regular file
+// of at most limit bytes, whole.
+func readMember(tr *tar.Reader, hdr *tar.Header, name string, limit int64) ([]byte, error) {
+	if hdr.Name != name || hdr.Typeflag != tar.TypeReg || hdr.Size > limit {
+		return nil, damaged("member %q where %s (at most %d bytes) belongs", hdr.Name, name, limit)
+	}
+	raw, err := io.ReadAll(io.LimitReader(tr, limit+1))
+	if err != nil {
+		return nil, damaged("%s: %v", name, err)
+	}
+	if int64(len(raw)) > limit {
+		return nil, damaged("%s is over %d bytes", name, limit)
+	}
+	return raw, nil
+}
+
+// checkSpace refuses to write need bytes into dir when its file system
+// has less free: a restore stops before it fills the disk, however well a
+// hostile archive compresses.
+func checkSpace(dir string, need int64) error {
+	free, ok := freeBytes(dir)
+	if ok && need > free {
+		return errs.New(errs.InvalidState, "the backup's files take %d bytes and %s has %d free: free space, or restore elsewhere", need, dir, free)
+	}
+	return nil
 }
 
 func copyMember(r io.Reader, want File, put func(string) (io.WriteCloser, error)) error {
@@ -272,7 +381,10 @@ func copyMember(r io.Reader, want File, put func(string) (io.WriteCloser, error)
 		return fmt.Errorf("extract %s: %w", want.Name, err)
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, want.Size))
+	// One byte more than the manifest says is read, to notice a longer
+	// member: at most that byte is written past the declared size before
+	// the member is refused (and the staging directory removed).
+	n, err := io.Copy(io.MultiWriter(w, h), io.LimitReader(r, want.Size+1))
 	err = errors.Join(err, w.Close())
 	var e *errs.E
 	switch {
@@ -282,6 +394,8 @@ func copyMember(r io.Reader, want File, put func(string) (io.WriteCloser, error)
 		return damaged("%s: %v", want.Name, err)
 	case err != nil:
 		return fmt.Errorf("extract %s: %w", want.Name, err)
+	case n > want.Size:
+		return damaged("%s is longer than the %d bytes the manifest says", want.Name, want.Size)
 	case n != want.Size:
 		return damaged("%s is %d bytes, the manifest says %d", want.Name, n, want.Size)
 	case hex.EncodeToString(h.Sum(nil)) != want.SHA256:

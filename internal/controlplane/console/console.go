@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/cli/client"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 )
 
 //go:embed templates/*.html
@@ -60,6 +61,18 @@ type Config struct {
 	BasePath string
 	Clock    clock.Clock
 	Log      *slog.Logger
+
+	// MaxSessions and MaxSessionsPerKey bound the sessions held, in
+	// total and per API key (defaults DefaultMaxSessions,
+	// DefaultMaxSessionsPerKey): a sign-in past a bound ends the oldest
+	// session it counts against.
+	MaxSessions, MaxSessionsPerKey int
+	// SignInsPerMinute bounds the sign-in attempts of one source address
+	// each minute (default DefaultSignInsPerMinute); more answer 429.
+	SignInsPerMinute int
+	// SweepEvery is how often Run drops expired sessions (default
+	// DefaultSweepEvery).
+	SweepEvery time.Duration
 }
 
 // Console serves the web console.
@@ -71,13 +84,17 @@ type Console struct {
 	// secret keys the sign-in form's CSRF tokens; random per process.
 	secret []byte
 
+	// signins limits sign-in attempts per source address.
+	signins *ratelimit.Limiter
+
 	mu       sync.Mutex
-	sessions map[string]*session
+	sessions *sessions
 }
 
 // session is a signed-in browser: the key it signed in with (kept only in
 // this process's memory) and its CSRF synchronizer token.
 type session struct {
+	id      string
 	key     string
 	csrf    string
 	expires time.Time
@@ -96,12 +113,25 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = DefaultMaxSessions
+	}
+	if cfg.MaxSessionsPerKey <= 0 {
+		cfg.MaxSessionsPerKey = DefaultMaxSessionsPerKey
+	}
+	if cfg.SignInsPerMinute <= 0 {
+		cfg.SignInsPerMinute = DefaultSignInsPerMinute
+	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = DefaultSweepEvery
+	}
 	tmpl, err := template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, errs.Wrap(err, errs.Internal, "console templates: %v", err)
 	}
 	c := &Console{cfg: cfg, prefix: "/" + strings.Trim(cfg.BasePath, "/") + "/console", tmpl: tmpl,
-		mux: http.NewServeMux(), secret: randomBytes(32), sessions: map[string]*session{}}
+		mux: http.NewServeMux(), secret: randomBytes(32), sessions: newSessions(cfg.MaxSessions, cfg.MaxSessionsPerKey),
+		signins: ratelimit.New(cfg.Clock, cfg.SignInsPerMinute, time.Minute)}
 	if c.prefix == "//console" {
 		c.prefix = "/console"
 	}
@@ -182,12 +212,12 @@ func (c *Console) session(r *http.Request) *session {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.sessions[ck.Value]
+	s := c.sessions.get(ck.Value)
 	if s == nil {
 		return nil
 	}
 	if !c.cfg.Clock.Now().Before(s.expires) {
-		delete(c.sessions, ck.Value)
+		c.sessions.remove(ck.Value)
 		return nil
 	}
 	return s
@@ -241,6 +271,13 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "missing or wrong CSRF token\n", http.StatusForbidden)
 		return
 	}
+	// SECURITY: every attempt costs a key check and may start a session;
+	// a source gets SignInsPerMinute of them, right or wrong.
+	if ok, _ := c.signins.Allow(source(r.RemoteAddr)); !ok {
+		w.Header().Set("Retry-After", "60")
+		c.renderSignin(w, r, "too many sign-ins from this address: try again in a minute", http.StatusTooManyRequests)
+		return
+	}
 	key := strings.TrimSpace(r.PostForm.Get("key"))
 	if err := c.verify(r.Context(), key); err != nil {
 		c.renderSignin(w, r, errText(err), http.StatusUnauthorized)
@@ -249,12 +286,8 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	id := randomID()
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
-	for k, s := range c.sessions {
-		if !now.Before(s.expires) {
-			delete(c.sessions, k)
-		}
-	}
-	c.sessions[id] = &session{key: key, csrf: randomID(), expires: now.Add(SessionTTL)}
+	c.sessions.sweep(now)
+	c.sessions.add(&session{id: id, key: key, csrf: randomID(), expires: now.Add(SessionTTL)})
 	c.mu.Unlock()
 	http.SetCookie(w, c.cookie(cookieName, id, int(SessionTTL/time.Second)))
 	http.SetCookie(w, c.cookie(preCookie, "", -1))
@@ -277,7 +310,7 @@ func (c *Console) verify(ctx context.Context, key string) error {
 func (c *Console) signout(w http.ResponseWriter, r *http.Request, _ *session) {
 	if ck, err := r.Cookie(cookieName); err == nil {
 		c.mu.Lock()
-		delete(c.sessions, ck.Value)
+		c.sessions.remove(ck.Value)
 		c.mu.Unlock()
 	}
 	http.SetCookie(w, c.cookie(cookieName, "", -1))

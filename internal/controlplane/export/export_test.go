@@ -193,6 +193,10 @@ func start(t *testing.T, cfg export.Config) (e *export.Exporter, stop func()) {
 		cfg.Lease = 3 * time.Second
 	}
 	cfg.Retry = backoff.Policy{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}
+	for i := range cfg.Sinks {
+		// The fake sinks are plain httptest servers on 127.0.0.1.
+		cfg.Sinks[i].AllowHTTPLoopback = strings.HasPrefix(cfg.Sinks[i].URL, "http://")
+	}
 	if cfg.Log == nil && os.Getenv("EXPORT_DEBUG") != "" {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

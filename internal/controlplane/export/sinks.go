@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -34,9 +35,14 @@ type SinkConfig struct {
 	// Kinds are what the sink takes: "events", "audit" (default both).
 	Kinds []string `toml:"kinds"`
 
-	// URL is where a webhook POSTs batches (https, or http for a local
-	// collector).
+	// URL is where a webhook POSTs batches: https, or http only with
+	// AllowHTTPLoopback and a loopback host.
 	URL string `toml:"url"`
+	// AllowHTTPLoopback lets URL be http:// when its host is a loopback
+	// address (127.0.0.0/8, ::1, localhost): a collector on this host.
+	// SECURITY: batches and the secret cross the network only over TLS;
+	// an http URL to any other host is a config error even with this set.
+	AllowHTTPLoopback bool `toml:"allow_http_loopback"`
 	// Format of a webhook batch: "ndjson" (one item a line, the default)
 	// or "array" (one JSON array).
 	Format string `toml:"format"`
@@ -104,9 +110,8 @@ type webhook struct {
 }
 
 func newWebhook(c SinkConfig, log *slog.Logger) (func(context.Context, []Item) error, error) {
-	u, err := url.Parse(c.URL)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return nil, fmt.Errorf("url %q: want an http(s) URL", c.URL)
+	if err := checkURL(c); err != nil {
+		return nil, err
 	}
 	if c.Format == "" {
 		c.Format = "ndjson"
@@ -139,9 +144,47 @@ func newWebhook(c SinkConfig, log *slog.Logger) (func(context.Context, []Item) e
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true,
 			VerifyConnection: func(cs tls.ConnectionState) error { return certfile.VerifyServer(cs, pool.Get()) }}
 	}
+	// SECURITY: a redirect is never followed. Following one would send
+	// the batch, and the bearer secret with it, to wherever the sink (or
+	// whoever answers for it) points: another host, or http in the clear.
+	// A 3xx is a failed delivery (deliver says so), retried like a 5xx.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	w := &webhook{url: c.URL, format: c.Format, secretFile: c.SecretFile, auth: c.Auth,
-		client: &http.Client{Transport: tr, Timeout: c.Timeout}}
+		client: &http.Client{Transport: tr, Timeout: c.Timeout, CheckRedirect: noRedirect}}
 	return w.deliver, nil
+}
+
+// checkURL refuses a webhook URL that is not https, unless the sink
+// allows http to a loopback collector and the URL's host is one.
+func checkURL(c SinkConfig) error {
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fmt.Errorf("url %q: want an https URL", c.URL)
+	}
+	if u.User != nil {
+		return fmt.Errorf("url %q: credentials in the URL are not sent; use secret_file", u.Redacted())
+	}
+	if u.Scheme == "https" {
+		return nil
+	}
+	if !c.AllowHTTPLoopback {
+		return fmt.Errorf("url %q: http would send batches and the secret in the clear; use https, or set allow_http_loopback for a collector on this host", c.URL)
+	}
+	if !isLoopback(u.Hostname()) {
+		return fmt.Errorf("url %q: allow_http_loopback allows http only to a loopback host (127.0.0.1, ::1, localhost), not %q", c.URL, u.Hostname())
+	}
+	return nil
+}
+
+// isLoopback reports whether host is a loopback IP literal or localhost.
+// A name other than localhost is refused even if it resolves to loopback
+// today: resolution can change after the config is checked.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 func readSecret(file string) (string, error) {
@@ -198,11 +241,23 @@ func (w *webhook) deliver(ctx context.Context, items []Item) error {
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		// Only the Location's scheme and host are named: its path or query
+		// could carry something a log should not.
+		to := "no Location"
+		if loc, err := resp.Location(); err == nil {
+			to = loc.Scheme + "://" + loc.Host
+		}
+		return fmt.Errorf("post batch: %s answered %s (to %s): redirects are never followed, point the sink's url at where it redirects to: %w", w.url, resp.Status, to, errRedirect)
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("post batch: %s answered %s", w.url, resp.Status)
 	}
 	return nil
 }
+
+// errRedirect marks a delivery refused because the sink redirected.
+var errRedirect = errors.New("redirect refused")
 
 // batchKey is a digest of the batch's ids.
 func batchKey(items []Item) string {

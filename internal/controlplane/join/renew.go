@@ -146,6 +146,9 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 		if !fresh {
 			return ref("proof-replayed")
 		}
+		if err := ackRenewPins(ctx, tx, n.ID, c.Leaf.PublicKey, req); err != nil {
+			return err
+		}
 		// R13.2: the new certificate supersedes the leaf. Of two renewals
 		// racing from one leaf, only one supersedes it.
 		if ok, err := tx.SupersedeNodeCert(ctx, row.Serial, now); err != nil {
@@ -176,6 +179,17 @@ func (s *Service) Renew(ctx context.Context, req *agentv1.RenewRequest, peer Pee
 	}
 	s.cfg.Metrics.Renewal(role, telemetry.OutcomeAdmitted, "")
 	return &agentv1.RenewResponse{Body: res.GetBody(), Sig: res.GetSig(), SigningCertificate: res.GetSigningCertificate()}, nil
+}
+
+// ackRenewPins records the pins the renewing daemon says it holds (R21.2)
+// when its current key signed them over this request's CSR; anything else
+// is not recorded and refuses nothing (pki status keeps counting the node
+// behind, the safe side).
+func ackRenewPins(ctx context.Context, tx *store.Tx, nodeID string, pub crypto.PublicKey, req *agentv1.RenewRequest) error {
+	if pki.VerifyPinsAck(pub, pki.CSRHash(req.GetCsr()), req.GetPins(), req.GetPinsSig()) != nil {
+		return nil
+	}
+	return tx.AckNodePins(ctx, nodeID, req.GetPins())
 }
 
 // checkKeyAttestation is R13.3: a leaf that names the TPM attestation key

@@ -35,7 +35,12 @@ kind = "file"
 path = "/var/log/bc/audit.jsonl"
 `},
 		{name: "unknown kind", toml: base + "[[export.sinks]]\nkind = \"kafka\"\n", err: `kind "kafka"`},
-		{name: "bad url", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"ftp://x\"\n", err: "want an http(s) URL"},
+		{name: "bad url", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"ftp://x\"\n", err: "want an https URL"},
+		// R23.1: http only to a loopback collector, and only when asked.
+		{name: "http", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:8080/ingest\"\n", err: "set allow_http_loopback"},
+		{name: "http elsewhere", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"http://siem.example.com/ingest\"\nallow_http_loopback = true\n", err: `not "siem.example.com"`},
+		{name: "http loopback", sinks: 1, toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"http://[::1]:8080/ingest\"\nallow_http_loopback = true\n"},
+		{name: "credentials in url", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"https://u:p@siem.example.com/\"\n", err: "use secret_file"},
 		{name: "missing secret", toml: base + "[[export.sinks]]\nkind = \"webhook\"\nurl = \"https://x\"\nsecret_file = \"/nonexistent/s\"\n", err: "secret_file"},
 		{name: "unknown row kind", toml: base + "[[export.sinks]]\nkind = \"stdout\"\nkinds = [\"metrics\"]\n", err: `"metrics"`},
 		{name: "same sink twice", toml: base + "[[export.sinks]]\nkind = \"stdout\"\n[[export.sinks]]\nkind = \"stdout\"\n", err: "a second sink"},

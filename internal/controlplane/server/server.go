@@ -402,7 +402,8 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 }
 
 // runBackground starts the controller, command expiry, the commands
-// listener and the loop that wakes the controller on commits, and returns
+// listener, the loop that wakes the controller on commits and the
+// console's sweep of expired sessions, and returns
 // the function that stops them and waits for them (before the store
 // closes: the controller releases its lease when it stops), and the
 // export of events and audit rows when [export] names sinks.
@@ -436,7 +437,9 @@ func runBackground(ctx context.Context, exp export.Config, db *store.DB, srv *ap
 	}()
 	expDone := make(chan struct{})
 	go func() { defer close(expDone); runExport(cctx, exp, db, srv, log) }()
-	return func() { cstop(); <-lstDone; <-ctrlDone; <-expDone }
+	conDone := make(chan struct{}) // the console drops expired sessions
+	go func() { defer close(conDone); srv.Console().Run(cctx) }()
+	return func() { cstop(); <-lstDone; <-ctrlDone; <-expDone; <-conDone }
 }
 
 // runExport exports events and audit rows to the configured sinks until

@@ -452,3 +452,20 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	}
 	return u, nil
 }
+
+// Held is every pin of every kind, in PinKinds order, oldest first within
+// a kind, at most pki.MaxAckedPins (the newest kept): what the daemon
+// tells the control plane it holds, signed, in a session's Hello and in a
+// renewal (R21.2).
+func (p *Pins) Held() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, k := range PinKinds() {
+		out = append(out, p.sets[k]...)
+	}
+	if len(out) > pki.MaxAckedPins {
+		out = out[len(out)-pki.MaxAckedPins:]
+	}
+	return out
+}

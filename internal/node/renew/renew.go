@@ -386,7 +386,14 @@ func (r *Renewer) send(ctx context.Context, id *identity.Identity, csr, keyAttes
 		if err != nil {
 			return nil, fmt.Errorf("sign the proof of possession: %w", err)
 		}
-		res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation})
+		// R21.2: the pins this daemon holds, signed by the current key.
+		pins := r.pins.Held()
+		pinsSig, err := pki.SignPinsAck(id.Signer, pki.CSRHash(csr), pins)
+		if err != nil {
+			return nil, fmt.Errorf("sign the pins acknowledgement: %w", err)
+		}
+		res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation,
+			Pins: pins, PinsSig: pinsSig})
 		e, ok := errs.As(err)
 		if err == nil || !ok || e.Code != errs.AccessDenied {
 			return res, err

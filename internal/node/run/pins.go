@@ -77,17 +77,3 @@ func (d *Daemon) sessionRecovering(ctx context.Context, id *identity.Identity) e
 
 // servingCAPins is the serving-CA set the next dial verifies against.
 func (d *Daemon) servingCAPins() []string { return d.pins.Set(pki.KindServingCA) }
-
-// heldPins is every pin of every pinned kind this daemon holds, in
-// config.PinKinds order, oldest first within a kind, at most
-// pki.MaxAckedPins: what its Hello acknowledges (R21.2).
-func (d *Daemon) heldPins() []string {
-	var out []string
-	for _, k := range config.PinKinds() {
-		out = append(out, d.pins.Set(k)...)
-	}
-	if len(out) > pki.MaxAckedPins {
-		out = out[len(out)-pki.MaxAckedPins:]
-	}
-	return out
-}

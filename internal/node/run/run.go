@@ -437,7 +437,7 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	}
 	// R21.2: the pins this daemon holds, so the control plane knows when
 	// it has learned a rotation's keys.
-	pins := d.heldPins()
+	pins := d.pins.Held()
 	pinsSig, err := pki.SignPinsAck(id.Signer, nonce, pins)
 	if err != nil {
 		return nil, 0, fmt.Errorf("sign the pins acknowledgement: %w", err)

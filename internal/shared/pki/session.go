@@ -230,10 +230,15 @@ func SignPinsAck(key crypto.Signer, nonce []byte, pins []string) ([]byte, error)
 }
 
 // VerifyPinsAck checks a SignPinsAck signature under pub, the node key of
-// the session.
+// the session, and that every pin is one.
 func VerifyPinsAck(pub crypto.PublicKey, nonce []byte, pins []string, sig []byte) error {
-	if len(pins) > MaxAckedPins {
-		return errors.New("pins acknowledgement: too many pins")
+	if len(pins) == 0 || len(pins) > MaxAckedPins {
+		return errors.New("pins acknowledgement: no pins, or too many")
+	}
+	for _, p := range pins {
+		if !ValidPin(p) {
+			return errors.New("pins acknowledgement: not a pin")
+		}
 	}
 	m := PinsAckMessage(nonce, pins)
 	if m == nil {

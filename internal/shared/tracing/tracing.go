@@ -22,6 +22,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -72,7 +74,8 @@ type Config struct {
 	// ("http://127.0.0.1:4318"); empty (the default) turns tracing off.
 	OTLPEndpoint string `toml:"otlp_endpoint,omitempty"`
 	// SampleRatio is the share of new traces sampled, 0 to 1 (default 1).
-	// A call whose caller sampled it is sampled.
+	// A caller's traceparent does not decide it (its sampled flag is
+	// ignored) unless the handler trusts the caller (TrustCallerSampling).
 	SampleRatio *float64 `toml:"sample_ratio,omitempty"`
 	// ServiceName names the process in traces (default: the process's).
 	ServiceName string `toml:"service_name,omitempty"`
@@ -120,7 +123,7 @@ func NewProvider(c Config, service string, opts ...sdktrace.TracerProviderOption
 		ratio = *c.SampleRatio
 	}
 	opts = append([]sdktrace.TracerProviderOption{
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		sdktrace.WithSampler(newSampler(ratio)),
 		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName(service))),
 	}, opts...)
 	return sdktrace.NewTracerProvider(opts...)
@@ -178,9 +181,14 @@ func End(span trace.Span, err error) {
 	span.End()
 }
 
+// UnknownSpan names the server span of a request whose path looks like an
+// RPC procedure this process does not know.
+const UnknownSpan = "unknown"
+
 // spanName is an RPC's procedure without its leading slash
 // ("bc.agent.v1.JoinService/Join"), else "HTTP {method}": paths other
-// than procedures would make span names unbounded.
+// than procedures would make span names unbounded. It names client
+// spans, whose paths this process chose.
 func spanName(r *http.Request) string {
 	p := strings.TrimPrefix(r.URL.Path, "/")
 	if svc, m, ok := strings.Cut(p, "/"); ok && m != "" && !strings.Contains(m, "/") && strings.Contains(svc, ".") && !strings.ContainsAny(p, "?%") && len(p) <= 128 {
@@ -189,19 +197,81 @@ func spanName(r *http.Request) string {
 	return "HTTP " + r.Method
 }
 
+// serverSpanName names a server span from what this process knows, never
+// from what the caller wrote (R23.3): a procedure of a service compiled
+// into it (the protobuf registry: "bettercompute.v1.NodeService/GetNode",
+// under a base path or not), UnknownSpan for any other path shaped like a
+// procedure (a dotted service ending in a capitalised name, then a
+// method), "HTTP {method}" for other paths with a standard method, and
+// UnknownSpan for any other method.
+func serverSpanName(r *http.Request) string {
+	p := r.URL.Path
+	if i := strings.LastIndex(p, "/"); i > 0 {
+		j := strings.LastIndex(p[:i], "/")
+		svc, method := p[j+1:i], p[i+1:]
+		if k := strings.LastIndex(svc, "."); k >= 0 && k+1 < len(svc) && svc[k+1] >= 'A' && svc[k+1] <= 'Z' && method != "" {
+			return knownProcedure(svc, method)
+		}
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		return "HTTP " + r.Method
+	}
+	return UnknownSpan
+}
+
+// knownProcedure is "service/method" as the registry spells it, or
+// UnknownSpan.
+func knownProcedure(service, method string) string {
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return UnknownSpan
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return UnknownSpan
+	}
+	md := sd.Methods().ByName(protoreflect.Name(method))
+	if md == nil {
+		return UnknownSpan
+	}
+	return string(sd.FullName()) + "/" + string(md.Name())
+}
+
+// HandlerOption changes what Handler does.
+type HandlerOption func(*handlerOptions)
+
+type handlerOptions struct{ trust bool }
+
+// TrustCallerSampling makes a server span follow its caller's sampled
+// flag: only for a handler whose every caller is authenticated before it
+// (the agent listener's gateways, with their client certificate, or the
+// gateway in this process). Elsewhere the caller's flag is ignored.
+func TrustCallerSampling() HandlerOption { return func(o *handlerOptions) { o.trust = true } }
+
 // Handler serves next with a server span per request, a child of the
-// caller's trace context (the traceparent header) when it has one.
-// tp nil: the global provider.
-func Handler(tp trace.TracerProvider, next http.Handler) http.Handler {
+// caller's trace context (the traceparent header) when it has one. Whether
+// it is sampled is this process's decision (the configured ratio) unless
+// TrustCallerSampling; its name comes from serverSpanName. tp nil: the
+// global provider.
+func Handler(tp trace.TracerProvider, next http.Handler, opts ...HandlerOption) http.Handler {
 	tp = Provider(tp)
 	if _, off := tp.(noop.TracerProvider); off {
 		return next
 	}
+	var o handlerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	tr := tp.Tracer(instrumentation)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := tr.Start(ctx, spanName(r), trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("rpc.method", spanName(r))))
+		if o.trust {
+			ctx = context.WithValue(ctx, trustedCaller{}, true)
+		}
+		name := serverSpanName(r)
+		ctx, span := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("rpc.method", name)))
 		defer span.End()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

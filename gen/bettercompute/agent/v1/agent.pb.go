@@ -724,8 +724,13 @@ type RenewRequest struct {
 	// new key over sha256(csr).
 	KeyAttestation []byte `protobuf:"bytes,5,opt,name=key_attestation,json=keyAttestation,proto3" json:"key_attestation,omitempty"`
 	NodeId         string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The pins the daemon holds (R21.2), as in Hello.pins; pins_sig is the
+	// current key's signature, purpose session-pins, over
+	// pki.PinsAckMessage(sha256(csr), pins).
+	Pins          []string `protobuf:"bytes,7,rep,name=pins,proto3" json:"pins,omitempty"`
+	PinsSig       []byte   `protobuf:"bytes,8,opt,name=pins_sig,json=pinsSig,proto3" json:"pins_sig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewRequest) Reset() {
@@ -798,6 +803,20 @@ func (x *RenewRequest) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *RenewRequest) GetPins() []string {
+	if x != nil {
+		return x.Pins
+	}
+	return nil
+}
+
+func (x *RenewRequest) GetPinsSig() []byte {
+	if x != nil {
+		return x.PinsSig
+	}
+	return nil
 }
 
 type RenewResponse struct {
@@ -2175,14 +2194,16 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12(\n" +
 	"\x10boot_lease_epoch\x18\x03 \x01(\x03R\x0ebootLeaseEpoch\x12\x1f\n" +
 	"\vworkflow_id\x18\x04 \x01(\tR\n" +
-	"workflowId\"\xc0\x01\n" +
+	"workflowId\"\xef\x01\n" +
 	"\fRenewRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x14\n" +
 	"\x05chain\x18\x02 \x03(\fR\x05chain\x12-\n" +
 	"\x13client_time_unix_ms\x18\x03 \x01(\x03R\x10clientTimeUnixMs\x12\x17\n" +
 	"\apop_sig\x18\x04 \x01(\fR\x06popSig\x12'\n" +
 	"\x0fkey_attestation\x18\x05 \x01(\fR\x0ekeyAttestation\x12\x17\n" +
-	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"\x8d\x01\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04pins\x18\a \x03(\tR\x04pins\x12\x19\n" +
+	"\bpins_sig\x18\b \x01(\fR\apinsSig\"\x8d\x01\n" +
 	"\rRenewResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x12\x10\n" +
 	"\x03sig\x18\x02 \x01(\fR\x03sig\x12/\n" +

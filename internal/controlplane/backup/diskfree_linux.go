@@ -1,0 +1,13 @@
+package backup
+
+import "syscall"
+
+// freeBytes is the space an unprivileged writer may still use in the file
+// system holding dir.
+func freeBytes(dir string) (int64, bool) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, false
+	}
+	return int64(st.Bavail) * st.Bsize, true
+}
