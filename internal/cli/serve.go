@@ -142,7 +142,10 @@ DIR/ca.pem. It also runs a gateway and writes DIR/bcd/config.toml, so that
     bcd join --config DIR/bcd/config.toml --sysfs-root ./fake-sys < join-token
 
 joins a made-up machine to it (docs/joining.md). Restarting on the same
-directory keeps everything.
+directory keeps everything. While it runs, dev holds DIR/dev.lock: a second
+dev on the same directory refuses and names the first (its pid and
+addresses). dev refuses a non-empty directory it did not make rather than
+write over its files.
 
 It serves a bcd build under {url}/api/compute/downloads/bcd/{version}/linux-{arch}
 for the install script (better-compute daemon install-script
@@ -223,9 +226,18 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	if err := checkDevDir(dir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
+	lock, err := lockDevDir(dir)
+	if err != nil {
+		return err
+	}
+	defer lock.release()
+	lock.note("pid %d", os.Getpid())
 	sec, err := devSecret(dir, a.env.Getenv(SecretEnv))
 	if err != nil {
 		return err
@@ -258,6 +270,9 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	// document and the bcd config, and --gateway-listen may pick a port.
 	gwLn, err := net.Listen("tcp", o.gwListen)
 	if err != nil {
+		if err := inUse(err, "--gateway-listen", o.gwListen); errs.CodeOf(err) == errs.Conflict {
+			return err
+		}
 		return errs.Wrap(err, errs.InvalidConfig, "gateway listen %s: %v", o.gwListen, err)
 	}
 	defer gwLn.Close()
@@ -289,8 +304,8 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
 		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment, AllowReclaim: o.tpmAllowReclaim}}
 	}
-	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
-	return server.Run(ctx, cfg, server.Options{
+	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl, lock: lock}
+	err = server.Run(ctx, cfg, server.Options{
 		Log:    log,
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
@@ -300,6 +315,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		GatewayListener: gwLn,
 		Ready:           ready.print,
 	})
+	return inUse(err, "--listen", o.listen)
 }
 
 // devPKI makes (once) and loads dev's machine PKI, and the loopback
@@ -351,10 +367,12 @@ type devReady struct {
 	st                          devState
 	bundle                      *ca.Bundle
 	dl                          *devDownload
+	lock                        *devLock
 }
 
 func (r devReady) print(addr string) {
 	url := "https://" + addr
+	r.lock.note("pid %d, API %s, gateway %s", os.Getpid(), url, r.gwURL)
 	if err := writeDevEnv(r.envPath, url, r.caFile, r.st); err != nil {
 		r.log.Error("write dev.env", "err", err)
 		return

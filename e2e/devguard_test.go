@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// R24.1: a second dev on a data directory in use refuses and names the
+// running one; a dev on the same ports says another dev is probably
+// running; and dev refuses a non-empty directory it did not make instead
+// of writing over its files.
+func TestDevGuardsItsDirectoryR24_1(t *testing.T) {
+	bc, _ := binaries(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "bc-dev")
+	api, gw := freePort(t), freePort(t)
+	first := start(t, nil, bc, "dev", "--data-dir", data, "--listen", api, "--gateway-listen", gw)
+	waitFor(t, "the first dev's banner", 60*time.Second, func() bool {
+		return strings.Contains(first.output(), "better-compute dev is running")
+	})
+	envBefore := readFile(t, filepath.Join(data, "dev.env"))
+
+	_, errOut, code := run(t, nil, "", bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
+	pid := strconv.Itoa(first.cmd.Process.Pid)
+	if code == 0 || !strings.Contains(errOut, "CONFLICT: another better-compute dev is running on "+data) || !strings.Contains(errOut, "pid "+pid) || !strings.Contains(errOut, api) {
+		t.Fatalf("a second dev on the same directory: exit %d, %s; want CONFLICT naming pid %s and %s", code, errOut, pid, api)
+	}
+	if got := readFile(t, filepath.Join(data, "dev.env")); got != envBefore {
+		t.Fatal("the refused dev rewrote dev.env")
+	}
+
+	_, errOut, code = run(t, nil, "", bc, "dev", "--data-dir", filepath.Join(dir, "other"), "--listen", "127.0.0.1:0", "--gateway-listen", gw)
+	if code == 0 || !strings.Contains(errOut, "another better-compute dev is probably running") {
+		t.Fatalf("a dev on the first one's gateway port: exit %d, %s", code, errOut)
+	}
+
+	mine := filepath.Join(dir, "mine")
+	must(t, os.MkdirAll(mine, 0o700))
+	must(t, os.WriteFile(filepath.Join(mine, "gateway.key"), []byte("my key\n"), 0o600))
+	_, errOut, code = run(t, nil, "", bc, "dev", "--data-dir", mine, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
+	if code == 0 || !regexp.MustCompile(`INVALID_ARGUMENT: .*not a better-compute dev data directory`).MatchString(errOut) {
+		t.Fatalf("dev on a directory it did not make: exit %d, %s", code, errOut)
+	}
+	if got := readFile(t, filepath.Join(mine, "gateway.key")); got != "my key\n" {
+		t.Fatalf("dev wrote over gateway.key: %q", got)
+	}
+
+	// Once the first dev stops, the directory is free again.
+	_ = first.cmd.Process.Signal(os.Interrupt)
+	first.exited(t, 30*time.Second)
+	again := start(t, nil, bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
+	waitFor(t, "dev again on the freed directory", 60*time.Second, func() bool {
+		return strings.Contains(again.output(), "better-compute dev is running")
+	})
+}
