@@ -126,7 +126,7 @@ const clockWarnAfter = 30 * time.Second
 
 // ExpiredMessage is the page's message for an expired identity (R11.4).
 func ExpiredMessage(notAfter time.Time) string {
-	return fmt.Sprintf("the certificate expired at %s; join again as root: bcd join --reset --yes, then bcd join", notAfter.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("the certificate expired at %s; %s", notAfter.UTC().Format(time.RFC3339), identity.ExpiredFix(notAfter))
 }
 
 func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
