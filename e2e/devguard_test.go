@@ -58,3 +58,23 @@ func TestDevGuardsItsDirectoryR24_1(t *testing.T) {
 		return strings.Contains(again.output(), "better-compute dev is running")
 	})
 }
+
+// R24.1: an exported BETTER_COMPUTE_SECRET (as a production install has)
+// does not break dev: dev keeps its own secret in DIR/dev-secret, says the
+// variable is not used, and starts again on the same directory whatever
+// the variable holds.
+func TestDevIgnoresAnExportedSecretR24_1(t *testing.T) {
+	bc, _ := binaries(t)
+	data := filepath.Join(t.TempDir(), "bc-dev")
+	for i, secret := range []string{"production-secret-one-0123456789-abcdefghijkl", "production-secret-two-0123456789-abcdefghijkl"} {
+		dev := start(t, []string{"BETTER_COMPUTE_SECRET=" + secret}, bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
+		waitFor(t, "dev's banner", 60*time.Second, func() bool {
+			return strings.Contains(dev.output(), "better-compute dev is running") || strings.Contains(dev.output(), "Error:")
+		})
+		if out := dev.output(); !strings.Contains(out, "better-compute dev is running") || !strings.Contains(out, "BETTER_COMPUTE_SECRET is set but not used") {
+			t.Fatalf("start %d with BETTER_COMPUTE_SECRET exported:\n%s", i+1, out)
+		}
+		_ = dev.cmd.Process.Signal(os.Interrupt)
+		dev.exited(t, 30*time.Second)
+	}
+}

@@ -78,7 +78,7 @@ func (a *app) openDeployment(ctx context.Context, d deployment, needSecret bool)
 			return nil, "", nil, err
 		}
 		sc, pkiDir = store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")}, filepath.Join(dir, "pki")
-		if sec, err = devSecret(dir, a.env.Getenv(SecretEnv)); err != nil {
+		if sec, _, err = devSecret(dir, a.env.Getenv(SecretEnv)); err != nil {
 			return nil, "", nil, err
 		}
 	default:

@@ -164,7 +164,9 @@ its node back after bcd join --reset. --tpm-simulator ADDR puts that swtpm
 command port into DIR/bcd/config.toml ([tpm] mode = "required").
 
 For development only: the secret that encrypts the PKI's keys is kept in
-DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
+DIR/dev-secret, and an exported $BETTER_COMPUTE_SECRET is not used for it
+(dev says so). A directory without DIR/dev-secret (restored from a backup)
+is opened with $BETTER_COMPUTE_SECRET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("cert-ttl") {
@@ -238,9 +240,12 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	}
 	defer lock.release()
 	lock.note("pid %d", os.Getpid())
-	sec, err := devSecret(dir, a.env.Getenv(SecretEnv))
+	sec, note, err := devSecret(dir, a.env.Getenv(SecretEnv))
 	if err != nil {
 		return err
+	}
+	if note != "" {
+		log.Info(note)
 	}
 	pkiDir := filepath.Join(dir, "pki")
 	bundle, caFile, err := devPKI(dir, pkiDir, o.td, sec, log)
@@ -489,25 +494,59 @@ func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *claims.Fak
 	return path, nil
 }
 
-// devSecret returns BETTER_COMPUTE_SECRET, or the development secret kept in
-// the data directory (made on first start).
-func devSecret(dir, env string) ([]byte, error) {
-	if env != "" {
-		return []byte(env), nil
-	}
+// devSecret returns the secret of dev's PKI and, when
+// $BETTER_COMPUTE_SECRET (env) is set but not used, a note saying so. dev
+// keeps its own secret in DIR/dev-secret: an exported production secret
+// must not decide which key a development directory is encrypted under
+// (it made dev fail with "cannot decrypt"). An existing PKI is opened by
+// whichever of DIR/dev-secret and env opens it (a directory restored from
+// a backup, or whose secret was rotated, has only env); a new one is made
+// under DIR/dev-secret.
+func devSecret(dir, env string) (sec []byte, note string, err error) {
 	p := filepath.Join(dir, "dev-secret")
-	if b, err := os.ReadFile(p); err == nil {
-		return []byte(strings.TrimSpace(string(b))), nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+	own, err := os.ReadFile(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, "", err
 	}
-	var r [32]byte
-	_, _ = rand.Read(r[:])
-	s := base64.RawURLEncoding.EncodeToString(r[:])
-	if err := writeNew(p, []byte(s+"\n"), 0o600); err != nil {
-		return nil, err
+	own = []byte(strings.TrimSpace(string(own)))
+	pkiDir := filepath.Join(dir, "pki")
+	if _, err := os.Stat(filepath.Join(pkiDir, ca.FileManifest)); err == nil {
+		return openDevPKI(pkiDir, p, own, env)
 	}
-	return []byte(s), nil
+	if len(own) == 0 {
+		var r [32]byte
+		_, _ = rand.Read(r[:])
+		own = []byte(base64.RawURLEncoding.EncodeToString(r[:]))
+		if err := writeNew(p, append(own, '\n'), 0o600); err != nil {
+			return nil, "", err
+		}
+	}
+	if env != "" && env != string(own) {
+		note = fmt.Sprintf("$%s is set but not used: dev keeps its own secret in %s", SecretEnv, p)
+	}
+	return own, note, nil
+}
+
+// openDevPKI picks the secret that opens an existing dev PKI.
+func openDevPKI(pkiDir, ownPath string, own []byte, env string) ([]byte, string, error) {
+	if len(own) > 0 {
+		if _, err := ca.Load(pkiDir, own); err == nil {
+			note := ""
+			if env != "" && env != string(own) {
+				note = fmt.Sprintf("$%s is set but not used: this directory's keys are under %s", SecretEnv, ownPath)
+			}
+			return own, note, nil
+		}
+	}
+	if env != "" {
+		if _, err := ca.Load(pkiDir, []byte(env)); err == nil {
+			return []byte(env), "", nil
+		}
+	}
+	if len(own) == 0 && env == "" {
+		return nil, "", errs.New(errs.InvalidConfig, "%s has no dev-secret (restored from a backup?): set %s to the secret its keys were encrypted under", filepath.Dir(ownPath), SecretEnv)
+	}
+	return nil, "", errs.New(errs.InvalidConfig, "neither %s nor $%s opens the keys in %s: set %s to the secret they were encrypted under", ownPath, SecretEnv, pkiDir, SecretEnv)
 }
 
 // readDevEnv reads the variables of an existing dev.env.
