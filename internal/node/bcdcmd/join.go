@@ -3,10 +3,12 @@ package bcdcmd
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -28,12 +30,15 @@ type joinFlags struct {
 	procfsRoot string
 	tokenFile  string
 	server     string
-	nodeID     string
-	attestor   string
-	role       string
-	reset      bool
-	yes        bool
-	json       bool
+	// serverCAFile holds PEM CAs that verify --server instead of the
+	// system roots.
+	serverCAFile string
+	nodeID       string
+	attestor     string
+	role         string
+	reset        bool
+	yes          bool
+	json         bool
 	// The discovery attestor's boot (R10.4).
 	bootMAC, bootIP, workflowID string
 	bootLeaseEpoch              int64
@@ -110,6 +115,7 @@ may become a join request: bcd waits on it as above.`,
 	fl.StringVar(&f.procfsRoot, "procfs-root", "", "where the host's /proc is mounted (default: the config's procfs_root, else /proc)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
+	fl.StringVar(&f.serverCAFile, "server-ca-file", "", "PEM CAs that verify --server's certificate instead of the system roots (a private CA; the document is checked against the pins either way)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
 	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), tpm to join with this machine's TPM and no token, discovery for a ramdisk its site booted, or x509pop to re-join with an expired certificate")
 	fl.StringVar(&f.bootMAC, "boot-mac", "", "discovery: the MAC of the NIC the machine booted from")
@@ -202,6 +208,10 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	if f.attestor == identity.AttestorX509Pop {
 		return a.rejoin(ctx, j, f, storeDir)
 	}
+	cas, err := serverCAs(f.server, f.serverCAFile)
+	if err != nil {
+		return err
+	}
 
 	// The token before the reset: a missing or malformed one must not
 	// leave the machine without its identity. A tpm join takes none.
@@ -236,7 +246,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	}
 
 	id, err := j.Join(ctx, enroll.Options{
-		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server,
+		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server, ServerCAs: cas,
 		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot), Reset: f.reset, Boot: f.boot(),
 	})
 	if id == nil {
@@ -379,4 +389,27 @@ func absDir(flag, dir string) (string, error) {
 		return "", errs.Invalid(flag, "%v", err)
 	}
 	return abs, nil
+}
+
+// serverCAs reads --server-ca-file: the CAs that verify --server's TLS
+// certificate, for a control plane whose certificate comes from a private
+// CA. Without it the system roots (and SSL_CERT_FILE) verify it. The
+// document fetched is checked against the pins either way: TLS only keeps
+// a network in the middle from answering instead of the server.
+func serverCAs(server, file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	if server == "" {
+		return nil, errs.Invalid("--server-ca-file", "verifies --server's certificate: give --server too")
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, errs.Invalid("--server-ca-file", "%v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, errs.Invalid("--server-ca-file", "%s holds no PEM certificate", file)
+	}
+	return pool, nil
 }
