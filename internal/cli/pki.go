@@ -107,7 +107,7 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 database, the one to use once a rotated serving CA is activated; with
 --dir alone, by the PKI directory's own serving CA. Gateways and the API
 load a certificate written over their files without a restart.`,
-		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/server.toml",
+		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/config.toml",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(sans) == 0 {

@@ -176,9 +176,9 @@ rotates meanwhile, and daemons see nothing.
 
 An event and an audit row (pki.key.prepared, .activated, .retired,
 .rolled-back) record every phase in the root tenant.`,
-		Example: `  better-compute pki rotate join-signing --phase prepare --config /etc/better-compute/server.toml
-  better-compute pki status --config /etc/better-compute/server.toml
-  better-compute pki rotate join-signing --phase activate --config /etc/better-compute/server.toml`,
+		Example: `  better-compute pki rotate join-signing --phase prepare --config /etc/better-compute/config.toml
+  better-compute pki status --config /etc/better-compute/config.toml
+  better-compute pki rotate join-signing --phase activate --config /etc/better-compute/config.toml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := required("phase", phase); err != nil {
@@ -380,7 +380,7 @@ verifies the API's agent listener against its api_ca_file and reloads it
 when it changes, so after 'pki rotate serving-ca --phase prepare' write
 this over every gateway's api_ca_file, and again after retire. Needs no
 secret.`,
-		Example: `  better-compute pki ca-file --config /etc/better-compute/server.toml --out /etc/better-compute/serving-ca.crt`,
+		Example: `  better-compute pki ca-file --config /etc/better-compute/config.toml --out /etc/better-compute/serving-ca.crt`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pub, err := a.publicKeys(cmd.Context(), d)
