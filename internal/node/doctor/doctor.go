@@ -137,7 +137,14 @@ func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
 		return c
 	}
 	id, err := store.Load()
+	var retired bool
+	var at time.Time
+	if err == nil {
+		at, retired, err = retiredAt(store.Dir, id)
+	}
 	switch {
+	case retired:
+		c.Status, c.Detail = Fail, retiredMessage(id, at)
 	case errors.Is(err, identity.ErrNotJoined):
 		c.Status, c.Detail = Warn, fmt.Sprintf("not joined (no identity in %s): bcd join < join-token", dataDir)
 	case err != nil:
