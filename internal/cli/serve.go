@@ -152,6 +152,12 @@ for the install script (better-compute daemon install-script
 --download-ca-file DIR/ca.pem): --bcd-binary, else the bcd beside this
 better-compute, else one built with go build from the working directory.
 
+--config FILE applies a server config (serve's TOML, see serve
+--print-config) over dev's own, so any option can be tried here: [join]
+svid_form, [limits], [export], [tracing], …. Options dev decides itself
+(listen, [tls], [store], [pki], [agent], [downloads], the gateway's address
+and certificate) are refused.
+
 --cert-ttl shortens node certificates (60s to 24h; default 24h) so that
 renewal and the x509pop re-join of an expired certificate can be watched in
 minutes.
@@ -174,6 +180,10 @@ is opened with $BETTER_COMPUTE_SECRET.`,
 					return errs.Invalid("--cert-ttl", "want a duration from 60s to 24h in whole seconds, like 2m")
 				}
 			}
+			// A bad --config fails before dev writes anything.
+			if _, err := devOverlay(server.Config{Store: store.Config{Path: "bc.db"}}, o.config); err != nil {
+				return err
+			}
 			log, err := a.logger(telemetry.LogConfig{}, cmd)
 			if err != nil {
 				return err
@@ -195,6 +205,7 @@ is opened with $BETTER_COMPUTE_SECRET.`,
 	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
 	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
 	f.BoolVar(&o.tpmAllowReclaim, "tpm-allow-reclaim", false, "with --tpm-ca-file: the same TPM takes its node back after bcd join --reset (the pool's allow_reclaim)")
+	f.StringVar(&o.config, "config", "", "a server config (serve's TOML) whose options apply over dev's own, e.g. [join] svid_form; dev keeps its data, keys and listeners")
 	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
 	logFlags(cmd)
 	return cmd
@@ -212,6 +223,8 @@ type devOptions struct {
 	tpmEnrollment   bool
 	tpmAllowReclaim bool
 	tpmSimulator    string
+	// config is a server config applied over dev's own (devOverlay).
+	config string
 	// buildBCD builds bcd when none is found; nil means goBuildBCD.
 	buildBCD func(ctx context.Context, out, arch string) error
 }
@@ -297,6 +310,9 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
+	}
+	if cfg, err = devOverlay(cfg, o.config); err != nil {
+		return err
 	}
 	envPath := filepath.Join(dir, "dev.env")
 	// The tenant, site and pool are made before the API is built, so the
