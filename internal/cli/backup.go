@@ -52,6 +52,9 @@ Progress goes to stderr; --json prints the manifest on stdout.`,
 			if err := required("out", out); err != nil {
 				return err
 			}
+			if err := outDirExists(out); err != nil {
+				return err
+			}
 			st, pkiDir, err := backupSource(path, dataDir)
 			if err != nil {
 				return err
@@ -243,5 +246,21 @@ API keys revoked after it are live again: revoke them again before serving.
 Start serve on these paths with BETTER_COMPUTE_SECRET set to the secret of
 the backed-up PKI.
 `, s.Nodes, m.CreatedAt.Format(time.RFC3339))
+	return nil
+}
+
+// outDirExists refuses an --out whose directory does not exist, with the
+// product's code, before anything is read.
+func outDirExists(out string) error {
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errs.Invalid("--out", "the directory %s does not exist: create it first (mkdir -p %s)", dir, dir)
+	case err != nil:
+		return errs.Invalid("--out", "%v", err)
+	case !st.IsDir():
+		return errs.Invalid("--out", "%s is not a directory", dir)
+	}
 	return nil
 }
