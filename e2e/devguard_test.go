@@ -57,6 +57,26 @@ func TestDevGuardsItsDirectoryR24_1(t *testing.T) {
 	waitFor(t, "dev again on the freed directory", 60*time.Second, func() bool {
 		return strings.Contains(again.output(), "better-compute dev is running")
 	})
+
+	// The restart replaced the site and ramdisk token files and revoked
+	// the tokens they held: one live token of each role, not two.
+	env := readEnv(t, filepath.Join(data, "dev.env"))
+	out, errOut, code := run(t, envList(env), "", bc, "join-tokens", "list", "--tenant", env["TENANT"], "--pool", env["POOL"], "--json")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	live := map[string]int{}
+	items, _ := jsonOf(t, out)["items"].([]any)
+	for _, it := range items {
+		tok := it.(map[string]any)
+		if tok["state"] == "live" {
+			role, _ := tok["role"].(string)
+			live[role]++
+		}
+	}
+	if live["site"] != 1 || live["ramdisk"] != 1 {
+		t.Fatalf("live tokens by role after a restart: %v, want one site and one ramdisk token\n%s", live, out)
+	}
 }
 
 // R24.1: an exported BETTER_COMPUTE_SECRET (as a production install has)
