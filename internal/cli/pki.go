@@ -105,7 +105,9 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 		Long: `Issue a gateway (or agent-listener) certificate from the serving CA. With
 --config (or --dev) it is issued by the serving CA that is current in the
 database, the one to use once a rotated serving CA is activated; with
---dir alone, by the PKI directory's own serving CA. Gateways and the API
+--dir alone, by the serving CA in force in the database beside the
+directory (DIR/../bc.db) when there is one, else by the PKI directory's
+own serving CA (the first generation). Gateways and the API
 load a certificate written over their files without a restart.`,
 		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/config.toml",
 		Args:    cobra.NoArgs,

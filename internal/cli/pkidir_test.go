@@ -1,6 +1,9 @@
 package cli_test
 
 import (
+	"crypto/x509"
+	"encoding/pem"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -51,6 +54,17 @@ func TestPKIDirFormsAfterRotationR24_1(t *testing.T) {
 		t.Fatalf("install-script --pki-dir embeds the retired key, or not the one in force %s", now)
 	}
 
+	// A gateway certificate issued with --dir chains to the serving CA in
+	// force, not the directory's retired one.
+	for _, phase := range []string{"prepare", "activate"} {
+		run(t, env, "pki", "rotate", "serving-ca", "--phase", phase, "--config", config).ok(t)
+	}
+	crt := filepath.Join(t.TempDir(), "gw.crt")
+	run(t, env, "pki", "issue-gateway", "--san", "gw.example.com", "--dir", pkiDir, "--cert-out", crt, "--key-out", crt+".key").ok(t)
+	if issuer := issuerCN(t, crt); !strings.Contains(issuer, "generation 2") {
+		t.Fatalf("issue-gateway --dir after the serving CA rotated: issued by %q, want generation 2", issuer)
+	}
+
 	// A PKI directory alone cannot know of rotations: it says so and
 	// names the command that can.
 	alone := filepath.Join(t.TempDir(), "pki")
@@ -59,4 +73,18 @@ func TestPKIDirFormsAfterRotationR24_1(t *testing.T) {
 	if !strings.Contains(r.stderr, "pki pins --config") {
 		t.Fatalf("pki pins --dir without a database beside it: stderr %q, want the --config form named", r.stderr)
 	}
+}
+
+func issuerCN(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(data)
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf.Issuer.CommonName
 }

@@ -301,9 +301,16 @@ func (a *app) printStatus(st []rotation.KeyStatus) {
 }
 
 // currentBundle returns the keys in force: the database's with --config or
-// --dev, else the PKI directory's (dir, with $BETTER_COMPUTE_SECRET).
+// --dev, or with --dir when the database sits beside the directory (see
+// besideDir), else the PKI directory's (dir, with $BETTER_COMPUTE_SECRET).
 func (a *app) currentBundle(ctx context.Context, d deployment, dir string) (*ca.Bundle, error) {
 	if d.config == "" && d.dev == "" {
+		// A database beside the directory knows the keys in force.
+		if beside, ok := besideDir(a.pkiDir(dir)); ok {
+			d = beside
+		}
+	}
+	if d.config == "" && d.dev == "" && d.sqlite == "" {
 		sec, err := a.secret()
 		if err != nil {
 			return nil, err
