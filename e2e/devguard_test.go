@@ -97,4 +97,16 @@ func TestDevIgnoresAnExportedSecretR24_1(t *testing.T) {
 		_ = dev.cmd.Process.Signal(os.Interrupt)
 		dev.exited(t, 30*time.Second)
 	}
+
+	// backup --data-dir authenticates under the directory's own secret
+	// too, so a restore with dev's secret opens the archive.
+	prod := []string{"BETTER_COMPUTE_SECRET=production-secret-one-0123456789-abcdefghijkl"}
+	archive := filepath.Join(filepath.Dir(data), "dev.backup")
+	if _, errOut, code := run(t, prod, "", bc, "backup", "--data-dir", data, "--out", archive); code != 0 {
+		t.Fatalf("backup with BETTER_COMPUTE_SECRET exported: %s", errOut)
+	}
+	own := []string{"BETTER_COMPUTE_SECRET=" + strings.TrimSpace(readFile(t, filepath.Join(data, "dev-secret")))}
+	if _, errOut, code := run(t, own, "", bc, "restore", "--in", archive, "--data-dir", filepath.Join(filepath.Dir(data), "restored")); code != 0 {
+		t.Fatalf("restore with dev's secret: %s", errOut)
+	}
 }
