@@ -108,7 +108,7 @@ func devDiscoveryBanner(dir, siteConf, ramdiskConf string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `
 A site agent vouches for a machine it booted; the machine waits for approval:
-  (bcd join --config %[1]s --role site < %[3]s/site.token && bcd run --config %[1]s) &
+  (bcd join --config %[1]s --role site --skip-if-joined < %[3]s/site.token && bcd run --config %[1]s) &
   bcd site vouch --config %[1]s --mac %[4]s --ip %[5]s --lease-epoch 1
   bcd join --config %[2]s --attestor discovery --role ramdisk \
     --boot-mac %[4]s --boot-ip %[5]s --boot-lease-epoch 1 < %[3]s/ramdisk.token &
