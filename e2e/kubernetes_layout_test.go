@@ -40,8 +40,8 @@ func quoteAll(ss []string) []string {
 }
 
 // daemonSet reads the pieces of daemonset.yaml the pod runs: its mount
-// paths, the join init container's script and bcd's command.
-func daemonSet(t *testing.T) (mounts []string, script string, command []string) {
+// paths, the join init container's command and bcd's command.
+func daemonSet(t *testing.T) (mounts []string, initCommand []string, command []string) {
 	t.Helper()
 	b, err := os.ReadFile(manifest.Path("base", "daemonset.yaml"))
 	must(t, err)
@@ -51,20 +51,23 @@ func daemonSet(t *testing.T) (mounts []string, script string, command []string) 
 			mounts = append(mounts, m[1])
 		}
 	}
-	script, err = manifest.Literal(ds, "- |")
-	must(t, err)
+	initCmd := regexp.MustCompile(`(?m)^\s*- name: join\n\s*image: bcd\n\s*command: (\[.*\])$`).FindStringSubmatch(ds)
+	if initCmd == nil {
+		t.Fatal("daemonset.yaml: no init container join with a command [...]")
+	}
+	must(t, json.Unmarshal([]byte(initCmd[1]), &initCommand))
 	cmd := regexp.MustCompile(`(?m)^\s*- name: bcd\n\s*image: bcd\n\s*command: (\[.*\])$`).FindStringSubmatch(ds)
 	if cmd == nil {
 		t.Fatal("daemonset.yaml: no container bcd with a command [...]")
 	}
 	must(t, json.Unmarshal([]byte(cmd[1]), &command))
-	return mounts, script, command
+	return mounts, initCommand, command
 }
 
 // R18.3: the DaemonSet's pod, simulated: its ConfigMap's config.toml with
 // the control plane's pins, site and gateway filled in, the hosted token as
 // the Secret's 0400 file in a read-only directory, a fake /host/sys; the
-// init container's own script joins the host against a real dev control
+// init container's own command (the image has no shell) joins the host against a real dev control
 // plane, the container's own command then runs bcd until its readiness
 // probe answers, and a restarted pod's init container joins no more.
 func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
@@ -74,7 +77,7 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 	env := startDev(t, bc, data, filepath.Join(data, "bcd", "config.toml"))
 	devConf := readFile(t, filepath.Join(data, "bcd", "config.toml"))
 
-	mounts, script, command := daemonSet(t)
+	mounts, initCommand, command := daemonSet(t)
 	pod := podLayout{root: filepath.Join(dir, "pod"), mounts: mounts}
 	for _, m := range []string{"/run/bcd/join-token", "/config", "/etc/bcd", "/var/lib/bcd", "/host/sys"} {
 		if !slices.Contains(mounts, m) {
@@ -109,13 +112,18 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 	must(t, os.Chmod(tokenDir, 0o500))
 	t.Cleanup(func() { _ = os.Chmod(tokenDir, 0o700) })
 
-	// The image: bcd on PATH, the control plane's CA in its trust store.
-	podEnv := []string{"PATH=" + filepath.Dir(bcd) + ":" + os.Getenv("PATH"), "BCD_SERVER=" + env["BETTER_COMPUTE_URL"], "SSL_CERT_FILE=" + env["BETTER_COMPUTE_CA_FILE"]}
-	initScript := pod.rewrite(script)
-	out, errOut, code := run(t, podEnv, "", "/bin/sh", "-c", initScript)
+	// The ConfigMap's server-ca.pem: dev's private CA (R24.1).
+	must(t, os.WriteFile(pod.root+"/config/server-ca.pem", []byte(readFile(t, env["BETTER_COMPUTE_CA_FILE"])), 0o644))
+
+	// The image: bcd on PATH. Kubernetes expands $(BCD_SERVER) from the
+	// container's env.
+	podEnv := []string{"PATH=" + filepath.Dir(bcd) + ":" + os.Getenv("PATH"), "BCD_SERVER=" + env["BETTER_COMPUTE_URL"]}
+	initArgs := strings.Fields(strings.ReplaceAll(pod.rewrite(strings.Join(initCommand[1:], " ")), "$(BCD_SERVER)", env["BETTER_COMPUTE_URL"]))
+	initBin := filepath.Join(filepath.Dir(bcd), initCommand[0])
+	out, errOut, code := run(t, podEnv, "", initBin, initArgs...)
 	id := nodeIDRE.FindStringSubmatch(out + errOut)
 	if code != 0 || id == nil {
-		t.Fatalf("the init container: %d\n%s\n%s\nscript:\n%s", code, out, errOut, initScript)
+		t.Fatalf("the init container: %d\n%s\n%s\ncommand: %v", code, out, errOut, initArgs)
 	}
 	if _, err := os.Stat(pod.root + "/etc/bcd/config.toml"); err != nil {
 		t.Fatalf("the init container did not seed the host's config: %v", err)
@@ -138,7 +146,7 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 
 	// A restarted pod: the init container sees the identity and spends
 	// nothing.
-	out, errOut, code = run(t, podEnv, "", "/bin/sh", "-c", initScript)
+	out, errOut, code = run(t, podEnv, "", initBin, initArgs...)
 	if code != 0 || !strings.Contains(out+errOut, "already joined") || nodeIDRE.MatchString(out+errOut) {
 		t.Fatalf("the init container of a restarted pod: %d %s %s", code, out, errOut)
 	}

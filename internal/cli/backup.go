@@ -41,7 +41,7 @@ archive is written beside --out and moved into place; an existing --out is
 never overwritten.
 
 BETTER_COMPUTE_SECRET must be set (with --data-dir, DIR/dev-secret is used
-when it is not) and is not in the archive: keep it apart (a password
+when the directory has one, as dev does) and is not in the archive: keep it apart (a password
 manager, a secret store); restore needs it. PostgreSQL is backed up with pg_dump
 or point-in-time recovery plus a copy of pki.dir: see docs/operations.md,
 "Backup and restore".
@@ -50,6 +50,9 @@ Progress goes to stderr; --json prints the manifest on stdout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := required("out", out); err != nil {
+				return err
+			}
+			if err := outDirExists(out); err != nil {
 				return err
 			}
 			st, pkiDir, err := backupSource(path, dataDir)
@@ -93,16 +96,18 @@ func backupSource(config, dataDir string) (store.Config, string, error) {
 	return cfg.Store, cfg.PKI.Dir, nil
 }
 
-// backupSecret is BETTER_COMPUTE_SECRET or, for a dev data directory, the
-// secret dev keeps in it (never made here: a backup of a directory without
-// one has nothing to authenticate under).
+// backupSecret is, for a dev data directory, the secret dev keeps in it
+// (DIR/dev-secret, the one its keys are under, which dev uses even when
+// BETTER_COMPUTE_SECRET is exported), else BETTER_COMPUTE_SECRET. It never
+// makes one: a backup of a directory without either has nothing to
+// authenticate under.
 func backupSecret(env, dataDir string) ([]byte, error) {
-	if env != "" || dataDir == "" {
+	if dataDir == "" {
 		return []byte(env), nil
 	}
 	b, err := os.ReadFile(filepath.Join(dataDir, "dev-secret"))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return []byte(env), nil
 	}
 	if err != nil {
 		return nil, errs.Wrap(err, errs.InvalidConfig, "read the dev secret: %v", err)
@@ -243,5 +248,21 @@ API keys revoked after it are live again: revoke them again before serving.
 Start serve on these paths with BETTER_COMPUTE_SECRET set to the secret of
 the backed-up PKI.
 `, s.Nodes, m.CreatedAt.Format(time.RFC3339))
+	return nil
+}
+
+// outDirExists refuses an --out whose directory does not exist, with the
+// product's code, before anything is read.
+func outDirExists(out string) error {
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errs.Invalid("--out", "the directory %s does not exist: create it first (mkdir -p %s)", dir, dir)
+	case err != nil:
+		return errs.Invalid("--out", "%v", err)
+	case !st.IsDir():
+		return errs.Invalid("--out", "%s is not a directory", dir)
+	}
 	return nil
 }

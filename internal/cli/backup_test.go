@@ -58,6 +58,8 @@ func TestBackupRestoreCommands(t *testing.T) {
 	}
 	run(t, env, "backup", "--config", cfg, "--out", out).fails(t, "ALREADY_EXISTS", "never overwrites")
 	run(t, env, "backup", "--config", cfg).fails(t, "INVALID_ARGUMENT", "--out")
+	// R24.1: a missing directory is refused with a code and the fix.
+	run(t, env, "backup", "--config", cfg, "--out", filepath.Join(base, "no-such-dir", "bc.backup")).fails(t, "INVALID_ARGUMENT", "does not exist: create it first")
 	run(t, env, "backup", "--config", cfg, "--data-dir", base, "--out", out+"2").fails(t, "INVALID_ARGUMENT", "not both")
 	// A data directory as dev and restore lay it out: bc.db and pki/.
 	r = run(t, env, "backup", "--data-dir", base, "--out", out+"2").ok(t)

@@ -44,7 +44,9 @@ its SHA-256; the script never falls back to plain http.
 
 With --config (or --dev) the pins and the encryption key are the database's,
 the keys in force after a rotation: use it once any key has rotated (the
-PKI directory only holds the first generation).`,
+PKI directory only holds the first generation). --pki-dir reads them from
+the database beside the directory (DIR/../bc.db, dev's layout and the
+default install's) when there is one, and otherwise says that it could not.`,
 		Example: `  better-compute daemon install-script --pool $POOL --site $SITE \
     --gateway-url https://gw.eu.example.com --base-url https://compute.example.com \
     --bcd-version 0.1.0 --sha256 amd64=<hex>,arm64=<hex> > install-bcd.sh
@@ -127,6 +129,14 @@ func (a *app) installKeys(ctx context.Context, p *installscript.Params, d deploy
 		if err != nil {
 			return err
 		}
+		p.Pins, p.EncryptionKey = pub.Pins, pub.EncryptionKey
+		return nil
+	}
+	pub, err := a.dirKeys(ctx, a.pkiDir(dir), "daemon install-script")
+	if err != nil {
+		return err
+	}
+	if pub != nil {
 		p.Pins, p.EncryptionKey = pub.Pins, pub.EncryptionKey
 		return nil
 	}

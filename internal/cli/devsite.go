@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
@@ -39,12 +40,20 @@ var (
 // devSecretsDir holds the tokens dev mints as a site module.
 const devSecretsDir = "secrets"
 
+// devSiteModule is the module dev mints its site tokens as.
+const devSiteModule = "dev-site"
+
 // mintDevSiteTokens mints, on each start, a site token (10 uses) and a
 // ramdisk token (1000 uses) for dev's pool, valid 24 hours, into
-// DIR/secrets/site.token and ramdisk.token (older ones are replaced).
+// DIR/secrets/site.token and ramdisk.token. The previous start's are
+// revoked first: their files are replaced, so nobody holds them, and each
+// restart left two more live tokens behind.
 func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir string, st devState) (refs []string, err error) {
 	sink := tokens.FileSink{Dir: filepath.Join(dir, devSecretsDir)}
 	svc := tokens.New(tokens.Config{DB: db, Hub: s.Hub()})
+	if err := revokeDevSiteTokens(ctx, svc, st); err != nil {
+		return nil, err
+	}
 	for _, t := range []struct {
 		role string
 		uses int
@@ -53,7 +62,7 @@ func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir str
 		if err := os.Remove(filepath.Join(sink.Dir, name)); err != nil && !os.IsNotExist(err) {
 			return nil, err
 		}
-		_, ref, err := svc.MintInternal(ctx, sink, tokens.InternalRequest{Module: "dev-site", TenantID: st.tenant, PoolID: st.pool,
+		_, ref, err := svc.MintInternal(ctx, sink, tokens.InternalRequest{Module: devSiteModule, TenantID: st.tenant, PoolID: st.pool,
 			Role: t.role, TTL: 24 * time.Hour, MaxUses: t.uses, SecretName: name})
 		if err != nil {
 			return nil, err
@@ -61,6 +70,24 @@ func mintDevSiteTokens(ctx context.Context, s *api.Server, db *store.DB, dir str
 		refs = append(refs, ref)
 	}
 	return refs, nil
+}
+
+// revokeDevSiteTokens revokes the live tokens an earlier start minted.
+func revokeDevSiteTokens(ctx context.Context, svc *tokens.Service, st devState) error {
+	sys := authz.Principal{ID: "system:dev", TenantID: st.tenant, Name: "dev", Grants: authz.Admin, Root: true}
+	live, err := svc.List(ctx, sys, st.tenant, st.pool, false, "", 1000)
+	if err != nil {
+		return err
+	}
+	for _, t := range live {
+		if t.CreatedBy != "module:"+devSiteModule {
+			continue
+		}
+		if _, err := svc.Revoke(ctx, sys, st.tenant, st.pool, t.ID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeDevSiteConfigs writes the site agent's and the booted machine's bcd
@@ -81,7 +108,7 @@ func devDiscoveryBanner(dir, siteConf, ramdiskConf string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `
 A site agent vouches for a machine it booted; the machine waits for approval:
-  (bcd join --config %[1]s --role site < %[3]s/site.token && bcd run --config %[1]s) &
+  (bcd join --config %[1]s --role site --skip-if-joined < %[3]s/site.token && bcd run --config %[1]s) &
   bcd site vouch --config %[1]s --mac %[4]s --ip %[5]s --lease-epoch 1
   bcd join --config %[2]s --attestor discovery --role ramdisk \
     --boot-mac %[4]s --boot-ip %[5]s --boot-lease-epoch 1 < %[3]s/ramdisk.token &

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
@@ -11,6 +12,7 @@ import (
 
 func (a *app) gatewayCmd() *cobra.Command {
 	var path string
+	var printConfig bool
 	cmd := &cobra.Command{
 		Use:   "gateway --config FILE",
 		Short: "Run a regional gateway that daemons connect to",
@@ -42,9 +44,14 @@ not answer within attempt_timeout, or whose replica fails or is taken out
 meanwhile, is sent again (the same bytes) to another healthy replica, and
 the first answer wins: a join asked again gets its stored answer, and a
 renewal's refusal is held while an earlier copy may have landed. Sessions
-are never resent.`,
+are never resent. --print-config prints a commented example
+(docs/gateway.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if printConfig {
+				_, err := fmt.Fprint(a.env.Stdout, gateway.Example)
+				return err
+			}
 			if err := required("config", path); err != nil {
 				return err
 			}
@@ -72,6 +79,7 @@ are never resent.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "TOML config file")
+	cmd.Flags().BoolVar(&printConfig, "print-config", false, "print an example config and exit")
 	logFlags(cmd)
 	return cmd
 }

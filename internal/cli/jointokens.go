@@ -249,9 +249,13 @@ func (a *app) showTokens(ts ...*bcv1.JoinToken) {
 		if hosted == "" {
 			hosted = "-"
 		}
-		rows = append(rows, []string{t.Id, t.State, fmt.Sprintf("%d/%d", t.UsesLeft, t.MaxUses), fmtTime(t.ExpiresAt), expect, fmt.Sprint(t.AllowReclaim), hosted})
+		role := t.GetRole()
+		if role == "" {
+			role = "node"
+		}
+		rows = append(rows, []string{t.Id, t.State, role, fmt.Sprintf("%d/%d", t.UsesLeft, t.MaxUses), fmtTime(t.ExpiresAt), expect, fmt.Sprint(t.AllowReclaim), hosted})
 	}
-	a.table([]string{"ID", "STATE", "USES LEFT", "EXPIRES", "EXPECT", "RECLAIM", "HOSTED"}, rows)
+	a.table([]string{"ID", "STATE", "ROLE", "USES LEFT", "EXPIRES", "EXPECT", "RECLAIM", "HOSTED"}, rows)
 }
 
 // printTokenList prints a list of tokens as JSON without the "token" key:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/controlplane/rotation"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 
 	"github.com/spf13/cobra"
@@ -104,9 +105,11 @@ func (a *app) pkiIssueCmd() *cobra.Command {
 		Long: `Issue a gateway (or agent-listener) certificate from the serving CA. With
 --config (or --dev) it is issued by the serving CA that is current in the
 database, the one to use once a rotated serving CA is activated; with
---dir alone, by the PKI directory's own serving CA. Gateways and the API
+--dir alone, by the serving CA in force in the database beside the
+directory (DIR/../bc.db) when there is one, else by the PKI directory's
+own serving CA (the first generation). Gateways and the API
 load a certificate written over their files without a restart.`,
-		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/server.toml",
+		Example: "  better-compute pki issue-gateway --san gw.eu.example.com --config /etc/better-compute/config.toml",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(sans) == 0 {
@@ -163,11 +166,21 @@ $BETTER_COMPUTE_SECRET.
 
 With --config (or --dev) they are read from the database instead, as pin
 sets: every generation in force (current, and the next or previous one
-while a key rotates), oldest first, in the form bcd's config.toml takes.`,
+while a key rotates), oldest first, in the form bcd's config.toml takes.
+With --dir, when the directory's database sits beside it (DIR/../bc.db, as
+in dev and the default install) the pins are that database's too: the
+PKI directory keeps only the first generation of each key.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if d.config != "" || d.dev != "" {
 				return a.printPinSets(cmd.Context(), d)
+			}
+			pub, err := a.dirKeys(cmd.Context(), a.pkiDir(pDir), "pki pins")
+			if err != nil {
+				return err
+			}
+			if pub != nil {
+				return a.printDirPins(*pub)
 			}
 			b, err := ca.LoadPublic(a.pkiDir(pDir))
 			if err != nil {
@@ -213,6 +226,21 @@ manager: it is the only way to decrypt the bundle's keys.`,
 
 func pinsJSON(p pki.Pins) map[string]string {
 	return map[string]string{"servingCaPin": p.ServingCA, "joinSigningKeyPin": p.JoinSigning, "joinEncryptionKeyPin": p.JoinEncryption}
+}
+
+// printDirPins prints the database's keys for a --dir form: as before
+// (one pin each) while nothing rotates, as pin sets while something does.
+func (a *app) printDirPins(pub rotation.Public) error {
+	for _, k := range pinSetKeys {
+		if len(pub.Sets[k.kind]) != 1 {
+			return a.printPublic(pub)
+		}
+	}
+	if a.wantJSON() {
+		return a.printJSON(pinsJSON(pub.Pins))
+	}
+	a.printPins(pub.Pins)
+	return nil
 }
 
 func (a *app) printPins(p pki.Pins) {

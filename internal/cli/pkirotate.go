@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/user"
 	"path/filepath"
 	"strings"
@@ -28,6 +30,9 @@ const NewSecretEnv = "BETTER_COMPUTE_NEW_SECRET"
 // and PKI directory, from its config file or a dev data directory.
 type deployment struct {
 	config, dev string
+	// sqlite and pkiDir, when set, name a SQLite database found beside a
+	// PKI directory given with --dir (see besideDir); no flag sets them.
+	sqlite, pkiDir string
 }
 
 func (d *deployment) flags(cmd *cobra.Command) {
@@ -59,13 +64,21 @@ func (a *app) openDeployment(ctx context.Context, d deployment, needSecret bool)
 				return nil, "", nil, err
 			}
 		}
+	case d.sqlite != "":
+		sc, pkiDir = store.Config{Driver: "sqlite", Path: d.sqlite}, d.pkiDir
+		if needSecret {
+			var err error
+			if sec, err = a.secret(); err != nil {
+				return nil, "", nil, err
+			}
+		}
 	case d.dev != "":
 		dir, err := filepath.Abs(d.dev)
 		if err != nil {
 			return nil, "", nil, err
 		}
 		sc, pkiDir = store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")}, filepath.Join(dir, "pki")
-		if sec, err = devSecret(dir, a.env.Getenv(SecretEnv)); err != nil {
+		if sec, _, err = devSecret(dir, a.env.Getenv(SecretEnv)); err != nil {
 			return nil, "", nil, err
 		}
 	default:
@@ -76,6 +89,49 @@ func (a *app) openDeployment(ctx context.Context, d deployment, needSecret bool)
 		return nil, "", nil, err
 	}
 	return db, pkiDir, sec, nil
+}
+
+// dbFile is the SQLite database's name beside the PKI directory, in dev's
+// data directory and in the default install (/var/lib/better-compute).
+const dbFile = "bc.db"
+
+// besideDir returns the deployment of a PKI directory given with --dir
+// when its database sits beside it (DIR/../bc.db): the PKI directory keeps
+// the first generation of every key, so after a rotation only the database
+// knows the keys in force, and a --dir form must read them there.
+func besideDir(pkiDir string) (deployment, bool) {
+	abs, err := filepath.Abs(pkiDir)
+	if err != nil {
+		return deployment{}, false
+	}
+	db := filepath.Join(filepath.Dir(abs), dbFile)
+	if st, err := os.Stat(db); err != nil || !st.Mode().IsRegular() {
+		return deployment{}, false
+	}
+	return deployment{sqlite: db, pkiDir: abs}, true
+}
+
+// dirKeys returns the keys in force for a --dir form: the database's when
+// one sits beside the directory and holds keys, else nil, and then a note
+// goes to standard error that the directory's keys are the first
+// generation and which command reads the ones in force.
+func (a *app) dirKeys(ctx context.Context, pkiDir, cmdName string) (*rotation.Public, error) {
+	if d, ok := besideDir(pkiDir); ok {
+		pub, err := a.publicKeys(ctx, d)
+		switch {
+		case err == nil:
+			return &pub, nil
+		case !errors.Is(err, rotation.ErrNoKeys):
+			return nil, err
+		}
+		// No server has run on that database yet: nothing has rotated.
+		return nil, nil
+	}
+	if _, err := os.Stat(filepath.Join(pkiDir, ca.FileManifest)); err != nil {
+		return nil, nil // no bundle: the caller's load says so
+	}
+	fmt.Fprintf(a.env.Stderr, "note: these are %s's own keys, the first generation; once any key has rotated, run %s --config FILE (the server's config) for the keys in force\n", pkiDir, cmdName)
+	return nil, nil
 }
 
 func (a *app) pkiRotateCmd() *cobra.Command {
@@ -120,9 +176,9 @@ rotates meanwhile, and daemons see nothing.
 
 An event and an audit row (pki.key.prepared, .activated, .retired,
 .rolled-back) record every phase in the root tenant.`,
-		Example: `  better-compute pki rotate join-signing --phase prepare --config /etc/better-compute/server.toml
-  better-compute pki status --config /etc/better-compute/server.toml
-  better-compute pki rotate join-signing --phase activate --config /etc/better-compute/server.toml`,
+		Example: `  better-compute pki rotate join-signing --phase prepare --config /etc/better-compute/config.toml
+  better-compute pki status --config /etc/better-compute/config.toml
+  better-compute pki rotate join-signing --phase activate --config /etc/better-compute/config.toml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := required("phase", phase); err != nil {
@@ -249,9 +305,16 @@ func (a *app) printStatus(st []rotation.KeyStatus) {
 }
 
 // currentBundle returns the keys in force: the database's with --config or
-// --dev, else the PKI directory's (dir, with $BETTER_COMPUTE_SECRET).
+// --dev, or with --dir when the database sits beside the directory (see
+// besideDir), else the PKI directory's (dir, with $BETTER_COMPUTE_SECRET).
 func (a *app) currentBundle(ctx context.Context, d deployment, dir string) (*ca.Bundle, error) {
 	if d.config == "" && d.dev == "" {
+		// A database beside the directory knows the keys in force.
+		if beside, ok := besideDir(a.pkiDir(dir)); ok {
+			d = beside
+		}
+	}
+	if d.config == "" && d.dev == "" && d.sqlite == "" {
 		sec, err := a.secret()
 		if err != nil {
 			return nil, err
@@ -282,12 +345,17 @@ var pinSetKeys = []struct{ kind, key, jsonKey string }{
 }
 
 // printPinSets prints the database's pin sets: the generations in force,
-// oldest first.
+// oldest first. A set of one is printed as its single-pin key, the form a
+// config takes when nothing rotates.
 func (a *app) printPinSets(ctx context.Context, d deployment) error {
 	pub, err := a.publicKeys(ctx, d)
 	if err != nil {
 		return err
 	}
+	return a.printPublic(pub)
+}
+
+func (a *app) printPublic(pub rotation.Public) error {
 	if a.wantJSON() {
 		out := map[string][]string{}
 		for _, k := range pinSetKeys {
@@ -297,8 +365,13 @@ func (a *app) printPinSets(ctx context.Context, d deployment) error {
 	}
 	fmt.Fprintln(a.env.Stdout, "# for /etc/bcd/config.toml")
 	for _, k := range pinSetKeys {
-		quoted := make([]string, len(pub.Sets[k.kind]))
-		for i, p := range pub.Sets[k.kind] {
+		set := pub.Sets[k.kind]
+		if len(set) == 1 {
+			fmt.Fprintf(a.env.Stdout, "%s = %q\n", strings.TrimSuffix(k.key, "s"), set[0])
+			continue
+		}
+		quoted := make([]string, len(set))
+		for i, p := range set {
 			quoted[i] = fmt.Sprintf("%q", p)
 		}
 		fmt.Fprintf(a.env.Stdout, "%s = [%s]\n", k.key, strings.Join(quoted, ", "))
@@ -318,7 +391,7 @@ verifies the API's agent listener against its api_ca_file and reloads it
 when it changes, so after 'pki rotate serving-ca --phase prepare' write
 this over every gateway's api_ca_file, and again after retire. Needs no
 secret.`,
-		Example: `  better-compute pki ca-file --config /etc/better-compute/server.toml --out /etc/better-compute/serving-ca.crt`,
+		Example: `  better-compute pki ca-file --config /etc/better-compute/config.toml --out /etc/better-compute/serving-ca.crt`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pub, err := a.publicKeys(cmd.Context(), d)

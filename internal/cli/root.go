@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/shared/cmdtree"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/version"
 )
@@ -59,6 +60,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	env.Stdout, env.Stderr = stdout, stderr
 	a := &app{env: env}
 	root := a.rootCmd()
+	cmdtree.GuardGroups(root)
 	codeUsageErrors(root)
 	root.SetArgs(args)
 	root.SetIn(env.Stdin)

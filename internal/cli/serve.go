@@ -142,12 +142,21 @@ DIR/ca.pem. It also runs a gateway and writes DIR/bcd/config.toml, so that
     bcd join --config DIR/bcd/config.toml --sysfs-root ./fake-sys < join-token
 
 joins a made-up machine to it (docs/joining.md). Restarting on the same
-directory keeps everything.
+directory keeps everything. While it runs, dev holds DIR/dev.lock: a second
+dev on the same directory refuses and names the first (its pid and
+addresses). dev refuses a non-empty directory it did not make rather than
+write over its files.
 
 It serves a bcd build under {url}/api/compute/downloads/bcd/{version}/linux-{arch}
 for the install script (better-compute daemon install-script
 --download-ca-file DIR/ca.pem): --bcd-binary, else the bcd beside this
 better-compute, else one built with go build from the working directory.
+
+--config FILE applies a server config (serve's TOML, see serve
+--print-config) over dev's own, so any option can be tried here: [join]
+svid_form, [limits], [export], [tracing], …. Options dev decides itself
+(listen, [tls], [store], [pki], [agent], [downloads], the gateway's address
+and certificate) are refused.
 
 --cert-ttl shortens node certificates (60s to 24h; default 24h) so that
 renewal and the x509pop re-join of an expired certificate can be watched in
@@ -161,13 +170,19 @@ its node back after bcd join --reset. --tpm-simulator ADDR puts that swtpm
 command port into DIR/bcd/config.toml ([tpm] mode = "required").
 
 For development only: the secret that encrypts the PKI's keys is kept in
-DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
+DIR/dev-secret, and an exported $BETTER_COMPUTE_SECRET is not used for it
+(dev says so). A directory without DIR/dev-secret (restored from a backup)
+is opened with $BETTER_COMPUTE_SECRET.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("cert-ttl") {
 				if o.certTTL < devMinCertTTL || o.certTTL > devMaxCertTTL || o.certTTL%time.Second != 0 {
 					return errs.Invalid("--cert-ttl", "want a duration from 60s to 24h in whole seconds, like 2m")
 				}
+			}
+			// A bad --config fails before dev writes anything.
+			if _, err := devOverlay(server.Config{Store: store.Config{Path: "bc.db"}}, o.config); err != nil {
+				return err
 			}
 			log, err := a.logger(telemetry.LogConfig{}, cmd)
 			if err != nil {
@@ -190,6 +205,7 @@ DIR/dev-secret unless $BETTER_COMPUTE_SECRET is set.`,
 	f.StringArrayVar(&o.tpmCAFiles, "tpm-ca-file", nil, "run the tpm attestor for the dev pool, trusting EKs certified by this manufacturer CA (PEM; repeatable)")
 	f.BoolVar(&o.tpmEnrollment, "tpm-enrollment", false, "run the tpm attestor for the dev pool; an unknown EK becomes a join request")
 	f.BoolVar(&o.tpmAllowReclaim, "tpm-allow-reclaim", false, "with --tpm-ca-file: the same TPM takes its node back after bcd join --reset (the pool's allow_reclaim)")
+	f.StringVar(&o.config, "config", "", "a server config (serve's TOML) whose options apply over dev's own, e.g. [join] svid_form; dev keeps its data, keys and listeners")
 	f.StringVar(&o.tpmSimulator, "tpm-simulator", "", "swtpm command port (host:port) written into the dev bcd config's [tpm]")
 	logFlags(cmd)
 	return cmd
@@ -207,6 +223,8 @@ type devOptions struct {
 	tpmEnrollment   bool
 	tpmAllowReclaim bool
 	tpmSimulator    string
+	// config is a server config applied over dev's own (devOverlay).
+	config string
 	// buildBCD builds bcd when none is found; nil means goBuildBCD.
 	buildBCD func(ctx context.Context, out, arch string) error
 }
@@ -223,12 +241,24 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
+	if err := checkDevDir(dir); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	sec, err := devSecret(dir, a.env.Getenv(SecretEnv))
+	lock, err := lockDevDir(dir)
 	if err != nil {
 		return err
+	}
+	defer lock.release()
+	lock.note("pid %d", os.Getpid())
+	sec, note, err := devSecret(dir, a.env.Getenv(SecretEnv))
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		log.Info(note)
 	}
 	pkiDir := filepath.Join(dir, "pki")
 	bundle, caFile, err := devPKI(dir, pkiDir, o.td, sec, log)
@@ -258,6 +288,9 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 	// document and the bcd config, and --gateway-listen may pick a port.
 	gwLn, err := net.Listen("tcp", o.gwListen)
 	if err != nil {
+		if err := inUse(err, "--gateway-listen", o.gwListen); errs.CodeOf(err) == errs.Conflict {
+			return err
+		}
 		return errs.Wrap(err, errs.InvalidConfig, "gateway listen %s: %v", o.gwListen, err)
 	}
 	defer gwLn.Close()
@@ -278,6 +311,9 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
 	}
+	if cfg, err = devOverlay(cfg, o.config); err != nil {
+		return err
+	}
 	envPath := filepath.Join(dir, "dev.env")
 	// The tenant, site and pool are made before the API is built, so the
 	// tpm attestor's configuration can name the dev pool.
@@ -289,8 +325,8 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		cfg.Join.Attestors = append(cfg.Join.Attestors, wire.AttestorTPM)
 		cfg.Join.TPM.Pools = []server.TPMPoolConfig{{Pool: st.pool, ManufacturerCAFiles: o.tpmCAFiles, Enrollment: o.tpmEnrollment, AllowReclaim: o.tpmAllowReclaim}}
 	}
-	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl}
-	return server.Run(ctx, cfg, server.Options{
+	ready := devReady{a: a, log: log, o: o, dir: dir, envPath: envPath, caFile: caFile, gwURL: gwURL, st: st, bundle: bundle, dl: dl, lock: lock}
+	err = server.Run(ctx, cfg, server.Options{
 		Log:    log,
 		Secret: sec,
 		Setup: func(ctx context.Context, s *api.Server, db *store.DB) error {
@@ -300,6 +336,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 		GatewayListener: gwLn,
 		Ready:           ready.print,
 	})
+	return inUse(err, "--listen", o.listen)
 }
 
 // devPKI makes (once) and loads dev's machine PKI, and the loopback
@@ -351,10 +388,12 @@ type devReady struct {
 	st                          devState
 	bundle                      *ca.Bundle
 	dl                          *devDownload
+	lock                        *devLock
 }
 
 func (r devReady) print(addr string) {
 	url := "https://" + addr
+	r.lock.note("pid %d, API %s, gateway %s", os.Getpid(), url, r.gwURL)
 	if err := writeDevEnv(r.envPath, url, r.caFile, r.st); err != nil {
 		r.log.Error("write dev.env", "err", err)
 		return
@@ -471,25 +510,59 @@ func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *claims.Fak
 	return path, nil
 }
 
-// devSecret returns BETTER_COMPUTE_SECRET, or the development secret kept in
-// the data directory (made on first start).
-func devSecret(dir, env string) ([]byte, error) {
-	if env != "" {
-		return []byte(env), nil
-	}
+// devSecret returns the secret of dev's PKI and, when
+// $BETTER_COMPUTE_SECRET (env) is set but not used, a note saying so. dev
+// keeps its own secret in DIR/dev-secret: an exported production secret
+// must not decide which key a development directory is encrypted under
+// (it made dev fail with "cannot decrypt"). An existing PKI is opened by
+// whichever of DIR/dev-secret and env opens it (a directory restored from
+// a backup, or whose secret was rotated, has only env); a new one is made
+// under DIR/dev-secret.
+func devSecret(dir, env string) (sec []byte, note string, err error) {
 	p := filepath.Join(dir, "dev-secret")
-	if b, err := os.ReadFile(p); err == nil {
-		return []byte(strings.TrimSpace(string(b))), nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
+	own, err := os.ReadFile(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, "", err
 	}
-	var r [32]byte
-	_, _ = rand.Read(r[:])
-	s := base64.RawURLEncoding.EncodeToString(r[:])
-	if err := writeNew(p, []byte(s+"\n"), 0o600); err != nil {
-		return nil, err
+	own = []byte(strings.TrimSpace(string(own)))
+	pkiDir := filepath.Join(dir, "pki")
+	if _, err := os.Stat(filepath.Join(pkiDir, ca.FileManifest)); err == nil {
+		return openDevPKI(pkiDir, p, own, env)
 	}
-	return []byte(s), nil
+	if len(own) == 0 {
+		var r [32]byte
+		_, _ = rand.Read(r[:])
+		own = []byte(base64.RawURLEncoding.EncodeToString(r[:]))
+		if err := writeNew(p, append(own, '\n'), 0o600); err != nil {
+			return nil, "", err
+		}
+	}
+	if env != "" && env != string(own) {
+		note = fmt.Sprintf("$%s is set but not used: dev keeps its own secret in %s", SecretEnv, p)
+	}
+	return own, note, nil
+}
+
+// openDevPKI picks the secret that opens an existing dev PKI.
+func openDevPKI(pkiDir, ownPath string, own []byte, env string) ([]byte, string, error) {
+	if len(own) > 0 {
+		if _, err := ca.Load(pkiDir, own); err == nil {
+			note := ""
+			if env != "" && env != string(own) {
+				note = fmt.Sprintf("$%s is set but not used: this directory's keys are under %s", SecretEnv, ownPath)
+			}
+			return own, note, nil
+		}
+	}
+	if env != "" {
+		if _, err := ca.Load(pkiDir, []byte(env)); err == nil {
+			return []byte(env), "", nil
+		}
+	}
+	if len(own) == 0 && env == "" {
+		return nil, "", errs.New(errs.InvalidConfig, "%s has no dev-secret (restored from a backup?): set %s to the secret its keys were encrypted under", filepath.Dir(ownPath), SecretEnv)
+	}
+	return nil, "", errs.New(errs.InvalidConfig, "neither %s nor $%s opens the keys in %s: set %s to the secret they were encrypted under", ownPath, SecretEnv, pkiDir, SecretEnv)
 }
 
 // readDevEnv reads the variables of an existing dev.env.

@@ -127,3 +127,33 @@ func TestMachinesChangedAfterBackup(t *testing.T) {
 		t.Errorf("join refusals %v, want %v", got, want)
 	}
 }
+
+// R24.1: a node connected when the backup was taken is disconnected in
+// the restored database: no process holds that session any more, and the
+// API showed it connected for minutes.
+func TestRestoreDisconnectsNodesR24_1(t *testing.T) {
+	ctx := context.Background()
+	p := newPlane(t)
+	pool := p.pool(t)
+	m := p.join(t, jointest.NewMachine(t, jointest.Claims(1)), p.token(t, pool.Id, 1, false).Token)
+	if err := p.db.WithTx(ctx, func(tx *store.Tx) error {
+		_, err := tx.ConnectNode(ctx, m.id, "sess_backup")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.nodes(t); len(got) != 1 || got[0].Connection != store.Connected {
+		t.Fatalf("before the backup: %+v", got)
+	}
+	out := filepath.Join(t.TempDir(), "bc.backup")
+	if _, err := backup.Create(ctx, backup.Config{Store: store.Config{Path: p.dbPath}, PKIDir: p.pkiDir, Out: out, Secret: testSecret}); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "restored")
+	if _, err := backup.Restore(ctx, backup.RestoreConfig{In: out, DataDir: dir, Auth: auth}); err != nil {
+		t.Fatal(err)
+	}
+	if got := restorePlane(t, dir).nodes(t); len(got) != 1 || got[0].Connection != store.Disconnected {
+		t.Fatalf("restored nodes %+v, want the one node disconnected", got)
+	}
+}

@@ -428,6 +428,11 @@ func openRestored(ctx context.Context, cfg RestoreConfig, m Manifest, dbPath str
 				return err
 			}
 		}
+		// The backup's sessions are gone: without this the API showed
+		// those nodes connected until each was noticed missing.
+		if _, err := tx.DisconnectAll(ctx); err != nil {
+			return err
+		}
 		sum, err := tx.Summary(ctx)
 		if err != nil {
 			return err

@@ -224,6 +224,29 @@ func ParseConfig(b []byte) (Config, error) {
 	return c, c.validate()
 }
 
+// Overlay decodes the TOML b over c: the keys b sets replace c's, the
+// rest stay (better-compute dev --config). Unknown keys are errors, the
+// result is validated as a whole, and the keys b set are returned
+// (dotted, as "join.svid_form").
+func Overlay(c Config, b []byte) (Config, []string, error) {
+	md, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&c)
+	if err != nil {
+		return c, nil, errs.New(errs.InvalidConfig, "config: %v", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return c, nil, errs.New(errs.InvalidConfig, "config: unknown keys: %s", strings.Join(keys, ", "))
+	}
+	var set []string
+	for _, k := range md.Keys() {
+		set = append(set, k.String())
+	}
+	return c, set, c.validate()
+}
+
 func (c *Config) validate() error {
 	if err := c.Tracing.Validate(); err != nil {
 		return err

@@ -107,7 +107,7 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return errs.New(errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
+		return errs.Wrap(err, errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
 	}
 	// SECURITY: anyone who reaches a listener can make net/http log a
 	// line (a failed or timed-out TLS handshake): they are rate-limited

@@ -47,3 +47,14 @@ func (t *Tx) TouchNode(ctx context.Context, nodeID, sessionID string, generation
 	n, err := res.RowsAffected()
 	return n == 1, err
 }
+
+// DisconnectAll marks every node disconnected and returns how many were
+// connected: after a restore no session of the backup's time is held by
+// any process, and the nodes reconnect as they notice.
+func (t *Tx) DisconnectAll(ctx context.Context) (int64, error) {
+	res, err := t.exec(ctx, "UPDATE nodes SET connection = 'disconnected', session_id = '' WHERE connection = 'connected'")
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/cmdtree"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
@@ -108,6 +109,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 		},
 	})))
 	root := a.rootCmd()
+	cmdtree.GuardGroups(root)
 	root.SetArgs(args)
 	root.SetIn(env.Stdin)
 	root.SetOut(env.Stdout)

@@ -359,6 +359,21 @@ func TestDoctorAdviceForExpiredR11_4(t *testing.T) {
 			t.Fatalf("R11.4: doctor after following its advice: %d\n%s", d.code, d.stdout)
 		}
 	})
+	// R24.1: the other way the message offers, the only one for a site
+	// agent (no site token to join with again), works as written.
+	t.Run("by x509pop", func(t *testing.T) {
+		h := expired(t)
+		d := h.doctorAt(h.srv.Now)
+		want(t, "R24.1", d, 1, "stdout", "re-join as the same node without a token: bcd join --attestor x509pop")
+		r := h.run("", false, append(append([]string{"join"}, h.cfgFlag()...), "--attestor", "x509pop")...)
+		want(t, "R24.1", r, 0, "stderr", "node_")
+		if d := h.doctorAt(h.srv.Now); d.code != 0 {
+			t.Fatalf("R24.1: doctor after bcd join --attestor x509pop: %d\n%s", d.code, d.stdout)
+		}
+		if st := h.status(); !strings.Contains(st.stdout, "valid for") {
+			t.Fatalf("R24.1: status after the x509pop re-join:\n%s", st.stdout)
+		}
+	})
 	t.Run("in one command", func(t *testing.T) {
 		h := expired(t)
 		r := h.run(h.srv.Token, false, append(append([]string{"join"}, h.cfgFlag()...), "--reset", "--yes")...)

@@ -3,10 +3,12 @@ package bcdcmd
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -28,12 +30,21 @@ type joinFlags struct {
 	procfsRoot string
 	tokenFile  string
 	server     string
-	nodeID     string
-	attestor   string
-	role       string
-	reset      bool
-	yes        bool
-	json       bool
+	// serverCAFile holds PEM CAs that verify --server instead of the
+	// system roots.
+	serverCAFile string
+	// configSeed is copied to --config when that does not exist, and
+	// skipIfJoined ends a join on a machine that has an identity: the
+	// DaemonSet's init container, which has no shell, runs bcd join on
+	// every pod start.
+	configSeed   string
+	skipIfJoined bool
+	nodeID       string
+	attestor     string
+	role         string
+	reset        bool
+	yes          bool
+	json         bool
 	// The discovery attestor's boot (R10.4).
 	bootMAC, bootIP, workflowID string
 	bootLeaseEpoch              int64
@@ -110,6 +121,9 @@ may become a join request: bcd waits on it as above.`,
 	fl.StringVar(&f.procfsRoot, "procfs-root", "", "where the host's /proc is mounted (default: the config's procfs_root, else /proc)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
+	fl.StringVar(&f.serverCAFile, "server-ca-file", "", "PEM CAs that verify --server's certificate instead of the system roots (a private CA; the document is checked against the pins either way); an empty file means the system roots")
+	fl.StringVar(&f.configSeed, "config-seed", "", "copy this file to --config first when --config does not exist (a DaemonSet's ConfigMap)")
+	fl.BoolVar(&f.skipIfJoined, "skip-if-joined", false, "exit 0 without joining when this machine already has an identity (a DaemonSet's init container)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
 	fl.StringVar(&f.attestor, "attestor", "", "the attestor: join-token (default), tpm to join with this machine's TPM and no token, discovery for a ramdisk its site booted, or x509pop to re-join with an expired certificate")
 	fl.StringVar(&f.bootMAC, "boot-mac", "", "discovery: the MAC of the NIC the machine booted from")
@@ -170,6 +184,9 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		return errs.New(errs.InvalidArgument, "--yes only confirms --reset")
 	}
 
+	if err := seedConfig(f.configPath, f.configSeed); err != nil {
+		return err
+	}
 	cfg, err := loadConfig(f.configPath)
 	if err != nil {
 		return err
@@ -179,6 +196,12 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 		return err
 	}
 	dataDir, sysfsRoot, procfsRoot, storeDir := d.data, d.sysfs, d.procfs, d.store
+	if f.skipIfJoined {
+		if _, err := os.Stat(filepath.Join(storeDir, identity.IdentityFile)); err == nil {
+			fmt.Fprintf(a.env.Stderr, "this machine already joined (%s): nothing to do; bcd run takes over\n", storeDir)
+			return nil
+		}
+	}
 
 	now := a.env.Clock.Now
 	keys, store, err := tpmkeys.Stores(cfg, storeDir)
@@ -201,6 +224,10 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 
 	if f.attestor == identity.AttestorX509Pop {
 		return a.rejoin(ctx, j, f, storeDir)
+	}
+	cas, err := serverCAs(f.server, f.serverCAFile)
+	if err != nil {
+		return err
 	}
 
 	// The token before the reset: a missing or malformed one must not
@@ -236,7 +263,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 	}
 
 	id, err := j.Join(ctx, enroll.Options{
-		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server,
+		Token: token, Attestor: f.attestor, Role: f.role, NodeID: f.nodeID, Server: f.server, ServerCAs: cas,
 		Bootstrap: f.bootstrap(dataDir, sysfsRoot, procfsRoot), Reset: f.reset, Boot: f.boot(),
 	})
 	if id == nil {
@@ -379,4 +406,57 @@ func absDir(flag, dir string) (string, error) {
 		return "", errs.Invalid(flag, "%v", err)
 	}
 	return abs, nil
+}
+
+// serverCAs reads --server-ca-file: the CAs that verify --server's TLS
+// certificate, for a control plane whose certificate comes from a private
+// CA. Without it the system roots (and SSL_CERT_FILE) verify it. The
+// document fetched is checked against the pins either way: TLS only keeps
+// a network in the middle from answering instead of the server.
+func serverCAs(server, file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	if server == "" {
+		return nil, errs.Invalid("--server-ca-file", "verifies --server's certificate: give --server too")
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, errs.Invalid("--server-ca-file", "%v", err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		// An empty file is the system roots: a manifest can name the file
+		// whether or not an operator filled it.
+		return nil, nil
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, errs.Invalid("--server-ca-file", "%s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// seedConfig copies seed to path when path does not exist (never over an
+// existing config: bcd keeps the host's copy up to date itself).
+func seedConfig(path, seed string) error {
+	if seed == "" {
+		return nil
+	}
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	data, err := os.ReadFile(seed)
+	if err != nil {
+		return errs.Invalid("--config-seed", "%v", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".seed"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/diag"
+	"github.com/better-compute/better-compute/internal/node/doctor"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
@@ -133,6 +134,12 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			}
 			err = d.Run(ctx)
 			if errors.Is(err, run.ErrRetired) {
+				// For bcd doctor: only a session learns of it.
+				if id, lerr := store.Load(); lerr == nil {
+					if werr := doctor.RecordRetired(store.Dir, id, a.env.Clock.Now()); werr != nil {
+						log.Warn("cannot record the retirement for bcd doctor", "err", werr)
+					}
+				}
 				fmt.Fprintf(a.env.Stderr, "Error: %s\n", errorLine(err))
 				return &exitError{code: ExitRetired}
 			}

@@ -30,4 +30,15 @@ func TestRunRetiredExits(t *testing.T) {
 	})
 	want(t, "R12.1", result{code: code, stdout: out.String(), stderr: errOut.String()}, ExitRetired, "stderr",
 		"Error: INVALID_STATE: this node was retired; ", "bcd join --reset --yes")
+
+	// R24.1: bcd doctor says so too (it called the node healthy), until a
+	// new join as the message says.
+	d := h.doctorAt(h.srv.Now)
+	want(t, "R24.1", d, 1, "stdout", "was retired (the control plane said so to bcd run at ", "bcd join --reset --yes, then bcd join with a new token")
+	join := append([]string{"join"}, h.cfgFlag()...)
+	want(t, "R24.1", h.run("", true, append(join, "--reset", "--yes")...), 0, "stderr", "moved the old identity aside")
+	want(t, "R24.1", h.run(h.srv.Token+"\n", false, join...), 0, "stderr", "joined as node_")
+	if d := h.doctorAt(h.srv.Now); d.code != 0 {
+		t.Fatalf("R24.1: doctor after joining anew: %d\n%s", d.code, d.stdout)
+	}
 }

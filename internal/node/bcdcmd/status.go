@@ -119,7 +119,7 @@ func (a *app) status(f *statusFlags) error {
 	}
 	validity := fmt.Sprintf("%s (valid for %s)", st.NotAfter.Format(time.RFC3339), st.NotAfter.Sub(now).Truncate(time.Second))
 	if st.Expired {
-		validity = fmt.Sprintf("%s (EXPIRED; join again as root: bcd join --reset --yes, then bcd join)", st.NotAfter.Format(time.RFC3339))
+		validity = fmt.Sprintf("%s (EXPIRED; %s)", st.NotAfter.Format(time.RFC3339), identity.ExpiredFix(st.NotAfter))
 	}
 	tw := tabwriter.NewWriter(a.env.Stdout, 0, 0, 2, ' ', 0)
 	for _, row := range [][2]string{

@@ -126,7 +126,7 @@ const clockWarnAfter = 30 * time.Second
 
 // ExpiredMessage is the page's message for an expired identity (R11.4).
 func ExpiredMessage(notAfter time.Time) string {
-	return fmt.Sprintf("the certificate expired at %s; join again as root: bcd join --reset --yes, then bcd join", notAfter.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("the certificate expired at %s; %s", notAfter.UTC().Format(time.RFC3339), identity.ExpiredFix(notAfter))
 }
 
 func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
@@ -137,7 +137,14 @@ func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
 		return c
 	}
 	id, err := store.Load()
+	var retired bool
+	var at time.Time
+	if err == nil {
+		at, retired, err = retiredAt(store.Dir, id)
+	}
 	switch {
+	case retired:
+		c.Status, c.Detail = Fail, retiredMessage(id, at)
 	case errors.Is(err, identity.ErrNotJoined):
 		c.Status, c.Detail = Warn, fmt.Sprintf("not joined (no identity in %s): bcd join < join-token", dataDir)
 	case err != nil:

@@ -222,6 +222,12 @@ type Options struct {
 	NodeID string
 	// Server is the control plane's URL, for the well-known fallback.
 	Server string
+	// ServerCAs verify Server's TLS certificate instead of the system
+	// roots (bcd join --server-ca-file): a control plane whose API
+	// certificate comes from a private CA, such as its own serving CA.
+	// TLS only says which host answered; the document is trusted through
+	// the pins either way.
+	ServerCAs *x509.CertPool
 	// Bootstrap is required when there is no config.toml (Config.BCD nil)
 	// and refused otherwise.
 	Bootstrap *Bootstrap
@@ -333,7 +339,7 @@ func (j *Joiner) Join(ctx context.Context, opts Options) (*identity.Identity, er
 		return nil, err
 	}
 
-	encKey, wk, err := j.encryptionKey(ctx, cfg, opts.Server, wk)
+	encKey, wk, err := j.encryptionKey(ctx, cfg, opts.wellKnownSource(), wk)
 	if err != nil {
 		return nil, err
 	}
@@ -682,7 +688,7 @@ func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config,
 		SysfsRoot:            b.SysfsRoot,
 		ProcfsRoot:           b.ProcfsRoot,
 	}
-	wk, err := j.fetchWellKnown(ctx, opts.Server, c)
+	wk, err := j.fetchWellKnown(ctx, opts.wellKnownSource(), c)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -753,7 +759,7 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 // it matches; otherwise an error saying both ways. A present file that does
 // not match fails and never falls back. It returns the document when it
 // fetched it, or wk as given.
-func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server string, wk *wellKnown) (*ecdsa.PublicKey, *wellKnown, error) {
+func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server source, wk *wellKnown) (*ecdsa.PublicKey, *wellKnown, error) {
 	dir := filepath.Dir(j.cfg.ConfigPath)
 	key, _, found, err := config.LoadEncryptionKeySet(dir, cfg.JoinEncryptionPins())
 	if err != nil {
@@ -763,7 +769,7 @@ func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server s
 		return key, wk, nil
 	}
 	if wk == nil {
-		if server == "" {
+		if server.url == "" {
 			return nil, nil, errs.New(errs.InvalidConfig,
 				"no JoinService encryption key: %s is missing; install it (the install script writes it), or pass --server with the control plane's URL to fetch it from its well-known document",
 				filepath.Join(dir, config.EncryptionKeyFile))

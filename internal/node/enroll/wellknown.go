@@ -3,9 +3,11 @@ package enroll
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -75,6 +77,15 @@ type wellKnown struct {
 	learned config.PinUpdate
 }
 
+// source is where the well-known document comes from: the control plane's
+// URL and the CAs that verify it (nil: the system roots).
+type source struct {
+	url string
+	cas *x509.CertPool
+}
+
+func (o Options) wellKnownSource() source { return source{url: o.Server, cas: o.ServerCAs} }
+
 // fetchWellKnown GETs the document with a bounded body and timeout and
 // parses the join section against the pin sets of pins. It trusts nothing in
 // the document: its key statements count only when signed by a key pins
@@ -84,8 +95,8 @@ type wellKnown struct {
 // not match is an error (there is nothing else to seal to); a signing
 // certificate that does not match is dropped (the response carries its
 // own).
-func (j *Joiner) fetchWellKnown(ctx context.Context, server string, pins *config.Config) (*wellKnown, error) {
-	u, err := WellKnownURL(server)
+func (j *Joiner) fetchWellKnown(ctx context.Context, server source, pins *config.Config) (*wellKnown, error) {
+	u, err := WellKnownURL(server.url)
 	if err != nil {
 		return nil, err
 	}
@@ -96,8 +107,16 @@ func (j *Joiner) fetchWellKnown(ctx context.Context, server string, pins *config
 		return nil, errs.Invalid("--server", "cannot make a request: %v", err)
 	}
 	req.Header.Set("Accept", "application/json")
-	res, err := j.httpClient(nil).Do(req)
+	var tlsConfig *tls.Config
+	if server.cas != nil {
+		tlsConfig = &tls.Config{RootCAs: server.cas, MinVersion: tls.VersionTLS12}
+	}
+	res, err := j.httpClient(tlsConfig).Do(req)
 	if err != nil {
+		var unknown x509.UnknownAuthorityError
+		if errors.As(err, &unknown) {
+			return nil, errs.Wrap(err, errs.Unavailable, "cannot fetch %s: %v; if the control plane's certificate comes from a private CA (such as its serving CA, or better-compute dev's ca.pem), give that CA with --server-ca-file FILE: the document is checked against the pins either way", u, err)
+		}
 		return nil, errs.Wrap(err, errs.Unavailable, "cannot fetch %s: %v", u, err)
 	}
 	defer res.Body.Close()

@@ -83,6 +83,21 @@ var ErrNotJoined = errs.New(errs.InvalidState, "this machine has not joined: run
 // fixByRejoining is how an operator repairs a broken identity (R11.4).
 const fixByRejoining = "join again as root: bcd join --reset --yes, then bcd join"
 
+// x509popWindow is how long after its expiry the control plane lets a
+// certificate re-join its node by x509pop (R10.5); the control plane
+// decides, bcd only names it.
+const x509popWindow = 7 * 24 * time.Hour
+
+// ExpiredFix is the way back for a certificate that expired at notAfter
+// (R11.4): join again with a new token, or, within the x509pop window,
+// re-join as the same node with the expired certificate's key. The second
+// is the only way back for a site agent: site tokens are not minted
+// through the API, so --reset then a join is a dead end for one.
+func ExpiredFix(notAfter time.Time) string {
+	return fmt.Sprintf("%s; or, until %s, re-join as the same node without a token: bcd join --attestor x509pop (when the control plane runs the x509pop attestor; the way back for a site agent)",
+		fixByRejoining, notAfter.Add(x509popWindow).UTC().Format(time.RFC3339))
+}
+
 // Identity is what the node is. The JSON fields are identity.json; the rest
 // is filled by Load (and NewIdentity fills Chain).
 type Identity struct {

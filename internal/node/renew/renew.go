@@ -282,8 +282,8 @@ func (r *Renewer) load() (*identity.Identity, error) {
 		return nil, err
 	}
 	if r.serverTime.Expired(id.NotAfter) {
-		return nil, errs.New(errs.InvalidState, "the certificate expired at %s and can no longer be renewed; join again as root: bcd join --reset --yes, then bcd join",
-			id.NotAfter.Format(time.RFC3339))
+		return nil, errs.New(errs.InvalidState, "the certificate expired at %s and can no longer be renewed; %s",
+			id.NotAfter.Format(time.RFC3339), identity.ExpiredFix(id.NotAfter))
 	}
 	return id, nil
 }
