@@ -149,17 +149,19 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	}
 
 	// A token, its install command, and the join it waits for.
-	var install string
+	var install, shown string
 	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/tokens"+q),
 		browser.Submit("#create-token"),
 		chromedp.WaitVisible(chromedp.CSS("#install")),
 		browser.Text("#install", &install),
+		browser.Text("#token", &shown),
 		chromedp.WaitVisible(chromedp.CSS("#joined.waiting")),
 	)
-	token := regexp.MustCompile(`bcjt_[A-Za-z0-9_.-]+`).FindString(install)
-	if token == "" || !strings.Contains(install, "bcd join") {
-		t.Fatalf("install command %q", install)
+	// R24.1: the token is shown apart; the command never carries it.
+	token := regexp.MustCompile(`bcjt_[A-Za-z0-9_.-]+`).FindString(shown)
+	if token == "" || strings.Contains(install, "bcjt_") || !strings.Contains(install, "bcd join --token-file ./join-token") {
+		t.Fatalf("token %q, install command %q", shown, install)
 	}
 	m := jointest.NewMachine(t, jointest.Claims(1))
 	res, err := p.e.Server.Join().Join(context.Background(), m.Request(t, p.e.Bundle, token, ""), join.Peer{Addr: "192.0.2.7:40000"})

@@ -218,7 +218,9 @@ func (c *Console) listTokens(r *http.Request, s *session, p *page, created *bcv1
 	d := map[string]any{"Items": items, "Inactive": r.FormValue("inactive") != "", "Idem": randomID()}
 	if created != nil {
 		d["Created"] = created
-		d["Install"] = "umask 077 && printf '%s\\n' '" + created.Token + "' > ./join-token && sudo bcd join < ./join-token"
+		// The token never goes on a command line (shell history, ps):
+		// it is pasted into a file bcd reads and deletes.
+		d["Install"] = "umask 077 && cat > ./join-token    # paste the token above, then Enter and Ctrl-D\nsudo bcd join --token-file ./join-token"
 		d["Since"] = created.CreatedAt.AsTime().UTC().Format(time.RFC3339Nano)
 	}
 	p.Data = d
