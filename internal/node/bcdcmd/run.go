@@ -137,7 +137,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 				// For bcd doctor: only a session learns of it.
 				if id, lerr := store.Load(); lerr == nil {
 					if werr := doctor.RecordRetired(store.Dir, id, a.env.Clock.Now()); werr != nil {
-						log.Warn("cannot record the retirement for bcd doctor", "err", werr)
+						log.Warn("cannot record the retirement for bcd doctor", telemetry.LogErr, werr)
 					}
 				}
 				fmt.Fprintf(a.env.Stderr, "Error: %s\n", errorLine(err))
