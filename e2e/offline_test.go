@@ -86,8 +86,10 @@ func forgeStatement(t *testing.T, signerSPKI, subject []byte, evil *ca.Bundle) s
 	return base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + sig
 }
 
-// R16.2: a bcd stopped before the serving CA and both JoinService keys
-// rotated, and started after they were retired, comes back by itself: its
+// R16.2, R21.1: a bcd stopped before the serving CA, both JoinService keys
+// and the node CA rotated, and started after they were retired, comes back
+// by itself (its certificate, of the retired node CA, still renews onto
+// the new one): its
 // pinned gateway chain no longer matches, it asks for the statements, follows
 // the chain from the keys it pins, renews and holds its session. A gateway
 // of another PKI that injects statements (one signed by its own key, one
@@ -108,8 +110,10 @@ func TestOfflineBCDFollowsRotation(t *testing.T) {
 		t.Fatalf("bcd join: %s\n%s", out, errOut)
 	}
 
-	// The daemon is off; three keys rotate all the way.
-	kinds := []string{"serving-ca", "join-signing", "join-encryption"}
+	// The daemon is off; the three keys it pins and the node CA that issued
+	// its certificate rotate all the way (R21.1: it comes back from all of
+	// them together without a person).
+	kinds := []string{"serving-ca", "join-signing", "join-encryption", "node-ca"}
 	for _, phase := range []string{"prepare", "activate", "retire"} {
 		for _, k := range kinds {
 			if phase == "retire" {

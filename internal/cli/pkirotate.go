@@ -160,9 +160,10 @@ certificate lifetime) before activate and again before retire. A node is
 behind until its daemon has said, in a signed session Hello, that it holds
 the keys in force; retire refuses while any node is behind and names them,
 unless --force. Daemons follow even a rotation run back to back (each
-answer carries the chain from the keys they pin), but a certificate of a
-retired node CA is refused: nodes behind a node-ca retire forced through
-must re-join with a token. After
+answer carries the chain from the keys they pin). A certificate of a
+retired node CA opens no session (a held one ends) but still renews onto
+the new CA: nodes behind a node-ca retire forced through are without a
+session until their next renewal. After
 activating serving-ca, issue new gateway certificates (pki issue-gateway)
 and agent certificates; gateways and the API load them without a restart.
 
@@ -219,7 +220,7 @@ An event and an audit row (pki.key.prepared, .activated, .retired,
 	}
 	d.flags(cmd)
 	cmd.Flags().StringVar(&phase, "phase", "", "prepare, activate, retire or rollback")
-	cmd.Flags().BoolVar(&force, "force", false, "retire though pki status shows nodes behind (they are cut off unless they re-join)")
+	cmd.Flags().BoolVar(&force, "force", false, "retire though pki status shows nodes behind (they catch up at their next renewal; behind a node-ca retire they have no session until then)")
 	return cmd
 }
 

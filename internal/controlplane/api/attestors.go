@@ -47,9 +47,11 @@ func attestors(names []string, core *nodeident.Core, tpmPools []tpm.Pool) (attes
 	}
 	// The live bundle's node CAs: a rotation reaches the attestor without a
 	// restart (R16.1).
+	// x509pop re-joins certificates of retired node CAs too (R21.1): the
+	// identity core still refuses them for sessions.
 	nodeCAs := func() []*x509.Certificate {
 		if b := core.Bundle().Now(); b != nil {
-			return b.TrustedNodeCAs()
+			return append(slices.Clone(b.TrustedNodeCAs()), b.RetiredNodeCAs...)
 		}
 		return nil
 	}

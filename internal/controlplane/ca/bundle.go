@@ -110,7 +110,16 @@ type Bundle struct {
 	CommandCerts  []*x509.Certificate
 	OpenKeys      []*ecdsa.PrivateKey
 	KeyStatements []string
-	live          *Live
+	// RetiredNodeCAs are the node CAs a rotation retired (R21.1). A
+	// certificate one of them issued, still byte for byte a node_certs
+	// row, may renew or re-join by x509pop, never open a session: a node
+	// offline through a node-CA rotation comes back onto the current CA
+	// by itself. The API trusts a node certificate only through its row
+	// and the proof of its key, so an old CA's key, leaked or not, adds
+	// nothing here; external verifiers (the SPIFFE bundle) no longer see
+	// these CAs.
+	RetiredNodeCAs []*x509.Certificate
+	live           *Live
 }
 
 // Live is the current bundle of a deployment whose keys can rotate: the

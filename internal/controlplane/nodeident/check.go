@@ -134,9 +134,12 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 		return ref("cert-superseded")
 	case now.Before(row.NotBefore):
 		return ref("cert-not-yet-valid")
-	case !c.issuerAccepted(leaf):
-		// R16.1: a certificate of a retired node CA is refused, though
-		// node_certs still knows it.
+	case !c.issuerAccepted(leaf) && (use != ForRenew && use != ForRejoin || !c.issuedByRetired(leaf)):
+		// R16.1, R21.2: a certificate of a retired node CA opens no
+		// session, though node_certs still knows it. R21.1: it may still
+		// renew or re-join (the row and the proof of its key are what the
+		// API trusts), so a node offline through the rotation comes back
+		// onto the current CA by itself.
 		return ref("cert-ca-retired")
 	}
 	if use == ForRejoin {
@@ -157,6 +160,21 @@ func (c *Core) Check(ctx context.Context, tx *store.Tx, p Presented, use Use) (*
 // a session held on a certificate of a retired node CA ends (R21.2).
 func (c *Core) IssuerAccepted(akid, rawIssuer []byte) bool {
 	return c.issuerAccepted(&x509.Certificate{AuthorityKeyId: akid, RawIssuer: rawIssuer})
+}
+
+// issuedByRetired reports whether leaf names a retired node CA
+// (ca.Bundle.RetiredNodeCAs) as its issuer.
+func (c *Core) issuedByRetired(leaf *x509.Certificate) bool {
+	b := c.cfg.Bundle.Now()
+	if b == nil {
+		return false
+	}
+	for _, ca := range b.RetiredNodeCAs {
+		if bytes.Equal(leaf.AuthorityKeyId, ca.SubjectKeyId) || len(ca.SubjectKeyId) == 0 && bytes.Equal(leaf.RawIssuer, ca.RawSubject) {
+			return true
+		}
+	}
+	return false
 }
 
 // issuerAccepted reports whether leaf names an accepted node CA as its

@@ -244,7 +244,7 @@ func decryptKey(base *ca.Bundle, secret []byte, k store.PKIKey) (crypto.Signer, 
 // signs, and the current, next and previous are accepted (current first).
 func build(base *ca.Bundle, rows []store.PKIKey, keyOf func(store.PKIKey) (crypto.Signer, error)) (*ca.Bundle, error) {
 	b := *base
-	b.NodeCAs, b.ServingCAs, b.CommandCerts, b.OpenKeys, b.KeyStatements = nil, nil, nil, nil, nil
+	b.NodeCAs, b.ServingCAs, b.CommandCerts, b.OpenKeys, b.KeyStatements, b.RetiredNodeCAs = nil, nil, nil, nil, nil, nil
 	for _, kind := range ca.Kinds {
 		live := liveRows(rows, kind)
 		if len(live) == 0 || live[0].State != StateCurrent {
@@ -257,6 +257,11 @@ func build(base *ca.Bundle, rows []store.PKIKey, keyOf func(store.PKIKey) (crypt
 		}
 	}
 	for _, k := range rows {
+		if k.Kind == ca.KindNodeCA && k.State == StateRetired {
+			if _, cert, err := ca.PublicKeyOfDER(k.Kind, k.Cert); err == nil && cert != nil {
+				b.RetiredNodeCAs = append(b.RetiredNodeCAs, cert)
+			}
+		}
 		if ca.Pinned(k.Kind) {
 			for _, st := range []string{k.Statement, k.RetireStatement} {
 				if st != "" {

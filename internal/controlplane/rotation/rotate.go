@@ -87,8 +87,9 @@ func Rotate(ctx context.Context, db *store.DB, base *ca.Bundle, secret []byte, o
 
 // refuseBehind refuses to retire op.Kind's older generation while nodes
 // have not caught up with the one in force (R21.2): a daemon that does not
-// hold the new pin, or a certificate the old node CA issued, would be cut
-// off by the retirement. It names how many and which.
+// hold the new pin must then follow the chain of statements, and a node on
+// a certificate the old node CA issued loses its session until it renews.
+// It names how many and which.
 func refuseBehind(ctx context.Context, db *store.DB, op Op) error {
 	st, err := Status(ctx, db, op.Now)
 	if err != nil {
@@ -103,7 +104,7 @@ func refuseBehind(ctx context.Context, db *store.DB, op Op) error {
 			more = fmt.Sprintf(" and %d more", ks.Behind-len(ks.BehindNodes))
 		}
 		return errs.New(errs.InvalidState,
-			"%d of %d nodes are behind the %s rotation (%s%s): retiring the older key now would cut them off. They catch up at their next renewal or session; watch pki status, or pass --force to retire anyway",
+			"%d of %d nodes are behind the %s rotation (%s%s): they catch up at their next renewal or session; watch pki status, or pass --force to retire now",
 			ks.Behind, ks.Nodes, op.Kind, strings.Join(ks.BehindNodes, ", "), more)
 	}
 	return nil
