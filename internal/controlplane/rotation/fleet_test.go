@@ -3,8 +3,8 @@ package rotation_test
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
 	"crypto/ecdsa"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
