@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
@@ -189,7 +191,7 @@ func (p *faultProxy) resume() {
 // ones that show a PostgreSQL outage costs no machine.
 func faultPostgresDSN(t *testing.T) string {
 	t.Helper()
-	if os.Getenv(storetest.PostgresEnv) == "" && os.Getenv("CI") == "true" {
+	if os.Getenv(storetest.PostgresEnv) == "" && tools.InCI() {
 		t.Fatalf("%s is not set: CI must run the PostgreSQL fault tests", storetest.PostgresEnv)
 	}
 	return storetest.PostgresDSN(t)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"github.com/better-compute/better-compute/internal/cli"
 	"github.com/better-compute/better-compute/internal/controlplane/server"
 	"github.com/better-compute/better-compute/internal/gateway"
@@ -223,10 +225,7 @@ func TestGatewayUnit(t *testing.T) {
 // systemd's own check, where it is installed: unknown keys, bad values,
 // and (with ExecStart pointed at an executable) the command line.
 func TestSystemdAnalyzeVerify(t *testing.T) {
-	sa, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze is not installed")
-	}
+	sa := tools.Need(t, "systemd-analyze", "systemd's own check of the units")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
+
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -159,7 +161,9 @@ func TestJoinTokenEvents(t *testing.T) {
 				}
 				done <- res.Msg
 			}()
-			time.Sleep(100 * time.Millisecond)
+			// Once the reader waits on the hub, the token's event wakes
+			// it (or, registered but not yet past its read, it reads it).
+			poll.Until(t, 10*time.Second, "the long poll to wait", func() bool { return e.Server.Hub().Waiting(w.root) > 0 })
 			tok := mkToken(t, e.Admin, &bcv1.CreateJoinTokenRequest{TenantId: w.root, PoolId: w.pool.Id})
 			select {
 			case res := <-done:

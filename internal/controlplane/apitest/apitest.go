@@ -45,8 +45,8 @@ type Options struct {
 	// empty: join-token only).
 	Attestors []string
 	// PKIFrom, when set, generates the machine PKI as of that time (its
-	// CAs valid from then, instead of from now), so that a test can hold
-	// node certificates that expired in the past.
+	// CAs valid from then, instead of from Clock's now), so that a test can
+	// hold node certificates that expired in the past.
 	PKIFrom time.Time
 	// Clock is the API's clock (api.Config.Clock); nil is the wall clock.
 	// A clock.Fake lets session tests move the session service's checks,
@@ -72,7 +72,14 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 	var bundle *ca.Bundle
 	if !opts.NoJoin {
 		var err error
+		// The PKI is as of the API's clock: a fake clock made before the
+		// store opened lags the wall clock by however long that took
+		// (seconds under -race), and certificates it dates would start
+		// before the CAs do.
 		from := opts.PKIFrom
+		if from.IsZero() && opts.Clock != nil {
+			from = opts.Clock.Now()
+		}
 		if from.IsZero() {
 			from = time.Now()
 		}

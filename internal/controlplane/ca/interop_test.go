@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -94,13 +96,9 @@ func TestNodeCertGoSPIFFEVerify(t *testing.T) {
 }
 
 // R20.1: OpenSSL, a verifier nobody here wrote, accepts every node
-// certificate for both TLS purposes against the node CA. Skipped when
-// openssl is not on PATH (CI installs it).
+// certificate for both TLS purposes against the node CA.
 func TestNodeCertOpenSSLPurposes(t *testing.T) {
-	bin, err := exec.LookPath("openssl")
-	if err != nil {
-		t.Skip("openssl is not on PATH")
-	}
+	bin := tools.Need(t, "openssl", "a verifier nobody here wrote")
 	b := newBundle(t)
 	dir := t.TempDir()
 	caFile := filepath.Join(dir, "node-ca.pem")

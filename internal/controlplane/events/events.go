@@ -96,6 +96,17 @@ func (h *Hub) WaitTenant(tenantID string) (<-chan struct{}, func()) {
 	}
 }
 
+// Waiting reports how many of the tenant's readers wait on the hub, so a
+// test can publish once a long poll waits instead of after a sleep.
+func (h *Hub) Waiting(tenantID string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w := h.tenants[tenantID]; w != nil {
+		return w.n
+	}
+	return 0
+}
+
 // wake wakes the tenant's readers and every Wait.
 func (h *Hub) wake(tenantID string) {
 	h.mu.Lock()

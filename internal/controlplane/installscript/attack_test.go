@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -25,6 +24,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/checks/tools"
 )
 
 // The attack review of the install script (R15, R11.5): what someone who can
@@ -399,9 +400,9 @@ func TestInstallScriptRefusesHTTPRedirectR15(t *testing.T) {
 		name string
 		path func(t *testing.T) (dir string, env []string, withCA bool)
 	}
-	tools := []tool{{"curl", func(t *testing.T) (string, []string, bool) { return toolPath(t, "curl"), nil, true }}}
+	downloaders := []tool{{"curl", func(t *testing.T) (string, []string, bool) { return toolPath(t, "curl"), nil, true }}}
 	for name, argv := range wgets(t) {
-		tools = append(tools, tool{name, func(t *testing.T) (string, []string, bool) {
+		downloaders = append(downloaders, tool{name, func(t *testing.T) (string, []string, bool) {
 			dir := wgetOnly(t, argv, filepath.Join(t.TempDir(), "wget-calls"))
 			if name == "GNU wget" {
 				return dir, nil, true
@@ -409,22 +410,16 @@ func TestInstallScriptRefusesHTTPRedirectR15(t *testing.T) {
 			// Debian's BusyBox wget talks TLS through openssl s_client
 			// (which verifies against SSL_CERT_FILE); it takes no
 			// --ca-certificate.
-			o, err := exec.LookPath("openssl")
-			if err != nil {
-				if os.Getenv("CI") != "" {
-					t.Fatal("openssl is not installed; .ci/run installs it")
-				}
-				t.Skip("no openssl for busybox wget's https")
-			}
+			o := tools.Need(t, "openssl", "busybox wget's https")
 			if err := os.Symlink(o, filepath.Join(dir, "openssl")); err != nil {
 				t.Fatal(err)
 			}
 			return dir, []string{"SSL_CERT_FILE=" + caFile}, false
 		}})
 	}
-	slices.SortFunc(tools, func(a, b tool) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(downloaders, func(a, b tool) int { return strings.Compare(a.name, b.name) })
 
-	for _, tl := range tools {
+	for _, tl := range downloaders {
 		for _, redirect := range []string{"http", "https"} {
 			t.Run(tl.name+" to "+redirect, func(t *testing.T) {
 				mu.Lock()
@@ -488,10 +483,7 @@ func TestInstallScriptRefusesHTTPRedirectR15(t *testing.T) {
 func TestInstallScriptRechecksTheCopyItInstallsR15(t *testing.T) {
 	_, _, p := setup(t)
 	dir := toolPath(t, "curl")
-	real, err := exec.LookPath("sha256sum")
-	if err != nil {
-		t.Fatal(err)
-	}
+	real := tools.Need(t, "sha256sum", "the script checks downloads with it")
 	marker := filepath.Join(t.TempDir(), "swapped")
 	wrapper := "#!/bin/sh\nout=$(" + Quote(real) + " \"$@\") || exit\nprintf '%s\\n' \"$out\"\n" +
 		"if [ ! -e " + Quote(marker) + " ]; then : >" + Quote(marker) + "; printf '#!/bin/sh\\necho swapped\\n' >\"$1\"; fi\n"

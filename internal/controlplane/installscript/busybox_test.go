@@ -6,27 +6,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-// need returns the path of tool, failing in CI (.ci/run installs it) and
-// skipping elsewhere when it is missing.
-func need(t *testing.T, tool string) string {
-	t.Helper()
-	p, err := exec.LookPath(tool)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not installed; .ci/run installs it", tool)
-		}
-		t.Skipf("no %s", tool)
-	}
-	return p
-}
+	"github.com/better-compute/better-compute/internal/checks/tools"
+)
 
 // busyboxOnly returns a directory holding every BusyBox applet and nothing
 // else: the PATH of a host that has only BusyBox.
 func busyboxOnly(t *testing.T) (bin, busybox string) {
 	t.Helper()
-	busybox = need(t, "busybox")
+	busybox = tools.Need(t, "busybox", "a host whose only tools are BusyBox's")
 	out, err := exec.Command(busybox, "--list").Output()
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +55,7 @@ func TestInstallScriptBusyBoxOnly(t *testing.T) {
 // R11.5: the generated script is clean under shellcheck's defaults, for
 // each way it can be made (with and without a download CA).
 func TestInstallScriptShellcheck(t *testing.T) {
-	sc := need(t, "shellcheck")
+	sc := tools.Need(t, "shellcheck", "the generated script must be clean under its defaults")
 	_, _, p := setup(t)
 	for name, ca := range map[string]bool{"plain": false, "download CA": true} {
 		t.Run(name, func(t *testing.T) {

@@ -8,10 +8,11 @@ import (
 	"encoding/pem"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/better-compute/better-compute/internal/checks/tools"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -131,10 +132,7 @@ func toolPath(t *testing.T, downloader string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, tool := range []string{"id", "uname", "mktemp", "rm", "sha256sum", "cut", "mkdir", "chmod", "cp", "mv", "sed", "cat", "env", "printf", downloader} {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("no %s", tool)
-		}
+		p := tools.Need(t, tool, "the install script runs it")
 		if err := os.Symlink(p, filepath.Join(dir, tool)); err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -16,13 +18,10 @@ import (
 // testShell is dash when present (the strictest common /bin/sh), else sh.
 func testShell(t testing.TB) string {
 	t.Helper()
-	for _, s := range []string{"dash", "sh"} {
-		if p, err := exec.LookPath(s); err == nil {
-			return p
-		}
+	if p, err := exec.LookPath("dash"); err == nil {
+		return p
 	}
-	t.Skip("no POSIX shell")
-	return ""
+	return tools.Need(t, "sh", "the install script is a POSIX shell script")
 }
 
 func sum(b []byte) string {

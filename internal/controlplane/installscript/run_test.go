@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 )
@@ -447,12 +449,8 @@ func wgets(t *testing.T) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
 	for name, argv := range map[string][]string{"GNU wget": {"wget"}, "busybox wget": {"busybox", "wget"}} {
-		p, err := exec.LookPath(argv[0])
-		if err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is not installed; .ci/run installs it", argv[0])
-			}
-			t.Logf("skipping %s: not installed", name)
+		p, ok := tools.Want(t, argv[0], "the install script's download with "+name)
+		if !ok {
 			continue
 		}
 		if name == "GNU wget" {
@@ -463,8 +461,8 @@ func wgets(t *testing.T) map[string][]string {
 		}
 		out[name] = append([]string{p}, argv[1:]...)
 	}
-	if len(out) == 0 && os.Getenv("CI") == "" {
-		t.Skip("no wget")
+	if len(out) == 0 {
+		t.Skip("SKIPPING: no wget")
 	}
 	return out
 }
@@ -475,10 +473,7 @@ func wgetOnly(t *testing.T, argv []string, log string) string {
 	t.Helper()
 	bin := t.TempDir()
 	for _, tool := range []string{"id", "uname", "mktemp", "rm", "sha256sum", "cut", "mkdir", "chmod", "cp", "mv", "sed", "cat", "env", "printf"} {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Fatalf("no %s", tool)
-		}
+		p := tools.Need(t, tool, "the install script runs it")
 		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
@@ -152,7 +153,7 @@ func TestRenewProofRacesR13_2(t *testing.T) {
 			}
 			pruned <- n
 		}()
-		time.Sleep(200 * time.Millisecond) // the prune reaches the held row (PostgreSQL) or queues (SQLite)
+		waitPruneBlocked(t, db)
 		close(release)
 		if err := <-errc; err != nil {
 			t.Fatal(err)
@@ -161,5 +162,30 @@ func TestRenewProofRacesR13_2(t *testing.T) {
 		if useProof(t, db, "held", t1.Add(time.Second)) {
 			t.Fatal("the prune deleted a proof refreshed while it ran: its replay was fresh")
 		}
+	})
+}
+
+// waitPruneBlocked waits until a DELETE of renew proofs waits behind the
+// held transaction: on SQLite queued for the writer, on PostgreSQL blocked
+// on a lock (pg_stat_activity shows what each backend waits on).
+func waitPruneBlocked(t *testing.T, db *store.DB) {
+	t.Helper()
+	if db.Dialect() == store.SQLite {
+		waitQueued(t, db, 1)
+		return
+	}
+	ctx := context.Background()
+	poll.Until(t, 10*time.Second, "the prune to wait for the held row's lock", func() bool {
+		var n int64
+		err := db.ReadTx(ctx, func(tx *store.Tx) error {
+			var err error
+			n, err = tx.QueryInt(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+				AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM renew_proofs%'`)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("read pg_stat_activity: %v", err)
+		}
+		return n > 0
 	})
 }

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/checks/tools"
+
 	"github.com/better-compute/better-compute/internal/node/tpmdevice"
 )
 
@@ -28,12 +30,7 @@ import (
 func Require(t testing.TB) {
 	t.Helper()
 	for _, bin := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is missing (CI installs swtpm swtpm-tools): %v", bin, err)
-			}
-			t.Skipf("%s is missing: install swtpm and swtpm-tools to run the TPM tests", bin)
-		}
+		tools.Need(t, bin, "the TPM tests' software TPM: install swtpm and swtpm-tools")
 	}
 }
 
