@@ -120,9 +120,12 @@ func (db *DB) batch(first *writeReq) {
 		}
 		return
 	}
+	// Each transaction's hooks run before its caller is answered, as on
+	// PostgreSQL: what a hook wakes (the work queue, the event hub) has
+	// been woken when WithTx returns.
 	for _, m := range ok {
-		m.r.done <- nil
 		m.t.committed()
+		m.r.done <- nil
 	}
 	// After the answers: a checkpoint due now does not delay them.
 	db.committed(wc)
@@ -162,8 +165,8 @@ func (db *DB) alone(r *writeReq) {
 		r.done <- fmt.Errorf("commit: %w", err)
 		return
 	}
-	r.done <- nil
 	t.committed()
+	r.done <- nil
 	db.committed(wc)
 }
 
