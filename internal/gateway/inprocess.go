@@ -243,17 +243,22 @@ func (w *localResponse) EnableFullDuplex() error { return nil }
 // trailers and the end of the body.
 func (w *localResponse) finish() {
 	w.WriteHeader(http.StatusOK)
-	for k, v := range w.header {
-		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
-			w.res.Trailer[http.CanonicalHeaderKey(name)] = slices.Clone(v)
+	// The trailers are set under the pipe's lock, and only while the
+	// caller has not seen the body end: a caller that saw an error (it
+	// reset the stream) may be reading res.Trailer already, and one that
+	// reads io.EOF does so after this.
+	w.p.closeWriteWith(io.EOF, func() {
+		for k, v := range w.header {
+			if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
+				w.res.Trailer[http.CanonicalHeaderKey(name)] = slices.Clone(v)
+			}
 		}
-	}
-	for _, k := range w.declared {
-		if v, ok := w.header[k]; ok {
-			w.res.Trailer[k] = slices.Clone(v)
+		for _, k := range w.declared {
+			if v, ok := w.header[k]; ok {
+				w.res.Trailer[k] = slices.Clone(v)
+			}
 		}
-	}
-	w.p.closeWrite(io.EOF)
+	})
 }
 
 // localBody is the response body the gateway reads. Closing it before its
@@ -357,6 +362,22 @@ func (p *bufPipe) closeRead(err error) {
 func (p *bufPipe) closeWrite(err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.werr == nil {
+		p.werr = err
+	}
+	p.cond.Broadcast()
+}
+
+// closeWriteWith is closeWrite that first runs fn, under the pipe's lock,
+// when neither side has closed yet: what fn writes is seen by a reader
+// that reads err, and never written while a reader that already saw the
+// end may read it.
+func (p *bufPipe) closeWriteWith(err error, fn func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.werr == nil && p.rerr == nil {
+		fn()
+	}
 	if p.werr == nil {
 		p.werr = err
 	}
