@@ -3803,7 +3803,11 @@ type Node struct {
 	// independent kinds of identifier back it). An approver compares it with
 	// a join request's; for tpm nodes the EK tells two machines with the
 	// same claims apart, not this key.
-	HardwareKey   string `protobuf:"bytes,19,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
+	HardwareKey string `protobuf:"bytes,19,opt,name=hardware_key,json=hardwareKey,proto3" json:"hardware_key,omitempty"`
+	// tpm nodes: hex SHA-256 of the endorsement key the TPM proved it holds
+	// at the join that admitted it (R22.1), the value a tpm join request's
+	// evidence.ek_sha256 shows; empty for other attestors.
+	EkSha256      string `protobuf:"bytes,20,opt,name=ek_sha256,json=ekSha256,proto3" json:"ek_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3967,6 +3971,13 @@ func (x *Node) GetCerts() []*NodeCert {
 func (x *Node) GetHardwareKey() string {
 	if x != nil {
 		return x.HardwareKey
+	}
+	return ""
+}
+
+func (x *Node) GetEkSha256() string {
+	if x != nil {
+		return x.EkSha256
 	}
 	return ""
 }
@@ -4999,7 +5010,7 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"revoked_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12#\n" +
 	"\rrevoke_reason\x18\a \x01(\tR\frevokeReason\x12#\n" +
-	"\rallowed_kinds\x18\b \x03(\tR\fallowedKinds\"\xbd\x05\n" +
+	"\rallowed_kinds\x18\b \x03(\tR\fallowedKinds\"\xda\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -5024,7 +5035,8 @@ const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x120\n" +
 	"\x05certs\x18\x12 \x03(\v2\x1a.bettercompute.v1.NodeCertR\x05certs\x12!\n" +
-	"\fhardware_key\x18\x13 \x01(\tR\vhardwareKey\"\x84\x01\n" +
+	"\fhardware_key\x18\x13 \x01(\tR\vhardwareKey\x12\x1b\n" +
+	"\tek_sha256\x18\x14 \x01(\tR\bekSha256\"\x84\x01\n" +
 	"\x10ListNodesRequest\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1b\n" +

@@ -15,7 +15,7 @@ import (
 
 func nodePB(n store.Node) *bcv1.Node {
 	return &bcv1.Node{Id: n.ID, TenantId: n.TenantID, SiteId: n.SiteID, PoolId: n.PoolID, Role: n.Role, State: n.State, StateReason: n.StateReason,
-		Connection: n.Connection, LastSeen: tsp(n.LastSeen), IdentityGeneration: int32(n.IdentityGeneration), HardwareKeyTrusted: n.HardwareKeyTrusted, HardwareKey: hex.EncodeToString(n.HardwareKey),
+		Connection: n.Connection, LastSeen: tsp(n.LastSeen), IdentityGeneration: int32(n.IdentityGeneration), HardwareKeyTrusted: n.HardwareKeyTrusted, HardwareKey: hex.EncodeToString(n.HardwareKey), EkSha256: hex.EncodeToString(n.EKHash),
 		NodeKey: n.NodeKey, Attestor: n.Attestor, Hostname: n.Hostname, Claims: jsonStruct(n.Claims), CreatedAt: ts(n.CreatedAt), UpdatedAt: ts(n.UpdatedAt)}
 }
 

@@ -423,6 +423,16 @@ func insertReview(t *testing.T, p *plane) (victim string, reclaim store.JoinRequ
 			return err
 		}
 		victim = n.ID
+		// A tpm node admitted earlier, whose EK an approver compares
+		// with the requests'.
+		tn, err := tx.InsertNode(ctx, store.Node{ID: ids.New(ids.Node, time.Now()), TenantID: p.e.RootTenant, SiteID: p.pool.SiteId, PoolID: p.pool.Id,
+			Role: "node", State: store.NodeAdopted, Connection: "disconnected", IdentityGeneration: 1, NodeKey: "tpm", Attestor: "tpm", Hostname: "tpm-1", Claims: same})
+		if err != nil {
+			return err
+		}
+		if err := tx.SetNodeTPMAK(ctx, p.e.RootTenant, "urn:bc:tpm-ak:console", tn.ID, bytes.Repeat([]byte{0x3f}, 32)); err != nil {
+			return err
+		}
 		reclaim, err = tx.InsertJoinRequest(ctx, store.JoinRequest{ID: ids.New(ids.JoinRequest, time.Now()), TenantID: p.e.RootTenant, PoolID: p.pool.Id,
 			SiteID: p.pool.SiteId, Attestor: "discovery", Role: "ramdisk", MachineKey: "mac:victim", Claims: claims, HardwareKey: []byte{0x99},
 			MAC: "00:1b:21:00:00:99", IP: "10.0.0.99", VouchedBy: "node_site", BootLeaseEpoch: 5, CSRSHA256: bytes.Repeat([]byte{9}, 32), Source: "10.0.0.99",
@@ -495,7 +505,8 @@ func TestConsoleReclaimInBrowserR22_2(t *testing.T) {
 // serials and MACs and a confirmation; approving the reclaim without the
 // confirmation fails with the API's message and changes nothing, and with
 // it approves; an approval of a request refreshed after the page showed
-// it is refused as stale. The nodes page shows serials and MACs.
+// it is refused as stale. The nodes page shows serials, MACs and a tpm
+// node's EK hash.
 func TestConsoleReclaimConfirmationR22_2(t *testing.T) {
 	p := newPlane(t)
 	c := httpClient(p)
@@ -547,5 +558,8 @@ func TestConsoleReclaimConfirmationR22_2(t *testing.T) {
 	_, page = get(t, c, p.base+"/nodes?tenant="+p.e.RootTenant+"&pool="+p.pool.Id)
 	if !strings.Contains(page, `<td class="serials">SN-VICTIM</td><td class="macs">00:1b:21:00:00:99</td>`) {
 		t.Error("the nodes page lacks the node's serials and MACs")
+	}
+	if ek := strings.Repeat("3f", 32); !strings.Contains(page, `<td class="ek"><code title="`+ek+`">`+ek+`</code></td>`) {
+		t.Error("the nodes page lacks the tpm node's EK hash")
 	}
 }

@@ -480,7 +480,8 @@ func TestTPMEnrollmentR10_1(t *testing.T) {
 // claims wait on two requests with the same claims and hardware key; the
 // API shows them apart by their evidence (EK hash, AK name, the EK
 // certificate's issuer, untrusted) and names each as the other's double.
-// Approving one admits that TPM only: the other still waits.
+// Approving one admits that TPM only: the other still waits, and the node
+// shows the admitted TPM's EK hash.
 func TestTPMSameClaimsTwoRequestsR22_1(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		ctx := context.Background()
@@ -571,8 +572,15 @@ func TestTPMSameClaimsTwoRequestsR22_1(t *testing.T) {
 		if body, leaf := leafOf(t, second); body.GetDeferral() != nil || len(leaf.URIs) != 2 {
 			t.Fatalf("the approved TPM's answer %v: want a certificate", body)
 		}
-		if n := len(f.nodes(t, f.root)); n != 1 {
-			t.Fatalf("%d nodes, want the approved TPM's one", n)
+		list, err := e.Admin.Nodes.ListNodes(ctx, rq(&bcv1.ListNodesRequest{TenantId: f.root}))
+		if err != nil || len(list.Msg.Items) != 1 {
+			t.Fatalf("nodes: %v %+v, want the approved TPM's one", err, list)
+		}
+		// The node shows the EK it was admitted with, in the list and the
+		// node view, so an approver can cross-check a later request.
+		got, err := e.Admin.Nodes.GetNode(ctx, rq(&bcv1.GetNodeRequest{TenantId: f.root, NodeId: list.Msg.Items[0].Id}))
+		if err != nil || got.Msg.EkSha256 != b.Evidence.EkSha256 || list.Msg.Items[0].EkSha256 != b.Evidence.EkSha256 {
+			t.Fatalf("node EK %q (listed %q), %v: want the approved request's %q", got.Msg.GetEkSha256(), list.Msg.Items[0].EkSha256, err, b.Evidence.EkSha256)
 		}
 	})
 }

@@ -34,6 +34,9 @@ type Node struct {
 	IdentityGeneration int
 	HardwareKey        []byte
 	HardwareKeyTrusted bool
+	// EKHash is the SHA-256 of a tpm node's endorsement key, recorded by
+	// SetNodeTPMAK; nil for other attestors. Not written by InsertNode.
+	EKHash             []byte
 	NodeKey            string // tpm | unattested
 	Attestor           string
 	Hostname           string
@@ -52,7 +55,7 @@ type Node struct {
 }
 
 const nodeCols = `id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation,
-	hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, COALESCE(idempotency_key, ''), created_ms, updated_ms`
+	hardware_key, hardware_key_trusted, node_key, attestor, hostname, claims, join_token_id, COALESCE(idempotency_key, ''), created_ms, updated_ms, ek_sha256`
 
 func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var n Node
@@ -60,7 +63,7 @@ func scanNode(sc interface{ Scan(...any) error }) (Node, error) {
 	var claims string
 	var created, updated int64
 	if err := sc.Scan(&n.ID, &n.TenantID, &n.SiteID, &n.PoolID, &n.Role, &n.State, &n.StateReason, &n.Connection, &seen, &n.IdentityGeneration,
-		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &n.IdempotencyKey, &created, &updated); err != nil {
+		&n.HardwareKey, &n.HardwareKeyTrusted, &n.NodeKey, &n.Attestor, &n.Hostname, &claims, &n.JoinTokenID, &n.IdempotencyKey, &created, &updated, &n.EKHash); err != nil {
 		return Node{}, err
 	}
 	n.LastSeen, n.Claims = fromNullMS(seen), []byte(claims)

@@ -218,20 +218,20 @@ func (a *Attestor) Admit(ctx context.Context, tx *store.Tx, in *attest.Input) (*
 			return nil, refusal(err)
 		}
 		if ok {
-			return a.admission(ctx, tx, p, in, stmt, nil)
+			return a.admission(ctx, tx, p, in, stmt, ekHash, nil)
 		}
 	}
 	for _, p := range a.cfg.Pools {
 		if p.Enrollment {
 			ap := &attest.Approval{MachineKey: attest.MachineKeyFor(hwid.HardwareKey{}, ekHash, "", ""), EKHash: ekHash, AKName: pr.akName}
 			ap.EKCert, ap.EKCertSubject, ap.EKCertIssuer = ekCertificate(pr.ev.GetEkCertificate())
-			return a.admission(ctx, tx, Pool{PoolID: p.PoolID}, in, stmt, ap)
+			return a.admission(ctx, tx, Pool{PoolID: p.PoolID}, in, stmt, ekHash, ap)
 		}
 	}
 	return nil, attest.Refuse(ReasonEKUnknown, "")
 }
 
-func (a *Attestor) admission(ctx context.Context, tx *store.Tx, p Pool, in *attest.Input, stmt string, approval *attest.Approval) (*attest.Admission, error) {
+func (a *Attestor) admission(ctx context.Context, tx *store.Tx, p Pool, in *attest.Input, stmt string, ekHash []byte, approval *attest.Approval) (*attest.Admission, error) {
 	pool, site, err := tx.GetPoolWithSite(ctx, p.PoolID)
 	if err != nil {
 		return nil, fmt.Errorf("tpm attestor: read pool %s: %w", p.PoolID, err)
@@ -246,7 +246,7 @@ func (a *Attestor) admission(ctx context.Context, tx *store.Tx, p Pool, in *atte
 		// The AK is this TPM's (a primary of its endorsement seed, which
 		// survives a TPM clear): the node admitted is the one it names.
 		Bind: func(ctx context.Context, tx *store.Tx, nodeID string) error {
-			return tx.SetNodeTPMAK(ctx, tenant, stmt, nodeID)
+			return tx.SetNodeTPMAK(ctx, tenant, stmt, nodeID, ekHash)
 		},
 	}
 	if p.AllowReclaim && approval == nil {
