@@ -306,7 +306,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			Listen: gwLn.Addr().String(), CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
 			Metrics: gateway.MetricsConfig{Listen: o.gwMetricsListen},
 		}},
-		// dev enables every attestor that is built, so all of the page can be tried.
+		// dev enables every attestor that is built, so every flow of the docs can be tried.
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
@@ -425,7 +425,7 @@ type devBannerData struct {
 	Download                                       *devDownload
 }
 
-// devBanner is what dev prints once it serves: every flow of the page, as
+// devBanner is what dev prints once it serves: every flow of the README, as
 // commands to paste.
 func devBanner(d devBannerData) string {
 	var b strings.Builder

@@ -231,7 +231,7 @@ func TestCodeCitesOnlyDefinedRequirements(t *testing.T) {
 var linkRE = regexp.MustCompile(`requirements\.md#([A-Za-z0-9_-]+)|\]\(#(r[0-9][a-z0-9-]*)\)`)
 
 // TestLinksToRequirementsResolve checks links into docs/requirements.md
-// (requirements.md#r4-9 from Go files, README.md and docs/, and the page's
+// (requirements.md#r4-9 from Go files, README.md and docs/, and requirements.md's
 // own (#r4-9) links) against its anchors.
 func TestLinksToRequirementsResolve(t *testing.T) {
 	root := repoRoot(t)

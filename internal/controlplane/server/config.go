@@ -110,8 +110,8 @@ type JoinConfig struct {
 	// 86400).
 	CertTTLSeconds int `toml:"cert_ttl_seconds"`
 	// SVIDForm is where node certificates carry the TPM statement
-	// (R20.1): "page" (the default, a second URI SAN, as the product page
-	// says) or "spiffe-strict" (one URI SAN, the statement in a
+	// (R20.1): "page" (the default, the statement in a second URI SAN)
+	// or "spiffe-strict" (one URI SAN, the statement in a
 	// non-critical extension, for relying parties that enforce the SPIFFE
 	// X.509-SVID spec). Nodes move to it at their next renewal.
 	SVIDForm string `toml:"svid_form"`
