@@ -82,7 +82,7 @@ memory (no [agent] listener, loopback hop or second TLS layer):
   listen = "127.0.0.1:9465"                 # the gateway's /metrics, /livez, /readyz
 
 For regions, run better-compute gateway near the machines instead, relaying
-to the [agent] listener (docs/operations.md).`,
+to the [agent] listener (docs/operations/configure.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if printConfig {

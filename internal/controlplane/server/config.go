@@ -386,7 +386,7 @@ svid_form = "page"         # "spiffe-strict": one URI SAN, the TPM statement in 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"
 
-# [[export.sinks]]         # events and audit rows to a SIEM, at least once, deduped by id (docs/operations.md)
+# [[export.sinks]]         # events and audit rows to a SIEM, at least once, deduped by id (docs/operations/events.md)
 # kind = "webhook"
 # url = "https://siem.example.com/ingest"
 # ca_file = "/etc/better-compute/siem-ca.pem"
