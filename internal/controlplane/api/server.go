@@ -2,7 +2,8 @@
 // JSON over HTTP or gRPC, authenticated by API keys), the well-known
 // document, health and readiness. Handlers translate between the wire and the
 // domain packages; their errors are mapped to the wire by wire.Interceptor
-// (the plain HTTP routes call wire.ToWireContext themselves).
+// (authentication, which refuses a call before its handler runs, calls
+// wire.ToWireContext itself).
 package api
 
 import (

@@ -6,13 +6,13 @@
 // ToWireContext), and it never sends anything but the code, the message and
 // the offending field. Unary calls reach it through wire.Interceptor, which
 // the API installs on the operator and agent handlers, so their handlers
-// just return errors; streams and plain HTTP handlers, which no unary
-// interceptor sees, call it themselves where they end a call:
-// SessionService.Connect (internal/controlplane/session), the gateway's
-// session relay and its own refusals (busy, upstream unavailable), and the
-// API's non-Connect routes. Any error that is not an *errs.E reaches the
-// caller as INTERNAL with a generic message, so internal detail (SQL, file
-// paths) never leaks.
+// just return errors. What no handler's interceptor sees calls it itself
+// where it ends a call: the session streams (SessionService.Connect in
+// internal/controlplane/session, the gateway's session relay), the
+// gateway's own refusals (busy, upstream unavailable), and the API's
+// authentication, which refuses an operator call before its handler runs.
+// Any error that is not an *errs.E reaches the caller as INTERNAL with a
+// generic message, so internal detail (SQL, file paths) never leaks.
 package errs
 
 import (

@@ -52,9 +52,9 @@ var productCodes = map[connect.Code]errs.Code{
 }
 
 // ToWire is the one function that turns a domain error into a wire error:
-// Interceptor calls it for unary handlers, and stream and plain HTTP
-// handlers (sessions, the gateway's own refusals) call it where they end a
-// call. Only the product code, the caller-safe message and the field leave
+// Interceptor calls it for unary handlers; the session streams, the
+// gateway's own refusals and the API's authentication call it where they
+// end a call. Only the product code, the caller-safe message and the field leave
 // the process; anything else is logged and answered as INTERNAL.
 func ToWire(log *slog.Logger, procedure string, err error) error {
 	return ToWireContext(context.Background(), log, procedure, err)
