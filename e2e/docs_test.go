@@ -17,17 +17,34 @@ import (
 
 // docFiles are the docs whose blocks are accounted for: every sh block is
 // run by a walkthrough below or skipped in the doc with a reason. The
-// other docs/*.md files are not marked up yet.
-var docFiles = []string{"README.md", "docs/tpm.md", "docs/joining.md", "docs/operations.md"}
+// other docs/*.md files are not marked up yet. A pattern names every file
+// it matches (filepath.Glob).
+var docFiles = []string{"README.md", "docs/tpm.md", "docs/joining.md", "docs/operations.md", "docs/operations/*.md"}
 
 // TestDocsBlocksAccounted: no doc shows a command block a test does not run
 // unless the doc says why.
 func TestDocsBlocksAccounted(t *testing.T) {
-	for _, f := range docFiles {
-		if _, err := doctest.Parse(f, readDoc(t, f)); err != nil {
-			t.Error(err)
+	for _, pattern := range docFiles {
+		for _, f := range docPaths(t, pattern) {
+			if _, err := doctest.Parse(f, readDoc(t, f)); err != nil {
+				t.Error(err)
+			}
 		}
 	}
+}
+
+// docPaths returns the docs pattern names, relative to the repository's
+// root, and fails when it names none.
+func docPaths(t *testing.T, pattern string) []string {
+	t.Helper()
+	matches, err := filepath.Glob(filepath.Join("..", pattern))
+	if err != nil || len(matches) == 0 {
+		t.Fatalf("no doc matches %s (%v)", pattern, err)
+	}
+	for i, m := range matches {
+		matches[i], _ = filepath.Rel("..", m)
+	}
+	return matches
 }
 
 // TestReadmeWalkthrough runs README.md's "Every flow on one laptop" as a
@@ -38,15 +55,15 @@ func TestReadmeWalkthrough(t *testing.T) {
 	runWalkthrough(t, "README.md", nil, "readme-laptop")
 }
 
-// TestOperationsWalkthrough runs docs/operations.md's "First install" (the
-// PKI, the two certificates, the printed config, bootstrap and serve), then
-// its SQLite backup beside the running server, a verify and a restore
-// (R16.3). The doc's /etc, /var/lib and /backups paths move under the
+// TestOperationsWalkthrough runs docs/operations/install.md's "First
+// install" (the PKI, the two certificates, the printed config, bootstrap
+// and serve), then backup-restore.md's SQLite backup beside the running
+// server, a verify and a restore (R16.3). The doc's /etc, /var/lib and /backups paths move under the
 // test's directory, and the config's listeners to free ports (the edit the
 // doc leaves to the reader); the restore's placeholder secret is the one
 // the shell already exported.
 func TestOperationsWalkthrough(t *testing.T) {
-	runWalkthrough(t, "docs/operations.md", func(work string) []doctest.Replacement {
+	runWalkthrough(t, "docs/operations/*.md", func(work string) []doctest.Replacement {
 		etc, lib := filepath.Join(work, "etc/better-compute"), filepath.Join(work, "var/lib/better-compute")
 		must(t, os.MkdirAll(etc, 0o750))
 		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"%s"|; s|":8444"|"%s"|; s|"127.0.0.1:9090"|"%s"|' config.toml`,
@@ -110,15 +127,20 @@ func readDoc(t *testing.T, rel string) string {
 }
 
 // runWalkthrough runs walkthroughs of a doc, in order, in one shell in a
-// temp directory. The
+// temp directory; file may be a pattern (filepath.Glob), whose docs'
+// walkthroughs are then taken by name from all of them. The
 // doc's commands run as written, but for what a shared test machine needs:
 // the binaries are the ones this test built, and dev listens on ports
 // picked free instead of 8080 and 8443.
 func runWalkthrough(t *testing.T, file string, rewrite func(work string) []doctest.Replacement, names ...string) {
 	bc, _ := binaries(t)
-	blocks, err := doctest.ParseWalkthroughs(file, readDoc(t, file))
-	if err != nil {
-		t.Fatal(err)
+	var blocks []doctest.Block
+	for _, f := range docPaths(t, file) {
+		bs, err := doctest.ParseWalkthroughs(f, readDoc(t, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, bs...)
 	}
 	var steps []doctest.Block
 	for _, name := range names {

@@ -10,7 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 )
 
-// The page's token join against `better-compute dev`, the way a new user
+// docs/joining.md's token join against `better-compute dev`, the way a new user
 // tries it: dev, source dev.env, mint a token, bcd join, nodes list; then a
 // second join is "already joined", and --reset --yes with a reclaim token
 // brings the same node back at the next identity generation.

@@ -11,7 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 )
 
-// R21.1, R21.2, R21.3: the leak-response runbook of docs/operations.md,
+// R21.1, R21.2, R21.3: the leak-response runbook of docs/operations/rotate-keys.md,
 // run as written against real serve, a real gateway and five real bcd run
 // on one-minute certificates. The three keys daemons pin rotate through
 // prepare, activate and retire back to back (retire refuses while daemons

@@ -32,7 +32,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
-// docs/operations.md, "Rolling upgrades: expand, then contract": a rolling upgrade rehearsed with real processes on one
+// docs/operations/upgrade.md, "Rolling upgrades: expand, then contract": a rolling upgrade rehearsed with real processes on one
 // PostgreSQL. Replica A runs the release before the newest migration (built
 // from the git history), B the binary under test; machines join through
 // gateways the whole time:

@@ -1,6 +1,6 @@
 // Command bc-loadgen joins many simulated machines through a gateway, and
 // with --mode renew then renews each of them; see internal/tools/loadgen and
-// docs/performance.md.
+// docs/contributors/performance.md.
 package main
 
 import (

@@ -43,8 +43,8 @@ never overwritten.
 BETTER_COMPUTE_SECRET must be set (with --data-dir, DIR/dev-secret is used
 when the directory has one, as dev does) and is not in the archive: keep it apart (a password
 manager, a secret store); restore needs it. PostgreSQL is backed up with pg_dump
-or point-in-time recovery plus a copy of pki.dir: see docs/operations.md,
-"Backup and restore".
+or point-in-time recovery plus a copy of pki.dir: see
+docs/operations/backup-restore.md.
 
 Progress goes to stderr; --json prints the manifest on stdout.`,
 		Args: cobra.NoArgs,
@@ -154,7 +154,7 @@ after the backup are unspent in it (--keep-tokens keeps them: only when
 nothing joined since the backup). Machines that joined or renewed after the
 backup hold certificates the restored control plane does not know: they
 join again with a new token (one with --allow-reclaim takes a renewed
-machine back as its node); see docs/operations.md, "Backup and restore".
+machine back as its node); see docs/operations/backup-restore.md.
 
 --verify only checks the archive and prints its manifest. --known-schema
 prints the newest schema version this binary runs (compare a PostgreSQL

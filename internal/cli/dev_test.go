@@ -135,7 +135,7 @@ func bcd(t *testing.T, stdin string, args ...string) result {
 
 var bannerSHA = regexp.MustCompile(`--bcd-version (\S+) --sha256 (amd64|arm64)=([0-9a-f]{64}) --download-ca-file (\S+) > install-bcd.sh`)
 
-// R11.5, R3.5, R7.1, R4: everything of the page on one laptop. dev serves
+// R11.5, R3.5, R7.1, R4: every flow of the README on one laptop. dev serves
 // https with its own CA (ca.pem, BETTER_COMPUTE_CA_FILE in dev.env), serves
 // the bcd it was given under the downloads path, and prints an install
 // script command that works: the generated script downloads that bcd over

@@ -8,7 +8,7 @@ import (
 	"github.com/better-compute/better-compute/internal/gateway"
 )
 
-// R24.1: gateway --print-config, which docs/operations.md and
+// R24.1: gateway --print-config, which docs/operations/configure.md and
 // docs/gateway.md tell an operator to run, prints a config the gateway
 // loads.
 func TestGatewayPrintConfigR24_1(t *testing.T) {

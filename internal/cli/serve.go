@@ -82,7 +82,7 @@ memory (no [agent] listener, loopback hop or second TLS layer):
   listen = "127.0.0.1:9465"                 # the gateway's /metrics, /livez, /readyz
 
 For regions, run better-compute gateway near the machines instead, relaying
-to the [agent] listener (docs/operations.md).`,
+to the [agent] listener (docs/operations/configure.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if printConfig {
@@ -306,7 +306,7 @@ func (a *app) runDev(ctx context.Context, o devOptions, log *slog.Logger) error 
 			Listen: gwLn.Addr().String(), CertFile: filepath.Join(dir, "gateway.crt"), KeyFile: filepath.Join(dir, "gateway.key"),
 			Metrics: gateway.MetricsConfig{Listen: o.gwMetricsListen},
 		}},
-		// dev enables every attestor that is built, so all of the page can be tried.
+		// dev enables every attestor that is built, so every flow of the docs can be tried.
 		Join:      server.JoinConfig{Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop, wire.AttestorDiscovery}, CertTTLSeconds: int(o.certTTL / time.Second)},
 		Downloads: server.DownloadsConfig{Dir: downloadsDir},
 		Metrics:   server.MetricsConfig{Listen: o.metricsListen},
@@ -425,7 +425,7 @@ type devBannerData struct {
 	Download                                       *devDownload
 }
 
-// devBanner is what dev prints once it serves: every flow of the page, as
+// devBanner is what dev prints once it serves: every flow of the README, as
 // commands to paste.
 func devBanner(d devBannerData) string {
 	var b strings.Builder

@@ -76,7 +76,8 @@ type Config struct {
 	// default) prefers the post-quantum hybrid X25519MLKEM768, "x25519"
 	// offers classical X25519 alone. SECURITY: x25519 gives up protection
 	// of recorded traffic against a future quantum computer for about a
-	// fifth less gateway CPU per full handshake (docs/performance.md);
+	// fifth less gateway CPU per full handshake
+	// (docs/contributors/performance.md);
 	// keep the default unless handshakes are what limits the gateway.
 	TLSKeyExchange string `toml:"tls_key_exchange"`
 	// Metrics serves /metrics, /livez and /readyz on their own listener

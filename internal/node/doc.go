@@ -1,7 +1,12 @@
-// Package bcd is the root of the node daemon's packages. The daemon's local
-// pieces live in its subpackages:
+// Package bcd is the root of the node daemon's packages; it holds no code.
+// Only bcd's binary (cmd/bcd) and tests import the packages under it, and
+// they import nothing of the control plane or the gateway
+// (internal/checks/deptest). The subpackages:
 //
-//   - config: /etc/bcd/config.toml and join-encryption.jwk beside it (R11.1);
+//   - bcdcmd: the bcd command line (join, run, renew, status, doctor,
+//     fake-machine, version); cmd/bcd is its one-line main;
+//   - config: /etc/bcd/config.toml and join-encryption.jwk beside it
+//     (R11.1), and the pin sets bcd checks the control plane's keys by;
 //   - claims: the hardware claims read from sysfs and procfs (R4.3);
 //   - identity: the data directory (node.key, node.crt, bundle.pem,
 //     identity.json), the key store seam for the TPM (R4.1, R9.1), the CSR,
@@ -9,11 +14,18 @@
 //     --yes` (R11.4);
 //   - tokeninput: reading the join token from standard input,
 //     BCD_JOIN_TOKEN or --token-file (R11.2);
-//   - join: the network join on top of these (sealing over the request's
+//   - enroll: the network join on top of these (sealing over the request's
 //     digest, the Join call over TLS pinned to the serving CA with retries
 //     of the same request and join.pending (R4.9), checking the signed
-//     response in order, the well-known fallback and the host build of
-//     R11.3); join/jointest is its fake JoinService and gateway for tests;
-//   - cli: the bcd command line (join, status, version); cmd/bcd is its
-//     main.
+//     answer in order, the well-known fallback and the host build of
+//     R11.3);
+//   - renew: certificate renewal at about 60% of the lifetime (R13.1);
+//   - run: `bcd run`, the session loop to the gateway, signed commands and
+//     heartbeats (R12.1, R12.3), with the renewer in the same process;
+//   - site: a site agent's reports of the machines it booted (R10.4);
+//   - servertime: the control plane's clock as bcd learned it (R19.3);
+//   - diag: the optional /livez, /readyz and /metrics listener;
+//   - doctor: `bcd doctor`'s checks of a machine's setup;
+//   - tpmdevice, tpmkeys: every TPM 2.0 operation, and the identity key
+//     store backed by the TPM (R9).
 package bcd

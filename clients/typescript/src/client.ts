@@ -1,4 +1,4 @@
-// The facade: one object per API group with the page's method names, plain
+// The facade: one object per API group with docs/typescript.md's method names, plain
 // JSON in and out (the API's own JSON: camelCase, RFC 3339 timestamps).
 import { fromJson, toJson } from "@bufbuild/protobuf";
 import type { DescMessage, DescService, Message, MessageJsonType, MessageShape } from "@bufbuild/protobuf";

@@ -1,4 +1,4 @@
-// The page's joinRequests snippet, as written: dev's site agent vouches for
+// docs/typescript.md's joinRequests snippet, as written: dev's site agent vouches for
 // a network boot, the booted machine joins with the discovery attestor and
 // waits, and the snippet approves it.
 import { after, before, test } from "node:test";
@@ -17,8 +17,8 @@ before(async () => {
 });
 after(async () => dev?.stop());
 
-// R18.1, R10.1: the page's join-request snippet, as written.
-test("the page's joinRequests.list and approve run as written", async () => {
+// R18.1, R10.1: docs/typescript.md's join-request snippet, as written.
+test("the documented joinRequests.list and approve run as written", async () => {
   const site = join(dev.dir, "site/config.toml");
   // The site token comes on standard input, as the README pipes it.
   const siteJoin = dev.run("bcd", ["join", "--config", site, "--role", "site"], readFileSync(join(dev.dir, "secrets/site.token"), "utf8"));
@@ -47,7 +47,7 @@ test("the page's joinRequests.list and approve run as written", async () => {
   const tenantId = dev.env.TENANT;
   const poolId = dev.env.POOL;
 
-  // ---- verbatim from the page ("Join requests and approvals")
+  // ---- verbatim from docs/typescript.md ("The snippets")
   const { items } = await client.joinRequests.list({ tenantId, poolId });
   for (const request of items) {
     console.log(request.id, request.attestor, request.mac, request.vouchedBy, request.claims);
@@ -60,14 +60,14 @@ test("the page's joinRequests.list and approve run as written", async () => {
     ttlSeconds: 900,
     reason: 'rack B7 intake, ticket 4411',
   });
-  // ---- end of the page's code
+  // ---- end of the documented code
 
   assert.equal(items.length, 1);
   assert.equal(items[0].attestor, "discovery");
   assert.equal(items[0].mac, "00:1b:21:0a:0b:0c");
   assert.match(items[0].vouchedBy ?? "", /^node_/);
   // R22.1, R22.2: the attestor's evidence apart from the claims, the
-  // effect of approving, and the version an approval may name. The page's
+  // effect of approving, and the version an approval may name. The documented
   // approval names no version: a new node's request accepts that.
   assert.equal(items[0].evidence?.vouchedBy, items[0].vouchedBy);
   assert.equal(items[0].evidence?.vouchedMac, "00:1b:21:0a:0b:0c");

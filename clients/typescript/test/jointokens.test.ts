@@ -1,4 +1,4 @@
-// The page's join-token snippet, as written, against `better-compute dev`,
+// docs/typescript.md's join-token snippet, as written, against `better-compute dev`,
 // then the rest of the group and the product's error codes.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -35,9 +35,9 @@ async function rejects(code: ComputeErrorCode, p: Promise<unknown>): Promise<Com
   assert.fail(`no ${code}`);
 }
 
-// R18.1, R2.1: the page's first snippet, as written.
-test("the page's joinTokens.create runs as written, and the token joins a machine", async () => {
-  // ---- verbatim from the page ("Creating a token")
+// R18.1, R2.1: docs/typescript.md's first snippet, as written.
+test("the documented joinTokens.create runs as written, and the token joins a machine", async () => {
+  // ---- verbatim from docs/typescript.md ("The snippets")
   const created = await compute.api.joinTokens.create(credential, {
     tenantId: rootTenantId,
     poolId,
@@ -49,7 +49,7 @@ test("the page's joinTokens.create runs as written, and the token joins a machin
 
   // `bcjt_jt_….…`: hand it to the machine out of band. It is never shown again.
   console.log(created.token);
-  // ---- end of the page's code
+  // ---- end of the documented code
 
   assert.match(created.token ?? "", /^bcjt_jt_[0-9a-z]+\.[A-Za-z0-9_-]{43}$/);
   assert.equal(created.poolId, poolId);

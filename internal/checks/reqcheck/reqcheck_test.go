@@ -231,7 +231,7 @@ func TestCodeCitesOnlyDefinedRequirements(t *testing.T) {
 var linkRE = regexp.MustCompile(`requirements\.md#([A-Za-z0-9_-]+)|\]\(#(r[0-9][a-z0-9-]*)\)`)
 
 // TestLinksToRequirementsResolve checks links into docs/requirements.md
-// (requirements.md#r4-9 from Go files, README.md and docs/, and the page's
+// (requirements.md#r4-9 from Go files, README.md and docs/**, and requirements.md's
 // own (#r4-9) links) against its anchors.
 func TestLinksToRequirementsResolve(t *testing.T) {
 	root := repoRoot(t)
@@ -242,10 +242,14 @@ func TestLinksToRequirementsResolve(t *testing.T) {
 	}
 
 	files := []string{"README.md"}
-	docs, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	for _, d := range docs {
-		rel, _ := filepath.Rel(root, d)
-		files = append(files, filepath.ToSlash(rel))
+	// Every doc, those in folders under docs/ (operations/, contributors/)
+	// too.
+	for _, pattern := range []string{"*.md", "*/*.md"} {
+		docs, _ := filepath.Glob(filepath.Join(root, "docs", pattern))
+		for _, d := range docs {
+			rel, _ := filepath.Rel(root, d)
+			files = append(files, filepath.ToSlash(rel))
+		}
 	}
 	for _, dir := range scanned {
 		filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {

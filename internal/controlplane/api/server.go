@@ -1,7 +1,9 @@
 // Package api is the control plane's HTTP surface: the operator API (Connect:
 // JSON over HTTP or gRPC, authenticated by API keys), the well-known
 // document, health and readiness. Handlers translate between the wire and the
-// domain packages; errors are mapped to the wire in one place (ToWire).
+// domain packages; their errors are mapped to the wire by wire.Interceptor
+// (authentication, which refuses a call before its handler runs, calls
+// wire.ToWireContext itself).
 package api
 
 import (

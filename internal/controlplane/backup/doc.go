@@ -16,7 +16,7 @@
 // spent after it, and none may be spent twice.
 //
 // PostgreSQL is backed up by its own tools (pg_dump, point-in-time
-// recovery): Create refuses it (docs/operations.md, Backup and restore).
+// recovery): Create refuses it (docs/operations/backup-restore.md).
 //
 // Importers: the CLI (better-compute backup and restore) and tests.
 package backup

@@ -48,7 +48,7 @@ func interopCerts(t *testing.T, b *Bundle) map[string]*NodeCert {
 
 // R20.1: go-spiffe's X509-SVID verification, against an x509bundle of the
 // node CA, accepts software-key node certificates and TPM node
-// certificates in the strict form; the page form with a statement is the
+// certificates in the strict form; the default ("page") form with a statement is the
 // one it refuses (more than one URI SAN), which is why the option exists.
 func TestNodeCertGoSPIFFEVerify(t *testing.T) {
 	b := newBundle(t)

@@ -43,7 +43,7 @@ type NodeCert struct {
 }
 
 // SignNodeCert issues a node client certificate from the node CA (ca,
-// caKey) for the key in csrDER, in the order the design fixes: check the CSR
+// caKey) for the key in csrDER, always in this order: check the CSR
 // (signature, ECDSA P-256), take only its public key, build the template from
 // p, sign, then re-parse the result with crypto/x509 and check that its names,
 // role, key and validity are what p asked for.

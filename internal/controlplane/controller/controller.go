@@ -9,9 +9,11 @@
 // loses its items to the others once that lease expired, within seconds;
 // and settling an item is fenced by ownership, so a replica that stalled
 // past its lease rolls back rather than apply an item twice
-// (store/workowners.go). It adopts nodes whose pool has no
-// acceptance checks, and runs the acceptance checks of the others through a
-// command to the node (accept.go).
+// (store/workowners.go). It runs the acceptance checks of nodes whose pool
+// has them, through a command to the node (accept.go), and deletes expired
+// housekeeping rows (prune). Joins adopt the other nodes in their own
+// transaction; the controller still adopts those a previous release queued
+// (join.WorkAdopt).
 package controller
 
 import (

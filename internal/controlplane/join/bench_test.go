@@ -303,8 +303,8 @@ func BenchmarkTPM(b *testing.B) {
 
 // BenchmarkJoinMetrics is BenchmarkJoin's serial join on SQLite with the
 // fleet metrics off (no api.Config.Metrics) and on, in one run, so their
-// CPU per join can be compared (docs/performance.md, "Metrics and
-// tracing").
+// CPU per join can be compared (docs/contributors/performance.md, "Fleet
+// metrics").
 func BenchmarkJoinMetrics(b *testing.B) {
 	for _, m := range []struct {
 		name    string

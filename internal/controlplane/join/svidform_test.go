@@ -43,7 +43,7 @@ func TestRenewSwitchesSVIDFormR20_1(t *testing.T) {
 		r := newRenewEnv(t, f)
 		n := r.join(t, f.acme, nil)
 		// A certificate with a statement, as an attestor vouching for the
-		// key would have issued it, in the page form.
+		// key would have issued it, in the default ("page") form.
 		stmt := []string{"urn:bc:example:1"}
 		stored := r.storeCert(t, n, pki.RoleNode, stmt, `[]`, 24*time.Hour)
 		cur := &renewNode{id: n.id, key: n.key, chain: [][]byte{stored.DER, e.Bundle.NodeCA.Raw}, leaf: stored.DER}

@@ -68,7 +68,7 @@ func (c *Core) TTL(role string, maxTTL time.Duration) time.Duration {
 	return ttl
 }
 
-// Issue is the one way a node certificate is made (DESIGN rule 4): the
+// Issue is the one way a node certificate is made, always in one order: the
 // template comes from policy only (names from the node row, never the CSR),
 // it is signed and re-checked (ca.SignNodeCertKey), recorded as a
 // node_certs row in tx, and answered as a JoinResponse signed with the

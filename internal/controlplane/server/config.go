@@ -110,8 +110,8 @@ type JoinConfig struct {
 	// 86400).
 	CertTTLSeconds int `toml:"cert_ttl_seconds"`
 	// SVIDForm is where node certificates carry the TPM statement
-	// (R20.1): "page" (the default, a second URI SAN, as the product page
-	// says) or "spiffe-strict" (one URI SAN, the statement in a
+	// (R20.1): "page" (the default, the statement in a second URI SAN)
+	// or "spiffe-strict" (one URI SAN, the statement in a
 	// non-critical extension, for relying parties that enforce the SPIFFE
 	// X.509-SVID spec). Nodes move to it at their next renewal.
 	SVIDForm string `toml:"svid_form"`
@@ -386,7 +386,7 @@ svid_form = "page"         # "spiffe-strict": one URI SAN, the TPM statement in 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"
 
-# [[export.sinks]]         # events and audit rows to a SIEM, at least once, deduped by id (docs/operations.md)
+# [[export.sinks]]         # events and audit rows to a SIEM, at least once, deduped by id (docs/operations/events.md)
 # kind = "webhook"
 # url = "https://siem.example.com/ingest"
 # ca_file = "/etc/better-compute/siem-ca.pem"

@@ -97,7 +97,7 @@ func SQLiteSchemaVersion(ctx context.Context, path string) (int64, error) {
 // audit trail): it is created 0600 before SQLite writes into it.
 func SnapshotSQLite(ctx context.Context, cfg Config, dst string) (int64, error) {
 	if cfg.Driver != "" && cfg.Driver != string(SQLite) {
-		return 0, errs.New(errs.InvalidState, "store.driver %q: only SQLite is copied by better-compute backup; back PostgreSQL up with pg_dump or point-in-time recovery (docs/operations.md, Backup and restore)", cfg.Driver)
+		return 0, errs.New(errs.InvalidState, "store.driver %q: only SQLite is copied by better-compute backup; back PostgreSQL up with pg_dump or point-in-time recovery (docs/operations/backup-restore.md)", cfg.Driver)
 	}
 	if cfg.Path == "" {
 		return 0, errs.New(errs.InvalidConfig, "store.path: the SQLite database file is required")

@@ -18,7 +18,8 @@ import (
 // checkpoint inside the COMMIT that takes the WAL past 1,000 pages, on the
 // committing connection: here the one writer, so every write of the
 // process waited for the copy of up to 1,000 pages and two fsyncs at every
-// 1,000th page (docs/performance.md, "Checkpoints off the writer").
+// 1,000th page (docs/contributors/performance.md, "Checkpoints off the
+// writer").
 //
 // The writer connection has automatic checkpoints off
 // (wal_autocheckpoint(0)), and the work is split in two:

@@ -50,8 +50,8 @@ import (
 // every event-publishing transaction of a tenant then queues on that row
 // from the counter update to the end of its COMMIT; a rack of joins is one
 // tenant, and the same queue on a token row was measured at 142-159 joins/s
-// (docs/performance.md). The sequencer costs one extra UPDATE per event,
-// off the join's path.
+// (docs/contributors/performance.md). The sequencer costs one extra UPDATE
+// per event, off the join's path.
 
 // sweepInterval is how often each process looks for events no sequencer
 // numbered (a writer that died after its commit, an older replica).

@@ -28,7 +28,7 @@ func (h *host) doctorAt(now time.Time, args ...string) result {
 }
 
 // R11.4: doctor passes on a joined host, and after the certificate expired it
-// fails its identity check with the page's message.
+// fails its identity check with R11.4's message.
 func TestDoctorR11_4(t *testing.T) {
 	h := newHost(t, true)
 	if r := h.doctorAt(h.srv.Now); r.code != 0 || !strings.Contains(r.stdout, "not joined") {

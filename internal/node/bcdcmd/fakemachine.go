@@ -137,7 +137,7 @@ func procOrEmpty(proc, sys string) string {
 	return sys
 }
 
-// describeKey says what the page's rules make of a hardware key (R6.1–R6.3).
+// describeKey says what the rules of R6.1–R6.3 make of a hardware key (R6.1–R6.3).
 func describeKey(k hwid.HardwareKey) string {
 	switch {
 	case !k.Present:

@@ -327,7 +327,7 @@ func (c *Config) Marshal() ([]byte, error) {
 		return nil, err
 	}
 	var buf bytes.Buffer
-	buf.WriteString("# bcd configuration; see the product page, Joining.\n")
+	buf.WriteString("# bcd configuration; see docs/joining.md, \"The machine's configuration\".\n")
 	if err := toml.NewEncoder(&buf).Encode(c); err != nil {
 		return nil, fmt.Errorf("encode config: %w", err)
 	}

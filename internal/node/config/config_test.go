@@ -62,7 +62,7 @@ join_encryption_key_pin = "` + f.encPin + `"
 ` + extra
 }
 
-// R11.1: the page's five keys are enough; the rest defaults.
+// R11.1: the five keys docs/joining.md shows are enough; the rest defaults.
 func TestParseDefaults(t *testing.T) {
 	f := newFixture(t)
 	c, err := Parse([]byte(f.toml("")))

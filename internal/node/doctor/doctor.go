@@ -124,7 +124,7 @@ func clockCheck(dataDir string) Check {
 // clockWarnAfter is the offset beyond which bcd doctor warns.
 const clockWarnAfter = 30 * time.Second
 
-// ExpiredMessage is the page's message for an expired identity (R11.4).
+// ExpiredMessage is the message for an expired identity (R11.4).
 func ExpiredMessage(notAfter time.Time) string {
 	return fmt.Sprintf("the certificate expired at %s; %s", notAfter.UTC().Format(time.RFC3339), identity.ExpiredFix(notAfter))
 }

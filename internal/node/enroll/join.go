@@ -3,7 +3,7 @@
 // claims, builds the complete request and seals the join token to the
 // pinned JoinService encryption key over the request's digest (or signs the
 // digest, for x509pop), calls JoinService.Join through the gateway over TLS
-// pinned to the serving CA, checks the signed answer in the page's order,
+// pinned to the serving CA, checks the signed answer in R4.6's order (verify.go),
 // and saves the identity.
 //
 // A lost answer is recovered, never paid for twice (R4.9): the request is
@@ -629,7 +629,7 @@ func checkOptions(opts Options) (role, attestor string, err error) {
 }
 
 // refuseJoined answers "already joined" when an identity loads (an expired
-// one too: the page says bcd keeps it), and passes on a damaged identity's
+// one too: bcd keeps it, R11.4), and passes on a damaged identity's
 // error, which names the fix.
 func (j *Joiner) refuseJoined() error {
 	id, err := j.cfg.Store.Load()

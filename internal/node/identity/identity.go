@@ -9,8 +9,8 @@
 // SoftwareKeys keeps a PKCS#8 key in node.key; a TPM store keeps a
 // "TSS2 PRIVATE KEY" record there.
 //
-// An identity whose certificate expired still loads (the page: "bcd keeps
-// such an identity"); callers decide what an expired identity means.
+// An identity whose certificate expired still loads (bcd keeps such an
+// identity, R11.4); callers decide what an expired identity means.
 //
 // SECURITY: node.key is the node's credential. It is written 0600 and
 // checked after writing, and Load refuses one that group or others can read.

@@ -105,7 +105,7 @@ func leftovers(t *testing.T, dir string) []string {
 	return out
 }
 
-// R4.1, R4.6: a saved identity loads back, with the modes of the page.
+// R4.1, R4.6: a saved identity loads back, with the modes R4.1 names.
 func TestSaveLoad(t *testing.T) {
 	f := newPKI(t)
 	dir := filepath.Join(t.TempDir(), "var", "lib", "bcd")

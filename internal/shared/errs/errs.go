@@ -1,11 +1,18 @@
 // Package errs defines the product's error codes and the error type that
 // carries one.
 //
-// Domain packages return *errs.E (or wrap one with fmt.Errorf("...: %w")); the
-// API boundary (internal/controlplane/api) is the one place that turns them into wire
-// errors, and it never sends anything but Code and Message. Any error that is
-// not an *errs.E reaches the caller as INTERNAL with a generic message, so
-// internal detail (SQL, file paths) never leaks.
+// Domain packages return *errs.E (or wrap one with fmt.Errorf("...: %w")).
+// One function turns them into wire errors, wire.ToWire (its variant
+// ToWireContext), and it never sends anything but the code, the message and
+// the offending field. Unary calls reach it through wire.Interceptor, which
+// the API installs on the operator and agent handlers, so their handlers
+// just return errors. What no handler's interceptor sees calls it itself
+// where it ends a call: the session streams (SessionService.Connect in
+// internal/controlplane/session, the gateway's session relay), the
+// gateway's own refusals (busy, upstream unavailable), and the API's
+// authentication, which refuses an operator call before its handler runs.
+// Any error that is not an *errs.E reaches the caller as INTERNAL with a
+// generic message, so internal detail (SQL, file paths) never leaks.
 package errs
 
 import (
@@ -13,7 +20,8 @@ import (
 	"fmt"
 )
 
-// Code is one of the product's error codes, as named on the product page.
+// Code is one of the product's error codes. They are part of the API:
+// clients and the CLI show them as they are.
 type Code string
 
 // The product's error codes.

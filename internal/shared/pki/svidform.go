@@ -13,7 +13,7 @@ import (
 // SVID forms: where a node certificate carries its urn:bc: statements
 // (R20.1). Both forms have exactly one SPIFFE ID, the first URI SAN.
 const (
-	// SVIDFormPage is the product page's form, the default: each statement
+	// SVIDFormPage is the first form, the default: each statement
 	// is a further URI SAN after the SPIFFE ID. go-spiffe and Envoy refuse a
 	// certificate with more than one URI SAN (X.509-SVID 5.2), so a node
 	// with a statement (a certified tpm join) is not an SVID they accept.
@@ -26,7 +26,7 @@ const (
 )
 
 // ValidSVIDForm reports whether form is one of SVIDFormPage and
-// SVIDFormStrict ("" means the page's form).
+// SVIDFormStrict ("" means SVIDFormPage).
 func ValidSVIDForm(form string) bool {
 	return form == "" || form == SVIDFormPage || form == SVIDFormStrict
 }

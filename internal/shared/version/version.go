@@ -1,5 +1,11 @@
-// Package version holds the build's version, set with
-// -ldflags "-X github.com/better-compute/better-compute/internal/version.Version=…".
+// Package version holds the build's version. A release build sets it with
+//
+//	go build -ldflags "-X github.com/better-compute/better-compute/internal/shared/version.Version=…"
+//
+// (-X takes the package's full import path; a path that names no package
+// is ignored without an error, so check the result with `bcd version`).
+// No script in the repository sets it: every build, scripts/images
+// included, reports the default below.
 package version
 
 // Version of better-compute and bcd.

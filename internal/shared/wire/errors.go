@@ -1,7 +1,9 @@
-// Package wire is the one place that maps between product errors (*errs.E)
-// and wire errors (Connect codes plus an ErrorDetail with the product code),
-// and that defines the public documents both ends read (the well-known
-// document). It depends on nothing of the server, so bcd, the gateway and the
+// Package wire is the one mapping between product errors (*errs.E) and wire
+// errors (Connect codes plus an ErrorDetail with the product code): every
+// process that answers an RPC calls ToWire, directly or through
+// Interceptor, and every client reads errors back with FromWire. It also
+// defines the public documents both ends read (the well-known document).
+// It depends on nothing of the server, so bcd, the gateway and the
 // CLI client use it without pulling in the database.
 package wire
 
@@ -17,7 +19,7 @@ import (
 )
 
 // wireCodes maps product codes to Connect codes. The product code itself
-// travels in an ErrorDetail so clients can show exactly the page's codes.
+// travels in an ErrorDetail so clients can show exactly the product's codes.
 var wireCodes = map[errs.Code]connect.Code{
 	errs.NotFound:         connect.CodeNotFound,
 	errs.InvalidState:     connect.CodeFailedPrecondition,
@@ -49,9 +51,11 @@ var productCodes = map[connect.Code]errs.Code{
 	connect.CodeFailedPrecondition: errs.InvalidState,
 }
 
-// ToWire is the one place that turns a domain error into a wire error. Only
-// the product code and the caller-safe message leave the server; anything
-// else is logged and answered as INTERNAL.
+// ToWire is the one function that turns a domain error into a wire error:
+// Interceptor calls it for unary handlers; the session streams, the
+// gateway's own refusals and the API's authentication call it where they
+// end a call. Only the product code, the caller-safe message and the field leave
+// the process; anything else is logged and answered as INTERNAL.
 func ToWire(log *slog.Logger, procedure string, err error) error {
 	return ToWireContext(context.Background(), log, procedure, err)
 }
@@ -117,7 +121,8 @@ func FromWire(err error) error {
 	return &errs.E{Code: code, Message: msg}
 }
 
-// Interceptor maps every handler error at the boundary.
+// Interceptor maps every error of a unary handler through ToWire; streams
+// call ToWire themselves.
 func Interceptor(log *slog.Logger) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {

@@ -1,5 +1,5 @@
 -- +goose Up
--- compute_now() that PostgreSQL can inline (issue 11). The first version's
+-- compute_now() that PostgreSQL can inline. The first version's
 -- body had a sub-select (the test clock's offset), so it could not be
 -- inlined and ran through the SQL-function executor, its body planned
 -- again in every statement that called it: about 60 µs of database CPU per

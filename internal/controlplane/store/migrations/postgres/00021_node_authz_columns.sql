@@ -8,7 +8,7 @@
 --
 -- node_authz stays, no longer written or read, for replicas of the previous
 -- release during a rolling upgrade (they still write it: expand, see
--- docs/operations.md); the next release copies the rows they wrote and
+-- docs/operations/upgrade.md); the next release copies the rows they wrote and
 -- drops it.
 ALTER TABLE nodes ADD COLUMN authz_ms BIGINT;
 UPDATE nodes n SET authz_ms = a.updated_ms FROM node_authz a WHERE a.node_id = n.id;

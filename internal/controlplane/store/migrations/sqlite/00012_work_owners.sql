@@ -1,5 +1,5 @@
 -- +goose Up
--- Work queue leases that move within seconds (issue 12). Each controller
+-- Work queue leases that move within seconds. Each controller
 -- registers as an owner whose lease it renews every poll; a claimed item
 -- names its owner, and another replica takes it over as soon as that
 -- owner's lease expired (a dead replica), not when the item's own claim
