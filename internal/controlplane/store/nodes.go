@@ -36,12 +36,12 @@ type Node struct {
 	HardwareKeyTrusted bool
 	// EKHash is the SHA-256 of a tpm node's endorsement key, recorded by
 	// SetNodeTPMAK; nil for other attestors. Not written by InsertNode.
-	EKHash             []byte
-	NodeKey            string // tpm | unattested
-	Attestor           string
-	Hostname           string
-	Claims             []byte // JSON of hwid.Claims
-	JoinTokenID        string
+	EKHash      []byte
+	NodeKey     string // tpm | unattested
+	Attestor    string
+	Hostname    string
+	Claims      []byte // JSON of hwid.Claims
+	JoinTokenID string
 	// IdempotencyKey is the key a node made ahead was created with ("" for
 	// none, and for nodes joins made).
 	IdempotencyKey string
