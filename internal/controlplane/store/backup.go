@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/controlplane/store/engine"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -54,7 +55,7 @@ func schemaVersion(ctx context.Context, h *sql.DB) (int64, error) {
 
 // SchemaVersion reads the highest migration applied to the database.
 func (db *DB) SchemaVersion(ctx context.Context) (int64, error) {
-	return schemaVersion(ctx, db.r)
+	return schemaVersion(ctx, db.e.Pool())
 }
 
 // openSQLiteFile opens an existing SQLite file without migrating it (mode=rw
@@ -112,7 +113,7 @@ func SnapshotSQLite(ctx context.Context, cfg Config, dst string) (int64, error) 
 	defer h.Close()
 	if _, err := h.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
 		_ = os.Remove(dst)
-		return 0, unavailable(fmt.Errorf("copy the database: %w", err))
+		return 0, engine.Unavailable(fmt.Errorf("copy the database: %w", err))
 	}
 	if err := os.Chmod(dst, 0o600); err != nil {
 		_ = os.Remove(dst)

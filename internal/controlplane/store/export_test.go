@@ -2,12 +2,9 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/pressly/goose/v3"
 )
 
 // ExecRaw runs one statement in the transaction (tests only: scratch tables,
@@ -25,7 +22,7 @@ func (t *Tx) QueryInt(ctx context.Context, q string, args ...any) (int64, error)
 }
 
 // QueuedWrites is how many write transactions wait for SQLite's writer.
-func (db *DB) QueuedWrites() int { return len(db.writes) }
+func (db *DB) QueuedWrites() int { return db.e.QueuedWrites() }
 
 // WithBusyTimeout sets how long SQLite waits for another process's lock.
 func WithBusyTimeout(c Config, d time.Duration) Config {
@@ -34,17 +31,17 @@ func WithBusyTimeout(c Config, d time.Duration) Config {
 }
 
 // WithCheckpoints sets after how many WAL pages, and how often, the
-// checkpointer runs (checkpoint.go).
+// checkpointer runs (engine/checkpoint.go).
 func WithCheckpoints(c Config, pages int64, every time.Duration) Config {
 	c.checkpointPages, c.checkpointEvery = pages, every
 	return c
 }
 
 // WALPagesWritten is how many WAL pages the SQLite writer has appended.
-func (db *DB) WALPagesWritten() int64 { return db.ckpt.written.Load() }
+func (db *DB) WALPagesWritten() int64 { return db.e.WALPagesWritten() }
 
 // SetCommitTimeout sets the bound of a PostgreSQL COMMIT.
-func (db *DB) SetCommitTimeout(d time.Duration) { db.commitTimeout = d }
+func (db *DB) SetCommitTimeout(d time.Duration) { db.e.SetCommitTimeout(d) }
 
 // CommandsChannelFor is the commands channel of a schema (notify.go).
 var CommandsChannelFor = commandsChannel
@@ -103,33 +100,13 @@ func MigrationUp(d Dialect, name string) (string, error) {
 }
 
 // MigrateDownTo rolls db's schema back to version, and MigrateUp brings it
-// up again (migration tests). On SQLite they migrate through a connection
-// of their own: the writer goroutine holds the writer pool's only one.
+// up again (migration tests).
 func (db *DB) MigrateDownTo(ctx context.Context, version int64) error {
-	return db.withMigrations(func(p *goose.Provider) error { _, err := p.DownTo(ctx, version); return err })
+	return db.e.MigrateDownTo(ctx, version)
 }
 
 // MigrateUp applies every migration not applied yet.
-func (db *DB) MigrateUp(ctx context.Context) error {
-	return db.withMigrations(func(p *goose.Provider) error { _, err := p.Up(ctx); return err })
-}
-
-func (db *DB) withMigrations(fn func(*goose.Provider) error) error {
-	pool := db.w
-	if db.dialect == SQLite {
-		own, err := sql.Open("sqlite", db.wdsn)
-		if err != nil {
-			return err
-		}
-		defer own.Close()
-		pool = own
-	}
-	p, err := db.migrations(pool)
-	if err != nil {
-		return err
-	}
-	return fn(p)
-}
+func (db *DB) MigrateUp(ctx context.Context) error { return db.e.MigrateUp(ctx) }
 
 // WithRowsOpen runs q and calls fn while its rows are open (tests only:
 // what a running query costs besides the statement).

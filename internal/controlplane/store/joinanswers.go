@@ -47,7 +47,7 @@ func (t *Tx) GetJoinAnswer(ctx context.Context, digest []byte) (JoinAnswer, erro
 // race, and the loser rolls back and reads the winner's answer. An expired
 // answer for the digest is replaced. On SQLite InsertJoinAnswer itself
 // reports the violation; on PostgreSQL the insert is held back
-// (pipeline.go) and the violation is the error of the transaction's next
+// (engine/pipeline.go) and the violation is the error of the transaction's next
 // statement and of the transaction. The caller must end the transaction
 // after a violation, not carry on in it.
 func (t *Tx) InsertJoinAnswer(ctx context.Context, a JoinAnswer) error {

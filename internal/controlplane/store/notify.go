@@ -57,7 +57,7 @@ func (db *DB) CommandsChannel() string { return db.channel }
 
 // commandsQueued announces, when the transaction commits, that the node
 // has queued commands. On PostgreSQL the statement is held back and sent
-// with the transaction's next one (pipeline.go): it costs no round trip.
+// with the transaction's next one (engine/pipeline.go): it costs no round trip.
 func (t *Tx) commandsQueued(ctx context.Context, nodeID string) error {
 	if t.db.dialect != Postgres {
 		return nil

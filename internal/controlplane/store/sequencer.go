@@ -154,7 +154,7 @@ func (s *sequencer) run() {
 		}
 		failures = 0
 		for _, f := range hooks {
-			s.db.safely("events-visible hook", f)
+			s.db.e.Safely("events-visible hook", f)
 		}
 	}
 }
@@ -167,13 +167,13 @@ func (s *sequencer) sequence() error {
 		// Looking is a cheap read (a partial index of the unnumbered);
 		// a pass writes, so it runs only when there is work.
 		var pending bool
-		if err := s.db.w.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM events WHERE tx_order IS NULL)").Scan(&pending); err != nil {
+		if err := s.db.e.Pool().QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM events WHERE tx_order IS NULL)").Scan(&pending); err != nil {
 			return fmt.Errorf("look for unsequenced events: %w", err)
 		}
 		if !pending {
 			return nil
 		}
-		if _, err := s.db.w.ExecContext(ctx, passSQL); err != nil {
+		if _, err := s.db.e.Pool().ExecContext(ctx, passSQL); err != nil {
 			return fmt.Errorf("sequence events: %w", err)
 		}
 	}

@@ -1,45 +1,39 @@
-// Package store owns the database: opening SQLite (the embedded default) or
-// PostgreSQL, the versioned migrations of each, the compute_now() clock, and
-// every SQL statement the control plane runs. Domain packages (tenancy,
-// jointoken, join, events) decide; they reach the database only through the
-// typed methods of Tx inside DB.WithTx (writes) or DB.ReadTx (reads, always
-// rolled back).
+// Package store owns the database: every SQL statement the control plane
+// runs, the migrations of each dialect (migrations/sqlite,
+// migrations/postgres) and the compute_now() clock. Domain packages
+// (tenancy, jointoken, join, events) decide; they reach the database only
+// through the typed methods of Tx inside DB.WithTx (writes), DB.ReadTx
+// (reads, always rolled back) or DB.ReadLatest.
 //
-// The SQL is written once, with ? placeholders and compute_now(), and
-// rewritten per dialect: $n placeholders for PostgreSQL, an inline expression
-// for compute_now() on SQLite; string literals, quoted identifiers and
-// comments are left as written (rewrite.go). storetest holds the conformance
-// suite that runs against both.
+// How statements run is the engine's (store/engine): opening SQLite or
+// PostgreSQL, migrating, transactions and their truthful outcome, SQLite's
+// group commit and checkpoints, PostgreSQL's pipelined writes, the per-dialect
+// SQL rewrite, outages. This package writes the SQL once, with ?
+// placeholders and compute_now(), and runs it through the engine's Tx
+// (Tx.exec, Tx.query, Tx.queryRow, and Tx.execLater for inserts whose
+// result nothing reads before the commit). storetest holds the conformance
+// suite that runs against both dialects.
 //
-// A write transaction's outcome is reported truthfully (WithTx): a caller's
-// context interrupts its statements but never its COMMIT, so a commit that
-// landed is never reported as failed; a PostgreSQL COMMIT that got no answer
-// is ErrCommitUnknown, never a rollback. SQLite's writes share commits
-// (groupcommit.go) without one participant's failure or cancelled context
-// touching another's work. PostgreSQL events are numbered after they commit
-// by a sequencer (sequencer.go), so no foreign transaction can stall a
-// stream.
-//
-// Files by concern. The machinery: store.go (opening, migrating, Tx and
-// WithTx), rewrite.go (the per-dialect SQL), groupcommit.go (SQLite's
-// shared commits), writerconn.go (SQLite's writer connection and its
-// statements on the driver), row.go (the row Tx.queryRow returns),
-// pgwrite.go (PostgreSQL's write transactions), pipeline.go (PostgreSQL's
-// held-back writes),
-// sequencer.go (numbering PostgreSQL events), notify.go (command
-// notifications), helpers.go (ErrNotFound and value conversions). The
-// tables: tenancy.go (tenants, sites, pools) and poollock.go; apikeys.go;
-// jointokens.go; joinrequests.go and joinrequestlimits.go; joinanswers.go;
-// nodes.go (nodes rows); nodecerts.go (node_certs: issuing, reading,
-// superseding, revoking); nodeauthz.go (the authorization projection);
-// renew.go (renewal proofs); sessions.go (a node's connection);
-// sessionstate.go (what replicas holding sessions read and put back);
-// commands.go and commandlist.go (commands, and listing them);
-// workqueue.go (the controllers' work queue) and workowners.go (its owner
-// leases and owned claims); events.go; audit.go; limits.go (rate-limit
-// counters); streamkey.go (the cursor-sealing key); exportpos.go (the
-// export lease, sinks' positions and the reads across tenants); backup.go (online
-// SQLite snapshots, schema versions, a restore's token revocations).
+// Files: store.go (opening, DB, Tx, the clock), helpers.go (ErrNotFound,
+// value conversions), multirow.go (multi-row INSERTs), sequencer.go
+// (PostgreSQL events numbered after they commit, so no foreign
+// transaction can stall a stream), notify.go (command notifications),
+// backup.go (online SQLite snapshots, schema versions, a restore's token
+// revocations). The tables, one file each or a few:
+//   - tenancy.go (tenants, sites, pools), poollock.go, apikeys.go,
+//     limits.go (rate-limit counters), streamkey.go (the cursor-sealing key);
+//   - joining: jointokens.go; joinrequests.go and joinrequestlimits.go;
+//     joinanswers.go; pkikeys.go; tpmaks.go;
+//   - nodes: nodes.go (nodes rows), nodecerts.go (node_certs: issuing,
+//     reading, superseding, revoking), nodeauthz.go (the authorization
+//     projection), renew.go (renewal proofs), sessions.go (a node's
+//     connection), sessionstate.go (what replicas holding sessions read and
+//     put back);
+//   - commands.go and commandlist.go (commands, and listing them);
+//     workqueue.go (the controllers' work queue) and workowners.go (its
+//     owner leases and owned claims);
+//   - events.go, audit.go, exportpos.go (the export lease, sinks' positions
+//     and the reads across tenants).
 //
 // Importers: domain packages and the API (through DB, Tx and their typed
 // methods), mains and tests. The gateway and bcd never import it.
@@ -49,40 +43,25 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/url"
-	"os"
-	"path/filepath"
-	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	"github.com/pressly/goose/v3"
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
-
-	"github.com/better-compute/better-compute/internal/shared/backoff"
-	"github.com/better-compute/better-compute/internal/shared/clock"
-	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/tracing"
+	"github.com/better-compute/better-compute/internal/controlplane/store/engine"
 )
 
 //go:embed migrations
 var migrations embed.FS
 
 // Dialect names a supported database.
-type Dialect string
+type Dialect = engine.Dialect
 
 // The supported databases.
 const (
-	SQLite   Dialect = "sqlite"
-	Postgres Dialect = "postgres"
+	SQLite   = engine.SQLite
+	Postgres = engine.Postgres
 )
 
 // Config says which database to open.
@@ -99,110 +78,39 @@ type Config struct {
 	// OutageWait is how long a write transaction waits for a database that
 	// is down, read-only or full to take writes again before it answers
 	// UNAVAILABLE, e.g. "2s" (the default); "-1s" answers at once (R19.1,
-	// outage.go).
+	// engine/outage.go).
 	OutageWait time.Duration `toml:"outage_wait"`
 
 	// busyTimeout is how long SQLite waits for a lock another process
 	// holds (default 10 s); tests shorten it.
 	busyTimeout time.Duration
 	// checkpointPages and checkpointEvery override when the checkpointer
-	// runs (checkpoint.go); tests set them.
+	// runs (engine/checkpoint.go); tests set them.
 	checkpointPages int64
 	checkpointEvery time.Duration
 }
 
+// DefaultOutageWait is how long a write waits for the database when
+// Config.OutageWait is 0.
+const DefaultOutageWait = engine.DefaultOutageWait
+
 // DB is an open, migrated database.
 type DB struct {
+	e       *engine.DB
 	dialect Dialect
-	w       *sql.DB // the writer: one connection on SQLite
-	// wdsn is the SQLite writer's DSN: the writer goroutine holds w's one
-	// connection, so a migration run after Open (tests) opens its own.
-	wdsn string
-	r    *sql.DB // readers
-	log  *slog.Logger
-
-	// writes feeds SQLite's writer goroutine (group commit, groupcommit.go);
-	// writerDone is closed when that goroutine has returned its connection.
-	// wc is the connection it holds (writerconn.go): the writer's only.
-	writes     chan *writeReq
-	writerDone chan struct{}
-	wc         *writerConn
-	closeOnce  sync.Once
-	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
-	// the caller's context (see commit).
-	commitTimeout time.Duration
+	log     *slog.Logger
 	// seq makes PostgreSQL events readable once committed (sequencer.go).
 	seq *sequencer
-	// ckpt copies SQLite's WAL into the database file (checkpoint.go).
-	ckpt *checkpointer
 	// dsn and channel (PostgreSQL): the listener's connection string and
 	// the channel of command notifications (notify.go).
 	dsn, channel string
 	// streamKey seals event and audit cursors (streamkey.go).
 	streamKey StreamKey
-	// outageWait bounds a write's wait for the database (outage.go); probe
-	// caches the readiness write probe.
-	outageWait time.Duration
-	probe      writeProbe
 	// work tells this process's controller that work was queued or made
 	// due (workqueue.go).
 	work workSignal
 
-	stmt sync.Map // query text -> rewritten text
-
-	// SQLite only: the prepared statements of the readers, by rewritten
-	// text. Parsing the SQL was a sixth of a join's CPU; a statement
-	// prepared once per pool is reused on each of its connections
-	// (Tx.StmtContext). The writer keeps its own on its connection
-	// (writerConn). PostgreSQL needs none: pgx caches prepared statements
-	// per connection (its default query exec mode, cache_statement).
-	rStmts *stmtCache
-}
-
-// stmtCache holds one pool's prepared statements.
-type stmtCache struct {
-	pool *sql.DB
-	m    sync.Map // rewritten text -> *sql.Stmt
-}
-
-// prepare prepares q on the pool unless it was already. It must not run
-// inside a transaction of the pool: preparing takes a connection of its own,
-// and the writer pool has only the one the transaction holds.
-func (c *stmtCache) prepare(ctx context.Context, q string) error {
-	if _, ok := c.m.Load(q); ok {
-		return nil
-	}
-	st, err := c.pool.PrepareContext(ctx, q)
-	if err != nil {
-		return fmt.Errorf("prepare statement: %w", err)
-	}
-	if _, dup := c.m.LoadOrStore(q, st); dup {
-		st.Close()
-	}
-	return nil
-}
-
-func (c *stmtCache) get(q string) *sql.Stmt {
-	if c == nil {
-		return nil
-	}
-	if v, ok := c.m.Load(q); ok {
-		return v.(*sql.Stmt)
-	}
-	return nil
-}
-
-func (c *stmtCache) close() error {
-	if c == nil {
-		return nil
-	}
-	var err error
-	c.m.Range(func(k, v any) bool {
-		err = errors.Join(err, v.(*sql.Stmt).Close())
-		c.m.Delete(k)
-		return true
-	})
-	return err
+	closeOnce sync.Once
 }
 
 // Open opens and migrates the database named by cfg.
@@ -210,404 +118,140 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	switch cfg.Driver {
-	case "", string(SQLite):
-		return openSQLite(ctx, cfg, log)
-	case string(Postgres), "postgresql", "pgx":
-		return openPostgres(ctx, cfg, log)
-	default:
-		return nil, errs.New(errs.InvalidConfig, "store.driver %q: want sqlite or postgres", cfg.Driver)
-	}
-}
-
-func openSQLite(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
-	if cfg.Path == "" {
-		return nil, errs.New(errs.InvalidConfig, "store.path: the SQLite database file is required")
-	}
-	if dir := filepath.Dir(cfg.Path); dir != "" {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("create database directory: %w", err)
-		}
-	}
-	if err := ownerOnly(cfg.Path); err != nil {
-		return nil, err
-	}
-	busy := cfg.busyTimeout
-	if busy <= 0 {
-		busy = 10 * time.Second
-	}
-	// temp_store(MEMORY) keeps the statement and savepoint journals in
-	// memory: every group-commit participant runs in a SAVEPOINT, which
-	// copies each page it changes into a sub-journal first, and with the
-	// default the sub-journal spills to a temporary file past 64 KiB (a
-	// batch of joins does), one pwrite per page and a file created and
-	// unlinked per batch: a fifth of a join's SQLite CPU. A batch's
-	// sub-journal is bounded (maxBatch participants, tens of pages each).
-	base := "file:" + filepath.ToSlash(cfg.Path) + "?" + url.Values{
-		"_pragma": {"journal_mode(WAL)", fmt.Sprintf("busy_timeout(%d)", busy.Milliseconds()), "foreign_keys(ON)", "synchronous(NORMAL)", "temp_store(MEMORY)"},
-	}.Encode()
-	// One writer connection: a pool of SQLite writers only contends for the
-	// file lock (seen stalling for seconds under load).
-	// No automatic checkpoint in the writer's commits: checkpoint.go decides
-	// when, and mostly off the writer.
-	w, err := sql.Open("sqlite", base+"&_txlock=immediate&"+url.Values{"_pragma": {"wal_autocheckpoint(0)"}}.Encode())
-	if err != nil {
-		return nil, fmt.Errorf("open sqlite: %w", err)
-	}
-	w.SetMaxOpenConns(1)
-	w.SetConnMaxIdleTime(0)
-	r, err := sql.Open("sqlite", base+"&"+url.Values{"_pragma": {"query_only(ON)"}}.Encode())
-	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
-	}
-	r.SetMaxOpenConns(8)
-	// Keep every reader open: a closed connection takes its prepared
-	// statements with it.
-	r.SetMaxIdleConns(8)
-	db := &DB{dialect: SQLite, w: w, wdsn: base + "&_txlock=immediate", r: r, log: log, rStmts: &stmtCache{pool: r},
-		writes: make(chan *writeReq, maxBatch), writerDone: make(chan struct{}), commitTimeout: defaultCommitTimeout,
-		outageWait: cfg.outageWait()}
-	if err := db.migrate(ctx); err != nil {
-		close(db.writerDone)
-		db.Close()
-		return nil, err
-	}
-	cp, err := sql.Open("sqlite", base)
-	if err != nil {
-		close(db.writerDone)
-		db.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
-	}
-	cp.SetMaxOpenConns(1)
-	db.ckpt = newCheckpointer(db, cp, cfg.checkpointPages, cfg.checkpointEvery)
-	go db.ckpt.run()
-	go db.writer()
-	if err := db.loadStreamKey(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return db, nil
-}
-
-// ownerOnly makes the SQLite database file, and its -wal and -shm files when
-// they exist, readable by their owner only (0600). SECURITY: the database
-// holds API key and token hashes, the audit trail and every node's
-// identity; a file the driver creates takes the umask (0644 by default).
-// The file is created before the driver opens it, and SQLite gives the WAL
-// and SHM files it creates the database file's mode; files an older
-// version left 0644 are tightened at every open.
-func ownerOnly(path string) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("create database file: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("create database file: %w", err)
-	}
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
-		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("make the database file owner-only: %w", err)
-		}
-	}
-	return nil
-}
-
-func openPostgres(ctx context.Context, cfg Config, log *slog.Logger) (*DB, error) {
-	if cfg.DSN == "" {
-		return nil, errs.New(errs.InvalidConfig, "store.dsn: the PostgreSQL connection string is required")
-	}
-	p, err := sql.Open("pgx", cfg.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("open postgres: %w", err)
-	}
-	n := cfg.MaxConns
-	if n <= 0 {
-		n = 16
-	}
-	p.SetMaxOpenConns(n)
-	p.SetMaxIdleConns(n)
-	p.SetConnMaxIdleTime(5 * time.Minute)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := p.PingContext(pctx); err != nil {
-		p.Close()
-		return nil, errs.New(errs.Unavailable, "cannot reach PostgreSQL: %v", err)
-	}
-	db := &DB{dialect: Postgres, w: p, r: p, log: log, commitTimeout: defaultCommitTimeout, dsn: cfg.DSN, outageWait: cfg.outageWait()}
-	if err := db.migrate(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	var schema string
-	if err := p.QueryRowContext(ctx, "SELECT COALESCE(current_schema(), '')").Scan(&schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("read the current schema: %w", err)
-	}
-	db.channel = commandsChannel(schema)
-	db.seq = newSequencer(db)
-	go db.seq.run()
-	if err := db.loadStreamKey(ctx); err != nil {
-		db.Close()
-		return nil, err
-	}
-	return db, nil
-}
-
-func (db *DB) migrate(ctx context.Context) error {
-	p, err := db.migrations(db.w)
-	if err != nil {
-		return err
-	}
-	res, err := p.Up(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate %s: %w", db.dialect, err)
-	}
-	for _, r := range res {
-		db.log.Info("applied migration", "dialect", db.dialect, "version", r.Source.Version)
-	}
-	return nil
-}
-
-// migrations is the goose provider of db's dialect, migrating through pool.
-func (db *DB) migrations(pool *sql.DB) (*goose.Provider, error) {
-	sub, err := fs.Sub(migrations, "migrations/"+string(db.dialect))
+	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	gd := goose.DialectSQLite3
+	e, err := engine.Open(ctx, engine.Config{
+		Driver: cfg.Driver, Path: cfg.Path, DSN: cfg.DSN, MaxConns: cfg.MaxConns,
+		OutageWait: cfg.OutageWait, Migrations: sub, BusyTimeout: cfg.busyTimeout,
+		CheckpointPages: cfg.checkpointPages, CheckpointEvery: cfg.checkpointEvery,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	db := &DB{e: e, dialect: e.Dialect(), log: log, dsn: cfg.DSN}
 	if db.dialect == Postgres {
-		gd = goose.DialectPostgres
+		var schema string
+		if err := e.Pool().QueryRowContext(ctx, "SELECT COALESCE(current_schema(), '')").Scan(&schema); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("read the current schema: %w", err)
+		}
+		db.channel = commandsChannel(schema)
+		db.seq = newSequencer(db)
+		go db.seq.run()
 	}
-	p, err := goose.NewProvider(gd, pool, sub)
-	if err != nil {
-		return nil, fmt.Errorf("migrations: %w", err)
+	if err := db.loadStreamKey(ctx); err != nil {
+		db.Close()
+		return nil, err
 	}
-	return p, nil
+	return db, nil
 }
 
 // Dialect tells which database this is.
 func (db *DB) Dialect() Dialect { return db.dialect }
 
-// Close closes the database. No transaction may be running or start.
+// Close closes the database. Write transactions already begun finish
+// first; any begun afterwards fail (UNAVAILABLE: the database is
+// unreachable). Read transactions must have ended.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
-		if db.writes != nil {
-			close(db.writes)
-			<-db.writerDone
-		}
 		if db.seq != nil {
 			db.seq.stop()
 		}
-		if db.ckpt != nil {
-			db.ckpt.stop()
-		}
 	})
-	err := db.rStmts.close()
-	err = errors.Join(err, db.w.Close())
-	if db.r != db.w {
-		err = errors.Join(err, db.r.Close())
-	}
-	return err
+	return db.e.Close()
 }
 
 // Ping checks that the database answers (readiness).
-func (db *DB) Ping(ctx context.Context) error {
-	var one int
-	return db.r.QueryRowContext(ctx, "SELECT 1").Scan(&one)
-}
+func (db *DB) Ping(ctx context.Context) error { return db.e.Ping(ctx) }
+
+// CheckWrites reports whether the database takes writes now (readiness,
+// R19.1): a database can answer reads while it refuses every write. The
+// error is UNAVAILABLE naming the reason (UnavailableReason).
+func (db *DB) CheckWrites(ctx context.Context) error { return db.e.CheckWrites(ctx) }
 
 // Tx is a database transaction. Its typed methods (in the other files of this
 // package) are the only SQL the control plane runs.
 type Tx struct {
+	e  *engine.Tx
 	db *DB
-	// q runs the statements: tx, or on SQLite's writer its connection
-	// (wc), which holds the shared transaction.
-	q  querier
-	tx *sql.Tx
-	wc *writerConn
-	// after runs once the transaction committed (e.g. wake a controller);
-	// visible runs once the events it inserted are readable (wake event
-	// followers): at once on SQLite, after the sequencer on PostgreSQL.
-	after, visible []func()
-	// events is set when the transaction inserted events.
-	events bool
-	// shared marks a participant of SQLite's shared (group-committed)
-	// transaction: its statements must never be interrupted by its own
-	// context, because SQLite answers an interrupted write by rolling back
-	// the whole transaction, every other participant's work included.
-	shared bool
-	// stmts is the readers' statement cache (SQLite), unprepared the queries
-	// this transaction ran that it lacked: they are prepared once the
-	// transaction ended and its connection is free.
-	stmts      *stmtCache
-	unprepared []string
-	// conn is a PostgreSQL write transaction's connection and pg its pgx
-	// connection, which sends the held-back statements (later) as one
-	// batch with the next one (pipeline.go), BEGIN first while begin says
-	// it has not been sent; err is the failure of a held-back statement.
-	conn  *sql.Conn
-	pg    *pgx.Conn
-	begin bool
-	later []queued
-	err   error
-	// open is a batch's row not yet scanned (pipelineRow); the next
-	// statement closes it (settle).
-	open *row
+	// visible runs once the events the transaction inserted are readable
+	// (wake event followers): at once on SQLite, after the sequencer on
+	// PostgreSQL; events is set when it inserted events.
+	visible []func()
+	events  bool
 }
 
-// settle closes a batch's row the caller did not scan, so that the
-// connection can take the next statement.
-func (t *Tx) settle() {
-	if t.open != nil {
-		_ = t.open.close()
-		t.open = nil
-	}
-}
-
-// stmtCtx is the context a statement runs with. In SQLite's shared
-// transaction a statement that has started runs to its end: a context
-// already done fails the statement before it reaches the driver (err),
-// and one that ends while the statement runs is noticed by the next
-// statement. The driver never sees a context that can end, so it never
-// interrupts a statement (SQLite would roll back the whole transaction)
-// and database/sql starts no goroutine to watch one. Elsewhere the
-// caller's context interrupts the statement (PostgreSQL then rolls back
-// only this transaction).
-func (t *Tx) stmtCtx(ctx context.Context) (context.Context, error) {
-	if !t.shared {
-		return ctx, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return ctx, err
-	}
-	return context.WithoutCancel(ctx), nil
-}
-
-// stmt returns the prepared form of the rewritten query q in this
-// transaction, or nil to run q as text.
-func (t *Tx) stmt(ctx context.Context, q string) *sql.Stmt {
-	if t.stmts == nil {
-		return nil
-	}
-	if st := t.stmts.get(q); st != nil {
-		return t.tx.StmtContext(ctx, st)
-	}
-	t.unprepared = append(t.unprepared, q)
-	return nil
-}
-
+// The engine's statements, as the typed methods call them.
 func (t *Tx) exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	ctx, err := t.stmtCtx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	t.settle()
-	q = t.db.rewrite(q)
-	if t.err != nil {
-		return nil, t.err
-	}
-	if t.begin || len(t.later) > 0 {
-		if len(args) > 0 || !strings.Contains(q, ";") {
-			return t.pipeline(ctx, q, args...)
-		}
-		// Several statements in one text run only as a simple query,
-		// never in a batch: send what is held back first.
-		if err := t.flush(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if t.wc != nil {
-		return t.wc.exec(q, args...)
-	}
-	if st := t.stmt(ctx, q); st != nil {
-		return st.ExecContext(ctx, args...)
-	}
-	return t.q.ExecContext(ctx, q, args...)
+	return t.e.Exec(ctx, q, args...)
 }
 
 func (t *Tx) query(ctx context.Context, q string, args ...any) (Rows, error) {
-	ctx, err := t.stmtCtx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	q = t.db.rewrite(q)
-	if err := t.flush(ctx); err != nil {
-		return nil, err
-	}
-	if t.wc != nil {
-		return t.wc.query(q, args...)
-	}
-	if st := t.stmt(ctx, q); st != nil {
-		return st.QueryContext(ctx, args...)
-	}
-	return t.q.QueryContext(ctx, q, args...)
+	return t.e.Query(ctx, q, args...)
 }
 
-func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *row {
-	ctx, err := t.stmtCtx(ctx)
-	t.settle()
-	if err == nil && t.err != nil {
-		err = t.err
-	}
-	if err != nil {
-		return &row{err: err}
-	}
-	q = t.db.rewrite(q)
-	if t.wc != nil {
-		return t.wc.queryRow(q, args...)
-	}
-	if t.begin || len(t.later) > 0 {
-		return t.pipelineRow(ctx, q, args...)
-	}
-	if st := t.stmt(ctx, q); st != nil {
-		return &row{sr: st.QueryRowContext(ctx, args...)}
-	}
-	return &row{sr: t.q.QueryRowContext(ctx, q, args...)}
+func (t *Tx) queryRow(ctx context.Context, q string, args ...any) *engine.Row {
+	return t.e.QueryRow(ctx, q, args...)
 }
 
-// querier is what runs a transaction's statements: a *sql.Tx, or the
-// *sql.Conn of SQLite's writer.
-type querier interface {
-	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+// execLater runs q now on SQLite, and on PostgreSQL with the transaction's
+// next statement or before its COMMIT (engine.Tx.ExecLater): only for
+// statements whose result no caller needs and whose failure is the
+// transaction's failure.
+func (t *Tx) execLater(ctx context.Context, q string, args ...any) error {
+	return t.e.ExecLater(ctx, q, args...)
 }
+
+// execLaterRows is execLater for a statement that must affect exactly rows
+// rows, failing with "name: wrong" otherwise (engine.Tx.ExecLaterRows).
+func (t *Tx) execLaterRows(ctx context.Context, name string, rows int64, wrong error, q string, args ...any) error {
+	return t.e.ExecLaterRows(ctx, name, rows, wrong, q, args...)
+}
+
+// Rows is what Tx.query returns; its caller reads and closes it as it
+// would a *sql.Rows.
+type Rows = engine.Rows
 
 // Dialect tells which database the transaction runs on.
-func (t *Tx) Dialect() Dialect { return t.db.dialect }
+func (t *Tx) Dialect() Dialect { return t.e.Dialect() }
 
 // AfterCommit registers fn to run after a successful commit.
-func (t *Tx) AfterCommit(fn func()) { t.after = append(t.after, fn) }
+func (t *Tx) AfterCommit(fn func()) { t.e.AfterCommit(fn) }
 
 // AfterEventsVisible registers fn to run once the transaction committed and
 // the events it inserted can be read (ListEvents). On SQLite that is the
 // commit; on PostgreSQL it is the sequencer's next pass (sequencer.go).
 func (t *Tx) AfterEventsVisible(fn func()) { t.visible = append(t.visible, fn) }
 
-// committed runs the transaction's hooks after its commit. A panicking hook
-// is logged: the transaction committed whatever its hooks do, and on SQLite
-// the hooks run on the writer, which must go on.
-func (t *Tx) committed() {
-	for _, f := range t.after {
-		t.db.safely("after-commit hook", f)
+// wrap makes fn a function of the engine's transactions. Once fn succeeded
+// it registers the events-visible hooks last, so they run after every
+// after-commit hook.
+func (db *DB) wrap(fn func(*Tx) error) func(*engine.Tx) error {
+	return func(et *engine.Tx) error {
+		t := &Tx{e: et, db: db}
+		if err := fn(t); err != nil {
+			return err
+		}
+		if len(t.visible) > 0 || t.events {
+			et.AfterCommit(t.eventsVisible)
+		}
+		return nil
 	}
+}
+
+// eventsVisible hands the transaction's events-visible hooks to the
+// sequencer when it inserted events on PostgreSQL, and runs them now
+// otherwise.
+func (t *Tx) eventsVisible() {
 	if t.db.seq != nil && t.events {
 		t.db.seq.committed(t.visible)
 		return
 	}
 	for _, f := range t.visible {
-		t.db.safely("events-visible hook", f)
+		t.db.e.Safely("events-visible hook", f)
 	}
-}
-
-func (db *DB) safely(what string, f func()) {
-	defer func() {
-		if p := recover(); p != nil {
-			db.log.Error("panic in "+what, "panic", p, "stack", string(debug.Stack()))
-		}
-	}()
-	f()
 }
 
 // Now reads compute_now(), the database's clock.
@@ -619,21 +263,13 @@ func (t *Tx) Now(ctx context.Context) (time.Time, error) {
 	return time.UnixMilli(ms).UTC(), nil
 }
 
-const maxAttempts = 5
-
-// defaultCommitTimeout bounds a PostgreSQL COMMIT. It is long: a COMMIT
-// that is given up on has an unknown outcome (ErrCommitUnknown), which is
-// worse for the caller than a slow answer.
-const defaultCommitTimeout = 15 * time.Second
-
 // ErrCommitUnknown wraps the error of a commit whose outcome cannot be
-// known: COMMIT was sent and no answer came (the connection broke, or the
-// database did not answer within the commit bound). The transaction may
-// have landed or not; the caller must not treat it as a rollback. Domain
-// code retries such a change only where retrying is idempotent (a join
-// request arriving again gets its stored answer, R4.9). It carries
-// UNAVAILABLE so that the wire tells the caller to retry.
-var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is unknown; retry it")
+// known: COMMIT was sent and no answer came. The transaction may have
+// landed or not; the caller must not treat it as a rollback. Domain code
+// retries such a change only where retrying is idempotent (a join request
+// arriving again gets its stored answer, R4.9). It carries UNAVAILABLE so
+// that the wire tells the caller to retry.
+var ErrCommitUnknown = engine.ErrCommitUnknown
 
 // WithTx runs fn in a write transaction and commits it when fn returns nil.
 // Any error rolls everything back, so nothing is half-written. Serialization
@@ -652,116 +288,44 @@ var ErrCommitUnknown = errs.New(errs.Unavailable, "the outcome of the change is 
 // commit no longer depends on ctx.
 //
 // A database that is down, read-only or full is waited for up to
-// OutageWait, fn run anew each time (outage.go): a short outage costs a
-// join or renewal latency, not a failure.
-func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) (err error) {
-	ctx, span := tracing.Start(ctx, tracing.SpanStoreTx)
-	defer func() { tracing.End(span, err) }()
-	return db.withOutageWait(ctx, db.outageWait, func() error { return db.withTx(ctx, fn) })
+// OutageWait, fn run anew each time: a short outage costs a join or
+// renewal latency, not a failure.
+func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) error {
+	return db.e.WithTx(ctx, db.wrap(fn))
 }
-
-// withTx is WithTx without the outage wait.
-func (db *DB) withTx(ctx context.Context, fn func(*Tx) error) error {
-	var err error
-	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		err = db.runTx(ctx, db.w, nil, fn)
-		if !retryable(err) || ctx.Err() != nil {
-			return unavailable(err)
-		}
-		db.log.Debug("retrying transaction", "attempt", attempt, "err", err)
-		if txRetry.Wait(ctx, clock.Real{}, attempt) != nil {
-			return unavailable(err)
-		}
-	}
-	return unavailable(err)
-}
-
-// txRetry spaces the retries of a transaction that failed to serialize:
-// 5 ms doubling, so the last of maxAttempts waits well under a second.
-var txRetry = backoff.Policy{Min: 5 * time.Millisecond, Max: 320 * time.Millisecond}
 
 // ReadLatest runs fn, which only reads, so that it sees whatever a
-// transaction that made a concurrent one fail had written. On SQLite it
-// runs through the writer, not a read transaction: a participant of a
-// group commit that fails is told at once, before the batch committed,
-// and a read transaction would not see its peers' rows yet; the writer
-// runs fn in the batch still open or after it, and reports only once what
-// fn read committed. On PostgreSQL a transaction fails because of another
-// only once that one committed (it saw its rows or waited on its locks),
-// so a read transaction sees them.
-//
-// Like ReadTx it does not wait out an outage (outage.go): a join that
-// failed on one reads its stored answer once, and answers at once.
+// transaction that made a concurrent one fail had written (on SQLite it
+// runs through the writer; engine.DB.ReadLatest). Like ReadTx it does not
+// wait out an outage.
 func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
-	if db.dialect == SQLite {
-		return db.withTx(ctx, fn)
-	}
-	return db.ReadTx(ctx, fn)
+	return db.e.ReadLatest(ctx, db.wrap(fn))
 }
 
 // ReadTx runs fn in a read-only transaction that is always rolled back.
 func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
-	return unavailable(db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn))
-}
-
-func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
-	if opts == nil {
-		if db.writes != nil {
-			return db.submit(ctx, fn)
-		}
-		return db.pgWrite(ctx, fn)
-	}
-	stx, err := pool.BeginTx(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
-	}
-	// A read transaction always rolls back, whatever way fn leaves (an
-	// error, a panic, a test's t.Fatal).
-	defer func() { _ = stx.Rollback() }()
-	t := &Tx{db: db, q: stx, tx: stx, stmts: db.rStmts}
-	defer t.prepareUnprepared(ctx)
-	return fn(t)
-}
-
-// prepareUnprepared prepares, for the next transactions, the queries this
-// one ran as text. It runs after the transaction ended. A failure only
-// means the query runs as text again next time.
-func (t *Tx) prepareUnprepared(ctx context.Context) {
-	for _, q := range t.unprepared {
-		if err := t.stmts.prepare(context.WithoutCancel(ctx), q); err != nil {
-			t.db.log.Debug("prepare statement", "err", err)
-			return
-		}
-	}
-}
-
-func retryable(err error) bool {
-	if errors.Is(err, ErrCommitUnknown) {
-		// It may have landed: running fn again could apply it twice.
-		return false
-	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code == "40001" || pe.Code == "40P01"
-	}
-	return false
+	return db.e.ReadTx(ctx, db.wrap(fn))
 }
 
 // errUniqueViolation is a unique violation a statement detected itself
 // (an upsert that left a live row alone), not one the database raised.
-var errUniqueViolation = errors.New("unique violation")
+var errUniqueViolation = engine.ErrUniqueViolation
 
 // IsUniqueViolation reports whether err is a unique-constraint violation.
-func IsUniqueViolation(err error) bool {
-	if errors.Is(err, errUniqueViolation) {
-		return true
-	}
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code == "23505"
-	}
-	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
-}
+func IsUniqueViolation(err error) bool { return engine.IsUniqueViolation(err) }
+
+// Why a store cannot take a statement now, as UnavailableReason names it.
+const (
+	UnavailableUnreachable = engine.UnavailableUnreachable
+	UnavailableReadOnly    = engine.UnavailableReadOnly
+	UnavailableFull        = engine.UnavailableFull
+)
+
+// UnavailableReason says why err means the database cannot take work
+// right now (it is unreachable or restarting, read-only, or out of space),
+// "" when it does not. Such a failure is the caller's to retry, never an
+// internal error (R19.1).
+func UnavailableReason(err error) string { return engine.UnavailableReason(err) }
 
 // SetClockOffset moves compute_now() by d from wall time. Tests use it to
 // expire tokens without waiting; an operator never needs it.

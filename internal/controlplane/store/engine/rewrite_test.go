@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"strings"
@@ -87,7 +87,7 @@ func TestRewriteCached(t *testing.T) {
 func BenchmarkRewriteSQL(b *testing.B) {
 	q := "UPDATE nodes SET identity_generation = 1, state = ?, state_reason = '', role = ?, hardware_key = ?, hardware_key_trusted = ?, " +
 		"node_key = ?, attestor = ?, hostname = CASE WHEN ? = '' THEN hostname ELSE ? END, claims = ?, join_token_id = ?, updated_ms = compute_now() " +
-		"WHERE id = ? AND state = 'pending' AND identity_generation = 0 RETURNING " + nodeCols
+		"WHERE id = ? AND state = 'pending' AND identity_generation = 0 RETURNING id, tenant_id, site_id, pool_id, role, state, state_reason, connection, last_seen_ms, identity_generation"
 	for _, d := range []Dialect{Postgres, SQLite} {
 		b.Run(string(d), func(b *testing.B) {
 			for b.Loop() {

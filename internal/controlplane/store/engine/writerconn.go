@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // a context whose Done() is nil (context.Background here, or
 // Tx.stmtCtx's), so none is started and none can interrupt a statement.
 //
-// Every statement (Tx.queryRow, Tx.query, Tx.exec) and the transaction's
+// Every statement (Tx.QueryRow, Tx.Query, Tx.Exec) and the transaction's
 // own (BEGIN, SAVEPOINT...) go straight to modernc's driver connection
 // (raw), prepared once as a driver.Stmt: no database/sql locking,
 // argument conversion, Rows or Stmt bookkeeping per call; rows are
@@ -108,12 +108,12 @@ func (c *writerConn) exec(q string, args ...any) (sql.Result, error) {
 }
 
 // queryRow runs q on the driver connection and reads its first row.
-func (c *writerConn) queryRow(q string, args ...any) *row {
+func (c *writerConn) queryRow(q string, args ...any) *Row {
 	rows, err := c.open(q, args)
 	if err != nil {
-		return &row{err: err}
+		return &Row{err: err}
 	}
-	r := &row{vals: make([]driver.Value, len(rows.Columns()))}
+	r := &Row{vals: make([]driver.Value, len(rows.Columns()))}
 	switch err := rows.Next(r.vals); {
 	case err == io.EOF:
 		r.vals, r.none = nil, true

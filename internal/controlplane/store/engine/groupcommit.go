@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"context"
@@ -209,13 +209,22 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 }
 
 // submit hands a write transaction to the writer and waits for its outcome.
+// After Close it answers ErrClosed: Close closes writes under closeMu,
+// which every send holds for reading.
 func (db *DB) submit(ctx context.Context, fn func(*Tx) error) error {
 	r := &writeReq{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	db.closeMu.RLock()
+	if db.closed {
+		db.closeMu.RUnlock()
+		return ErrClosed
+	}
 	select {
 	case db.writes <- r:
 	case <-ctx.Done():
+		db.closeMu.RUnlock()
 		return ctx.Err()
 	}
+	db.closeMu.RUnlock()
 	// Once taken, the outcome must be awaited: the transaction may commit.
 	return <-r.done
 }

@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func (c Config) outageWait() time.Duration {
 func waitable(err error) bool {
 	if err == nil || errors.Is(err, ErrCommitUnknown) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		strings.Contains(err.Error(), "sql: database is closed") {
+		errors.Is(err, ErrClosed) || strings.Contains(err.Error(), "sql: database is closed") {
 		return false
 	}
 	return UnavailableReason(err) != ""
@@ -127,7 +127,7 @@ func (db *DB) CheckWrites(ctx context.Context) error {
 	if due {
 		now := time.Now()
 		err := db.withTx(ctx, func(tx *Tx) error {
-			_, err := tx.exec(ctx, "INSERT INTO ready_probe (id, at_ms) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms", now.UnixMilli())
+			_, err := tx.Exec(ctx, "INSERT INTO ready_probe (id, at_ms) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms", now.UnixMilli())
 			return err
 		})
 		if err != nil && ctx.Err() != nil {

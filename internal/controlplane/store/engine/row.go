@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"database/sql"
@@ -13,11 +13,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// row is the row Tx.queryRow returns: database/sql's (*sql.Row), one
+// Row is the row Tx.QueryRow returns: database/sql's (*sql.Row), one
 // read straight from the driver on SQLite's writer (writerConn.queryRow),
 // or the last result of a PostgreSQL batch (Tx.pipelineRow). The typed
 // methods only Scan it, once, as they would a *sql.Row.
-type row struct {
+type Row struct {
 	sr   *sql.Row
 	err  error          // the query failed
 	vals []driver.Value // the raw row; nil with none
@@ -30,7 +30,7 @@ type row struct {
 
 // Scan copies the row's columns into dest, as (*sql.Row).Scan does:
 // sql.ErrNoRows when there was none.
-func (r *row) Scan(dest ...any) error {
+func (r *Row) Scan(dest ...any) error {
 	switch {
 	case r.err != nil:
 		return r.err
@@ -54,7 +54,7 @@ func (r *row) Scan(dest ...any) error {
 
 // scanPG scans the first row of a batch's query with pgx (as pgx's
 // database/sql driver does under a *sql.Row) and closes the batch.
-func (r *row) scanPG(dest []any) error {
+func (r *Row) scanPG(dest []any) error {
 	var err error
 	if r.pg.Next() {
 		err = r.pg.Scan(dest...)
@@ -75,7 +75,7 @@ func (r *row) scanPG(dest []any) error {
 var errScanned = errors.New("sql: Scan called twice on one row")
 
 // close releases a batch's row whether or not it was scanned.
-func (r *row) close() error {
+func (r *Row) close() error {
 	if r.pg == nil {
 		return nil
 	}
@@ -250,7 +250,7 @@ func namedValues(args []any) ([]driver.NamedValue, error) {
 	return nv, nil
 }
 
-// Rows is what Tx.query returns: database/sql's *sql.Rows, or, on SQLite's
+// Rows is what Tx.Query returns: database/sql's *sql.Rows, or, on SQLite's
 // writer, rawRows. Its caller reads and closes it as it would a *sql.Rows.
 type Rows interface {
 	Columns() ([]string, error)

@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"database/sql"
@@ -66,7 +66,7 @@ func UnavailableReason(err error) string {
 	var ce *pgconn.ConnectError
 	var ne net.Error
 	switch {
-	case strings.Contains(err.Error(), "sql: database is closed"):
+	case errors.Is(err, ErrClosed), strings.Contains(err.Error(), "sql: database is closed"):
 		// database/sql's own error for a closed handle (unexported): the
 		// process is stopping; another replica, or this one restarted,
 		// takes the retry.
@@ -84,10 +84,10 @@ func UnavailableReason(err error) string {
 	return ""
 }
 
-// unavailable turns a failure of the database itself into UNAVAILABLE,
+// Unavailable turns a failure of the database itself into UNAVAILABLE,
 // keeping it as the cause; any other error (a product error, a refusal, a
 // constraint) is returned as it is.
-func unavailable(err error) error {
+func Unavailable(err error) error {
 	if err == nil {
 		return nil
 	}

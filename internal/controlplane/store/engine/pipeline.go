@@ -1,4 +1,4 @@
-package store
+package engine
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // Pipelined writes (PostgreSQL). A write transaction's inserts whose
 // outcome nothing reads before the commit (a certificate row, the
 // authorization projection, a queue item, an event, an audit row) are held
-// back (execLater) and sent together with the transaction's next statement
+// back (ExecLater) and sent together with the transaction's next statement
 // as one pgx batch: one round trip instead of one each. Nothing is lost or
 // reordered: every statement still runs in order inside the transaction,
 // before any later read and before COMMIT, so a read sees them and a
@@ -33,12 +33,12 @@ type queued struct {
 	wrong error
 }
 
-// execLater runs q now on SQLite, and on PostgreSQL with the transaction's
+// ExecLater runs q now on SQLite, and on PostgreSQL with the transaction's
 // next statement (or before its COMMIT). Only for statements whose result
 // no caller needs and whose failure is the transaction's failure.
-func (t *Tx) execLater(ctx context.Context, q string, args ...any) error {
+func (t *Tx) ExecLater(ctx context.Context, q string, args ...any) error {
 	if t.conn == nil {
-		_, err := t.exec(ctx, q, args...)
+		_, err := t.Exec(ctx, q, args...)
 		return err
 	}
 	if t.err != nil {
@@ -48,14 +48,14 @@ func (t *Tx) execLater(ctx context.Context, q string, args ...any) error {
 	return nil
 }
 
-// execLaterRows is execLater for a statement that must affect exactly rows
+// ExecLaterRows is ExecLater for a statement that must affect exactly rows
 // rows, failing with "name: wrong" otherwise (an upsert that left a live
 // row alone, say). On PostgreSQL that is checked when the batch it goes
-// with runs, and its failure is the transaction's, as for execLater; its
+// with runs, and its failure is the transaction's, as for ExecLater; its
 // other failures are reported as "name: err".
-func (t *Tx) execLaterRows(ctx context.Context, name string, rows int64, wrong error, q string, args ...any) error {
+func (t *Tx) ExecLaterRows(ctx context.Context, name string, rows int64, wrong error, q string, args ...any) error {
 	if t.conn == nil {
-		res, err := t.exec(ctx, q, args...)
+		res, err := t.Exec(ctx, q, args...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -102,13 +102,13 @@ func (t *Tx) pipeline(ctx context.Context, q string, args ...any) (sql.Result, e
 
 // pipelineRow sends the held-back statements and then the one-row query q
 // in one batch; its row is read when scanned.
-func (t *Tx) pipelineRow(ctx context.Context, q string, args ...any) *row {
+func (t *Tx) pipelineRow(ctx context.Context, q string, args ...any) *Row {
 	b := t.batch()
 	b.Queue(q, args...)
 	br := t.pg.SendBatch(ctx, b)
 	if err := t.heldBack(br); err != nil {
 		_ = br.Close()
-		return &row{err: err}
+		return &Row{err: err}
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -116,9 +116,9 @@ func (t *Tx) pipelineRow(ctx context.Context, q string, args ...any) *row {
 			rows.Close()
 		}
 		_ = br.Close()
-		return &row{err: err}
+		return &Row{err: err}
 	}
-	r := &row{pg: rows, br: br}
+	r := &Row{pg: rows, br: br}
 	t.open = r
 	return r
 }
