@@ -211,11 +211,20 @@ func (t *Tx) savepoint(ctx context.Context, fn func(*Tx) error) (err, serr error
 // submit hands a write transaction to the writer and waits for its outcome.
 func (db *DB) submit(ctx context.Context, fn func(*Tx) error) error {
 	r := &writeReq{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	// The read lock is held only while sending: the writer keeps taking
+	// requests until Close, which waits for the lock, closes writes.
+	db.wmu.RLock()
+	if db.wclosed {
+		db.wmu.RUnlock()
+		return ErrClosed
+	}
 	select {
 	case db.writes <- r:
 	case <-ctx.Done():
+		db.wmu.RUnlock()
 		return ctx.Err()
 	}
+	db.wmu.RUnlock()
 	// Once taken, the outcome must be awaited: the transaction may commit.
 	return <-r.done
 }

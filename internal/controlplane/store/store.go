@@ -128,6 +128,11 @@ type DB struct {
 	writerDone chan struct{}
 	wc         *writerConn
 	closeOnce  sync.Once
+	// wmu orders submit's send on writes before Close closes it: a write
+	// that comes after Close (a request finishing while the process stops)
+	// gets ErrClosed instead of sending on a closed channel.
+	wmu     sync.RWMutex
+	wclosed bool
 	// commitTimeout bounds a COMMIT on PostgreSQL, which runs detached from
 	// the caller's context (see commit).
 	commitTimeout time.Duration
@@ -389,11 +394,18 @@ func (db *DB) migrations(pool *sql.DB) (*goose.Provider, error) {
 // Dialect tells which database this is.
 func (db *DB) Dialect() Dialect { return db.dialect }
 
-// Close closes the database. No transaction may be running or start.
+// ErrClosed answers a write that comes after Close began.
+var ErrClosed = errs.New(errs.Unavailable, "the database is closed: the server is stopping; retry")
+
+// Close closes the database. Its owner stops whatever uses it first; a
+// write that still comes is answered ErrClosed.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
 		if db.writes != nil {
+			db.wmu.Lock()
+			db.wclosed = true
 			close(db.writes)
+			db.wmu.Unlock()
 			<-db.writerDone
 		}
 		if db.seq != nil {
