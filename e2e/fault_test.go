@@ -25,7 +25,7 @@ import (
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/node/enroll"

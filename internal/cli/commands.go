@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 

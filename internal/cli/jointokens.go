@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 )
 
 func (a *app) nodesCmd() *cobra.Command {

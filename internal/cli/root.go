@@ -7,7 +7,6 @@ package cli
 
 import (
 	"bytes"
-	"connectrpc.com/connect"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,11 +16,13 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"connectrpc.com/connect"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/cmdtree"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/version"
