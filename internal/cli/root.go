@@ -202,6 +202,7 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 // pageOf is a List call's answer: its items and the next page's token.
 type pageOf[T, R any] interface {
 	*R
+	proto.Message
 	GetItems() []T
 	GetNextPageToken() string
 }
