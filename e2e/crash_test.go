@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -53,12 +52,6 @@ const (
 	stormDeadline    = 60 * time.Second
 )
 
-var (
-	agentAddrRE = regexp.MustCompile(`agent listener \(gateways, mTLS\)" addr=(\S+)`)
-	apiURLRE    = regexp.MustCompile(`"API listening" url=(\S+)`)
-	gatewayRE   = regexp.MustCompile(`"gateway listening" addr=(\S+)`)
-)
-
 // logged waits for re in p's output and returns its first group.
 func logged(t *testing.T, p *proc, re *regexp.Regexp, what string) string {
 	t.Helper()
@@ -85,58 +78,15 @@ type stormMachine struct {
 }
 
 func crashStorm(t *testing.T, storeTOML string, check store.Config) {
-	bc, _ := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-
 	// The API takes its ports from the kernel on the first start and keeps
 	// them on every restart: the gateway knows it by that address.
-	serveConf := filepath.Join(dir, "serve.toml")
-	writeServe := func(api, agent string) {
-		must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-`+storeTOML+`
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[agent]
-listen = "`+agent+`"
-cert_file = "`+filepath.Join(dir, "agent.crt")+`"
-key_file = "`+filepath.Join(dir, "agent.key")+`"
-`), 0o600))
-	}
-	writeServe("127.0.0.1:0", "127.0.0.1:0")
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	agent := logged(t, serve, agentAddrRE, "the agent listener")
-	apiURL := logged(t, serve, apiURLRE, "the API listener")
-	u, err := url.Parse(apiURL)
-	must(t, err)
-	writeServe(u.Host, agent)
-
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "127.0.0.1:0"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-api_url = "https://`+agent+`"
-api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
-request_timeout = "5s"
-`), 0o600))
-	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
-	gw := logged(t, gateway, gatewayRE, "the gateway listener")
-
-	e := []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
-	cli := jsonCLI(t, bc, e)
-	site := cli("sites", "create", "crash", "--tenant", tenant)["id"].(string)
-	pool := cli("pools", "create", "crash", "--tenant", tenant, "--site", site)["id"].(string)
-	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(stormMachines))
+	st := startStack(t, stackOpts{Store: storeTOML, GatewayTOML: `request_timeout = "5s"`})
+	dir, tenant := st.dir, st.tenant
+	site, pool := st.sitePool("crash")
+	tok := st.cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(stormMachines))
 	token, tokenID := tok["token"].(string), tok["id"].(string)
 
-	sb := newStormBCD(t, dir, "https://"+gw, site, pins)
+	sb := newStormBCD(t, dir, "https://"+st.gw, site, st.pins)
 	bcfg, encKey, tlsConf := sb.Config, sb.EncKey, sb.TLS
 
 	ms := make([]*stormMachine, stormMachines)
@@ -156,11 +106,10 @@ request_timeout = "5s"
 	// Kill the API twice, mid-storm, and bring it back on the same ports.
 	for _, at := range []int64{stormMachines / 4, stormMachines / 2} {
 		waitFor(t, fmt.Sprintf("%d confirmed joins", at), stormDeadline, func() bool { return confirmed.Load() >= at })
-		must(t, serve.cmd.Process.Kill())
-		<-serve.done
+		must(t, st.serve.cmd.Process.Kill())
+		<-st.serve.done
 		t.Logf("killed the API (SIGKILL) after %d confirmed joins", confirmed.Load())
-		serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
-		logged(t, serve, apiURLRE, "the restarted API")
+		st.restartServe()
 	}
 	storm.wait()
 	if ctx.Err() != nil {
@@ -170,8 +119,8 @@ request_timeout = "5s"
 	t.Logf("%d machines: %d confirmed, %d refused, %d saw an answer that was neither", len(ms), confirmed.Load(), refused, ambiguous)
 
 	// Stop the API cleanly, then look at what it left.
-	must(t, serve.cmd.Process.Signal(os.Interrupt))
-	<-serve.done
+	must(t, st.serve.cmd.Process.Signal(os.Interrupt))
+	<-st.serve.done
 	checkStormInvariants(t, check, tenant, tokenID, ms, 0)
 }
 

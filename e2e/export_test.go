@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -114,63 +112,23 @@ func TestExportSurvivesSinkOutageAndCrash(t *testing.T) {
 const exportMachines = 30
 
 func exportThroughFaults(t *testing.T, storeTOML string) {
-	bc, _ := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
 	sink := &webhookSink{t: t, addr: freePort(t), got: map[string]map[string]any{}}
 	sink.serve()
 	t.Cleanup(sink.stop)
 
 	// The API keeps the ports the kernel gave it on its first start.
-	serveConf := filepath.Join(dir, "serve.toml")
-	writeServe := func(api, agent string) {
-		must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-`+storeTOML+`
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[agent]
-listen = "`+agent+`"
-cert_file = "`+filepath.Join(dir, "agent.crt")+`"
-key_file = "`+filepath.Join(dir, "agent.key")+`"
-[export]
+	st := startStack(t, stackOpts{Store: storeTOML, GatewayTOML: `request_timeout = "5s"`, ServeTOML: `[export]
 interval = "100ms"
 lease = "2s"
 batch_size = 7
 [[export.sinks]]
 kind = "webhook"
-url = "http://`+sink.addr+`/ingest"
+url = "http://` + sink.addr + `/ingest"
 allow_http_loopback = true
 timeout = "1s"
-`), 0o600))
-	}
-	writeServe("127.0.0.1:0", "127.0.0.1:0")
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	agent := logged(t, serve, agentAddrRE, "the agent listener")
-	apiURL := logged(t, serve, apiURLRE, "the API listener")
-	u, err := url.Parse(apiURL)
-	must(t, err)
-	writeServe(u.Host, agent)
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "127.0.0.1:0"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-api_url = "https://`+agent+`"
-api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
-request_timeout = "5s"
-`), 0o600))
-	gw := logged(t, start(t, nil, bc, "gateway", "--config", gwConf), gatewayRE, "the gateway listener")
-
-	env := []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
-	cli := jsonCLI(t, bc, env)
-	site := cli("sites", "create", "export", "--tenant", tenant)["id"].(string)
-	pool := cli("pools", "create", "export", "--tenant", tenant, "--site", site)["id"].(string)
+`})
+	bc, dir, env, tenant, cli := st.bc, st.dir, st.env, st.tenant, st.cli
+	site, pool := st.sitePool("export")
 	tokens := func(n int) {
 		t.Helper()
 		for range n {
@@ -179,7 +137,7 @@ request_timeout = "5s"
 		}
 	}
 	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(exportMachines))
-	sb := newStormBCD(t, dir, "https://"+gw, site, pins)
+	sb := newStormBCD(t, dir, "https://"+st.gw, site, st.pins)
 	ms := make([]*stormMachine, exportMachines)
 	for i := range ms {
 		ms[i] = prepareMachine(t, i, tok["token"].(string), sb.EncKey)
@@ -202,11 +160,10 @@ request_timeout = "5s"
 	t.Logf("webhook down after %d rows", sink.count())
 	tokens(2)
 	joined(12)
-	must(t, serve.cmd.Process.Kill())
-	<-serve.done
+	must(t, st.serve.cmd.Process.Kill())
+	<-st.serve.done
 	t.Logf("killed the API (SIGKILL) after %d joins", storm.confirmed.Load())
-	serve = start(t, secretEnv, bc, "serve", "--config", serveConf)
-	logged(t, serve, apiURLRE, "the restarted API")
+	st.restartServe()
 	tokens(2)
 	storm.wait()
 	if ctx.Err() != nil {
@@ -248,7 +205,7 @@ request_timeout = "5s"
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	t.Logf("the webhook has the %d listed rows once by id; it was sent %d items in %d posts (%d resent)", n, sink.sent, sink.posts, sink.sent-n)
-	if !strings.Contains(serve.output(), "export lease") {
+	if !strings.Contains(st.serve.output(), "export lease") {
 		t.Errorf("the restarted API never took the export lease")
 	}
 	if joinedEvents := strings.Count(fmt.Sprint(sink.got), "node.joined"); joinedEvents < exportMachines {

@@ -25,7 +25,7 @@ import (
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/node/enroll"
@@ -225,13 +225,15 @@ func codeOf(err error) errs.Code {
 	return errs.CodeOf(wire.FromWire(err))
 }
 
-// apiReplicas writes the config of n API replicas on one PostgreSQL dsn
-// and starts them; agents returns their agent listeners.
+// apiReplica is one API replica on a shared PostgreSQL database: its
+// config, its bound addresses and its process.
 type apiReplica struct {
 	conf, api, agent string
 	p                *proc
 }
 
+// startReplicas writes the configs of n API replicas on the PostgreSQL
+// database dsn, bootstraps through bootDSN and starts them.
 func startReplicas(t *testing.T, bc, dir string, secretEnv []string, dsn, bootDSN string, n int, extra string) ([]*apiReplica, map[string]any) {
 	t.Helper()
 	rs := make([]*apiReplica, n)
@@ -250,7 +252,7 @@ key_file = "`+filepath.Join(dir, "agent.key")+`"
 `+extra), 0o600))
 	}
 	for i := range rs {
-		rs[i] = &apiReplica{conf: filepath.Join(dir, fmt.Sprintf("serve-%d.toml", i+1)), api: freePort(t), agent: freePort(t)}
+		rs[i] = &apiReplica{conf: filepath.Join(dir, fmt.Sprintf("serve-%d.toml", i+1)), api: "127.0.0.1:0", agent: "127.0.0.1:0"}
 	}
 	// Bootstrap straight to the database, then point the replicas at dsn.
 	write(rs[0], bootDSN)
@@ -258,10 +260,15 @@ key_file = "`+filepath.Join(dir, "agent.key")+`"
 	if code != 0 {
 		t.Fatal(errOut)
 	}
-	for _, r := range rs {
+	// Each replica binds port 0 and keeps the ports it was given in its
+	// config, for a restart.
+	for i, r := range rs {
 		write(r, dsn)
 		r.p = start(t, secretEnv, bc, "serve", "--config", r.conf)
-		logged(t, r.p, apiURLRE, "replica "+r.api)
+		u, err := url.Parse(logged(t, r.p, apiURLRE, fmt.Sprintf("replica %d's API listener", i+1)))
+		must(t, err)
+		r.api, r.agent = u.Host, logged(t, r.p, agentAddrRE, fmt.Sprintf("replica %d's agent listener", i+1))
+		write(r, dsn)
 	}
 	return rs, jsonOf(t, boot)
 }
@@ -272,16 +279,14 @@ func startGateway(t *testing.T, bc, dir, name string, apiURLs []string, extra st
 	for _, u := range apiURLs {
 		quoted = append(quoted, fmt.Sprintf("%q", u))
 	}
-	addr := freePort(t)
 	conf := filepath.Join(dir, name+".toml")
-	must(t, os.WriteFile(conf, []byte(`listen = "`+addr+`"
+	must(t, os.WriteFile(conf, []byte(`listen = "127.0.0.1:0"
 cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
 key_file = "`+filepath.Join(dir, "gateway.key")+`"
 api_urls = [`+strings.Join(quoted, ", ")+`]
 api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 `+extra), 0o600))
-	logged(t, start(t, nil, bc, "gateway", "--config", conf), gatewayRE, name)
-	return addr
+	return logged(t, start(t, nil, bc, "gateway", "--config", conf), gatewayRE, name)
 }
 
 // PostgreSQL restarts in the middle of a join storm through a gateway and
@@ -451,7 +456,6 @@ func TestSQLiteDiskFullReadyz(t *testing.T) {
 		t.Skip("fills a tmpfs under serve (about 30 s)")
 	}
 	const machines = 60
-	bc, _ := binaries(t)
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk")
 	must(t, os.MkdirAll(disk, 0o700))
@@ -464,38 +468,15 @@ func TestSQLiteDiskFullReadyz(t *testing.T) {
 			t.Errorf("umount %s: %v %s", disk, err, out)
 		}
 	})
-	secretEnv, pins := initPKI(t, bc, dir)
 	dbPath := filepath.Join(disk, "bc.db")
-	api, agent := freePort(t), freePort(t)
-	conf := filepath.Join(dir, "serve.toml")
-	must(t, os.WriteFile(conf, []byte(fmt.Sprintf(`listen = %q
-[store]
-path = %q
-[pki]
-dir = %q
-[agent]
-listen = %q
-cert_file = %q
-key_file = %q
-`, api, dbPath, filepath.Join(dir, "pki"), agent, filepath.Join(dir, "agent.crt"), filepath.Join(dir, "agent.key"))), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", conf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", conf)
-	logged(t, serve, apiURLRE, "serve")
-	gw := startGateway(t, bc, dir, "gateway", []string{"https://" + agent}, "request_timeout = \"10s\"\n")
-	apiURL := "http://" + api
-	tenant, apiKey := b["tenantId"].(string), b["apiKey"].(string)
-	cli := jsonCLI(t, bc, []string{"BETTER_COMPUTE_URL=" + apiURL, "BETTER_COMPUTE_API_KEY=" + apiKey})
-	site := cli("sites", "create", "full", "--tenant", tenant)["id"].(string)
-	pool := cli("pools", "create", "full", "--tenant", tenant, "--site", site)["id"].(string)
+	st := startStack(t, stackOpts{Store: fmt.Sprintf("path = %q", dbPath), GatewayTOML: `request_timeout = "10s"`})
+	apiURL, tenant, apiKey, gw, pins, cli := st.apiURL, st.tenant, st.apiKey, st.gw, st.pins, st.cli
+	site, pool := st.sitePool("full")
 	tok := cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(machines))
 	op, err := client.New(client.Config{URL: apiURL, APIKey: apiKey})
 	must(t, err)
 
-	sb := newStormBCD(t, dir, "https://"+gw, site, pins)
+	sb := newStormBCD(t, st.dir, "https://"+gw, site, pins)
 	ms := make([]*stormMachine, machines)
 	for i := range ms {
 		ms[i] = prepareMachine(t, i, tok["token"].(string), sb.EncKey)
@@ -571,8 +552,8 @@ key_file = %q
 			}
 		}
 	}
-	must(t, serve.cmd.Process.Signal(os.Interrupt))
-	<-serve.done
+	must(t, st.serve.cmd.Process.Signal(os.Interrupt))
+	<-st.serve.done
 	raw, err := sql.Open("sqlite", "file:"+dbPath)
 	must(t, err)
 	var integrity string

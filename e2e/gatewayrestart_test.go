@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,75 +122,22 @@ type sessionFleet struct {
 // starts a `bcd run` for each.
 func startSessionFleet(t *testing.T, machines int) *sessionFleet {
 	t.Helper()
-	bc, bcd := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-	api, agent, gw := freePort(t), freePort(t), freePort(t)
-	serveConf := filepath.Join(dir, "serve.toml")
-	must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-driver = "sqlite"
-path = "`+filepath.Join(dir, "bc.db")+`"
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[agent]
-listen = "`+agent+`"
-cert_file = "`+filepath.Join(dir, "agent.crt")+`"
-key_file = "`+filepath.Join(dir, "agent.key")+`"
-[gateway]
-url = "https://`+gw+`"
-[join]
-cert_ttl_seconds = 60
-`), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "`+gw+`"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-api_url = "https://`+agent+`"
-api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
-`), 0o600))
-	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
-	waitFor(t, "serve and gateway", 30*time.Second, func() bool {
-		return strings.Contains(serve.output(), "API listening") && strings.Contains(gateway.output(), "gateway listening")
-	})
-	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
-	siteOut, errOut, code := run(t, e, "", bc, "sites", "create", "eu-1", "--tenant", tenant, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	site := jsonOf(t, siteOut)["id"].(string)
-	poolOut, errOut, code := run(t, e, "", bc, "pools", "create", "gpu", "--tenant", tenant, "--site", site, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pool := jsonOf(t, poolOut)["id"].(string)
-	tokOut, errOut, code := run(t, e, "", bc, "join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h",
-		"--max-uses", fmt.Sprint(machines), "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	token := jsonOf(t, tokOut)["token"].(string)
+	s := startStack(t, stackOpts{Advertise: true, CertTTLSeconds: 60})
+	bc, bcd, dir := s.bc, s.bcd, s.dir
+	site, pool := s.sitePool("eu-1")
+	token := s.cli("join-tokens", "create", "--tenant", s.tenant, "--pool", pool, "--ttl", "1h", "--max-uses", fmt.Sprint(machines))["token"].(string)
 
 	daemons := make([]*proc, machines)
 	for i := range machines {
 		sys := filepath.Join(dir, fmt.Sprintf("sys-%d", i))
 		fakeSysfs(t, sys, fmt.Sprintf("SN-GW-%02d", i), fmt.Sprintf("7070aaaa-4455-6677-8899-aabbccddee%02x", i), fmt.Sprintf("3c:ec:ef:70:70:%02x", i))
 		conf := filepath.Join(dir, fmt.Sprintf("etc-bcd-%d", i), "config.toml")
-		out, errOut, code := run(t, nil, token+"\n", bcd, "join", "--config", conf, "--server", "http://"+api,
-			"--site", site, "--serving-ca-pin", pins["servingCaPin"].(string), "--join-signing-pin", pins["joinSigningKeyPin"].(string),
-			"--join-encryption-pin", pins["joinEncryptionKeyPin"].(string), "--data-dir", filepath.Join(dir, fmt.Sprintf("bcd-data-%d", i)),
-			"--sysfs-root", sys, "--json")
+		out, errOut, code := run(t, nil, token+"\n", bcd, s.joinServer(conf, site, "--data-dir", filepath.Join(dir, fmt.Sprintf("bcd-data-%d", i)),
+			"--sysfs-root", sys, "--json")...)
 		if code != 0 {
 			t.Fatalf("bcd join %d: %s\n%s", i, out, errOut)
 		}
 		daemons[i] = start(t, nil, bcd, "run", "--config", conf)
 	}
-	return &sessionFleet{bc: bc, tenant: tenant, gwConf: gwConf, env: e, gateway: gateway, daemons: daemons}
+	return &sessionFleet{bc: bc, tenant: s.tenant, gwConf: s.gatewayConf, env: s.env, gateway: s.gateway, daemons: daemons}
 }

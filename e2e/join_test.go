@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,62 +111,14 @@ func TestDevTokenJoin(t *testing.T) {
 // set up with pki init, issue-gateway, bootstrap and the CLI. R3.1, R4
 func TestServeGatewayPostgres(t *testing.T) {
 	dsn := storetest.PostgresDSN(t)
-	bc, bcd := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-	if _, errOut, code := run(t, secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code == 0 || !strings.Contains(errOut, "ALREADY_EXISTS") {
+	s := startStack(t, stackOpts{Store: fmt.Sprintf("driver = \"postgres\"\ndsn = %q", dsn), Advertise: true})
+	bc, bcd, dir := s.bc, s.bcd, s.dir
+	if _, errOut, code := run(t, s.secretEnv, "", bc, "pki", "init", "--trust-domain", "compute.example.com"); code == 0 || !strings.Contains(errOut, "ALREADY_EXISTS") {
 		t.Fatalf("second pki init: %d %s", code, errOut)
 	}
-
-	api, agent, gw := freePort(t), freePort(t), freePort(t)
-	serveConf := filepath.Join(dir, "serve.toml")
-	must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-driver = "postgres"
-dsn = "`+dsn+`"
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[agent]
-listen = "`+agent+`"
-cert_file = "`+filepath.Join(dir, "agent.crt")+`"
-key_file = "`+filepath.Join(dir, "agent.key")+`"
-[gateway]
-url = "https://`+gw+`"
-`), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "`+gw+`"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-api_url = "https://`+agent+`"
-api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
-`), 0o600))
-	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
-	waitFor(t, "serve and gateway", 30*time.Second, func() bool {
-		return strings.Contains(serve.output(), "API listening") && strings.Contains(gateway.output(), "gateway listening")
-	})
-	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
-	siteOut, errOut, code := run(t, e, "", bc, "sites", "create", "eu-1", "--tenant", tenant, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	site := jsonOf(t, siteOut)["id"].(string)
-	poolOut, errOut, code := run(t, e, "", bc, "pools", "create", "gpu", "--tenant", tenant, "--site", site, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pool := jsonOf(t, poolOut)["id"].(string)
-	tokOut, errOut, code := run(t, e, "", bc, "join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	token := jsonOf(t, tokOut)["token"].(string)
+	e, tenant := s.env, s.tenant
+	site, pool := s.sitePool("eu-1")
+	token := s.cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h")["token"].(string)
 
 	// A host without config.toml joins from the well-known document and the
 	// pins it was installed with (R11.3), then writes its config.
@@ -173,9 +126,7 @@ api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 	fakeSysfs(t, sys, "SN-9000", "00112233-4455-6677-8899-aabbccddeeff", "3c:ec:ef:0a:0b:0c")
 	etc := filepath.Join(dir, "etc-bcd")
 	conf := filepath.Join(etc, "config.toml")
-	out, errOut, code := run(t, nil, token+"\n", bcd, "join", "--config", conf, "--server", "http://"+api,
-		"--site", site, "--serving-ca-pin", pins["servingCaPin"].(string), "--join-signing-pin", pins["joinSigningKeyPin"].(string),
-		"--join-encryption-pin", pins["joinEncryptionKeyPin"].(string), "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys)
+	out, errOut, code := run(t, nil, token+"\n", bcd, s.joinServer(conf, site, "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys)...)
 	if code != 0 {
 		t.Fatalf("bcd join from the well-known document: %s\n%s", out, errOut)
 	}

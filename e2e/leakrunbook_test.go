@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 )
 
 // R21.1, R21.2, R21.3: the leak-response runbook of docs/operations/rotate-keys.md,
@@ -139,7 +139,7 @@ func TestLeakRunbookBackToBack(t *testing.T) {
 
 	final := jsonOf(t, p.pki(t, "pins", "--json"))
 	for _, d := range ds {
-		cfg, err := config.Load(d.conf)
+		cfg, err := bcdconfig.Load(d.conf)
 		must(t, err)
 		for kind, key := range map[string]string{"serving-ca": "servingCaPins", "join-signing": "joinSigningKeyPins", "join-encryption": "joinEncryptionKeyPins"} {
 			var want []string

@@ -26,7 +26,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
@@ -172,10 +172,10 @@ func TestOfflineBCDFollowsRotation(t *testing.T) {
 			t.Fatalf("config.toml lacks the new %s %s:\n%s", key, pin, learned)
 		}
 	}
-	cfg, err := config.Load(sb.Conf)
+	cfg, err := bcdconfig.Load(sb.Conf)
 	must(t, err)
 	for _, pin := range []string{p.pins["servingCaPin"].(string), p.pins["joinSigningKeyPin"].(string), p.pins["joinEncryptionKeyPin"].(string)} {
-		for _, kind := range config.PinKinds() {
+		for _, kind := range bcdconfig.PinKinds() {
 			if slices.Contains(cfg.PinSet(kind), pin) {
 				t.Fatalf("config.toml still pins the retired %s:\n%s", pin, learned)
 			}

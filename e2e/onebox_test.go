@@ -16,37 +16,10 @@ import (
 // command; the gateway's /readyz asks the API in memory. R4.1, R12.1,
 // R12.3, R13.1, R17.2
 func TestOneProcessServeWithGateway(t *testing.T) {
-	bc, bcd := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-	api, gw, gwMetrics := freePort(t), freePort(t), freePort(t)
-	serveConf := filepath.Join(dir, "serve.toml")
-	must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-driver = "sqlite"
-path = "`+filepath.Join(dir, "bc.db")+`"
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[gateway]
-url = "https://`+gw+`"
-listen = "`+gw+`"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-[gateway.metrics]
-listen = "`+gwMetrics+`"
-`), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	waitFor(t, "serve with its gateway", 30*time.Second, func() bool {
-		out := serve.output()
-		return strings.Contains(out, "API listening") && strings.Contains(out, "gateway listening")
-	})
+	s := startStack(t, stackOpts{Gateway: gatewayInServe, Advertise: true, GatewayMetrics: true})
+	bc, bcd, dir, gw, gwMetrics := s.bc, s.bcd, s.dir, s.gw, s.gwMetrics
 	// serveAgent runs before the API says it listens: no agent listener.
-	if out := serve.output(); strings.Contains(out, "agent listener") || !strings.Contains(out, "upstream=http://in-process") {
+	if out := s.serve.output(); strings.Contains(out, "agent listener") || !strings.Contains(out, "upstream=http://in-process") {
 		t.Fatalf("serve's log does not show the in-process gateway alone:\n%s", out)
 	}
 	res, err := http.Get("http://" + gwMetrics + "/readyz")
@@ -58,15 +31,10 @@ listen = "`+gwMetrics+`"
 		t.Fatalf("the gateway's /readyz: %s", res.Status)
 	}
 
-	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
+	e, tenant := s.env, s.tenant
 	cli := func(args ...string) map[string]any {
 		t.Helper()
-		out, errOut, code := run(t, e, "", bc, append(args, "--tenant", tenant, "--json")...)
-		if code != 0 {
-			t.Fatalf("%v: %s %s", args, out, errOut)
-		}
-		return jsonOf(t, out)
+		return s.cli(append(args, "--tenant", tenant)...)
 	}
 	site := cli("sites", "create", "eu-1")["id"].(string)
 	pool := cli("pools", "create", "gpu", "--site", site)["id"].(string)
@@ -75,9 +43,7 @@ listen = "`+gwMetrics+`"
 	sys := filepath.Join(dir, "sys")
 	fakeSysfs(t, sys, "SN-0B0X", "0b0baaaa-4455-6677-8899-aabbccddeeff", "3c:ec:ef:0b:0b:0b")
 	conf := filepath.Join(dir, "etc-bcd", "config.toml")
-	out, errOut, code := run(t, nil, token+"\n", bcd, "join", "--config", conf, "--server", "http://"+api,
-		"--site", site, "--serving-ca-pin", pins["servingCaPin"].(string), "--join-signing-pin", pins["joinSigningKeyPin"].(string),
-		"--join-encryption-pin", pins["joinEncryptionKeyPin"].(string), "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys, "--json")
+	out, errOut, code := run(t, nil, token+"\n", bcd, s.joinServer(conf, site, "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys, "--json")...)
 	if code != 0 {
 		t.Fatalf("bcd join: %s\n%s", out, errOut)
 	}
@@ -91,8 +57,8 @@ listen = "`+gwMetrics+`"
 		if code != 0 {
 			t.Fatalf("bcd status: %s %s", out, errOut)
 		}
-		s, _ := jsonOf(t, out)["serial"].(string)
-		return s
+		sn, _ := jsonOf(t, out)["serial"].(string)
+		return sn
 	}
 	joined := serial()
 	if out, errOut, code := run(t, nil, "", bcd, "renew", "--config", conf); code != 0 {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,68 +16,15 @@ func TestBcdRunRenewsRepeatedly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for two renewals of one-minute certificates (about 80 s)")
 	}
-	bc, bcd := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-
-	api, agent, gw := freePort(t), freePort(t), freePort(t)
-	serveConf := filepath.Join(dir, "serve.toml")
-	must(t, os.WriteFile(serveConf, []byte(`listen = "`+api+`"
-[store]
-driver = "sqlite"
-path = "`+filepath.Join(dir, "bc.db")+`"
-[pki]
-dir = "`+filepath.Join(dir, "pki")+`"
-[agent]
-listen = "`+agent+`"
-cert_file = "`+filepath.Join(dir, "agent.crt")+`"
-key_file = "`+filepath.Join(dir, "agent.key")+`"
-[gateway]
-url = "https://`+gw+`"
-[join]
-cert_ttl_seconds = 60
-`), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", serveConf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	serve := start(t, secretEnv, bc, "serve", "--config", serveConf)
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "`+gw+`"
-cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
-key_file = "`+filepath.Join(dir, "gateway.key")+`"
-api_url = "https://`+agent+`"
-api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
-`), 0o600))
-	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
-	waitFor(t, "serve and gateway", 30*time.Second, func() bool {
-		return strings.Contains(serve.output(), "API listening") && strings.Contains(gateway.output(), "gateway listening")
-	})
-	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	tenant := b["tenantId"].(string)
-	siteOut, errOut, code := run(t, e, "", bc, "sites", "create", "eu-1", "--tenant", tenant, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	site := jsonOf(t, siteOut)["id"].(string)
-	poolOut, errOut, code := run(t, e, "", bc, "pools", "create", "gpu", "--tenant", tenant, "--site", site, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	pool := jsonOf(t, poolOut)["id"].(string)
-	tokOut, errOut, code := run(t, e, "", bc, "join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h", "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	token := jsonOf(t, tokOut)["token"].(string)
+	s := startStack(t, stackOpts{Advertise: true, CertTTLSeconds: 60})
+	bc, bcd, dir, e, tenant := s.bc, s.bcd, s.dir, s.env, s.tenant
+	site, pool := s.sitePool("eu-1")
+	token := s.cli("join-tokens", "create", "--tenant", tenant, "--pool", pool, "--ttl", "1h")["token"].(string)
 
 	sys := filepath.Join(dir, "sys")
 	fakeSysfs(t, sys, "SN-6060", "6060aaaa-4455-6677-8899-aabbccddeeff", "3c:ec:ef:60:60:60")
 	conf := filepath.Join(dir, "etc-bcd", "config.toml")
-	out, errOut, code := run(t, nil, token+"\n", bcd, "join", "--config", conf, "--server", "http://"+api,
-		"--site", site, "--serving-ca-pin", pins["servingCaPin"].(string), "--join-signing-pin", pins["joinSigningKeyPin"].(string),
-		"--join-encryption-pin", pins["joinEncryptionKeyPin"].(string), "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys, "--json")
+	out, errOut, code := run(t, nil, token+"\n", bcd, s.joinServer(conf, site, "--data-dir", filepath.Join(dir, "bcd-data"), "--sysfs-root", sys, "--json")...)
 	if code != 0 {
 		t.Fatalf("bcd join: %s\n%s", out, errOut)
 	}
@@ -99,8 +45,8 @@ api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 		if st["expired"] == true {
 			t.Fatalf("bcd's certificate is expired: %s", out)
 		}
-		s, _ := st["serial"].(string)
-		return s
+		sn, _ := st["serial"].(string)
+		return sn
 	}
 	serials := []string{serial()}
 	if serials[0] == "" {
@@ -125,9 +71,9 @@ api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 		if time.Now().After(deadline) {
 			t.Fatalf("after 150 s, %d renewal(s): serials %v\n%s", len(serials)-1, serials, daemon.output())
 		}
-		if s := serial(); s != serials[len(serials)-1] {
-			serials = append(serials, s)
-			t.Logf("renewal %d: serial %s", len(serials)-1, s)
+		if sn := serial(); sn != serials[len(serials)-1] {
+			serials = append(serials, sn)
+			t.Logf("renewal %d: serial %s", len(serials)-1, sn)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

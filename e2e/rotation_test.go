@@ -28,7 +28,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/version"
@@ -273,44 +273,19 @@ type rotationPlane struct {
 
 func startRotationPlane(t *testing.T, certTTL int) *rotationPlane {
 	t.Helper()
-	bc, _ := binaries(t)
-	dir := t.TempDir()
-	secretEnv, pins := initPKI(t, bc, dir)
-	p := &rotationPlane{bc: bc, dir: dir, secretEnv: secretEnv, pins: pins, conf: filepath.Join(dir, "serve.toml"), gwCA: filepath.Join(dir, "gateway-api-ca.pem")}
-	api, agent := freePort(t), freePort(t)
-	must(t, os.WriteFile(p.conf, []byte(fmt.Sprintf(`listen = %q
-[store]
-path = %q
-[pki]
-dir = %q
-[agent]
-listen = %q
-cert_file = %q
-key_file = %q
-[join]
-cert_ttl_seconds = %d
-`, api, filepath.Join(dir, "bc.db"), filepath.Join(dir, "pki"), agent, filepath.Join(dir, "agent.crt"), filepath.Join(dir, "agent.key"), certTTL)), 0o600))
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", p.conf, "--json")
-	if code != 0 {
-		t.Fatal(errOut)
-	}
-	b := jsonOf(t, boot)
-	logged(t, start(t, secretEnv, bc, "serve", "--config", p.conf), apiURLRE, "serve")
-	ca, err := os.ReadFile(filepath.Join(dir, "pki", "serving-ca.crt"))
-	must(t, err)
-	must(t, os.WriteFile(p.gwCA, ca, 0o644))
-	gw := freePort(t)
-	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(fmt.Sprintf("listen = %q\ncert_file = %q\nkey_file = %q\napi_url = %q\napi_ca_file = %q\n",
-		gw, filepath.Join(dir, "gateway.crt"), filepath.Join(dir, "gateway.key"), "https://"+agent, p.gwCA)), 0o600))
-	logged(t, start(t, nil, bc, "gateway", "--config", gwConf), gatewayRE, "gateway")
-	p.gwURL, p.apiURL = "https://"+gw, "http://"+api
-	p.tenant = b["tenantId"].(string)
-	e := []string{"BETTER_COMPUTE_URL=http://" + api, "BETTER_COMPUTE_API_KEY=" + b["apiKey"].(string)}
-	p.cli = jsonCLI(t, bc, e)
-	p.site = p.cli("sites", "create", "rot", "--tenant", p.tenant)["id"].(string)
-	p.pool = p.cli("pools", "create", "rot", "--tenant", p.tenant, "--site", p.site)["id"].(string)
-	p.op, err = client.New(client.Config{URL: "http://" + api, APIKey: b["apiKey"].(string)})
+	// The gateway trusts the API through a CA file of its own, which the
+	// rotation replaces.
+	gwCA := filepath.Join(t.TempDir(), "gateway-api-ca.pem")
+	st := startStack(t, stackOpts{CertTTLSeconds: certTTL, GatewayCAFile: gwCA, beforeGateway: func(st *stack) {
+		ca, err := os.ReadFile(filepath.Join(st.dir, "pki", "serving-ca.crt"))
+		must(t, err)
+		must(t, os.WriteFile(gwCA, ca, 0o644))
+	}})
+	p := &rotationPlane{bc: st.bc, dir: st.dir, secretEnv: st.secretEnv, pins: st.pins, conf: st.serveConf, gwCA: gwCA,
+		gwURL: "https://" + st.gw, apiURL: st.apiURL, tenant: st.tenant, cli: st.cli}
+	p.site, p.pool = st.sitePool("rot")
+	var err error
+	p.op, err = client.New(client.Config{URL: st.apiURL, APIKey: st.apiKey})
 	must(t, err)
 	return p
 }

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -90,24 +90,9 @@ on stderr; a failed or expired command is an error.`,
 	list := &cobra.Command{
 		Use: "list --tenant T [--node N]", Short: "List the tenant's commands, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			all, err := listAll[*bcv1.Command](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListCommandsResponse], error) {
-				return c.Commands.ListCommands(cmd.Context(), connect.NewRequest(&bcv1.ListCommandsRequest{TenantId: lTenant, NodeId: node, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListCommandsResponse{Items: all})
-			}
-			var rows [][]string
-			for _, c := range all {
-				rows = append(rows, []string{c.Id, c.NodeId, c.Kind, c.State, fmtTime(c.CreatedAt), fmtTime(c.DoneAt), oneLine(c.Error, 60)})
-			}
-			a.table([]string{"ID", "NODE", "KIND", "STATE", "CREATED", "DONE", "ERROR"}, rows)
-			return nil
+			return runList(a, cmd, need{"tenant", lTenant}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListCommandsResponse], error) {
+				return c.Commands.ListCommands(ctx, connect.NewRequest(&bcv1.ListCommandsRequest{TenantId: lTenant, NodeId: node, PageSize: 200, PageToken: tok}))
+			}, a.showCommands)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -117,18 +102,9 @@ on stderr; a failed or expired command is an error.`,
 	get := &cobra.Command{
 		Use: "get COMMAND_ID --tenant T", Short: "Show a command and its result", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", gTenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Commands.GetCommand(cmd.Context(), connect.NewRequest(&bcv1.GetCommandRequest{TenantId: gTenant, CommandId: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showCommand(res.Msg)
+			return runCall(a, cmd, need{"tenant", gTenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Command], error) {
+				return c.Commands.GetCommand(ctx, connect.NewRequest(&bcv1.GetCommandRequest{TenantId: gTenant, CommandId: args[0]}))
+			}, a.showCommand)
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
@@ -172,6 +148,15 @@ func (a *app) waitCommand(ctx context.Context, cl *client.Client, tenant string,
 	}
 }
 
+func (a *app) showCommands(cs ...*bcv1.Command) error {
+	var rows [][]string
+	for _, c := range cs {
+		rows = append(rows, []string{c.Id, c.NodeId, c.Kind, c.State, fmtTime(c.CreatedAt), fmtTime(c.DoneAt), oneLine(c.Error, 60)})
+	}
+	a.table([]string{"ID", "NODE", "KIND", "STATE", "CREATED", "DONE", "ERROR"}, rows)
+	return nil
+}
+
 func (a *app) showCommand(c *bcv1.Command) error {
 	if a.wantJSON() {
 		return a.printJSON(c)
@@ -204,24 +189,13 @@ by joining again with a new token, as a new node. Retiring a retired node is
 not an error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", tenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Nodes.RetireNode(cmd.Context(), connect.NewRequest(&bcv1.RetireNodeRequest{TenantId: tenant, NodeId: args[0], Reason: reason}))
-			if err != nil {
-				return err
-			}
-			n := res.Msg
-			if a.wantJSON() {
-				return a.printJSON(n)
-			}
-			a.table([]string{"ID", "HOSTNAME", "STATE", "CONNECTION", "POOL", "GEN"},
-				[][]string{{n.Id, n.Hostname, n.State + reasonSuffix(n.StateReason), n.Connection, n.PoolId, fmt.Sprint(n.IdentityGeneration)}})
-			return nil
+			return runCall(a, cmd, need{"tenant", tenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Node], error) {
+				return c.Nodes.RetireNode(ctx, connect.NewRequest(&bcv1.RetireNodeRequest{TenantId: tenant, NodeId: args[0], Reason: reason}))
+			}, func(n *bcv1.Node) error {
+				a.table([]string{"ID", "HOSTNAME", "STATE", "CONNECTION", "POOL", "GEN"},
+					[][]string{{n.Id, n.Hostname, n.State + reasonSuffix(n.StateReason), n.Connection, n.PoolId, fmt.Sprint(n.IdentityGeneration)}})
+				return nil
+			})
 		},
 	}
 	retire.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")

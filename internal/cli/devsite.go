@@ -13,7 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
-	"github.com/better-compute/better-compute/internal/node/claims"
+	"github.com/better-compute/better-compute/internal/shared/fakemachine"
 )
 
 // dev plays a site's modules too (R2.7, R10.4): it mints a site token and a
@@ -33,8 +33,8 @@ const (
 )
 
 var (
-	devSiteAgent = claims.FakeMachine{ProductUUID: "4c4c4544-0042-3510-8052-c7c04f5a0001", ProductSerial: "DEV-SITE-1", MACs: []string{"00:1b:21:0a:00:01"}}
-	devBooted    = claims.FakeMachine{ProductUUID: "4c4c4544-0042-3510-8052-c7c04f5a0007", ProductSerial: "DEV-PXE-7", MACs: []string{devBootMAC}}
+	devSiteAgent = fakemachine.Machine{ProductUUID: "4c4c4544-0042-3510-8052-c7c04f5a0001", ProductSerial: "DEV-SITE-1", MACs: []string{"00:1b:21:0a:00:01"}}
+	devBooted    = fakemachine.Machine{ProductUUID: "4c4c4544-0042-3510-8052-c7c04f5a0007", ProductSerial: "DEV-PXE-7", MACs: []string{devBootMAC}}
 )
 
 // devSecretsDir holds the tokens dev mints as a site module.

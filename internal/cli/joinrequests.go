@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -11,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/joinreq"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -77,35 +78,16 @@ field of each request.`,
   better-compute join-requests list --tenant $TENANT --pool $POOL --state all --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			if err := required("pool", lPool); err != nil {
-				return err
-			}
 			var states []string
 			for _, s := range strings.Split(lState, ",") {
 				if s = strings.TrimSpace(s); s != "" {
 					states = append(states, s)
 				}
 			}
-			items, err := listAll[*bcv1.JoinRequest](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListJoinRequestsResponse], error) {
-				return c.JoinRequests.ListJoinRequests(cmd.Context(), connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: lTenant, PoolId: lPool,
+			return runList(a, cmd, need{"tenant", lTenant, "pool", lPool}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListJoinRequestsResponse], error) {
+				return c.JoinRequests.ListJoinRequests(ctx, connect.NewRequest(&bcv1.ListJoinRequestsRequest{TenantId: lTenant, PoolId: lPool,
 					State: states, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListJoinRequestsResponse{Items: items})
-			}
-			var rows [][]string
-			for _, r := range items {
-				rows = append(rows, []string{r.Id, r.State, r.Attestor, evidenceSummary(r), effectSummary(r), fmtTime(r.CreatedAt),
-					oneLine(summary(r.Claims, ""), claimsWidth)})
-			}
-			a.table([]string{"ID", "STATE", "ATTESTOR", "EVIDENCE", "EFFECT", "CREATED", "CLAIMS"}, rows)
-			return nil
+			}, a.showJoinRequests)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -129,21 +111,9 @@ request's), and its version, which approve --version binds to.`,
 			if err := requestID(args[0]); err != nil {
 				return err
 			}
-			if err := required("tenant", sTenant); err != nil {
-				return err
-			}
-			if err := required("pool", sPool); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.JoinRequests.GetJoinRequest(cmd.Context(), connect.NewRequest(&bcv1.GetJoinRequestRequest{TenantId: sTenant, PoolId: sPool, RequestId: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showJoinRequest(res.Msg)
+			return runCall(a, cmd, need{"tenant", sTenant, "pool", sPool}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.JoinRequest], error) {
+				return c.JoinRequests.GetJoinRequest(ctx, connect.NewRequest(&bcv1.GetJoinRequestRequest{TenantId: sTenant, PoolId: sPool, RequestId: args[0]}))
+			}, a.showJoinRequest)
 		},
 	}
 	show.Flags().StringVar(&sTenant, "tenant", "", "tenant id (tn_…)")
@@ -293,16 +263,10 @@ bcd stops waiting with an error.`,
 			if err := a.checkDecision(args[0], rTenant, rPool, rReason); err != nil {
 				return err
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.JoinRequests.RejectJoinRequest(cmd.Context(), connect.NewRequest(&bcv1.RejectJoinRequestRequest{TenantId: rTenant, PoolId: rPool,
-				RequestId: args[0], Reason: rReason}))
-			if err != nil {
-				return err
-			}
-			return a.showJoinRequest(res.Msg)
+			return runCall(a, cmd, nil, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.JoinRequest], error) {
+				return c.JoinRequests.RejectJoinRequest(ctx, connect.NewRequest(&bcv1.RejectJoinRequestRequest{TenantId: rTenant, PoolId: rPool,
+					RequestId: args[0], Reason: rReason}))
+			}, a.showJoinRequest)
 		},
 	}
 	reject.Flags().StringVar(&rTenant, "tenant", "", "tenant id (tn_…)")
@@ -317,13 +281,17 @@ func (a *app) checkDecision(id, tenant, pool, reason string) error {
 	if err := requestID(id); err != nil {
 		return err
 	}
-	if err := required("tenant", tenant); err != nil {
-		return err
+	return need{"tenant", tenant, "pool", pool, "reason", reason}.check()
+}
+
+func (a *app) showJoinRequests(rs ...*bcv1.JoinRequest) error {
+	var rows [][]string
+	for _, r := range rs {
+		rows = append(rows, []string{r.Id, r.State, r.Attestor, evidenceSummary(r), effectSummary(r), fmtTime(r.CreatedAt),
+			oneLine(summary(r.Claims, ""), claimsWidth)})
 	}
-	if err := required("pool", pool); err != nil {
-		return err
-	}
-	return required("reason", reason)
+	a.table([]string{"ID", "STATE", "ATTESTOR", "EVIDENCE", "EFFECT", "CREATED", "CLAIMS"}, rows)
+	return nil
 }
 
 // showJoinRequest prints one request with every field (R10.2).

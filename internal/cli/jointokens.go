@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/tokens"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
@@ -114,7 +115,9 @@ a new one).`,
 			if a.wantJSON() {
 				return a.printJSON(t)
 			}
-			a.showTokens(t)
+			if err := a.showTokens(t); err != nil {
+				return err
+			}
 			switch {
 			case out != "":
 				fmt.Fprintf(a.env.Stdout, "\ntoken written to %s (0600); hand it to the machine out of band\n", out)
@@ -170,10 +173,7 @@ func (a *app) joinTokensListCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --tenant T --pool P [--all]", Short: "List a pool's tokens (never their secrets)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			if err := required("pool", lPool); err != nil {
+			if err := (need{"tenant", lTenant, "pool", lPool}).check(); err != nil {
 				return err
 			}
 			items, err := listAll[*bcv1.JoinToken](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListJoinTokensResponse], error) {
@@ -185,8 +185,7 @@ func (a *app) joinTokensListCmd() *cobra.Command {
 			if a.wantJSON() {
 				return a.printTokenList(items)
 			}
-			a.showTokens(items...)
-			return nil
+			return a.showTokens(items...)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -205,25 +204,9 @@ func (a *app) joinTokensRevokeCmd() *cobra.Command {
 			if strings.Contains(args[0], ".") {
 				return errs.Invalid("TOKEN_ID", "that looks like a token, not a token id: pass the id (jt_…) only; nothing was sent")
 			}
-			if err := required("tenant", rTenant); err != nil {
-				return err
-			}
-			if err := required("pool", rPool); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.JoinTokens.RevokeJoinToken(cmd.Context(), connect.NewRequest(&bcv1.RevokeJoinTokenRequest{TenantId: rTenant, PoolId: rPool, TokenId: args[0]}))
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(res.Msg)
-			}
-			a.showTokens(res.Msg)
-			return nil
+			return runCall(a, cmd, need{"tenant", rTenant, "pool", rPool}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.JoinToken], error) {
+				return c.JoinTokens.RevokeJoinToken(ctx, connect.NewRequest(&bcv1.RevokeJoinTokenRequest{TenantId: rTenant, PoolId: rPool, TokenId: args[0]}))
+			}, one(a.showTokens))
 		},
 	}
 	revoke.Flags().StringVar(&rTenant, "tenant", "", "tenant id (tn_…)")
@@ -231,7 +214,7 @@ func (a *app) joinTokensRevokeCmd() *cobra.Command {
 	return revoke
 }
 
-func (a *app) showTokens(ts ...*bcv1.JoinToken) {
+func (a *app) showTokens(ts ...*bcv1.JoinToken) error {
 	var rows [][]string
 	for _, t := range ts {
 		var ex []string
@@ -256,6 +239,7 @@ func (a *app) showTokens(ts ...*bcv1.JoinToken) {
 		rows = append(rows, []string{t.Id, t.State, role, fmt.Sprintf("%d/%d", t.UsesLeft, t.MaxUses), fmtTime(t.ExpiresAt), expect, fmt.Sprint(t.AllowReclaim), hosted})
 	}
 	a.table([]string{"ID", "STATE", "ROLE", "USES LEFT", "EXPIRES", "EXPECT", "RECLAIM", "HOSTED"}, rows)
+	return nil
 }
 
 // printTokenList prints a list of tokens as JSON without the "token" key:

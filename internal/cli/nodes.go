@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
@@ -8,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 )
 
 func (a *app) nodesCmd() *cobra.Command {
@@ -17,24 +18,9 @@ func (a *app) nodesCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --tenant T [--pool P]", Short: "List the tenant's nodes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", tenant); err != nil {
-				return err
-			}
-			all, err := listAll[*bcv1.Node](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListNodesResponse], error) {
-				return c.Nodes.ListNodes(cmd.Context(), connect.NewRequest(&bcv1.ListNodesRequest{TenantId: tenant, PoolId: pool, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListNodesResponse{Items: all})
-			}
-			var rows [][]string
-			for _, n := range all {
-				rows = append(rows, []string{n.Id, n.Hostname, n.State, n.Connection, n.Role, n.PoolId, fmt.Sprint(n.IdentityGeneration), n.Attestor, n.NodeKey})
-			}
-			a.table([]string{"ID", "HOSTNAME", "STATE", "CONNECTION", "ROLE", "POOL", "GEN", "ATTESTOR", "NODE KEY"}, rows)
-			return nil
+			return runList(a, cmd, need{"tenant", tenant}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListNodesResponse], error) {
+				return c.Nodes.ListNodes(ctx, connect.NewRequest(&bcv1.ListNodesRequest{TenantId: tenant, PoolId: pool, PageSize: 200, PageToken: tok}))
+			}, a.showNodes)
 		},
 	}
 	list.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
@@ -44,45 +30,46 @@ func (a *app) nodesCmd() *cobra.Command {
 	get := &cobra.Command{
 		Use: "get NODE_ID --tenant T", Short: "Show a node, its hardware claims and certificates", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", gTenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Nodes.GetNode(cmd.Context(), connect.NewRequest(&bcv1.GetNodeRequest{TenantId: gTenant, NodeId: args[0]}))
-			if err != nil {
-				return err
-			}
-			n := res.Msg
-			if a.wantJSON() {
-				return a.printJSON(n)
-			}
-			claims, _ := json.Marshal(n.Claims.AsMap())
-			a.table([]string{"FIELD", "VALUE"}, [][]string{
-				{"id", n.Id}, {"tenant", n.TenantId}, {"site", n.SiteId}, {"pool", n.PoolId}, {"role", n.Role},
-				{"state", n.State + reasonSuffix(n.StateReason)}, {"connection", n.Connection}, {"last seen", fmtTime(n.LastSeen)},
-				{"identity generation", fmt.Sprint(n.IdentityGeneration)}, {"hardware key trusted", fmt.Sprint(n.HardwareKeyTrusted)},
-				{"node key", n.NodeKey}, {"attestor", n.Attestor}, {"hostname", n.Hostname}, {"claims", string(claims)},
-				{"created", fmtTime(n.CreatedAt)},
-			})
-			fmt.Fprintln(a.env.Stdout)
-			var rows [][]string
-			for _, c := range n.Certs {
-				state := "valid"
-				if c.RevokedAt != nil {
-					state = "revoked (" + c.RevokeReason + ")"
-				}
-				rows = append(rows, []string{c.Serial, fmt.Sprint(c.IdentityGeneration), c.Role, fmtTime(c.NotBefore), fmtTime(c.NotAfter), state})
-			}
-			a.table([]string{"CERT SERIAL", "GEN", "ROLE", "NOT BEFORE", "NOT AFTER", "STATE"}, rows)
-			return nil
+			return runCall(a, cmd, need{"tenant", gTenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Node], error) {
+				return c.Nodes.GetNode(ctx, connect.NewRequest(&bcv1.GetNodeRequest{TenantId: gTenant, NodeId: args[0]}))
+			}, a.showNode)
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
 	cmd.AddCommand(a.nodeCreateCmd(), list, get, a.retireCmd())
 	return cmd
+}
+
+func (a *app) showNodes(ns ...*bcv1.Node) error {
+	var rows [][]string
+	for _, n := range ns {
+		rows = append(rows, []string{n.Id, n.Hostname, n.State, n.Connection, n.Role, n.PoolId, fmt.Sprint(n.IdentityGeneration), n.Attestor, n.NodeKey})
+	}
+	a.table([]string{"ID", "HOSTNAME", "STATE", "CONNECTION", "ROLE", "POOL", "GEN", "ATTESTOR", "NODE KEY"}, rows)
+	return nil
+}
+
+// showNode prints one node with its hardware claims and certificates.
+func (a *app) showNode(n *bcv1.Node) error {
+	claims, _ := json.Marshal(n.Claims.AsMap())
+	a.table([]string{"FIELD", "VALUE"}, [][]string{
+		{"id", n.Id}, {"tenant", n.TenantId}, {"site", n.SiteId}, {"pool", n.PoolId}, {"role", n.Role},
+		{"state", n.State + reasonSuffix(n.StateReason)}, {"connection", n.Connection}, {"last seen", fmtTime(n.LastSeen)},
+		{"identity generation", fmt.Sprint(n.IdentityGeneration)}, {"hardware key trusted", fmt.Sprint(n.HardwareKeyTrusted)},
+		{"node key", n.NodeKey}, {"attestor", n.Attestor}, {"hostname", n.Hostname}, {"claims", string(claims)},
+		{"created", fmtTime(n.CreatedAt)},
+	})
+	fmt.Fprintln(a.env.Stdout)
+	var rows [][]string
+	for _, c := range n.Certs {
+		state := "valid"
+		if c.RevokedAt != nil {
+			state = "revoked (" + c.RevokeReason + ")"
+		}
+		rows = append(rows, []string{c.Serial, fmt.Sprint(c.IdentityGeneration), c.Role, fmtTime(c.NotBefore), fmtTime(c.NotAfter), state})
+	}
+	a.table([]string{"CERT SERIAL", "GEN", "ROLE", "NOT BEFORE", "NOT AFTER", "STATE"}, rows)
+	return nil
 }
 
 func reasonSuffix(r string) string {
@@ -108,25 +95,12 @@ The id alone is printed, so a script can capture it; --json prints the node.
   bcd join --server https://compute.example.com --token-file ./join-token --node-id $NODE`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", tenant); err != nil {
+			return runCall(a, cmd, need{"tenant", tenant, "pool", pool}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Node], error) {
+				return c.Nodes.CreateNode(ctx, connect.NewRequest(&bcv1.CreateNodeRequest{TenantId: tenant, PoolId: pool, Hostname: hostname, IdempotencyKey: key}))
+			}, func(n *bcv1.Node) error {
+				_, err := fmt.Fprintln(a.env.Stdout, n.Id)
 				return err
-			}
-			if err := required("pool", pool); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Nodes.CreateNode(cmd.Context(), connect.NewRequest(&bcv1.CreateNodeRequest{TenantId: tenant, PoolId: pool, Hostname: hostname, IdempotencyKey: key}))
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(res.Msg)
-			}
-			fmt.Fprintln(a.env.Stdout, res.Msg.Id)
-			return nil
+			})
 		},
 	}
 	f := create.Flags()

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -28,44 +29,25 @@ func (a *app) tenantsCmd() *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME", Short: "Create a tenant (platform operators only)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Tenants.CreateTenant(cmd.Context(), connect.NewRequest(&bcv1.CreateTenantRequest{Name: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showTenants(res.Msg)
+			return runCall(a, cmd, nil, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Tenant], error) {
+				return c.Tenants.CreateTenant(ctx, connect.NewRequest(&bcv1.CreateTenantRequest{Name: args[0]}))
+			}, one(a.showTenants))
 		},
 	}
 	get := &cobra.Command{
 		Use: "get TENANT_ID", Short: "Show a tenant", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Tenants.GetTenant(cmd.Context(), connect.NewRequest(&bcv1.GetTenantRequest{TenantId: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showTenants(res.Msg)
+			return runCall(a, cmd, nil, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Tenant], error) {
+				return c.Tenants.GetTenant(ctx, connect.NewRequest(&bcv1.GetTenantRequest{TenantId: args[0]}))
+			}, one(a.showTenants))
 		},
 	}
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			all, err := listAll[*bcv1.Tenant](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListTenantsResponse], error) {
-				return c.Tenants.ListTenants(cmd.Context(), connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListTenantsResponse{Items: all})
-			}
-			return a.showTenants(all...)
+			return runList(a, cmd, nil, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListTenantsResponse], error) {
+				return c.Tenants.ListTenants(ctx, connect.NewRequest(&bcv1.ListTenantsRequest{PageSize: 200, PageToken: tok}))
+			}, a.showTenants)
 		},
 	}
 	cmd.AddCommand(create, get, list)
@@ -90,18 +72,9 @@ func (a *app) sitesCmd() *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME --tenant T [--region R]", Short: "Create a site (a platform site for the root tenant, a custom site otherwise)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", tenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Sites.CreateSite(cmd.Context(), connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: tenant, Name: args[0], Region: region}))
-			if err != nil {
-				return err
-			}
-			return a.showSites(res.Msg)
+			return runCall(a, cmd, need{"tenant", tenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Site], error) {
+				return c.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: tenant, Name: args[0], Region: region}))
+			}, one(a.showSites))
 		},
 	}
 	create.Flags().StringVar(&tenant, "tenant", "", "tenant id (tn_…)")
@@ -110,18 +83,9 @@ func (a *app) sitesCmd() *cobra.Command {
 	get := &cobra.Command{
 		Use: "get SITE_ID --tenant T", Short: "Show a site", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", gTenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Sites.GetSite(cmd.Context(), connect.NewRequest(&bcv1.GetSiteRequest{TenantId: gTenant, SiteId: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showSites(res.Msg)
+			return runCall(a, cmd, need{"tenant", gTenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Site], error) {
+				return c.Sites.GetSite(ctx, connect.NewRequest(&bcv1.GetSiteRequest{TenantId: gTenant, SiteId: args[0]}))
+			}, one(a.showSites))
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
@@ -129,19 +93,9 @@ func (a *app) sitesCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --tenant T", Short: "List the tenant's sites and the platform's", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			all, err := listAll[*bcv1.Site](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListSitesResponse], error) {
-				return c.Sites.ListSites(cmd.Context(), connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListSitesResponse{Items: all})
-			}
-			return a.showSites(all...)
+			return runList(a, cmd, need{"tenant", lTenant}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListSitesResponse], error) {
+				return c.Sites.ListSites(ctx, connect.NewRequest(&bcv1.ListSitesRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
+			}, a.showSites)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -257,18 +211,9 @@ func (a *app) poolsGetCmd() *cobra.Command {
 	get := &cobra.Command{
 		Use: "get POOL_ID --tenant T", Short: "Show a pool and its policy", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", gTenant); err != nil {
-				return err
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			res, err := c.Pools.GetPool(cmd.Context(), connect.NewRequest(&bcv1.GetPoolRequest{TenantId: gTenant, PoolId: args[0]}))
-			if err != nil {
-				return err
-			}
-			return a.showPools(res.Msg)
+			return runCall(a, cmd, need{"tenant", gTenant}, func(ctx context.Context, c *client.Client) (*connect.Response[bcv1.Pool], error) {
+				return c.Pools.GetPool(ctx, connect.NewRequest(&bcv1.GetPoolRequest{TenantId: gTenant, PoolId: args[0]}))
+			}, one(a.showPools))
 		},
 	}
 	get.Flags().StringVar(&gTenant, "tenant", "", "tenant id (tn_…)")
@@ -280,19 +225,9 @@ func (a *app) poolsListCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list --tenant T [--site S]", Short: "List the tenant's pools", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			all, err := listAll[*bcv1.Pool](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListPoolsResponse], error) {
-				return c.Pools.ListPools(cmd.Context(), connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListPoolsResponse{Items: all})
-			}
-			return a.showPools(all...)
+			return runList(a, cmd, need{"tenant", lTenant}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListPoolsResponse], error) {
+				return c.Pools.ListPools(ctx, connect.NewRequest(&bcv1.ListPoolsRequest{TenantId: lTenant, SiteId: lSite, PageSize: 200, PageToken: tok}))
+			}, a.showPools)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -441,7 +376,9 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 			if a.wantJSON() {
 				return a.printJSON(res.Msg)
 			}
-			a.showKeys(res.Msg.ApiKey)
+			if err := a.showKeys(res.Msg.ApiKey); err != nil {
+				return err
+			}
 			fmt.Fprintf(a.env.Stdout, "\nkey (shown once): %s\n", res.Msg.Key)
 			return nil
 		},
@@ -454,20 +391,9 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 	list := &cobra.Command{
 		Use: "list --tenant T", Short: "List API keys (never their secrets)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := required("tenant", lTenant); err != nil {
-				return err
-			}
-			all, err := listAll[*bcv1.ApiKey](a, func(c *client.Client, tok string) (*connect.Response[bcv1.ListApiKeysResponse], error) {
-				return c.APIKeys.ListApiKeys(cmd.Context(), connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
-			})
-			if err != nil {
-				return err
-			}
-			if a.wantJSON() {
-				return a.printJSON(&bcv1.ListApiKeysResponse{Items: all})
-			}
-			a.showKeys(all...)
-			return nil
+			return runList(a, cmd, need{"tenant", lTenant}, func(ctx context.Context, c *client.Client, tok string) (*connect.Response[bcv1.ListApiKeysResponse], error) {
+				return c.APIKeys.ListApiKeys(ctx, connect.NewRequest(&bcv1.ListApiKeysRequest{TenantId: lTenant, PageSize: 200, PageToken: tok}))
+			}, a.showKeys)
 		},
 	}
 	list.Flags().StringVar(&lTenant, "tenant", "", "tenant id (tn_…)")
@@ -501,7 +427,7 @@ everything the tenant may do. A key cannot grant more than its creator holds.`,
 	return cmd
 }
 
-func (a *app) showKeys(ks ...*bcv1.ApiKey) {
+func (a *app) showKeys(ks ...*bcv1.ApiKey) error {
 	var rows [][]string
 	for _, k := range ks {
 		var gs []string
@@ -515,4 +441,5 @@ func (a *app) showKeys(ks ...*bcv1.ApiKey) {
 		rows = append(rows, []string{k.Id, k.Name, state, fmtTime(k.ExpiresAt), strings.Join(gs, " ")})
 	}
 	a.table([]string{"ID", "NAME", "STATE", "EXPIRES", "GRANTS"}, rows)
+	return nil
 }

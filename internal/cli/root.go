@@ -7,7 +7,6 @@ package cli
 
 import (
 	"bytes"
-	"connectrpc.com/connect"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,11 +16,13 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"connectrpc.com/connect"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/cmdtree"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/version"
@@ -201,6 +202,7 @@ func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) 
 // pageOf is a List call's answer: its items and the next page's token.
 type pageOf[T, R any] interface {
 	*R
+	proto.Message
 	GetItems() []T
 	GetNextPageToken() string
 }

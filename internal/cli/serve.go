@@ -27,9 +27,9 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/tenancy"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/node/claims"
-	bcdconfig "github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/fakemachine"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
@@ -477,7 +477,7 @@ func writeDevBCD(dir, gwURL, site string, b *ca.Bundle, tpmSimulator string) (st
 // writeDevBCDAs writes DIR/<name>/config.toml (data in DIR/<name>/data)
 // and its join key; with a fake machine, its sysfs tree goes to
 // DIR/<name>/sys and the config reads its claims from there.
-func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *claims.FakeMachine, tpm *bcdconfig.TPM) (string, error) {
+func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *fakemachine.Machine, tpm *bcdconfig.TPM) (string, error) {
 	pins, err := b.Pins()
 	if err != nil {
 		return "", err
@@ -492,7 +492,7 @@ func writeDevBCDAs(dir, name, gwURL, site string, b *ca.Bundle, fake *claims.Fak
 	}
 	if fake != nil {
 		c.SysfsRoot = filepath.Join(bdir, "sys")
-		if err := claims.WriteFake(c.SysfsRoot, "", *fake); err != nil {
+		if err := fakemachine.Write(c.SysfsRoot, "", *fake); err != nil {
 			return "", err
 		}
 	}

@@ -87,7 +87,7 @@ export type Api = { [G in keyof Groups]: GroupOf<G, false> };
 /** A client bound to one credential: client.joinRequests.list({...}). */
 export type Client = { [G in keyof Groups]: GroupOf<G, true> };
 
-/** The API base URL for a control-plane URL (internal/cli/client.BaseURL). */
+/** The API base URL for a control-plane URL (internal/client.BaseURL). */
 export function baseUrl(url: string): string {
   const u = url.replace(/\/+$/, "");
   const rest = u.includes("://") ? u.slice(u.indexOf("://") + 3) : u;

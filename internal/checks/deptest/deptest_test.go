@@ -7,7 +7,9 @@
 //   - node/: the daemon bcd on every machine;
 //   - gateway/: the regional gateway, which relays and is not trusted;
 //   - shared/: what more than one process needs (wire, pins, seals, the
-//     clock, errors, hardware claims);
+//     clock, errors, hardware claims, bcd's config format);
+//   - client/: the operator API's Go client, used by the CLI, the web
+//     console and tests;
 //   - cli/, tools/, checks/: the better-compute command, the load
 //     generator, and tests like this one.
 //
@@ -65,14 +67,26 @@ var rules = []rule{
 	{
 		why:       "bcd runs on every machine: it carries no control-plane code and no database code",
 		pkgs:      "./internal/node/...",
-		forbidden: append([]string{module + "internal/controlplane/", module + "internal/gateway"}, sqlDrivers...),
+		forbidden: append([]string{module + "internal/controlplane/", module + "internal/gateway", module + "internal/client"}, sqlDrivers...),
 		testsMay:  endToEnd,
 		testsWhy:  endToEndWhy,
 	},
 	{
 		why:       "bcd's binary links only the node and shared code",
 		pkgs:      "./cmd/bcd",
-		forbidden: append([]string{module + "internal/controlplane/", module + "internal/gateway", module + "internal/cli"}, sqlDrivers...),
+		forbidden: append([]string{module + "internal/controlplane/", module + "internal/gateway", module + "internal/cli", module + "internal/client"}, sqlDrivers...),
+	},
+	{
+		why:       "the operator client is a client of the API like any other: it links no process's code",
+		pkgs:      "./internal/client/...",
+		forbidden: append([]string{module + "internal/controlplane/", module + "internal/node/", module + "internal/gateway", module + "internal/cli"}, sqlDrivers...),
+	},
+	{
+		why:       "the better-compute command runs the API and the gateway and is the operator's client; it links none of bcd (what it writes for a development bcd, the config format and a fake machine, is shared)",
+		pkgs:      "./internal/cli/...",
+		forbidden: []string{module + "internal/node/"},
+		testsMay:  []string{module + "internal/node/"},
+		testsWhy:  "dev's tests run the real bcd against the development control plane",
 	},
 	{
 		why:       "shared code is imported by every process, so it depends on none of them",
@@ -85,25 +99,15 @@ var rules = []rule{
 		why:       "the API process talks to bcd only over the wire, and the CLI is a client of the API, never a part of it",
 		pkgs:      "./internal/controlplane/...",
 		forbidden: []string{module + "internal/cli", module + "internal/node/"},
-		testsMay:  []string{module + "internal/cli/client", module + "internal/node/"},
-		testsWhy:  "tests drive the API with the operator's client, and join tests run bcd's join (and its TPM code on a software TPM) against a real API in-process",
-		pending: []pending{
-			{"internal/controlplane/api", "internal/cli/client", "the operator client moves out of cli/"},
-			{"internal/controlplane/apitest", "internal/cli/client", "the operator client moves out of cli/"},
-			{"internal/controlplane/console", "internal/cli/client", "the operator client moves out of cli/"},
-			{"internal/controlplane/export", "internal/cli/client", "the operator client moves out of cli/"},
-			{"internal/controlplane/server", "internal/cli/client", "the operator client moves out of cli/"},
-			{"internal/controlplane/installscript", "internal/node/config", "bcd's config format moves to shared/"},
-			{"internal/controlplane/installscript", "internal/node/diag", "bcd's config format moves to shared/"},
-			{"internal/controlplane/installscript", "internal/node/identity", "bcd's config format moves to shared/"},
-		},
+		testsMay:  []string{module + "internal/node/"},
+		testsWhy:  "join tests run bcd's join (and its TPM code on a software TPM) against a real API in-process",
 	},
 }
 
 // endToEnd is what node and gateway tests may depend on: they run a real
 // API (apitest, the store on SQLite or PostgreSQL, JoinService) and a
 // gateway in-process, so one test covers bcd, gateway and API together.
-var endToEnd = append([]string{module + "internal/controlplane/", module + "internal/gateway", module + "internal/node/", module + "internal/cli/client"}, sqlDrivers...)
+var endToEnd = append([]string{module + "internal/controlplane/", module + "internal/gateway", module + "internal/node/", module + "internal/client"}, sqlDrivers...)
 
 const endToEndWhy = "end-to-end tests run a real API and gateway in-process against the code under test"
 

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"connectrpc.com/connect"
@@ -33,7 +34,6 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -458,9 +458,9 @@ func (s *Server) HTTPClient(c *tls.Config) *http.Client {
 
 // Config returns a bcd config for this server under root: the data
 // directory root/var/lib/bcd, a fake sysfs at root/sys, TPM off.
-func (s *Server) Config(t testing.TB, root string) *config.Config {
+func (s *Server) Config(t testing.TB, root string) *bcdconfig.Config {
 	t.Helper()
-	return &config.Config{
+	return &bcdconfig.Config{
 		GatewayURL:           s.URL,
 		Site:                 s.Site,
 		ServingCASPKIPin:     s.Pins.ServingCA,
@@ -469,7 +469,7 @@ func (s *Server) Config(t testing.TB, root string) *config.Config {
 		DataDir:              filepath.Join(root, "var", "lib", "bcd"),
 		SysfsRoot:            FakeSysfs(t, filepath.Join(root, "sys")),
 		ProcfsRoot:           filepath.Join(root, "proc"),
-		TPM:                  config.TPM{Mode: config.TPMOff},
+		TPM:                  bcdconfig.TPM{Mode: bcdconfig.TPMOff},
 	}
 }
 
@@ -479,7 +479,7 @@ func (s *Server) WriteKeyFile(t testing.TB, dir string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := config.WriteEncryptionKey(dir, s.Pins.JoinEncryption, &s.Bundle.JoinEncryptionKey.PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(dir, s.Pins.JoinEncryption, &s.Bundle.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -26,7 +26,7 @@ import (
 	"strings"
 	"text/template"
 
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -318,7 +318,7 @@ var tmpl = template.Must(template.New("install.sh").Funcs(template.FuncMap{"sh":
 // Config returns the config.toml the script writes (R11.1), validated by
 // bcd's own config package so bcd can read it.
 func (p *Params) Config() ([]byte, error) {
-	c := &config.Config{
+	c := &bcdconfig.Config{
 		GatewayURL:           p.GatewayURL,
 		GatewayServerName:    p.GatewayServerName,
 		Site:                 p.Site,

@@ -16,8 +16,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/tools"
-
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 )
 
@@ -340,7 +339,7 @@ func TestInstallScriptJoinThenUpgrade(t *testing.T) {
 			}
 
 			// config.toml is what bcd reads (R11.1).
-			cfg, err := config.Load(cfgPath)
+			cfg, err := bcdconfig.Load(cfgPath)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -348,7 +347,7 @@ func TestInstallScriptJoinThenUpgrade(t *testing.T) {
 				cfg.ServingCASPKIPin != p.Pins.ServingCA || cfg.JoinSigningKeyPin != p.Pins.JoinSigning || cfg.JoinEncryptionKeyPin != p.Pins.JoinEncryption {
 				t.Fatalf("config %+v", cfg)
 			}
-			key, found, err := config.LoadEncryptionKey(filepath.Dir(cfgPath), cfg.JoinEncryptionKeyPin)
+			key, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(cfgPath), cfg.JoinEncryptionKeyPin)
 			if err != nil || !found || !key.Equal(p.EncryptionKey) {
 				t.Fatalf("join-encryption.jwk: %v %v", found, err)
 			}
@@ -412,7 +411,7 @@ func TestInstallScriptJoinThenUpgrade(t *testing.T) {
 			if f := files(t, r.log); len(f) != 0 {
 				t.Fatalf("bcd ran during the upgrade: %v", f)
 			}
-			if _, err := config.Load(cfgPath); err != nil {
+			if _, err := bcdconfig.Load(cfgPath); err != nil {
 				t.Fatalf("config not rewritten: %v", err)
 			}
 		})

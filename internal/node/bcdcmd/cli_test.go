@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tokeninput"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -27,7 +27,7 @@ type host struct {
 	t       *testing.T
 	srv     *enrolltest.Server
 	root    string
-	cfg     *config.Config
+	cfg     *bcdconfig.Config
 	cfgPath string
 	environ map[string]string
 }
@@ -252,12 +252,12 @@ func TestHostBuild(t *testing.T) {
 		"--data-dir", h.cfg.DataDir, "--sysfs-root", h.cfg.SysfsRoot, "--procfs-root", h.cfg.ProcfsRoot}
 	r := h.run(h.srv.Token, false, args...)
 	want(t, "R11.3", r, 0, "stderr", "joined as")
-	got, err := config.Load(h.cfgPath)
+	got, err := bcdconfig.Load(h.cfgPath)
 	if err != nil || got.GatewayURL != h.srv.URL || got.Site != h.srv.Site || got.DataDir != h.cfg.DataDir ||
 		got.SysfsRoot != h.cfg.SysfsRoot {
 		t.Fatalf("R11.3: %v %+v", err, got)
 	}
-	if _, found, err := config.LoadEncryptionKey(filepath.Dir(h.cfgPath), h.srv.Pins.JoinEncryption); !found || err != nil {
+	if _, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(h.cfgPath), h.srv.Pins.JoinEncryption); !found || err != nil {
 		t.Fatalf("R11.3: join-encryption.jwk: %v %v", found, err)
 	}
 	want(t, "R11.3", h.status(), 0, "stdout", "node:")

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"text/tabwriter"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/doctor"
+	"github.com/spf13/cobra"
 )
 
 func (a *app) doctorCmd() *cobra.Command {
@@ -41,7 +41,7 @@ func (a *app) doctorCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")
+	cmd.Flags().StringVar(&configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/servertime"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -65,7 +65,7 @@ func TestDoctorNoConfig(t *testing.T) {
 // reaches the gateway under any pin of the serving-CA set.
 func TestDoctorShowsPinSets(t *testing.T) {
 	h := newHost(t, true)
-	cfg, err := config.Load(h.cfgPath)
+	cfg, err := bcdconfig.Load(h.cfgPath)
 	if err != nil {
 		t.Fatal(err)
 	}

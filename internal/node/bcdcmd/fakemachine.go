@@ -12,12 +12,13 @@ import (
 
 	"github.com/better-compute/better-compute/internal/node/claims"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/fakemachine"
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 )
 
 type fakeMachineFlags struct {
 	out, procfsOut string
-	m              claims.FakeMachine
+	m              fakemachine.Machine
 	json           bool
 }
 
@@ -88,7 +89,7 @@ func (a *app) fakeMachine(f *fakeMachineFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := claims.WriteFake(out, proc, f.m); err != nil {
+	if err := fakemachine.Write(out, proc, f.m); err != nil {
 		return err
 	}
 	// Read it back as bcd join will: what is printed is what is claimed.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/internal/node/claims"
+	"github.com/better-compute/better-compute/internal/shared/fakemachine"
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 )
 
@@ -72,7 +72,7 @@ func TestFakeMachine(t *testing.T) {
 	proc := filepath.Join(dir, "proc")
 	r = h.run("", true, "fake-machine", "--out", sys, "--serial", "SN-3", "--gpu-uuid", "GPU-8f0c1d2e-aaaa", "--procfs-out", proc)
 	want(t, "", r, 0, "stdout", "gpu uuids:       GPU-8f0c1d2e-aaaa", "--sysfs-root "+sys+" --procfs-root "+proc+" < join-token")
-	if _, err := os.Stat(filepath.Join(proc, claims.FakeMarker)); err != nil {
+	if _, err := os.Stat(filepath.Join(proc, fakemachine.Marker)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -15,11 +15,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tokeninput"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -115,8 +115,8 @@ may become a join request: bcd waits on it as above.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.join(cmd.Context(), &f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.configPath, "config", config.DefaultPath, "bcd's config.toml; join-encryption.jwk is read beside it")
-	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir, else "+config.DefaultDataDir+")")
+	fl.StringVar(&f.configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml; join-encryption.jwk is read beside it")
+	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir, else "+bcdconfig.DefaultDataDir+")")
 	fl.StringVar(&f.sysfsRoot, "sysfs-root", "", "where the host's /sys is mounted, for the hardware claims (default: the config's sysfs_root, else /sys)")
 	fl.StringVar(&f.procfsRoot, "procfs-root", "", "where the host's /proc is mounted (default: the config's procfs_root, else /proc)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
@@ -296,7 +296,7 @@ func (a *app) join(ctx context.Context, f *joinFlags) error {
 type joinDirs struct{ data, sysfs, procfs, store string }
 
 // withDirFlags applies the directory flags over config.toml's local keys.
-func withDirFlags(cfg *config.Config, f *joinFlags) (*config.Config, joinDirs, error) {
+func withDirFlags(cfg *bcdconfig.Config, f *joinFlags) (*bcdconfig.Config, joinDirs, error) {
 	var d joinDirs
 	var err error
 	for _, x := range []struct {
@@ -323,7 +323,7 @@ func withDirFlags(cfg *config.Config, f *joinFlags) (*config.Config, joinDirs, e
 		d.store = cfg.DataDir
 	}
 	if d.store == "" {
-		d.store = config.DefaultDataDir
+		d.store = bcdconfig.DefaultDataDir
 	}
 	return cfg, d, nil
 }
@@ -388,8 +388,8 @@ func (a *app) readToken(tokenFile string) (token string, cleanup func() (string,
 
 // loadConfig loads config.toml; nil without error when there is none
 // (R11.3).
-func loadConfig(path string) (*config.Config, error) {
-	cfg, err := config.Load(path)
+func loadConfig(path string) (*bcdconfig.Config, error) {
+	cfg, err := bcdconfig.Load(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -34,7 +35,7 @@ security.renew.refused event.`,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return a.renew(cmd.Context(), &f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.configPath, "config", config.DefaultPath, "bcd's config.toml")
+	fl.StringVar(&f.configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml")
 	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir)")
 	fl.BoolVar(&f.json, "json", false, "print the renewed identity as JSON on standard output")
 	return cmd

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
@@ -51,7 +52,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a.started = true
 			ctx := cmd.Context() // cancelled on SIGINT/SIGTERM by main
-			cfg, err := config.Load(configPath)
+			cfg, err := bcdconfig.Load(configPath)
 			if err != nil {
 				return err
 			}
@@ -146,7 +147,7 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml")
+	cmd.Flags().StringVar(&configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir)")
 	return cmd
 }

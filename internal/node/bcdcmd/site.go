@@ -5,8 +5,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/site"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -48,7 +48,7 @@ one is ignored.`,
 				if err != nil {
 					return err
 				}
-				dir = config.DefaultDataDir
+				dir = bcdconfig.DefaultDataDir
 				if cfg != nil && cfg.DataDir != "" {
 					dir = cfg.DataDir
 				}
@@ -65,7 +65,7 @@ one is ignored.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configPath, "config", config.DefaultPath, "bcd's config.toml (for its data_dir)")
+	f.StringVar(&configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml (for its data_dir)")
 	f.StringVar(&dataDir, "data-dir", "", "the site agent's data directory (default: the config's data_dir)")
 	f.StringVar(&m.MAC, "mac", "", "the MAC of the NIC the machine booted from")
 	f.StringVar(&m.IP, "ip", "", "the address its boot lease gave")

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -63,8 +63,8 @@ func (a *app) statusCmd() *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.configPath, "config", config.DefaultPath, "bcd's config.toml, for its data_dir")
-	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir, else "+config.DefaultDataDir+")")
+	fl.StringVar(&f.configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml, for its data_dir")
+	fl.StringVar(&f.dataDir, "data-dir", "", "the identity's directory (default: the config's data_dir, else "+bcdconfig.DefaultDataDir+")")
 	fl.BoolVar(&f.json, "json", false, "print JSON")
 	return cmd
 }
@@ -79,7 +79,7 @@ func (a *app) status(f *statusFlags) error {
 		if err != nil {
 			return err
 		}
-		dir = config.DefaultDataDir
+		dir = bcdconfig.DefaultDataDir
 		switch {
 		case cfg != nil:
 			dir = cfg.DataDir
@@ -90,7 +90,7 @@ func (a *app) status(f *statusFlags) error {
 		}
 	}
 	// A node key in the TPM opens through it (R9.1).
-	var tcfg *config.Config
+	var tcfg *bcdconfig.Config
 	if c, cerr := loadConfig(f.configPath); cerr == nil {
 		tcfg = c
 	}

@@ -21,9 +21,9 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/tracing/tracingtest"
@@ -163,7 +163,7 @@ func startGateway(t *testing.T, e *apitest.Env, tp trace.TracerProvider) string 
 
 // bcdConfig makes a site, a pool and a join token, and writes bcd's
 // configuration as the install script does.
-func bcdConfig(t *testing.T, e *apitest.Env, gatewayURL string) (token string, cfg *config.Config, path string) {
+func bcdConfig(t *testing.T, e *apitest.Env, gatewayURL string) (token string, cfg *bcdconfig.Config, path string) {
 	t.Helper()
 	ctx := context.Background()
 	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
@@ -183,12 +183,12 @@ func bcdConfig(t *testing.T, e *apitest.Env, gatewayURL string) (token string, c
 		t.Fatal(err)
 	}
 	root := filepath.Join(t.TempDir(), "host")
-	cfg = &config.Config{
+	cfg = &bcdconfig.Config{
 		GatewayURL: gatewayURL, Site: site.Msg.Id,
 		ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
 		DataDir:   filepath.Join(root, "var", "lib", "bcd"),
 		SysfsRoot: bcdjointest.FakeSysfs(t, filepath.Join(root, "sys")), ProcfsRoot: filepath.Join(root, "proc"),
-		TPM: config.TPM{Mode: config.TPMOff},
+		TPM: bcdconfig.TPM{Mode: bcdconfig.TPMOff},
 	}
 	etc := filepath.Join(root, "etc", "bcd")
 	if err := os.MkdirAll(etc, 0o755); err != nil {
@@ -198,7 +198,7 @@ func bcdConfig(t *testing.T, e *apitest.Env, gatewayURL string) (token string, c
 	if err := cfg.Write(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := config.WriteEncryptionKey(etc, pins.JoinEncryption, &e.Bundle.JoinEncryptionKey.PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(etc, pins.JoinEncryption, &e.Bundle.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	return tok.Msg.Token, cfg, path

@@ -5,8 +5,8 @@ import (
 	"crypto/tls"
 	"net/http"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
@@ -14,7 +14,7 @@ import (
 // returns the environment's HTTP client func with a client span per call
 // whose context goes to the gateway as traceparent, and the flush to run
 // before the command returns.
-func (a *app) traced(cfg *config.Config) (enroll.HTTPClientFunc, func(), error) {
+func (a *app) traced(cfg *bcdconfig.Config) (enroll.HTTPClientFunc, func(), error) {
 	var c tracing.Config
 	if cfg != nil {
 		c = cfg.Tracing

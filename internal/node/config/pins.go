@@ -1,3 +1,13 @@
+// Package config is bcd's side of its configuration at run time: the pin
+// sets it holds live (Pins), shared by the join, the renewer and the
+// session, and the rotation statements it learns into config.toml and
+// join-encryption.jwk (LearnStatements), crash-safely. The files' format
+// (keys, defaults, validation, reading and writing) is shared/bcdconfig's,
+// which the install script and `better-compute dev` write too.
+//
+// SECURITY: the three pin sets are the daemon's only trust anchors. A set
+// gains a key only through a statement signed by a key it already holds
+// (R16.2), and a key seen retired is never pinned again (R21.3).
 package config
 
 import (
@@ -12,146 +22,10 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/BurntSushi/toml"
-
-	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
-
-// PinKinds lists the kinds of key bcd pins, in the order logs and bcd
-// doctor name them.
-func PinKinds() []string {
-	return []string{pki.KindServingCA, pki.KindJoinSigning, pki.KindJoinEncryption}
-}
-
-// PinSet returns the effective pin set of kind (pki.KindServingCA,
-// KindJoinSigning or KindJoinEncryption), oldest first: the array key, then
-// the singular key when the array lacks it (an install that wrote only the
-// singular, or an operator who replaced it by hand, names the newest key).
-// An unknown kind has no pins.
-func (c *Config) PinSet(kind string) []string {
-	single, set := c.pinFields(kind)
-	if single == nil {
-		return nil
-	}
-	out := slices.Clone(*set)
-	if *single != "" && !slices.Contains(out, *single) {
-		out = append(out, *single)
-	}
-	return out
-}
-
-// ServingCAPins, JoinSigningPins and JoinEncryptionPins are PinSet of each
-// kind.
-func (c *Config) ServingCAPins() []string      { return c.PinSet(pki.KindServingCA) }
-func (c *Config) JoinSigningPins() []string    { return c.PinSet(pki.KindJoinSigning) }
-func (c *Config) JoinEncryptionPins() []string { return c.PinSet(pki.KindJoinEncryption) }
-
-// SetPinSet replaces kind's pin set (oldest first, not empty). The singular
-// key becomes the newest pin, so an older bcd that reads only it uses the
-// newest key; the array is written only while the set holds more than one
-// pin, so a config.toml whose rotation is over reads in an older bcd too
-// (it refuses unknown keys).
-func (c *Config) SetPinSet(kind string, pins []string) {
-	single, set := c.pinFields(kind)
-	if single == nil || len(pins) == 0 {
-		return
-	}
-	*single = pins[len(pins)-1]
-	*set = nil
-	if len(pins) > 1 {
-		*set = slices.Clone(pins)
-	}
-}
-
-func (c *Config) pinFields(kind string) (*string, *[]string) {
-	switch kind {
-	case pki.KindServingCA:
-		return &c.ServingCASPKIPin, &c.ServingCASPKIPins
-	case pki.KindJoinSigning:
-		return &c.JoinSigningKeyPin, &c.JoinSigningKeyPins
-	case pki.KindJoinEncryption:
-		return &c.JoinEncryptionKeyPin, &c.JoinEncryptionKeyPins
-	}
-	return nil, nil
-}
-
-// Newest returns the last pin of pins, "" when there is none.
-func Newest(pins []string) string {
-	if len(pins) == 0 {
-		return ""
-	}
-	return pins[len(pins)-1]
-}
-
-// PinUpdate is what LearnStatements did: one pki.PinChange per kind that
-// changed.
-type PinUpdate struct {
-	Changes []pki.PinChange
-}
-
-// Changed reports whether there is anything to save: a set changed, or a
-// key was newly seen retired.
-func (u PinUpdate) Changed() bool { return len(u.Changes) > 0 }
-
-// PinsChanged reports whether a pin set changed (what is worth a log
-// line).
-func (u PinUpdate) PinsChanged() bool {
-	for _, c := range u.Changes {
-		if c.Changed() {
-			return true
-		}
-	}
-	return false
-}
-
-// Kind returns the change of kind, if it changed.
-func (u PinUpdate) Kind(kind string) (pki.PinChange, bool) {
-	for _, c := range u.Changes {
-		if c.Kind == kind {
-			return c, true
-		}
-	}
-	return pki.PinChange{}, false
-}
-
-// MaxRetiredPins bounds RetiredPins: the oldest are forgotten first. Each
-// rotation retires one key of a kind and a rollback one more, so this is
-// dozens of rotations of every kind.
-const MaxRetiredPins = 64
-
-// ApplyStatements applies the rotation statements to c's pin sets in memory
-// (pki.ApplyStatements per kind: only statements signed by a key c already
-// pins count, and no key of RetiredPins is pinned again) and reports what
-// changed; keys newly seen retired join RetiredPins. It writes nothing.
-func (c *Config) ApplyStatements(statements []string) PinUpdate {
-	var u PinUpdate
-	for _, kind := range PinKinds() {
-		next, change := pki.ApplyStatements(kind, c.PinSet(kind), c.RetiredPins, statements)
-		if change.Changed() && len(next) > 0 {
-			c.SetPinSet(kind, next)
-		}
-		if change.Learned() {
-			c.addRetired(change.Dropped)
-			u.Changes = append(u.Changes, change)
-		}
-	}
-	return u
-}
-
-// addRetired appends pins to RetiredPins, keeping the newest
-// MaxRetiredPins.
-func (c *Config) addRetired(pins []string) {
-	for _, p := range pins {
-		if !slices.Contains(c.RetiredPins, p) {
-			c.RetiredPins = append(c.RetiredPins, p)
-		}
-	}
-	if n := len(c.RetiredPins); n > MaxRetiredPins {
-		c.RetiredPins = slices.Clone(c.RetiredPins[n-MaxRetiredPins:])
-	}
-}
 
 // LearnStatements applies the rotation statements (R16.2) to the
 // config.toml at path and, when a pin set changed, writes it back
@@ -178,35 +52,35 @@ func (c *Config) addRetired(pins []string) {
 // next answer's statements retire it again, and a jwk behind the newest pin
 // is caught up by the next statements that carry the newest key (the only
 // write when no set changed).
-func LearnStatements(path string, statements []string) (*Config, PinUpdate, error) {
+func LearnStatements(path string, statements []string) (*bcdconfig.Config, bcdconfig.PinUpdate, error) {
 	return learnStatements(path, statements, diskIO{})
 }
 
 // learnIO is the writes LearnStatements makes, in order; tests stop it
 // between two of them, as a crash would.
 type learnIO interface {
-	writeConfig(c *Config, path string) error
+	writeConfig(c *bcdconfig.Config, path string) error
 	writeKey(dir, pin string, pub *ecdsa.PublicKey) error
 	removeKey(dir string) error
 }
 
 type diskIO struct{}
 
-func (diskIO) writeConfig(c *Config, path string) error { return c.Write(path) }
+func (diskIO) writeConfig(c *bcdconfig.Config, path string) error { return c.Write(path) }
 func (diskIO) writeKey(dir, pin string, pub *ecdsa.PublicKey) error {
-	return WriteEncryptionKey(dir, pin, pub)
+	return bcdconfig.WriteEncryptionKey(dir, pin, pub)
 }
 func (diskIO) removeKey(dir string) error {
-	if err := os.Remove(filepath.Join(dir, EncryptionKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove the stale %s: %w", EncryptionKeyFile, err)
+	if err := os.Remove(filepath.Join(dir, bcdconfig.EncryptionKeyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the stale %s: %w", bcdconfig.EncryptionKeyFile, err)
 	}
 	return nil
 }
 
-func learnStatements(path string, statements []string, w learnIO) (*Config, PinUpdate, error) {
-	c, err := readRaw(path)
+func learnStatements(path string, statements []string, w learnIO) (*bcdconfig.Config, bcdconfig.PinUpdate, error) {
+	c, err := bcdconfig.LoadRaw(path)
 	if err != nil {
-		return nil, PinUpdate{}, err
+		return nil, bcdconfig.PinUpdate{}, err
 	}
 	dir := filepath.Dir(path)
 	before := c.JoinEncryptionPins()
@@ -219,8 +93,8 @@ func learnStatements(path string, statements []string, w learnIO) (*Config, PinU
 		return c, u, w.writeConfig(c, path)
 	}
 	after := c.JoinEncryptionPins()
-	newest := Newest(after)
-	_, onDisk, found, err := LoadEncryptionKeySet(dir, before)
+	newest := bcdconfig.Newest(after)
+	_, onDisk, found, err := bcdconfig.LoadEncryptionKeySet(dir, before)
 	if err != nil {
 		// A broken jwk is the operator's to fix (LoadEncryptionKey says
 		// how); the pins are still worth keeping.
@@ -265,8 +139,8 @@ func learnStatements(path string, statements []string, w learnIO) (*Config, PinU
 // crash left it behind): the sets did not change, so config.toml is not
 // written.
 func catchUpKey(dir string, pins, statements []string, w learnIO) error {
-	newest := Newest(pins)
-	_, onDisk, found, err := LoadEncryptionKeySet(dir, pins)
+	newest := bcdconfig.Newest(pins)
+	_, onDisk, found, err := bcdconfig.LoadEncryptionKeySet(dir, pins)
 	if err != nil || !found || onDisk == newest {
 		return nil
 	}
@@ -301,54 +175,6 @@ func keyOf(pin string, statements []string) *ecdsa.PublicKey {
 	return nil
 }
 
-// readRaw reads config.toml without applying defaults, and validates it.
-func readRaw(path string) (*Config, error) {
-	data, err := readBounded(path, maxConfigSize)
-	if err != nil {
-		return nil, errs.Wrap(err, errs.InvalidConfig, "cannot read the bcd config: %v", err)
-	}
-	var c Config
-	md, err := toml.Decode(string(data), &c)
-	if err != nil {
-		return nil, errs.Wrap(err, errs.InvalidConfig, "%s: not valid TOML: %v", path, err)
-	}
-	if len(md.Undecoded()) > 0 {
-		return nil, errs.New(errs.InvalidConfig, "%s: unknown keys", path)
-	}
-	full := c
-	full.ApplyDefaults()
-	if err := full.Validate(); err != nil {
-		return nil, err
-	}
-	return &c, nil
-}
-
-// LoadEncryptionKeySet is LoadEncryptionKey for a pin set: the key in
-// dir/join-encryption.jwk is accepted when it hashes to any pin of pins
-// (during a rotation the file may hold the next key while an older one is
-// still pinned, or the reverse), and pin is the one it matched.
-func LoadEncryptionKeySet(dir string, pins []string) (key *ecdsa.PublicKey, pin string, found bool, err error) {
-	if len(pins) == 0 {
-		return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: required")
-	}
-	for _, p := range pins {
-		if !pki.ValidPin(p) {
-			return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: want sha256/<base64 of a SHA-256>")
-		}
-	}
-	pub, found, err := readEncryptionKey(dir)
-	if err != nil || !found {
-		return nil, "", found, err
-	}
-	for _, p := range pins {
-		if pki.PinMatches(p, pub) {
-			return pub, p, true, nil
-		}
-	}
-	return nil, "", true, errs.New(errs.InvalidConfig,
-		"%s does not match join_encryption_key_pin: the key was rotated or the file is stale; %s", filepath.Join(dir, EncryptionKeyFile), fixRotatedKey)
-}
-
 // Pins is bcd's live trust anchors: the pin sets of config.toml, shared by
 // the join, the renewer and the session, so a key one of them learns is
 // used by the others at their next dial. Build it with NewPins.
@@ -364,12 +190,12 @@ type Pins struct {
 // NewPins returns the live pin sets of c, persisted to the config.toml at
 // path ("" keeps what is learned in memory only). log receives a line per
 // change; nil discards.
-func NewPins(path string, c *Config, log *slog.Logger) *Pins {
+func NewPins(path string, c *bcdconfig.Config, log *slog.Logger) *Pins {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	p := &Pins{path: path, sets: map[string][]string{}, retired: slices.Clone(c.RetiredPins), log: log}
-	for _, k := range PinKinds() {
+	for _, k := range bcdconfig.PinKinds() {
 		p.sets[k] = c.PinSet(k)
 	}
 	return p
@@ -405,14 +231,14 @@ func (p *Pins) Set(kind string) []string {
 // persists them (LearnStatements). Only statements signed by a pinned key
 // count; when nothing changed nothing is written. On a write error the
 // sets learned are still used in memory, and the error is returned.
-func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
+func (p *Pins) Learn(source string, statements []string) (bcdconfig.PinUpdate, error) {
 	if len(statements) == 0 {
-		return PinUpdate{}, nil
+		return bcdconfig.PinUpdate{}, nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	mem := &Config{RetiredPins: slices.Clone(p.retired)}
-	for _, k := range PinKinds() {
+	mem := &bcdconfig.Config{RetiredPins: slices.Clone(p.retired)}
+	for _, k := range bcdconfig.PinKinds() {
 		mem.SetPinSet(k, p.sets[k])
 	}
 	// Most answers repeat what bcd knows: then config.toml is not even
@@ -421,12 +247,12 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 		if p.path != "" {
 			_ = catchUpKey(filepath.Dir(p.path), p.sets[pki.KindJoinEncryption], statements, diskIO{})
 		}
-		return PinUpdate{}, nil
+		return bcdconfig.PinUpdate{}, nil
 	}
-	var u PinUpdate
+	var u bcdconfig.PinUpdate
 	var err error
 	if p.path != "" {
-		var file *Config
+		var file *bcdconfig.Config
 		file, u, err = LearnStatements(p.path, statements)
 		if err == nil {
 			mem = file
@@ -435,7 +261,7 @@ func (p *Pins) Learn(source string, statements []string) (PinUpdate, error) {
 	if p.path == "" || err != nil {
 		u = mem.ApplyStatements(statements)
 	}
-	for _, k := range PinKinds() {
+	for _, k := range bcdconfig.PinKinds() {
 		p.sets[k] = mem.PinSet(k)
 	}
 	p.retired = mem.RetiredPins
@@ -461,7 +287,7 @@ func (p *Pins) Held() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []string
-	for _, k := range PinKinds() {
+	for _, k := range bcdconfig.PinKinds() {
 		out = append(out, p.sets[k]...)
 	}
 	if len(out) > pki.MaxAckedPins {

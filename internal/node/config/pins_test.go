@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
@@ -32,74 +32,6 @@ func stmt(t *testing.T, kind, action string, signer, subject *ecdsa.PrivateKey) 
 		t.Fatal(err)
 	}
 	return enc
-}
-
-// R16.2: the effective set is the array plus the singular key; setting it
-// keeps the singular on the newest pin, and the array only while there are
-// two or more.
-func TestPinSet(t *testing.T) {
-	a, b, c := pinOf(t, newKey(t)), pinOf(t, newKey(t)), pinOf(t, newKey(t))
-	tests := []struct {
-		name   string
-		single string
-		set    []string
-		want   []string
-	}{
-		{name: "singular only", single: a, want: []string{a}},
-		{name: "array holds the singular", single: b, set: []string{a, b}, want: []string{a, b}},
-		{name: "singular newer than the array", single: c, set: []string{a, b}, want: []string{a, b, c}},
-		{name: "array only", set: []string{a, b}, want: []string{a, b}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for _, kind := range PinKinds() {
-				var cfg Config
-				single, set := cfg.pinFields(kind)
-				*single, *set = tt.single, tt.set
-				if diff := cmp.Diff(tt.want, cfg.PinSet(kind)); diff != "" {
-					t.Errorf("%s (-want +got):\n%s", kind, diff)
-				}
-			}
-		})
-	}
-	var cfg Config
-	cfg.SetPinSet(pki.KindJoinSigning, []string{a, b})
-	if cfg.JoinSigningKeyPin != b || !slices.Equal(cfg.JoinSigningKeyPins, []string{a, b}) {
-		t.Errorf("set of two: singular %s, array %v", cfg.JoinSigningKeyPin, cfg.JoinSigningKeyPins)
-	}
-	cfg.SetPinSet(pki.KindJoinSigning, []string{b})
-	if cfg.JoinSigningKeyPin != b || cfg.JoinSigningKeyPins != nil {
-		t.Errorf("set of one: singular %s, array %v (an older bcd refuses the array key)", cfg.JoinSigningKeyPin, cfg.JoinSigningKeyPins)
-	}
-	if cfg.PinSet("node-ca") != nil {
-		t.Error("an unknown kind has pins")
-	}
-}
-
-// R16.2: every entry of a set is a pin, and a set may stand for its
-// singular key.
-func TestValidatePinSets(t *testing.T) {
-	f := newFixture(t)
-	other := pinOf(t, newKey(t))
-	if _, err := Parse([]byte(f.toml(`serving_ca_spki_pins = ["` + other + `", "` + f.caPin + `"]`))); err != nil {
-		t.Errorf("two serving CA pins: %v", err)
-	}
-	_, err := Parse([]byte(f.toml(`join_signing_key_pins = ["` + other + `", "sha256/nope"]`)))
-	if e, ok := errs.As(err); !ok || e.Code != errs.InvalidConfig || !strings.Contains(e.Message, "join_signing_key_pins[1]: want sha256/") {
-		t.Errorf("a bad entry: %v", err)
-	}
-	noSingle := strings.Replace(f.toml(`join_encryption_key_pins = ["`+other+`", "`+f.encPin+`"]`), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
-	c, err := Parse([]byte(noSingle))
-	if err != nil {
-		t.Fatalf("array without the singular: %v", err)
-	}
-	if diff := cmp.Diff([]string{other, f.encPin}, c.JoinEncryptionPins()); diff != "" {
-		t.Errorf("set (-want +got):\n%s", diff)
-	}
-	noPins := strings.Replace(f.toml(""), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
-	if _, err := Parse([]byte(noPins)); err == nil || !strings.Contains(err.Error(), "join_encryption_key_pin: required") {
-		t.Errorf("no encryption pin at all: %v", err)
-	}
 }
 
 // rotation is one install's keys (three generations of each kind) and its
@@ -120,7 +52,7 @@ func newRotation(t *testing.T) *rotation {
 	if err := os.WriteFile(r.path, []byte(f.toml(`data_dir = "/var/lib/bcd-test"`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteEncryptionKey(r.dir, f.encPin, &r.en[0].PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(r.dir, f.encPin, &r.en[0].PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -148,7 +80,7 @@ func TestLearnStatementsRefusesUnpinned(t *testing.T) {
 	r := newRotation(t)
 	stranger := newKey(t)
 	before, _ := os.ReadFile(r.path)
-	jwkBefore, _ := os.ReadFile(filepath.Join(r.dir, EncryptionKeyFile))
+	jwkBefore, _ := os.ReadFile(filepath.Join(r.dir, bcdconfig.EncryptionKeyFile))
 	injected := []string{
 		stmt(t, pki.KindServingCA, pki.ActionTrust, stranger, r.ca[1]),
 		stmt(t, pki.KindJoinSigning, pki.ActionTrust, stranger, r.sg[1]),
@@ -163,7 +95,7 @@ func TestLearnStatementsRefusesUnpinned(t *testing.T) {
 		t.Fatalf("changed %v, err %v", u.Changes, err)
 	}
 	after, _ := os.ReadFile(r.path)
-	jwkAfter, _ := os.ReadFile(filepath.Join(r.dir, EncryptionKeyFile))
+	jwkAfter, _ := os.ReadFile(filepath.Join(r.dir, bcdconfig.EncryptionKeyFile))
 	if string(before) != string(after) || string(jwkBefore) != string(jwkAfter) {
 		t.Error("files were written")
 	}
@@ -181,7 +113,7 @@ func TestLearnStatementsChain(t *testing.T) {
 	if len(u.Changes) != 3 {
 		t.Errorf("changes %+v", u.Changes)
 	}
-	loaded, err := Load(r.path)
+	loaded, err := bcdconfig.Load(r.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +132,7 @@ func TestLearnStatementsChain(t *testing.T) {
 	if loaded.ServingCASPKIPin != pinOf(t, r.ca[2]) {
 		t.Errorf("singular serving_ca_spki_pin %s is not the newest", loaded.ServingCASPKIPin)
 	}
-	key, found, err := LoadEncryptionKey(r.dir, loaded.JoinEncryptionKeyPin)
+	key, found, err := bcdconfig.LoadEncryptionKey(r.dir, loaded.JoinEncryptionKeyPin)
 	if err != nil || !found || !key.Equal(&r.en[2].PublicKey) {
 		t.Errorf("jwk: found %v, err %v", found, err)
 	}
@@ -228,7 +160,7 @@ func (w *crashIO) step() error {
 	w.done++
 	return nil
 }
-func (w *crashIO) writeConfig(c *Config, path string) error {
+func (w *crashIO) writeConfig(c *bcdconfig.Config, path string) error {
 	if err := w.step(); err != nil {
 		return err
 	}
@@ -266,58 +198,22 @@ func TestLearnStatementsCrashSafe(t *testing.T) {
 			if err != nil && !errors.Is(err, errCrash) {
 				t.Fatalf("%s, crash after %d writes: %v", tt.name, n, err)
 			}
-			cfg, err := Load(r.path)
+			cfg, err := bcdconfig.Load(r.path)
 			if err != nil {
 				t.Fatalf("%s, crash after %d writes: config: %v", tt.name, n, err)
 			}
-			if _, _, found, err := LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins()); err != nil || !found {
+			if _, _, found, err := bcdconfig.LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins()); err != nil || !found {
 				t.Errorf("%s, crash after %d writes: jwk found %v, err %v (pins %v)", tt.name, n, found, err, cfg.JoinEncryptionPins())
 			}
 			if _, _, err := LearnStatements(r.path, tt.statements(r)); err != nil {
 				t.Fatal(err)
 			}
-			cfg, _ = Load(r.path)
-			key, _, _, err := LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins())
-			if err != nil || !pki.PinMatches(Newest(cfg.JoinEncryptionPins()), key) {
+			cfg, _ = bcdconfig.Load(r.path)
+			key, _, _, err := bcdconfig.LoadEncryptionKeySet(r.dir, cfg.JoinEncryptionPins())
+			if err != nil || !pki.PinMatches(bcdconfig.Newest(cfg.JoinEncryptionPins()), key) {
 				t.Errorf("%s, crash after %d writes, learnt again: the jwk is not the newest key (%v)", tt.name, n, err)
 			}
 		}
-	}
-}
-
-// R16.2: the loader accepts a jwk matching any pin of the set, and refuses
-// one matching none.
-func TestLoadEncryptionKeySet(t *testing.T) {
-	dir := t.TempDir()
-	k1, k2 := newKey(t), newKey(t)
-	p1, p2, p3 := pinOf(t, k1), pinOf(t, k2), pinOf(t, newKey(t))
-	if _, _, found, err := LoadEncryptionKeySet(dir, []string{p1}); found || err != nil {
-		t.Errorf("missing file: found %v, err %v", found, err)
-	}
-	if err := WriteEncryptionKey(dir, p2, &k2.PublicKey); err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range []struct {
-		name    string
-		pins    []string
-		wantPin string
-	}{
-		{name: "the newest", pins: []string{p1, p2}, wantPin: p2},
-		{name: "an older one", pins: []string{p2, p3}, wantPin: p2},
-		{name: "none", pins: []string{p1, p3}},
-	} {
-		key, pin, found, err := LoadEncryptionKeySet(dir, tt.pins)
-		switch {
-		case !found:
-			t.Errorf("%s: not found", tt.name)
-		case tt.wantPin == "" && (err == nil || errs.CodeOf(err) != errs.InvalidConfig || !strings.Contains(err.Error(), "does not match")):
-			t.Errorf("%s: err %v", tt.name, err)
-		case tt.wantPin != "" && (err != nil || pin != tt.wantPin || !key.Equal(&k2.PublicKey)):
-			t.Errorf("%s: pin %s, err %v", tt.name, pin, err)
-		}
-	}
-	if _, _, _, err := LoadEncryptionKeySet(dir, []string{"sha256/x"}); err == nil {
-		t.Error("a bad pin accepted")
 	}
 }
 
@@ -325,7 +221,7 @@ func TestLoadEncryptionKeySet(t *testing.T) {
 // path they change in memory only.
 func TestPinsLearn(t *testing.T) {
 	r := newRotation(t)
-	cfg, err := Load(r.path)
+	cfg, err := bcdconfig.Load(r.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +235,7 @@ func TestPinsLearn(t *testing.T) {
 	if diff := cmp.Diff(want, p.Set(pki.KindServingCA)); diff != "" {
 		t.Errorf("live (-want +got):\n%s", diff)
 	}
-	saved, _ := Load(r.path)
+	saved, _ := bcdconfig.Load(r.path)
 	if diff := cmp.Diff(want, saved.ServingCAPins()); diff != "" {
 		t.Errorf("saved (-want +got):\n%s", diff)
 	}
@@ -369,7 +265,7 @@ func TestPinsLearn(t *testing.T) {
 // the same rollback shown again rewrites nothing and logs nothing.
 func TestPinsOnlyMoveForward(t *testing.T) {
 	r := newRotation(t)
-	cfg, err := Load(r.path)
+	cfg, err := bcdconfig.Load(r.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +323,7 @@ func TestPinsOnlyMoveForward(t *testing.T) {
 	}
 
 	// A restarted bcd reads the retirements from config.toml.
-	saved, err := Load(r.path)
+	saved, err := bcdconfig.Load(r.path)
 	if err != nil {
 		t.Fatal(err)
 	}

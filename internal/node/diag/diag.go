@@ -22,42 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
-
-// DefaultListen is the address the docs and the Kubernetes manifests use.
-const DefaultListen = "127.0.0.1:9464"
-
-// Config is the [diagnostics] section of bcd's config.toml.
-type Config struct {
-	// Listen is host:port, e.g. "127.0.0.1:9464"; empty serves nothing.
-	Listen string `toml:"listen,omitempty"`
-	// AllowNonLoopback lets Listen be an address other machines reach
-	// (readiness names the node's state; metrics its certificate's
-	// lifetime). Off: only loopback addresses are accepted.
-	AllowNonLoopback bool `toml:"allow_non_loopback,omitempty"`
-}
-
-// Problem is what is wrong with c.Listen ("" when nothing): it must be
-// host:port on a loopback host unless AllowNonLoopback.
-func (c Config) Problem() string {
-	if c.Listen == "" {
-		return ""
-	}
-	host, _, err := net.SplitHostPort(c.Listen)
-	if err != nil {
-		return fmt.Sprintf("%q: want host:port, e.g. %s", c.Listen, DefaultListen)
-	}
-	if c.AllowNonLoopback || host == "localhost" {
-		return ""
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Sprintf("%q is not a loopback address; use %s, or set diagnostics.allow_non_loopback = true", c.Listen, DefaultListen)
-	}
-	return ""
-}
 
 // Diag tracks the daemon's state and serves it. Build it with New.
 type Diag struct {
@@ -183,7 +152,7 @@ func (d *Diag) Handler() http.Handler {
 // Serve listens on c.Listen (refused when Problem names one) and serves Handler until
 // ctx ends; ready, when set, receives the address. It returns at once,
 // with nothing served, when c.Listen is empty.
-func (d *Diag) Serve(ctx context.Context, c Config, log *slog.Logger, ready func(addr string)) error {
+func (d *Diag) Serve(ctx context.Context, c bcdconfig.Diagnostics, log *slog.Logger, ready func(addr string)) error {
 	if c.Listen == "" {
 		return nil
 	}

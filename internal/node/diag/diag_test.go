@@ -15,27 +15,6 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/telemetry/telemetrytest"
 )
 
-func TestListenLoopbackOnly(t *testing.T) {
-	for _, c := range []struct {
-		cfg Config
-		ok  bool
-	}{
-		{Config{}, true},
-		{Config{Listen: DefaultListen}, true},
-		{Config{Listen: "[::1]:9464"}, true},
-		{Config{Listen: "localhost:9464"}, true},
-		{Config{Listen: ":9464"}, false},
-		{Config{Listen: "0.0.0.0:9464"}, false},
-		{Config{Listen: "10.0.0.5:9464"}, false},
-		{Config{Listen: "10.0.0.5:9464", AllowNonLoopback: true}, true},
-		{Config{Listen: "no-port"}, false},
-	} {
-		if got := c.cfg.Problem() == ""; got != c.ok {
-			t.Errorf("%+v: accepted %v, want %v (%s)", c.cfg, got, c.ok, c.cfg.Problem())
-		}
-	}
-}
-
 // R17.2: /readyz says why the node is not ready: no identity, an expired
 // certificate, a failed renewal, no session; and 200 once all are well.
 // The daemon's hooks move the state and the metrics (R17.1).

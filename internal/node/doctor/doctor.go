@@ -19,11 +19,11 @@ import (
 
 	"crypto/tls"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 )
@@ -65,7 +65,7 @@ func Run(ctx context.Context, o Options) []Check {
 	add := func(name, status, format string, args ...any) {
 		out = append(out, Check{Name: name, Status: status, Detail: fmt.Sprintf(format, args...)})
 	}
-	cfg, err := config.Load(o.ConfigPath)
+	cfg, err := bcdconfig.Load(o.ConfigPath)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			add("config", Fail, "%s does not exist: install bcd with its install script, or join with bcd join --server … (see docs/joining.md)", o.ConfigPath)
@@ -81,12 +81,12 @@ func Run(ctx context.Context, o Options) []Check {
 	add("config", OK, "%s is valid (gateway %s, site %s)", o.ConfigPath, cfg.GatewayURL, cfg.Site)
 
 	out = append(out, pinsCheck(cfg))
-	if _, pin, found, err := config.LoadEncryptionKeySet(filepath.Dir(o.ConfigPath), cfg.JoinEncryptionPins()); err != nil {
+	if _, pin, found, err := bcdconfig.LoadEncryptionKeySet(filepath.Dir(o.ConfigPath), cfg.JoinEncryptionPins()); err != nil {
 		add("join key", Fail, "%v", err)
 	} else if !found {
-		add("join key", Warn, "no %s beside the config: bcd join needs --server https://<control plane> to fetch the key", config.EncryptionKeyFile)
+		add("join key", Warn, "no %s beside the config: bcd join needs --server https://<control plane> to fetch the key", bcdconfig.EncryptionKeyFile)
 	} else {
-		add("join key", OK, "%s matches join-encryption pin %s", config.EncryptionKeyFile, pin)
+		add("join key", OK, "%s matches join-encryption pin %s", bcdconfig.EncryptionKeyFile, pin)
 	}
 
 	dataDir := cfg.DataDir
@@ -129,7 +129,7 @@ func ExpiredMessage(notAfter time.Time) string {
 	return fmt.Sprintf("the certificate expired at %s; %s", notAfter.UTC().Format(time.RFC3339), identity.ExpiredFix(notAfter))
 }
 
-func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
+func identityCheck(cfg *bcdconfig.Config, dataDir string, now time.Time) Check {
 	c := Check{Name: "identity"}
 	_, store, err := tpmkeys.Stores(cfg, dataDir)
 	if err != nil {
@@ -164,7 +164,7 @@ func identityCheck(cfg *config.Config, dataDir string, now time.Time) Check {
 	return c
 }
 
-func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
+func gatewayCheck(ctx context.Context, cfg *bcdconfig.Config, o Options) Check {
 	c := Check{Name: "gateway"}
 	u, err := url.Parse(cfg.GatewayURL)
 	if err != nil {
@@ -199,9 +199,9 @@ func gatewayCheck(ctx context.Context, cfg *config.Config, o Options) Check {
 
 // pinsCheck shows the pin sets (R16.2), oldest first, the newest marked;
 // during a rotation a kind has two.
-func pinsCheck(cfg *config.Config) Check {
+func pinsCheck(cfg *bcdconfig.Config) Check {
 	var parts []string
-	for _, k := range config.PinKinds() {
+	for _, k := range bcdconfig.PinKinds() {
 		set := cfg.PinSet(k)
 		s := make([]string, len(set))
 		for i, p := range set {
@@ -218,14 +218,14 @@ func pinsCheck(cfg *config.Config) Check {
 // tpmCheck reports the TPM (R9.1): whether it opens, its EK's kind, the
 // AK's name (the certificate statement it would carry) and the kind of the
 // node key in node.key.
-func tpmCheck(cfg *config.Config, dataDir string) Check {
+func tpmCheck(cfg *bcdconfig.Config, dataDir string) Check {
 	c := Check{Name: "tpm"}
 	t := cfg.TPM
 	where := t.Device
 	if t.Simulator != "" {
 		where = "swtpm:" + t.Simulator
 	}
-	if t.Mode == config.TPMOff {
+	if t.Mode == bcdconfig.TPMOff {
 		c.Status, c.Detail = Skip, "tpm.mode = off: the node key is a software key"
 		return c
 	}
@@ -267,8 +267,8 @@ func tpmCheck(cfg *config.Config, dataDir string) Check {
 	return c
 }
 
-func failOrWarn(mode config.TPMMode) string {
-	if mode == config.TPMRequired {
+func failOrWarn(mode bcdconfig.TPMMode) string {
+	if mode == bcdconfig.TPMRequired {
 		return Fail
 	}
 	return Warn

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/tpmverify"
 )
 
@@ -24,7 +24,7 @@ func TestTPMCheckPrintsEKHashR9_2(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpm.Close()
-	c := tpmCheck(&config.Config{TPM: config.TPM{Simulator: sim.Addr, Mode: config.TPMRequired}}, t.TempDir())
+	c := tpmCheck(&bcdconfig.Config{TPM: bcdconfig.TPM{Simulator: sim.Addr, Mode: bcdconfig.TPMRequired}}, t.TempDir())
 	if c.Status != OK || !strings.Contains(c.Detail, "ek_sha256 "+hex.EncodeToString(h)) {
 		t.Errorf("tpm check %s: %s, want ek_sha256 %x", c.Status, c.Detail, h)
 	}

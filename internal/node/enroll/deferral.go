@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 )
@@ -50,7 +50,7 @@ func bootEvidence(b *Boot) ([]byte, error) {
 // request, an approval that ran out or was used), or ctx ends. join.pending
 // keeps the request meanwhile, so a bcd join after a restart waits on the
 // same join request.
-func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error, want expectation) (*agentv1.JoinResponseBody, error) {
+func (j *Joiner) sendUntilDecided(ctx context.Context, cfg *bcdconfig.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error, want expectation) (*agentv1.JoinResponseBody, error) {
 	return j.untilDecided(ctx, want, "bcd join again with the same token", func() (*agentv1.JoinResponse, bool, error) {
 		return j.send(ctx, cfg, req, reseal)
 	})

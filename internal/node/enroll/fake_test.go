@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -35,7 +35,7 @@ type env struct {
 	pins     pki.Pins
 	site     string
 	token    string
-	cfg      *config.Config
+	cfg      *bcdconfig.Config
 	cfgPath  string
 	store    *identity.Store
 	progress []string
@@ -72,7 +72,7 @@ func (e *env) setDoc(change func(d *wire.WellKnown)) { e.srv.SetDoc(change) }
 
 // joiner returns a Joiner over the env; cfg nil is a host without
 // config.toml.
-func (e *env) joiner(cfg *config.Config) *Joiner {
+func (e *env) joiner(cfg *bcdconfig.Config) *Joiner {
 	e.t.Helper()
 	j, err := New(e.config(cfg))
 	if err != nil {
@@ -83,7 +83,7 @@ func (e *env) joiner(cfg *config.Config) *Joiner {
 
 // config is the Joiner's Config over the env: waits between attempts move
 // the env's clock instead of sleeping.
-func (e *env) config(cfg *config.Config) Config {
+func (e *env) config(cfg *bcdconfig.Config) Config {
 	return Config{
 		BCD: cfg, ConfigPath: e.cfgPath, Store: e.store, Clock: e.clock,
 		HTTPClient: e.srv.HTTPClient, Log: discard, CallTimeout: e.callTimeout, Rand: func() float64 { return 0.5 },

@@ -58,6 +58,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/hwid"
@@ -111,8 +112,8 @@ type Config struct {
 	// BCD is the loaded configuration, or nil when there is no config.toml:
 	// Join then builds one from the well-known document (R11.3) and needs
 	// Options.Server and Options.Bootstrap.
-	BCD *config.Config
-	// ConfigPath is config.toml's path (config.DefaultPath when empty);
+	BCD *bcdconfig.Config
+	// ConfigPath is config.toml's path (bcdconfig.DefaultPath when empty);
 	// join-encryption.jwk is read from, and in a host build written to,
 	// its directory.
 	ConfigPath string
@@ -174,7 +175,7 @@ func New(cfg Config) (*Joiner, error) {
 		return nil, errs.New(errs.InvalidConfig, "join: no data directory")
 	}
 	if cfg.ConfigPath == "" {
-		cfg.ConfigPath = config.DefaultPath
+		cfg.ConfigPath = bcdconfig.DefaultPath
 	}
 	j := &Joiner{cfg: cfg, keys: cfg.Keys, clock: cfg.Clock, httpClient: cfg.HTTPClient, log: cfg.Log, sleep: cfg.Sleep, rand: cfg.Rand, callTimeout: cfg.CallTimeout}
 	if j.sleep == nil {
@@ -274,7 +275,7 @@ func (j *Joiner) progress(format string, args ...any) {
 
 // claimsAndKey collects the machine's hardware claims and makes the new node
 // key and its certificate request.
-func (j *Joiner) claimsAndKey(cfg *config.Config) (hwid.Claims, crypto.Signer, []byte, []byte, error) {
+func (j *Joiner) claimsAndKey(cfg *bcdconfig.Config) (hwid.Claims, crypto.Signer, []byte, []byte, error) {
 	j.progress("collecting hardware claims…")
 	cl, warnings, err := claims.Collect(cfg.SysfsRoot, cfg.ProcfsRoot)
 	for _, w := range warnings {
@@ -447,7 +448,7 @@ const retryClockMove = 30 * time.Second
 
 // joinConfig is the configuration a token join uses: config.toml, or one
 // built from the well-known document (R11.3), with that document.
-func (j *Joiner) joinConfig(ctx context.Context, opts Options) (*config.Config, *wellKnown, error) {
+func (j *Joiner) joinConfig(ctx context.Context, opts Options) (*bcdconfig.Config, *wellKnown, error) {
 	if j.cfg.BCD == nil {
 		return j.buildConfig(ctx, opts)
 	}
@@ -467,7 +468,7 @@ func (j *Joiner) joinConfig(ctx context.Context, opts Options) (*config.Config, 
 // pendingRequest is the request a token join sends (R4.9): the one of an
 // earlier run that got no answer, when it was for this token, or a new one,
 // recorded before it is first sent.
-func (j *Joiner) pendingRequest(cfg *config.Config, opts Options, old *oldIdentity, role, wireAttestor string) (*pending, error) {
+func (j *Joiner) pendingRequest(cfg *bcdconfig.Config, opts Options, old *oldIdentity, role, wireAttestor string) (*pending, error) {
 	want := pendingKey{tokenSHA256: TokenHash(opts.Token), attestor: wireAttestor, role: role, nodeID: opts.NodeID, site: cfg.Site}
 	evidence, err := bootEvidence(opts.Boot)
 	if err != nil {
@@ -651,7 +652,7 @@ func (j *Joiner) refuseJoined() error {
 // buildConfig is the host build of R11.3: the gateway from the well-known
 // document, the site and pins from the command line, and a document whose
 // pins differ from them refused.
-func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config, *wellKnown, error) {
+func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*bcdconfig.Config, *wellKnown, error) {
 	b := opts.Bootstrap
 	if opts.Server == "" || b == nil {
 		return nil, nil, errs.New(errs.InvalidConfig,
@@ -679,7 +680,7 @@ func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config,
 		}
 	}
 
-	c := &config.Config{
+	c := &bcdconfig.Config{
 		Site:                 b.Site,
 		ServingCASPKIPin:     b.ServingCAPin,
 		JoinSigningKeyPin:    b.JoinSigningPin,
@@ -727,12 +728,12 @@ func (j *Joiner) buildConfig(ctx context.Context, opts Options) (*config.Config,
 // writeConfig writes join-encryption.jwk, then config.toml, after a host
 // build's join (R11.3). config.toml last: its presence means the install
 // is complete.
-func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Bootstrap) error {
+func (j *Joiner) writeConfig(cfg *bcdconfig.Config, encKey *ecdsa.PublicKey, b *Bootstrap) error {
 	dir := filepath.Dir(j.cfg.ConfigPath)
 	out := *cfg
 	// Keep defaults out of the file, so a later bcd with other defaults
 	// is not pinned to these.
-	out.DataDir, out.SysfsRoot, out.ProcfsRoot, out.TPM = b.DataDir, b.SysfsRoot, b.ProcfsRoot, config.TPM{}
+	out.DataDir, out.SysfsRoot, out.ProcfsRoot, out.TPM = b.DataDir, b.SysfsRoot, b.ProcfsRoot, bcdconfig.TPM{}
 	fail := func(err error) error {
 		return errs.New(errs.InvalidState, "joined, but could not write the configuration in %s: %s; the daemon cannot start without it: write it by hand (the install script's config.toml), or run bcd join --reset --yes and join again with a new token",
 			dir, errs.MessageOf(err))
@@ -744,7 +745,7 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 	if err != nil {
 		return fail(err)
 	}
-	if err := config.WriteEncryptionKey(dir, encPin, encKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(dir, encPin, encKey); err != nil {
 		return fail(err)
 	}
 	if err := out.Write(j.cfg.ConfigPath); err != nil {
@@ -759,9 +760,9 @@ func (j *Joiner) writeConfig(cfg *config.Config, encKey *ecdsa.PublicKey, b *Boo
 // it matches; otherwise an error saying both ways. A present file that does
 // not match fails and never falls back. It returns the document when it
 // fetched it, or wk as given.
-func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server source, wk *wellKnown) (*ecdsa.PublicKey, *wellKnown, error) {
+func (j *Joiner) encryptionKey(ctx context.Context, cfg *bcdconfig.Config, server source, wk *wellKnown) (*ecdsa.PublicKey, *wellKnown, error) {
 	dir := filepath.Dir(j.cfg.ConfigPath)
-	key, _, found, err := config.LoadEncryptionKeySet(dir, cfg.JoinEncryptionPins())
+	key, _, found, err := bcdconfig.LoadEncryptionKeySet(dir, cfg.JoinEncryptionPins())
 	if err != nil {
 		return nil, wk, err
 	}
@@ -772,7 +773,7 @@ func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server s
 		if server.url == "" {
 			return nil, nil, errs.New(errs.InvalidConfig,
 				"no JoinService encryption key: %s is missing; install it (the install script writes it), or pass --server with the control plane's URL to fetch it from its well-known document",
-				filepath.Join(dir, config.EncryptionKeyFile))
+				filepath.Join(dir, bcdconfig.EncryptionKeyFile))
 		}
 		if wk, err = j.fetchWellKnown(ctx, server, cfg); err != nil {
 			return nil, nil, err
@@ -797,7 +798,7 @@ func (j *Joiner) encryptionKey(ctx context.Context, cfg *config.Config, server s
 // answered reports whether the control plane gave a definite answer, so the
 // request did not land (and join.pending can go); on a transient failure
 // or a refused gateway it is false.
-func (j *Joiner) send(ctx context.Context, cfg *config.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error) (res *agentv1.JoinResponse, answered bool, err error) {
+func (j *Joiner) send(ctx context.Context, cfg *bcdconfig.Config, req *agentv1.JoinRequest, reseal func(*agentv1.JoinRequest) error) (res *agentv1.JoinResponse, answered bool, err error) {
 	u, err := url.Parse(cfg.GatewayURL)
 	if err != nil {
 		return nil, false, errs.New(errs.InvalidConfig, "gateway_url: not a URL")

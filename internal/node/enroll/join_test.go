@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -395,7 +395,7 @@ func TestEncryptionKey(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(e.cfgPath), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(filepath.Dir(e.cfgPath), config.EncryptionKeyFile), data, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(e.cfgPath), bcdconfig.EncryptionKeyFile), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		o := e.opts()
@@ -419,7 +419,7 @@ func TestEncryptionKey(t *testing.T) {
 			t.Fatalf("R11.1: %v", err)
 		}
 		// Only a host build writes the key.
-		if _, err := os.Stat(filepath.Join(filepath.Dir(e.cfgPath), config.EncryptionKeyFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(e.cfgPath), bcdconfig.EncryptionKeyFile)); err == nil {
 			t.Error("R11.1: the fetched key was written")
 		}
 	})
@@ -469,7 +469,7 @@ func TestHostBuild(t *testing.T) {
 		if err != nil {
 			t.Fatalf("R11.3: %v", err)
 		}
-		got, err := config.Load(e.cfgPath)
+		got, err := bcdconfig.Load(e.cfgPath)
 		if err != nil {
 			t.Fatalf("R11.3: config.toml: %v", err)
 		}
@@ -478,7 +478,7 @@ func TestHostBuild(t *testing.T) {
 			got.JoinEncryptionKeyPin != e.pins.JoinEncryption || got.DataDir != e.cfg.DataDir {
 			t.Fatalf("R11.3: config %+v", got)
 		}
-		key, found, err := config.LoadEncryptionKey(filepath.Dir(e.cfgPath), e.pins.JoinEncryption)
+		key, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(e.cfgPath), e.pins.JoinEncryption)
 		if err != nil || !found || !key.Equal(&e.bundle.JoinEncryptionKey.PublicKey) {
 			t.Fatalf("R11.3: join-encryption.jwk: %v %v", found, err)
 		}

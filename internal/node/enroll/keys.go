@@ -12,6 +12,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
@@ -115,11 +116,11 @@ func RecoverPins(ctx context.Context, pins *config.Pins, hc HTTPClientFunc, gate
 
 // syncPins copies the live sets into cfg, so a dial made with cfg uses
 // what the session or the renewer learned.
-func syncPins(cfg *config.Config, pins *config.Pins) {
+func syncPins(cfg *bcdconfig.Config, pins *config.Pins) {
 	if pins == nil {
 		return
 	}
-	for _, k := range config.PinKinds() {
+	for _, k := range bcdconfig.PinKinds() {
 		if s := pins.Set(k); len(s) > 0 {
 			cfg.SetPinSet(k, s)
 		}

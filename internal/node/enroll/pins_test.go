@@ -12,8 +12,8 @@ import (
 
 	"github.com/better-compute/better-compute/internal/checks/enrolltest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -33,13 +33,13 @@ func (e *env) files() string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	k, _ := os.ReadFile(filepath.Join(filepath.Dir(e.cfgPath), config.EncryptionKeyFile))
+	k, _ := os.ReadFile(filepath.Join(filepath.Dir(e.cfgPath), bcdconfig.EncryptionKeyFile))
 	return string(c) + "\n" + string(k)
 }
 
-func (e *env) saved() *config.Config {
+func (e *env) saved() *bcdconfig.Config {
 	e.t.Helper()
-	c, err := config.Load(e.cfgPath)
+	c, err := bcdconfig.Load(e.cfgPath)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestJoinLearnsAnswerStatements(t *testing.T) {
 			if saved.JoinEncryptionKeyPin != newest {
 				t.Errorf("join_encryption_key_pin %s is not the newest", saved.JoinEncryptionKeyPin)
 			}
-			key, found, err := config.LoadEncryptionKey(filepath.Dir(e.cfgPath), newest)
+			key, found, err := bcdconfig.LoadEncryptionKey(filepath.Dir(e.cfgPath), newest)
 			if err != nil || !found || !key.Equal(&next.JoinEncryptionKey.PublicKey) {
 				t.Errorf("jwk: found %v, err %v", found, err)
 			}

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -72,9 +72,9 @@ type wellKnown struct {
 	signingCert *x509.Certificate
 	// pins are the pin sets the document was checked against: the caller's,
 	// after the document's key statements (R16.2) that a pinned key signed.
-	pins *config.Config
+	pins *bcdconfig.Config
 	// learned says whether the statements changed a set.
-	learned config.PinUpdate
+	learned bcdconfig.PinUpdate
 }
 
 // source is where the well-known document comes from: the control plane's
@@ -95,7 +95,7 @@ func (o Options) wellKnownSource() source { return source{url: o.Server, cas: o.
 // not match is an error (there is nothing else to seal to); a signing
 // certificate that does not match is dropped (the response carries its
 // own).
-func (j *Joiner) fetchWellKnown(ctx context.Context, server source, pins *config.Config) (*wellKnown, error) {
+func (j *Joiner) fetchWellKnown(ctx context.Context, server source, pins *bcdconfig.Config) (*wellKnown, error) {
 	u, err := WellKnownURL(server.url)
 	if err != nil {
 		return nil, err

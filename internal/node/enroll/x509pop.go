@@ -8,8 +8,8 @@ import (
 	"time"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/version"
@@ -133,7 +133,7 @@ func (j *Joiner) rejoin(ctx context.Context, opts Options) (*identity.Identity, 
 // newRejoinRequest makes the new key and the complete x509pop request, signs
 // its digest with the expired certificate's key (R4.2), and records it in
 // join.pending before it is first sent (R4.9).
-func (j *Joiner) newRejoinRequest(cfg *config.Config, old *identity.Identity, role string) (*pending, error) {
+func (j *Joiner) newRejoinRequest(cfg *bcdconfig.Config, old *identity.Identity, role string) (*pending, error) {
 	cl, signer, keyRecord, csr, err := j.claimsAndKey(cfg)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -30,7 +31,7 @@ type pinned struct {
 	srv     *enrolltest.Server
 	path    string
 	dir     string
-	cfg     *config.Config
+	cfg     *bcdconfig.Config
 	store   *identity.Store
 	clock   *clock.Fake
 	pins    *config.Pins
@@ -71,7 +72,7 @@ func (p *pinned) files(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jwk, err := os.ReadFile(filepath.Join(p.dir, config.EncryptionKeyFile))
+	jwk, err := os.ReadFile(filepath.Join(p.dir, bcdconfig.EncryptionKeyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +165,7 @@ func TestRenewLearnsChainOfRotations(t *testing.T) {
 	if _, err := p.renewer.RenewOnce(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	saved, err := config.Load(p.path)
+	saved, err := bcdconfig.Load(p.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestRenewLearnsChainOfRotations(t *testing.T) {
 			t.Errorf("live %s (-want +got):\n%s", kind, diff)
 		}
 	}
-	key, found, err := config.LoadEncryptionKey(p.dir, saved.JoinEncryptionKeyPin)
+	key, found, err := bcdconfig.LoadEncryptionKey(p.dir, saved.JoinEncryptionKeyPin)
 	if err != nil || !found || !key.Equal(&g2.JoinEncryptionKey.PublicKey) {
 		t.Errorf("jwk: found %v, err %v", found, err)
 	}
@@ -244,7 +245,7 @@ func TestRenewAfterOfflineServingCARotation(t *testing.T) {
 			if err != nil {
 				t.Fatalf("renewal after the Keys fallback: %v", err)
 			}
-			saved, err := config.Load(p.path)
+			saved, err := bcdconfig.Load(p.path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -313,7 +314,7 @@ func TestRenewAcrossBackToBackJoinSigningRotation(t *testing.T) {
 			if diff := cmp.Diff(want, p.pins.Set(pki.KindJoinSigning)); diff != "" {
 				t.Errorf("live join-signing set (-want +got):\n%s", diff)
 			}
-			saved, err := config.Load(p.path)
+			saved, err := bcdconfig.Load(p.path)
 			if err != nil {
 				t.Fatal(err)
 			}

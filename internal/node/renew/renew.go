@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -67,7 +68,7 @@ const (
 // Config lists a Renewer's dependencies.
 type Config struct {
 	// BCD is the loaded configuration (gateway and pins); required.
-	BCD *config.Config
+	BCD *bcdconfig.Config
 	// Store is the identity's data directory; required.
 	Store *identity.Store
 	// Keys makes the new node key; nil means identity.SoftwareKeys.
@@ -109,7 +110,7 @@ type Config struct {
 // Renewer renews this node's certificate; build it with New.
 type Renewer struct {
 	cfg   Config
-	bcd   config.Config
+	bcd   bcdconfig.Config
 	keys  identity.KeyStore
 	clock clock.Clock
 	hc    enroll.HTTPClientFunc

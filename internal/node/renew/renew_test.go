@@ -31,12 +31,12 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/gateway"
 	bcdcli "github.com/better-compute/better-compute/internal/node/bcdcmd"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
@@ -52,7 +52,7 @@ type stack struct {
 	e          *apitest.Env
 	gatewayURL string
 	calls      atomic.Int64 // calls that reached the agent listener
-	cfg        *config.Config
+	cfg        *bcdconfig.Config
 	configPath string
 	store      *identity.Store
 	joined     *identity.Identity
@@ -166,15 +166,15 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 		t.Fatal(err)
 	}
 	root := filepath.Join(dir, "host")
-	s.cfg = &config.Config{
+	s.cfg = &bcdconfig.Config{
 		GatewayURL: s.gatewayURL, Site: site.Msg.Id,
 		ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
 		DataDir:   filepath.Join(root, "var", "lib", "bcd"),
 		SysfsRoot: bcdjointest.FakeSysfs(t, filepath.Join(root, "sys")), ProcfsRoot: filepath.Join(root, "proc"),
-		TPM: config.TPM{Mode: config.TPMOff},
+		TPM: bcdconfig.TPM{Mode: bcdconfig.TPMOff},
 	}
 	if o.sim != nil {
-		s.cfg.TPM = config.TPM{Mode: config.TPMRequired, Simulator: o.sim.Addr}
+		s.cfg.TPM = bcdconfig.TPM{Mode: bcdconfig.TPMRequired, Simulator: o.sim.Addr}
 	}
 	etc := filepath.Join(root, "etc", "bcd")
 	if err := os.MkdirAll(etc, 0o755); err != nil {
@@ -184,7 +184,7 @@ func newStackWith(t *testing.T, e *apitest.Env, o stackOptions) *stack {
 	if err := s.cfg.Write(s.configPath); err != nil {
 		t.Fatal(err)
 	}
-	if err := config.WriteEncryptionKey(etc, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(etc, pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	s.join(t, tok.Msg.Token, o)
@@ -542,7 +542,7 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-func validConfig() *config.Config {
+func validConfig() *bcdconfig.Config {
 	b, err := ca.Generate("compute.example.com", time.Now())
 	if err != nil {
 		panic(err)
@@ -551,6 +551,6 @@ func validConfig() *config.Config {
 	if err != nil {
 		panic(err)
 	}
-	return &config.Config{GatewayURL: "https://gw.example.com", Site: ids.New(ids.Site, time.Now()),
+	return &bcdconfig.Config{GatewayURL: "https://gw.example.com", Site: ids.New(ids.Site, time.Now()),
 		ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -237,7 +238,7 @@ func (h *harness) token(t *testing.T, pool *bcv1.Pool, reclaim bool) string {
 type machine struct {
 	nodeID string
 	store  *identity.Store
-	cfg    *config.Config
+	cfg    *bcdconfig.Config
 	id     *identity.Identity
 	// pins are the daemon's live pin sets, kept across its restarts as
 	// config.toml keeps them.
@@ -286,7 +287,7 @@ func (h *harness) join(t *testing.T, token string, i, cpus int) *machine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{GatewayURL: "https://" + h.gwAddr, Site: h.site.Id, ServingCASPKIPin: pins.ServingCA,
+	cfg := &bcdconfig.Config{GatewayURL: "https://" + h.gwAddr, Site: h.site.Id, ServingCASPKIPin: pins.ServingCA,
 		JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption, DataDir: st.Dir, ProcfsRoot: procfs}
 	cfg.ApplyDefaults()
 	return &machine{nodeID: id.NodeID, store: st, cfg: cfg, id: loaded}

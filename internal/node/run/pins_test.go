@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/run"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -47,7 +48,7 @@ func (s *syncBuffer) String() string {
 type pinnedDaemon struct {
 	srv      *enrolltest.Server
 	path     string
-	cfg      *config.Config
+	cfg      *bcdconfig.Config
 	pins     *config.Pins
 	logs     *syncBuffer
 	welcomes chan string
@@ -162,7 +163,7 @@ func TestWelcomeStatements(t *testing.T) {
 			if diff := cmp.Diff(want, p.pins.Set(pki.KindServingCA)); diff != "" {
 				t.Errorf("live serving-CA set (-want +got):\n%s", diff)
 			}
-			saved, err := config.Load(p.path)
+			saved, err := bcdconfig.Load(p.path)
 			if err != nil {
 				t.Fatal(err)
 			}

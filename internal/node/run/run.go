@@ -59,6 +59,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -95,7 +96,7 @@ type Renewer interface {
 // Config lists the daemon's dependencies.
 type Config struct {
 	// BCD is the loaded configuration; required.
-	BCD *config.Config
+	BCD *bcdconfig.Config
 	// Store is the identity's data directory; required.
 	Store *identity.Store
 	// Clock is the time source; nil means the wall clock.

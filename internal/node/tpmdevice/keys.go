@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"slices"
 
 	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -58,22 +60,73 @@ func (e *EK) PublicBytes() []byte { return tpm2.Marshal(e.Public) }
 // KindOf is tpmverify.KindOf.
 func KindOf(pub *tpm2.TPMTPublic) EKKind { return tpmverify.KindOf(pub) }
 
-// handle is a loaded object and how to let it go.
+// handle is an object the TPM holds for an operation: persistent, or
+// transient and flushed by the operation's end.
 type handle struct {
-	h     tpm2.TPMHandle
-	name  tpm2.TPM2BName
-	pub   tpm2.TPMTPublic
-	flush bool
+	h    tpm2.TPMHandle
+	name tpm2.TPM2BName
+	pub  tpm2.TPMTPublic
 }
 
-func (t *TPM) release(h *handle) {
-	if h != nil && h.flush {
-		_, _ = tpm2.FlushContext{FlushHandle: h.h}.Execute(t.t)
+// auth is h as the authorized handle of a command (the keys here have empty
+// authorization).
+func (h *handle) auth() tpm2.AuthHandle {
+	return tpm2.AuthHandle{Handle: h.h, Name: h.name, Auth: tpm2.PasswordAuth(nil)}
+}
+
+// op is one operation on the TPM: it holds the TPM (its lock, and the
+// connection of an on-demand TPM) and the transient objects loaded for it.
+// Every operation is
+//
+//	o, err := t.begin()
+//	if err != nil {
+//		return err
+//	}
+//	defer o.end()
+//
+// and loads what it needs through o (primary, loadEK, load), so whatever
+// it loaded is flushed on every path (handle hygiene, in the package doc).
+type op struct {
+	t      *TPM
+	tpm    transport.TPM
+	loaded []tpm2.TPMHandle // transient objects, oldest first
+}
+
+// begin takes the TPM for one operation, connecting when needed.
+func (t *TPM) begin() (*op, error) {
+	if err := t.acquire(); err != nil {
+		return nil, err
+	}
+	return &op{t: t, tpm: t.t}, nil
+}
+
+// end flushes what the operation loaded, newest first, and lets the TPM go.
+func (o *op) end() {
+	for i := len(o.loaded) - 1; i >= 0; i-- {
+		_, _ = tpm2.FlushContext{FlushHandle: o.loaded[i]}.Execute(o.tpm)
+	}
+	o.loaded = nil
+	o.t.unlock()
+}
+
+// flush flushes h now, freeing its slot for the rest of the operation (swtpm
+// has three). A persistent handle is left alone.
+func (o *op) flush(h *handle) {
+	if i := slices.Index(o.loaded, h.h); i >= 0 {
+		_, _ = tpm2.FlushContext{FlushHandle: h.h}.Execute(o.tpm)
+		o.loaded = slices.Delete(o.loaded, i, i+1)
 	}
 }
 
-func (t *TPM) readPublic(h tpm2.TPMHandle) (*handle, error) {
-	rsp, err := tpm2.ReadPublic{ObjectHandle: h}.Execute(t.t)
+// transient records a transient object the operation loaded, for end.
+func (o *op) transient(h tpm2.TPMHandle, name tpm2.TPM2BName, pub tpm2.TPMTPublic) *handle {
+	o.loaded = append(o.loaded, h)
+	return &handle{h: h, name: name, pub: pub}
+}
+
+// readPublic returns a persistent object.
+func (o *op) readPublic(h tpm2.TPMHandle) (*handle, error) {
+	rsp, err := tpm2.ReadPublic{ObjectHandle: h}.Execute(o.tpm)
 	if err != nil {
 		return nil, err
 	}
@@ -84,36 +137,48 @@ func (t *TPM) readPublic(h tpm2.TPMHandle) (*handle, error) {
 	return &handle{h: h, name: rsp.Name, pub: *pub}, nil
 }
 
-func (t *TPM) createPrimary(hierarchy tpm2.TPMHandle, tmpl tpm2.TPMTPublic) (*handle, error) {
+// primary derives the primary key of hierarchy from tmpl (the same seed
+// and template derive the same key every time).
+func (o *op) primary(hierarchy tpm2.TPMHandle, tmpl tpm2.TPMTPublic) (*handle, error) {
 	rsp, err := tpm2.CreatePrimary{
 		PrimaryHandle: tpm2.AuthHandle{Handle: hierarchy, Auth: tpm2.PasswordAuth(nil)},
 		InPublic:      tpm2.New2B(tmpl),
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, err
 	}
+	h := o.transient(rsp.ObjectHandle, rsp.Name, tpm2.TPMTPublic{})
 	pub, err := rsp.OutPublic.Contents()
 	if err != nil {
-		_, _ = tpm2.FlushContext{FlushHandle: rsp.ObjectHandle}.Execute(t.t)
 		return nil, err
 	}
-	return &handle{h: rsp.ObjectHandle, name: rsp.Name, pub: *pub, flush: true}, nil
+	h.pub = *pub
+	return h, nil
+}
+
+// ak derives the attestation key.
+func (o *op) ak() (*handle, error) {
+	h, err := o.primary(tpm2.TPMRHEndorsement, AKTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("create the AK: %w", err)
+	}
+	return h, nil
 }
 
 // loadEK returns the EK of kind: its persistent handle when the TPM has
-// one, else the primary its template derives (to flush).
-func (t *TPM) loadEK(kind EKKind) (*handle, error) {
+// one, else the primary its template derives.
+func (o *op) loadEK(kind EKKind) (*handle, error) {
 	spec, ok := ekSpecs[kind]
 	if !ok {
 		return nil, fmt.Errorf("unknown EK kind %q", kind)
 	}
-	if h, err := t.readPublic(spec.handle); err == nil && KindOf(&h.pub) == kind {
+	if h, err := o.readPublic(spec.handle); err == nil && KindOf(&h.pub) == kind {
 		return h, nil
 	}
 	if spec.template == nil {
 		return nil, fmt.Errorf("this TPM has no persistent %s EK", kind)
 	}
-	h, err := t.createPrimary(tpm2.TPMRHEndorsement, *spec.template)
+	h, err := o.primary(tpm2.TPMRHEndorsement, *spec.template)
 	if err != nil {
 		return nil, fmt.Errorf("create the %s EK: %w", kind, err)
 	}
@@ -123,16 +188,16 @@ func (t *TPM) loadEK(kind EKKind) (*handle, error) {
 // EK returns the endorsement key of kind with its certificate when the TPM
 // holds one.
 func (t *TPM) EK(kind EKKind) (*EK, error) {
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	h, err := t.loadEK(kind)
+	o, err := t.begin()
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(h)
-	cert, err := t.readNV(ekSpecs[kind].certNV)
+	defer o.end()
+	h, err := o.loadEK(kind)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := o.readNV(ekSpecs[kind].certNV)
 	if err != nil {
 		cert = nil // no certificate: the EK-hash allow-list or enrollment
 	}
@@ -145,12 +210,13 @@ func (t *TPM) EK(kind EKKind) (*EK, error) {
 func (t *TPM) DefaultEK() (*EK, error) {
 	for _, k := range []EKKind{EKRSA2048, EKP384, EKP256} {
 		spec := ekSpecs[k]
-		if err := t.acquire(); err != nil {
+		o, err := t.begin()
+		if err != nil {
 			return nil, err
 		}
-		h, perr := t.readPublic(spec.handle)
-		_, nerr := tpm2.NVReadPublic{NVIndex: spec.certNV}.Execute(t.t)
-		t.unlock()
+		h, perr := o.readPublic(spec.handle)
+		_, nerr := tpm2.NVReadPublic{NVIndex: spec.certNV}.Execute(o.tpm)
+		o.end()
 		if (perr == nil && KindOf(&h.pub) == k) || nerr == nil {
 			return t.EK(k)
 		}
@@ -162,8 +228,8 @@ func (t *TPM) DefaultEK() (*EK, error) {
 const nvChunk = 512
 
 // readNV reads a whole NV index with owner authorization.
-func (t *TPM) readNV(index tpm2.TPMHandle) ([]byte, error) {
-	rp, err := tpm2.NVReadPublic{NVIndex: index}.Execute(t.t)
+func (o *op) readNV(index tpm2.TPMHandle) ([]byte, error) {
+	rp, err := tpm2.NVReadPublic{NVIndex: index}.Execute(o.tpm)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +245,7 @@ func (t *TPM) readNV(index tpm2.TPMHandle) ([]byte, error) {
 			NVIndex:    tpm2.NamedHandle{Handle: index, Name: rp.NVName},
 			Size:       uint16(n),
 			Offset:     uint16(off),
-		}.Execute(t.t)
+		}.Execute(o.tpm)
 		if err != nil {
 			return nil, err
 		}
@@ -248,15 +314,15 @@ func (a *AK) PublicBytes() []byte { return tpm2.Marshal(a.Public) }
 
 // AK derives the attestation key and returns its public area and name.
 func (t *TPM) AK() (*AK, error) {
-	if err := t.acquire(); err != nil {
+	o, err := t.begin()
+	if err != nil {
 		return nil, err
 	}
-	defer t.unlock()
-	h, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
+	defer o.end()
+	h, err := o.ak()
 	if err != nil {
-		return nil, fmt.Errorf("create the AK: %w", err)
+		return nil, err
 	}
-	defer t.release(h)
 	return &AK{Public: h.pub, Name: h.name.Buffer}, nil
 }
 
@@ -277,8 +343,8 @@ var SRKTemplate = func() tpm2.TPMTPublic {
 var legacySRKTemplate = tpm2.ECCSRKTemplate
 
 // srk derives the owner hierarchy's storage root key from tmpl.
-func (t *TPM) srk(tmpl tpm2.TPMTPublic) (*handle, error) {
-	h, err := t.createPrimary(tpm2.TPMRHOwner, tmpl)
+func (o *op) srk(tmpl tpm2.TPMTPublic) (*handle, error) {
+	h, err := o.primary(tpm2.TPMRHOwner, tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("create the SRK: %w", err)
 	}
@@ -308,19 +374,19 @@ func (t *TPM) CreateKey(tmpl tpm2.TPMTPublic) (*Key, error) {
 
 // createKeyUnder is CreateKey under the SRK made from parent.
 func (t *TPM) createKeyUnder(parent, tmpl tpm2.TPMTPublic) (*Key, error) {
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	srk, err := t.srk(parent)
+	o, err := t.begin()
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(srk)
+	defer o.end()
+	srk, err := o.srk(parent)
+	if err != nil {
+		return nil, err
+	}
 	rsp, err := tpm2.Create{
-		ParentHandle: tpm2.AuthHandle{Handle: srk.h, Name: srk.name, Auth: tpm2.PasswordAuth(nil)},
+		ParentHandle: srk.auth(),
 		InPublic:     tpm2.New2B(tmpl),
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, fmt.Errorf("create a key in the TPM: %w", err)
 	}
@@ -344,10 +410,10 @@ func (t *TPM) newKey(public tpm2.TPMTPublic, private []byte) (*Key, error) {
 }
 
 // load loads k under a fresh SRK, which it flushes at once: k then holds
-// one slot. The caller releases it. A key made under the legacy SRK is
+// one slot until the operation ends. A key made under the legacy SRK is
 // found there when the standard one refuses it (a TPM whose seed is the
 // same derives both), and remembered.
-func (t *TPM) load(k *Key) (*handle, error) {
+func (o *op) load(k *Key) (*handle, error) {
 	order := []bool{k.legacy, !k.legacy} // legacy parent or not, in turn
 	var first error
 	for _, legacy := range order {
@@ -355,7 +421,7 @@ func (t *TPM) load(k *Key) (*handle, error) {
 		if legacy {
 			parent = legacySRKTemplate
 		}
-		h, err := t.loadUnder(parent, k)
+		h, err := o.loadUnder(parent, k)
 		if err == nil {
 			k.legacy = legacy
 			return h, nil
@@ -367,21 +433,21 @@ func (t *TPM) load(k *Key) (*handle, error) {
 	return nil, fmt.Errorf("load the node key into the TPM (was the TPM cleared or replaced?): %w", first)
 }
 
-func (t *TPM) loadUnder(parent tpm2.TPMTPublic, k *Key) (*handle, error) {
-	srk, err := t.srk(parent)
+func (o *op) loadUnder(parent tpm2.TPMTPublic, k *Key) (*handle, error) {
+	srk, err := o.srk(parent)
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(srk)
+	defer o.flush(srk)
 	rsp, err := tpm2.Load{
-		ParentHandle: tpm2.AuthHandle{Handle: srk.h, Name: srk.name, Auth: tpm2.PasswordAuth(nil)},
+		ParentHandle: srk.auth(),
 		InPrivate:    tpm2.TPM2BPrivate{Buffer: k.private},
 		InPublic:     tpm2.New2B(k.public),
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, err
 	}
-	return &handle{h: rsp.ObjectHandle, name: rsp.Name, pub: k.public, flush: true}, nil
+	return o.transient(rsp.ObjectHandle, rsp.Name, k.public), nil
 }
 
 // Public implements crypto.Signer.
@@ -396,25 +462,24 @@ func (k *Key) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, 
 	if opts.HashFunc() != crypto.SHA256 || len(digest) != 32 {
 		return nil, errors.New("the TPM node key signs SHA-256 digests only")
 	}
-	t := k.tpm
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	h, err := t.load(k)
+	o, err := k.tpm.begin()
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(h)
+	defer o.end()
+	h, err := o.load(k)
+	if err != nil {
+		return nil, err
+	}
 	rsp, err := tpm2.Sign{
-		KeyHandle: tpm2.AuthHandle{Handle: h.h, Name: h.name, Auth: tpm2.PasswordAuth(nil)},
+		KeyHandle: h.auth(),
 		Digest:    tpm2.TPM2BDigest{Buffer: digest},
 		InScheme: tpm2.TPMTSigScheme{
 			Scheme:  tpm2.TPMAlgECDSA,
 			Details: tpm2.NewTPMUSigScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSchemeHash{HashAlg: tpm2.TPMAlgSHA256}),
 		},
 		Validation: tpm2.TPMTTKHashCheck{Tag: tpm2.TPMSTHashCheck, Hierarchy: tpm2.TPMRHNull},
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, fmt.Errorf("sign with the TPM node key: %w", err)
 	}
@@ -442,26 +507,25 @@ func (a *KeyAttestation) Marshal() ([]byte, error) {
 
 // Certify has the AK certify k with qualifying data (sha256 of the CSR).
 func (t *TPM) Certify(k *Key, qualifying []byte) (*KeyAttestation, error) {
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	ak, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
-	if err != nil {
-		return nil, fmt.Errorf("create the AK: %w", err)
-	}
-	defer t.release(ak)
-	h, err := t.load(k)
+	o, err := t.begin()
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(h)
+	defer o.end()
+	ak, err := o.ak()
+	if err != nil {
+		return nil, err
+	}
+	h, err := o.load(k)
+	if err != nil {
+		return nil, err
+	}
 	rsp, err := tpm2.Certify{
-		ObjectHandle:   tpm2.AuthHandle{Handle: h.h, Name: h.name, Auth: tpm2.PasswordAuth(nil)},
-		SignHandle:     tpm2.AuthHandle{Handle: ak.h, Name: ak.name, Auth: tpm2.PasswordAuth(nil)},
+		ObjectHandle:   h.auth(),
+		SignHandle:     ak.auth(),
 		QualifyingData: tpm2.TPM2BData{Buffer: qualifying},
 		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, fmt.Errorf("certify the node key: %w", err)
 	}
@@ -475,26 +539,25 @@ func (t *TPM) Certify(k *Key, qualifying []byte) (*KeyAttestation, error) {
 // TPM's EK of kind and its AK (tpm2.CreateCredential on the server). Only
 // the TPM holding both can.
 func (t *TPM) ActivateCredential(kind EKKind, credentialBlob, encryptedSecret []byte) ([]byte, error) {
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	ek, err := t.loadEK(kind)
+	o, err := t.begin()
 	if err != nil {
 		return nil, err
 	}
-	defer t.release(ek)
-	ak, err := t.createPrimary(tpm2.TPMRHEndorsement, AKTemplate)
+	defer o.end()
+	ek, err := o.loadEK(kind)
 	if err != nil {
-		return nil, fmt.Errorf("create the AK: %w", err)
+		return nil, err
 	}
-	defer t.release(ak)
+	ak, err := o.ak()
+	if err != nil {
+		return nil, err
+	}
 	var ekAuth tpm2.Session
 	if ek.pub.ObjectAttributes.UserWithAuth {
 		ekAuth = tpm2.PasswordAuth(nil)
 	} else {
 		// The TCG EK templates authorize with PolicySecret(endorsement).
-		sess, closeSess, err := tpm2.PolicySession(t.t, ek.pub.NameAlg, 16)
+		sess, closeSess, err := tpm2.PolicySession(o.tpm, ek.pub.NameAlg, 16)
 		if err != nil {
 			return nil, fmt.Errorf("start the EK policy session: %w", err)
 		}
@@ -503,17 +566,17 @@ func (t *TPM) ActivateCredential(kind EKKind, credentialBlob, encryptedSecret []
 			AuthHandle:    tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
 			PolicySession: sess.Handle(),
 			NonceTPM:      sess.NonceTPM(),
-		}).Execute(t.t); err != nil {
+		}).Execute(o.tpm); err != nil {
 			return nil, fmt.Errorf("authorize the EK: %w", err)
 		}
 		ekAuth = sess
 	}
 	rsp, err := tpm2.ActivateCredential{
-		ActivateHandle: tpm2.AuthHandle{Handle: ak.h, Name: ak.name, Auth: tpm2.PasswordAuth(nil)},
+		ActivateHandle: ak.auth(),
 		KeyHandle:      tpm2.AuthHandle{Handle: ek.h, Name: ek.name, Auth: ekAuth},
 		CredentialBlob: tpm2.TPM2BIDObject{Buffer: credentialBlob},
 		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: encryptedSecret},
-	}.Execute(t.t)
+	}.Execute(o.tpm)
 	if err != nil {
 		return nil, fmt.Errorf("activate the credential: %w", err)
 	}
@@ -584,26 +647,26 @@ func (t *TPM) LoadKey(recordPEM []byte) (*Key, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := t.acquire(); err != nil {
-		return nil, err
-	}
-	defer t.unlock()
-	h, err := t.load(k)
+	o, err := t.begin()
 	if err != nil {
 		return nil, err
 	}
-	t.release(h)
+	defer o.end()
+	if _, err := o.load(k); err != nil {
+		return nil, err
+	}
 	return k, nil
 }
 
 // TransientHandles counts the transient objects loaded in the TPM: zero
 // between operations (handle hygiene).
 func (t *TPM) TransientHandles() (int, error) {
-	if err := t.acquire(); err != nil {
+	o, err := t.begin()
+	if err != nil {
 		return 0, err
 	}
-	defer t.unlock()
-	rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapHandles, Property: uint32(tpm2.TPMHTTransient) << 24, PropertyCount: 64}.Execute(t.t)
+	defer o.end()
+	rsp, err := tpm2.GetCapability{Capability: tpm2.TPMCapHandles, Property: uint32(tpm2.TPMHTTransient) << 24, PropertyCount: 64}.Execute(o.tpm)
 	if err != nil {
 		return 0, err
 	}

@@ -5,9 +5,10 @@
 // TPM2_Certify of a node key by the AK, and credential activation.
 //
 // Handle hygiene: swtpm has three transient object slots and a raw TCP TPM
-// does not flush what a killed client left behind, so every operation loads
-// what it needs, flushes it before returning (defer), and holds the TPM's
-// lock for its whole sequence of commands. Nothing stays loaded between
+// does not flush what a killed client left behind, so every operation is an
+// op (begin, defer end): it holds the TPM's lock for its whole sequence of
+// commands, loads what it needs through the op, and the op flushes all of
+// it before the operation returns, on every path. Nothing stays loaded between
 // operations; keys are re-derived (primaries) or reloaded (node keys under
 // the SRK) each time.
 package tpmdevice
@@ -61,10 +62,11 @@ func Open(cfg Config) (*TPM, error) {
 	} else {
 		t.dial = func() (roundTripper, error) { return openDevice(cfg.Device) }
 	}
-	if err := t.acquire(); err != nil {
+	o, err := t.begin()
+	if err != nil {
 		return nil, err
 	}
-	t.unlock()
+	o.end()
 	return t, nil
 }
 

@@ -11,9 +11,9 @@ import (
 	"os"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
-	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tpmdevice"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"google.golang.org/protobuf/proto"
@@ -25,21 +25,21 @@ type Keys struct{ TPM *tpmdevice.TPM }
 // Open returns the TPM keys config.toml asks for: nil (software keys) when
 // tpm.mode is off, or is auto and no TPM opens; an error when it is
 // required and none opens.
-func Open(cfg config.TPM) (*Keys, error) {
-	if cfg.Mode == config.TPMOff {
+func Open(cfg bcdconfig.TPM) (*Keys, error) {
+	if cfg.Mode == bcdconfig.TPMOff {
 		return nil, nil
 	}
 	if cfg.Simulator == "" {
 		if cfg.Device == "" {
-			cfg.Device = config.DefaultTPMDevice
+			cfg.Device = bcdconfig.DefaultTPMDevice
 		}
-		if _, err := os.Stat(cfg.Device); err != nil && cfg.Mode != config.TPMRequired {
+		if _, err := os.Stat(cfg.Device); err != nil && cfg.Mode != bcdconfig.TPMRequired {
 			return nil, nil
 		}
 	}
 	t, err := tpmdevice.Open(tpmdevice.Config{Device: cfg.Device, Simulator: cfg.Simulator})
 	if err != nil {
-		if cfg.Mode == config.TPMRequired {
+		if cfg.Mode == bcdconfig.TPMRequired {
 			return nil, errs.Wrap(err, errs.InvalidConfig, "tpm.mode is required, but the TPM does not open: %v", err)
 		}
 		return nil, nil
@@ -119,8 +119,8 @@ func (k *Keys) Answer(kind tpmdevice.EKKind, challenge []byte) ([]byte, error) {
 // KeyStore new node keys are made with and the identity store over dir
 // that reopens them: the TPM's when one opens, else software keys (a nil
 // KeyStore). A nil cfg means tpm.mode auto on the default device.
-func Stores(cfg *config.Config, dir string) (identity.KeyStore, *identity.Store, error) {
-	t := config.TPM{}
+func Stores(cfg *bcdconfig.Config, dir string) (identity.KeyStore, *identity.Store, error) {
+	t := bcdconfig.TPM{}
 	if cfg != nil {
 		t = cfg.TPM
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/gateway"
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/tools/loadgen"
 )
@@ -106,7 +106,7 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{
+	cfg := &bcdconfig.Config{
 		GatewayURL: "https://" + ln.Addr().String(), Site: site.Msg.Id,
 		ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
 	}
@@ -117,7 +117,7 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 	if err := cfg.Write(tg.configPath); err != nil {
 		t.Fatal(err)
 	}
-	if err := config.WriteEncryptionKey(filepath.Dir(tg.configPath), pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(filepath.Dir(tg.configPath), pins.JoinEncryption, &b.JoinEncryptionKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	return tg

@@ -1,7 +1,11 @@
-// Package config owns bcd's configuration: /etc/bcd/config.toml (R11.1) and
-// the JoinService encryption key beside it, join-encryption.jwk. It parses,
-// defaults, validates and writes them; it does not fetch anything (the
-// well-known fallback of R11.1 and R11.3 belongs to the join).
+// Package bcdconfig owns the format of bcd's configuration: /etc/bcd/config.toml
+// (R11.1) and the JoinService encryption key beside it, join-encryption.jwk.
+// It parses, defaults, validates and writes them; it does not fetch anything
+// (the well-known fallback of R11.1 and R11.3 belongs to the join). It lives
+// in shared because two processes write these files and one reads them: bcd
+// reads and rewrites them, the control plane's install script and
+// `better-compute dev` write them, so they agree on one definition. What bcd
+// does with its pins at run time (learning rotated keys) is node/config's.
 //
 // The file is TOML and unknown keys are errors, so a misspelt key never
 // silently falls back to a default. Every error is errs.InvalidConfig and
@@ -11,7 +15,7 @@
 // here accepts a key or a gateway without comparing it with a pin, and a
 // set gains a key only through a statement signed by a key it already holds
 // (Pins, LearnStatements, R16.2).
-package config
+package bcdconfig
 
 import (
 	"bytes"
@@ -26,7 +30,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/better-compute/better-compute/internal/node/diag"
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
@@ -127,7 +130,7 @@ type Config struct {
 	// Diagnostics serves /livez, /readyz and /metrics ([diagnostics]
 	// listen = "127.0.0.1:9464"; off by default, loopback only unless
 	// allow_non_loopback).
-	Diagnostics diag.Config `toml:"diagnostics,omitempty"`
+	Diagnostics Diagnostics `toml:"diagnostics,omitempty"`
 	// Log is bcd run's log format and level ([log] format = "json").
 	Log telemetry.LogConfig `toml:"log,omitempty"`
 	// Tracing exports OpenTelemetry traces of bcd's calls to the gateway

@@ -1,4 +1,4 @@
-package config
+package bcdconfig
 
 import (
 	"crypto/ecdsa"
@@ -71,4 +71,30 @@ func WriteEncryptionKey(dir, pin string, pub *ecdsa.PublicKey) error {
 		return err
 	}
 	return fsutil.WriteFileAtomic(filepath.Join(dir, EncryptionKeyFile), append(data, '\n'), 0o644)
+}
+
+// LoadEncryptionKeySet is LoadEncryptionKey for a pin set: the key in
+// dir/join-encryption.jwk is accepted when it hashes to any pin of pins
+// (during a rotation the file may hold the next key while an older one is
+// still pinned, or the reverse), and pin is the one it matched.
+func LoadEncryptionKeySet(dir string, pins []string) (key *ecdsa.PublicKey, pin string, found bool, err error) {
+	if len(pins) == 0 {
+		return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: required")
+	}
+	for _, p := range pins {
+		if !pki.ValidPin(p) {
+			return nil, "", false, errs.New(errs.InvalidConfig, "join_encryption_key_pin: want sha256/<base64 of a SHA-256>")
+		}
+	}
+	pub, found, err := readEncryptionKey(dir)
+	if err != nil || !found {
+		return nil, "", found, err
+	}
+	for _, p := range pins {
+		if pki.PinMatches(p, pub) {
+			return pub, p, true, nil
+		}
+	}
+	return nil, "", true, errs.New(errs.InvalidConfig,
+		"%s does not match join_encryption_key_pin: the key was rotated or the file is stale; %s", filepath.Join(dir, EncryptionKeyFile), fixRotatedKey)
 }

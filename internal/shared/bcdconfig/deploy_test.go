@@ -1,4 +1,4 @@
-package config_test
+package bcdconfig_test
 
 import (
 	"crypto/sha256"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/node/config"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/manifest"
 )
@@ -24,7 +24,7 @@ func TestKubernetesConfigMapParsesR18_3(t *testing.T) {
 	pin := "sha256/" + base64.StdEncoding.EncodeToString(sum[:])
 	toml = strings.ReplaceAll(toml, "sha256/REPLACE_ME", pin)
 	toml = strings.ReplaceAll(toml, "site_REPLACE_ME", ids.New("site", time.Now()))
-	c, err := config.Parse([]byte(toml))
+	c, err := bcdconfig.Parse([]byte(toml))
 	if err != nil {
 		t.Fatalf("bcd refuses the DaemonSet's config.toml: %v\n%s", err, toml)
 	}

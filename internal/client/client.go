@@ -1,5 +1,7 @@
-// Package client is the typed Go client of the operator API, used by the CLI
-// and by tests. Errors come back as *errs.E with the product code.
+// Package client is the typed Go client of the operator API, used by the CLI,
+// the web console and tests. It is a client of the API like any other, so it
+// depends on no process's code (the dependency test holds it to that) and
+// bcd does not link it. Errors come back as *errs.E with the product code.
 package client
 
 import (

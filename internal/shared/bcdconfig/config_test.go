@@ -1,4 +1,4 @@
-package config
+package bcdconfig
 
 import (
 	"crypto/ecdsa"

@@ -1,4 +1,11 @@
-package claims
+// Package fakemachine writes a fake machine: the sysfs and procfs trees
+// bcd's hardware claims are read from (node/claims), with the firmware
+// identifiers, NICs and GPUs it is told. `bcd fake-machine` writes one for
+// an operator trying the join flows on a laptop, and `better-compute dev`
+// writes one for each development bcd, so it is shared by both binaries.
+// The layout written here is the one node/claims reads; its round-trip
+// test writes with this package and reads with Collect, so the two agree.
+package fakemachine
 
 import (
 	"errors"
@@ -14,16 +21,26 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/hwid"
 )
 
-// FakeMarker is the file WriteFake leaves at the root of every tree it
-// writes. WriteFake replaces a tree only when it holds this file, so a
-// mistyped --out (the real /sys, a home directory) is never touched.
-const FakeMarker = ".bcd-fake-machine"
+// The DMI files under <sysfs>/class/dmi/id that hold the product UUID and
+// serials.
+const (
+	dmiDir           = "class/dmi/id"
+	dmiProductUUID   = "product_uuid"
+	dmiProductSerial = "product_serial"
+	dmiBoardSerial   = "board_serial"
+	dmiChassisSerial = "chassis_serial"
+)
 
-// FakeMachine is a machine for `bcd fake-machine`: what its firmware, NICs
+// Marker is the file Write leaves at the root of every tree it
+// writes. Write replaces a tree only when it holds this file, so a
+// mistyped --out (the real /sys, a home directory) is never touched.
+const Marker = ".bcd-fake-machine"
+
+// Machine is a machine for `bcd fake-machine`: what its firmware, NICs
 // and GPU driver report. Values are written as given, placeholders included
 // (a fake machine may well say "To Be Filled By O.E.M."), so that every
 // page flow, the refused ones too, can be tried on one laptop.
-type FakeMachine struct {
+type Machine struct {
 	ProductUUID   string
 	ProductSerial string
 	BoardSerial   string
@@ -34,7 +51,7 @@ type FakeMachine struct {
 	GPUUUIDs []string
 }
 
-// WriteFake writes m as the sysfs tree Collect reads, under sysfsRoot, and
+// Write writes m as the sysfs tree node/claims.Collect reads, under sysfsRoot, and
 // its GPUs as the procfs tree under procfsRoot (required when m has GPUs,
 // ignored otherwise):
 //
@@ -44,19 +61,19 @@ type FakeMachine struct {
 //	<procfs>/driver/nvidia/gpus/0000:NN:00.0/information   ("GPU UUID: …")
 //
 // A root that does not exist is created; an existing one must be empty or
-// hold FakeMarker (a tree WriteFake wrote before, which it replaces).
-// Anything else is errs.AlreadyExists. Claims that Collect would refuse
+// hold Marker (a tree Write wrote before, which it replaces).
+// Anything else is errs.AlreadyExists. Claims that node/claims.Collect would refuse
 // (a control character, a malformed MAC) are errs.InvalidArgument naming
 // the flag of `bcd fake-machine`.
-func WriteFake(sysfsRoot, procfsRoot string, m FakeMachine) error {
-	macs, err := fakeCheck(m)
+func Write(sysfsRoot, procfsRoot string, m Machine) error {
+	macs, err := check(m)
 	if err != nil {
 		return err
 	}
 	if len(m.GPUUUIDs) > 0 && procfsRoot == "" {
 		return errs.Invalid("--procfs-out", "required with --gpu-uuid: the GPUs are read from procfs (bcd join --procfs-root)")
 	}
-	if err := fakeRoot(sysfsRoot, "--out", []string{"class", "devices"}); err != nil {
+	if err := prepareRoot(sysfsRoot, "--out", []string{"class", "devices"}); err != nil {
 		return err
 	}
 	files := map[string]string{}
@@ -86,7 +103,7 @@ func WriteFake(sysfsRoot, procfsRoot string, m FakeMachine) error {
 	if len(m.GPUUUIDs) == 0 {
 		return nil
 	}
-	if err := fakeRoot(procfsRoot, "--procfs-out", []string{"driver"}); err != nil {
+	if err := prepareRoot(procfsRoot, "--procfs-out", []string{"driver"}); err != nil {
 		return err
 	}
 	gpus := map[string]string{}
@@ -97,9 +114,9 @@ func WriteFake(sysfsRoot, procfsRoot string, m FakeMachine) error {
 	return writeTree(procfsRoot, gpus, nil)
 }
 
-// fakeCheck refuses what Collect would refuse, naming the flag, and returns
+// check refuses what node/claims.Collect would refuse, naming the flag, and returns
 // the MACs as sysfs writes them (lower case, colon separated).
-func fakeCheck(m FakeMachine) ([]string, error) {
+func check(m Machine) ([]string, error) {
 	macs := make([]string, 0, len(m.MACs))
 	for _, s := range m.MACs {
 		hw, err := net.ParseMAC(strings.TrimSpace(s))
@@ -136,10 +153,10 @@ func fakeCheck(m FakeMachine) ([]string, error) {
 	return macs, nil
 }
 
-// fakeRoot makes root ready for a new tree: created when missing, cleared of
-// the subtrees WriteFake owns when it holds FakeMarker, refused when it is
+// prepareRoot makes root ready for a new tree: created when missing, cleared of
+// the subtrees Write owns when it holds Marker, refused when it is
 // anything else.
-func fakeRoot(root, flag string, owned []string) error {
+func prepareRoot(root, flag string, owned []string) error {
 	if root == "" {
 		return errs.Invalid(flag, "required")
 	}
@@ -152,7 +169,7 @@ func fakeRoot(root, flag string, owned []string) error {
 	case err != nil:
 		return errs.Invalid(flag, "%s: %v", root, fsutil.WithoutPath(err))
 	case len(entries) > 0:
-		if st, err := os.Lstat(filepath.Join(root, FakeMarker)); err != nil || !st.Mode().IsRegular() {
+		if st, err := os.Lstat(filepath.Join(root, Marker)); err != nil || !st.Mode().IsRegular() {
 			return errs.New(errs.AlreadyExists, "%s is not empty and was not written by bcd fake-machine: nothing was changed; choose a new directory for %s", root, flag)
 		}
 		for _, sub := range owned {
@@ -163,7 +180,7 @@ func fakeRoot(root, flag string, owned []string) error {
 	}
 	// The marker first: a tree a dying process left half written is still
 	// ours to replace.
-	return os.WriteFile(filepath.Join(root, FakeMarker), []byte("written by bcd fake-machine (docs/joining.md); safe to delete\n"), 0o644)
+	return os.WriteFile(filepath.Join(root, Marker), []byte("written by bcd fake-machine (docs/joining.md); safe to delete\n"), 0o644)
 }
 
 // writeTree writes files (path -> content, 0444 like sysfs) and symlinks
