@@ -1,7 +1,8 @@
 // Package tracing is the OpenTelemetry tracing every process shares: the
 // [tracing] configuration, the tracer provider it builds (a no-op without
-// an endpoint), a W3C trace-context propagator that ignores oversized
-// headers, and the HTTP wrappers that start server and client spans.
+// an endpoint) with its OTLP/HTTP exporter (otlp.go), a W3C trace-context
+// propagator that ignores oversized headers, and the HTTP wrappers that
+// start server and client spans.
 //
 // Trace context carries no authority: nothing reads it but the tracer,
 // and it is in no digest or seal (docs/security.md).
