@@ -1,6 +1,6 @@
 // ComputeError: every failed call, with the product's code.
 import { Code, ConnectError } from "@connectrpc/connect";
-import { ErrorDetailSchema } from "./gen/bettercompute/v1/api_pb.js";
+import { ErrorDetailSchema } from "./gen/bettercompute/v1/error_detail_pb.js";
 
 /** The product's error codes, as the API and the CLI name them. */
 export type ComputeErrorCode =

@@ -10,3 +10,4 @@ export type { Api, Client, Compute, ConnectionOptions, Credential, Plain } from 
 export { ComputeError, toComputeError } from "./errors.js";
 export type { ComputeErrorCode } from "./errors.js";
 export type * from "./gen/bettercompute/v1/api_pb.js";
+export type * from "./gen/bettercompute/v1/error_detail_pb.js";

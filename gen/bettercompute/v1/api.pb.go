@@ -30,60 +30,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// ErrorDetail rides on every error: the product code (NOT_FOUND,
-// INVALID_STATE, CONFLICT, ...) and, for INVALID_ARGUMENT, the field.
-type ErrorDetail struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
-	Field         string                 `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ErrorDetail) Reset() {
-	*x = ErrorDetail{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ErrorDetail) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ErrorDetail) ProtoMessage() {}
-
-func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
-func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *ErrorDetail) GetCode() string {
-	if x != nil {
-		return x.Code
-	}
-	return ""
-}
-
-func (x *ErrorDetail) GetField() string {
-	if x != nil {
-		return x.Field
-	}
-	return ""
-}
-
 type Tenant struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -96,7 +42,7 @@ type Tenant struct {
 
 func (x *Tenant) Reset() {
 	*x = Tenant{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[1]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +54,7 @@ func (x *Tenant) String() string {
 func (*Tenant) ProtoMessage() {}
 
 func (x *Tenant) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[1]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +67,7 @@ func (x *Tenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
 func (*Tenant) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Tenant) GetId() string {
@@ -161,7 +107,7 @@ type CreateTenantRequest struct {
 
 func (x *CreateTenantRequest) Reset() {
 	*x = CreateTenantRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[2]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -173,7 +119,7 @@ func (x *CreateTenantRequest) String() string {
 func (*CreateTenantRequest) ProtoMessage() {}
 
 func (x *CreateTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[2]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -186,7 +132,7 @@ func (x *CreateTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantRequest.ProtoReflect.Descriptor instead.
 func (*CreateTenantRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *CreateTenantRequest) GetName() string {
@@ -205,7 +151,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[3]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +163,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[3]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +176,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *GetTenantRequest) GetTenantId() string {
@@ -250,7 +196,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[4]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +208,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[4]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +221,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListTenantsRequest) GetPageSize() int32 {
@@ -302,7 +248,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[5]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +260,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[5]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +273,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListTenantsResponse) GetItems() []*Tenant {
@@ -359,7 +305,7 @@ type Site struct {
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[6]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +317,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[6]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +330,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Site) GetId() string {
@@ -440,7 +386,7 @@ type CreateSiteRequest struct {
 
 func (x *CreateSiteRequest) Reset() {
 	*x = CreateSiteRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[7]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +398,7 @@ func (x *CreateSiteRequest) String() string {
 func (*CreateSiteRequest) ProtoMessage() {}
 
 func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[7]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +411,7 @@ func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteRequest.ProtoReflect.Descriptor instead.
 func (*CreateSiteRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSiteRequest) GetTenantId() string {
@@ -499,7 +445,7 @@ type GetSiteRequest struct {
 
 func (x *GetSiteRequest) Reset() {
 	*x = GetSiteRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[8]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +457,7 @@ func (x *GetSiteRequest) String() string {
 func (*GetSiteRequest) ProtoMessage() {}
 
 func (x *GetSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[8]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +470,7 @@ func (x *GetSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSiteRequest.ProtoReflect.Descriptor instead.
 func (*GetSiteRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSiteRequest) GetTenantId() string {
@@ -552,7 +498,7 @@ type ListSitesRequest struct {
 
 func (x *ListSitesRequest) Reset() {
 	*x = ListSitesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[9]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +510,7 @@ func (x *ListSitesRequest) String() string {
 func (*ListSitesRequest) ProtoMessage() {}
 
 func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[9]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +523,7 @@ func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesRequest.ProtoReflect.Descriptor instead.
 func (*ListSitesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListSitesRequest) GetTenantId() string {
@@ -611,7 +557,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[10]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +569,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[10]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +582,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListSitesResponse) GetItems() []*Site {
@@ -663,7 +609,7 @@ type KubernetesPolicy struct {
 
 func (x *KubernetesPolicy) Reset() {
 	*x = KubernetesPolicy{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[11]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +621,7 @@ func (x *KubernetesPolicy) String() string {
 func (*KubernetesPolicy) ProtoMessage() {}
 
 func (x *KubernetesPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[11]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +634,7 @@ func (x *KubernetesPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KubernetesPolicy.ProtoReflect.Descriptor instead.
 func (*KubernetesPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KubernetesPolicy) GetPlatformOperated() bool {
@@ -709,7 +655,7 @@ type AcceptancePolicy struct {
 
 func (x *AcceptancePolicy) Reset() {
 	*x = AcceptancePolicy{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[12]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +667,7 @@ func (x *AcceptancePolicy) String() string {
 func (*AcceptancePolicy) ProtoMessage() {}
 
 func (x *AcceptancePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[12]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +680,7 @@ func (x *AcceptancePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptancePolicy.ProtoReflect.Descriptor instead.
 func (*AcceptancePolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AcceptancePolicy) GetMinCpus() int32 {
@@ -773,7 +719,7 @@ type PoolPolicy struct {
 
 func (x *PoolPolicy) Reset() {
 	*x = PoolPolicy{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[13]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +731,7 @@ func (x *PoolPolicy) String() string {
 func (*PoolPolicy) ProtoMessage() {}
 
 func (x *PoolPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[13]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +744,7 @@ func (x *PoolPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolPolicy.ProtoReflect.Descriptor instead.
 func (*PoolPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PoolPolicy) GetJoinAttestors() []string {
@@ -843,7 +789,7 @@ type DiscoveryPolicy struct {
 
 func (x *DiscoveryPolicy) Reset() {
 	*x = DiscoveryPolicy{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +801,7 @@ func (x *DiscoveryPolicy) String() string {
 func (*DiscoveryPolicy) ProtoMessage() {}
 
 func (x *DiscoveryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +814,7 @@ func (x *DiscoveryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveryPolicy.ProtoReflect.Descriptor instead.
 func (*DiscoveryPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DiscoveryPolicy) GetApproval() string {
@@ -895,7 +841,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +853,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +866,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pool) GetId() string {
@@ -992,7 +938,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +950,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +963,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreatePoolRequest) GetTenantId() string {
@@ -1065,7 +1011,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1023,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1036,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetPoolRequest) GetTenantId() string {
@@ -1119,7 +1065,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1077,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1090,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListPoolsRequest) GetTenantId() string {
@@ -1185,7 +1131,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1143,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1156,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoolsResponse) GetItems() []*Pool {
@@ -1246,7 +1192,7 @@ type UpdatePoolPolicyRequest struct {
 
 func (x *UpdatePoolPolicyRequest) Reset() {
 	*x = UpdatePoolPolicyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1204,7 @@ func (x *UpdatePoolPolicyRequest) String() string {
 func (*UpdatePoolPolicyRequest) ProtoMessage() {}
 
 func (x *UpdatePoolPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1217,7 @@ func (x *UpdatePoolPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpdatePoolPolicyRequest) GetTenantId() string {
@@ -1314,7 +1260,7 @@ type Grant struct {
 
 func (x *Grant) Reset() {
 	*x = Grant{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1272,7 @@ func (x *Grant) String() string {
 func (*Grant) ProtoMessage() {}
 
 func (x *Grant) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1285,7 @@ func (x *Grant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Grant.ProtoReflect.Descriptor instead.
 func (*Grant) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Grant) GetAction() string {
@@ -1371,7 +1317,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1329,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1342,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApiKey) GetId() string {
@@ -1461,7 +1407,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1419,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1432,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateApiKeyRequest) GetTenantId() string {
@@ -1528,7 +1474,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1486,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1499,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateApiKeyResponse) GetApiKey() *ApiKey {
@@ -1581,7 +1527,7 @@ type ListApiKeysRequest struct {
 
 func (x *ListApiKeysRequest) Reset() {
 	*x = ListApiKeysRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1593,7 +1539,7 @@ func (x *ListApiKeysRequest) String() string {
 func (*ListApiKeysRequest) ProtoMessage() {}
 
 func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1606,7 +1552,7 @@ func (x *ListApiKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListApiKeysRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListApiKeysRequest) GetTenantId() string {
@@ -1640,7 +1586,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1598,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1611,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListApiKeysResponse) GetItems() []*ApiKey {
@@ -1692,7 +1638,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1650,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1663,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RevokeApiKeyRequest) GetTenantId() string {
@@ -1742,7 +1688,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1700,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1713,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 type Expect struct {
@@ -1782,7 +1728,7 @@ type Expect struct {
 
 func (x *Expect) Reset() {
 	*x = Expect{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1740,7 @@ func (x *Expect) String() string {
 func (*Expect) ProtoMessage() {}
 
 func (x *Expect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1753,7 @@ func (x *Expect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expect.ProtoReflect.Descriptor instead.
 func (*Expect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Expect) GetProductUuid() string {
@@ -1862,7 +1808,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +1820,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +1833,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JoinToken) GetId() string {
@@ -2007,7 +1953,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +1965,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +1978,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreateJoinTokenRequest) GetTenantId() string {
@@ -2104,7 +2050,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2062,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2075,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListJoinTokensRequest) GetTenantId() string {
@@ -2177,7 +2123,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2135,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2148,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListJoinTokensResponse) GetItems() []*JoinToken {
@@ -2230,7 +2176,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2188,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2201,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RevokeJoinTokenRequest) GetTenantId() string {
@@ -2329,7 +2275,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2287,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2300,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *JoinRequest) GetId() string {
@@ -2565,7 +2511,7 @@ type JoinRequestEvidence struct {
 
 func (x *JoinRequestEvidence) Reset() {
 	*x = JoinRequestEvidence{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2523,7 @@ func (x *JoinRequestEvidence) String() string {
 func (*JoinRequestEvidence) ProtoMessage() {}
 
 func (x *JoinRequestEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2536,7 @@ func (x *JoinRequestEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequestEvidence.ProtoReflect.Descriptor instead.
 func (*JoinRequestEvidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JoinRequestEvidence) GetEkSha256() string {
@@ -2696,7 +2642,7 @@ type JoinRequestEffect struct {
 
 func (x *JoinRequestEffect) Reset() {
 	*x = JoinRequestEffect{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2708,7 +2654,7 @@ func (x *JoinRequestEffect) String() string {
 func (*JoinRequestEffect) ProtoMessage() {}
 
 func (x *JoinRequestEffect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2721,7 +2667,7 @@ func (x *JoinRequestEffect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequestEffect.ProtoReflect.Descriptor instead.
 func (*JoinRequestEffect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *JoinRequestEffect) GetKind() string {
@@ -2766,7 +2712,7 @@ type JoinRequestNode struct {
 
 func (x *JoinRequestNode) Reset() {
 	*x = JoinRequestNode{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +2724,7 @@ func (x *JoinRequestNode) String() string {
 func (*JoinRequestNode) ProtoMessage() {}
 
 func (x *JoinRequestNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +2737,7 @@ func (x *JoinRequestNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequestNode.ProtoReflect.Descriptor instead.
 func (*JoinRequestNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinRequestNode) GetId() string {
@@ -2885,7 +2831,7 @@ type ListJoinRequestsRequest struct {
 
 func (x *ListJoinRequestsRequest) Reset() {
 	*x = ListJoinRequestsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +2843,7 @@ func (x *ListJoinRequestsRequest) String() string {
 func (*ListJoinRequestsRequest) ProtoMessage() {}
 
 func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +2856,7 @@ func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListJoinRequestsRequest) GetTenantId() string {
@@ -2958,7 +2904,7 @@ type ListJoinRequestsResponse struct {
 
 func (x *ListJoinRequestsResponse) Reset() {
 	*x = ListJoinRequestsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +2916,7 @@ func (x *ListJoinRequestsResponse) String() string {
 func (*ListJoinRequestsResponse) ProtoMessage() {}
 
 func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +2929,7 @@ func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListJoinRequestsResponse) GetItems() []*JoinRequest {
@@ -3022,7 +2968,7 @@ type ApproveJoinRequestRequest struct {
 
 func (x *ApproveJoinRequestRequest) Reset() {
 	*x = ApproveJoinRequestRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +2980,7 @@ func (x *ApproveJoinRequestRequest) String() string {
 func (*ApproveJoinRequestRequest) ProtoMessage() {}
 
 func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +2993,7 @@ func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*ApproveJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ApproveJoinRequestRequest) GetTenantId() string {
@@ -3110,7 +3056,7 @@ type GetJoinRequestRequest struct {
 
 func (x *GetJoinRequestRequest) Reset() {
 	*x = GetJoinRequestRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3122,7 +3068,7 @@ func (x *GetJoinRequestRequest) String() string {
 func (*GetJoinRequestRequest) ProtoMessage() {}
 
 func (x *GetJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3135,7 +3081,7 @@ func (x *GetJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*GetJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetJoinRequestRequest) GetTenantId() string {
@@ -3172,7 +3118,7 @@ type RejectJoinRequestRequest struct {
 
 func (x *RejectJoinRequestRequest) Reset() {
 	*x = RejectJoinRequestRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3130,7 @@ func (x *RejectJoinRequestRequest) String() string {
 func (*RejectJoinRequestRequest) ProtoMessage() {}
 
 func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3143,7 @@ func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*RejectJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RejectJoinRequestRequest) GetTenantId() string {
@@ -3244,7 +3190,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3202,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3215,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetId() string {
@@ -3339,7 +3285,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3351,7 +3297,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3364,7 +3310,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListEventsRequest) GetTenantId() string {
@@ -3412,7 +3358,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3370,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3383,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -3471,7 +3417,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3429,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3442,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -3569,7 +3515,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3581,7 +3527,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3594,7 +3540,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListAuditRequest) GetTenantId() string {
@@ -3630,7 +3576,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3642,7 +3588,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3655,7 +3601,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListAuditResponse) GetItems() []*AuditEntry {
@@ -3688,7 +3634,7 @@ type NodeCert struct {
 
 func (x *NodeCert) Reset() {
 	*x = NodeCert{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3646,7 @@ func (x *NodeCert) String() string {
 func (*NodeCert) ProtoMessage() {}
 
 func (x *NodeCert) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3659,7 @@ func (x *NodeCert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCert.ProtoReflect.Descriptor instead.
 func (*NodeCert) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NodeCert) GetSerial() string {
@@ -3814,7 +3760,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +3772,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +3785,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Node) GetId() string {
@@ -3994,7 +3940,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4006,7 +3952,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4019,7 +3965,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListNodesRequest) GetTenantId() string {
@@ -4060,7 +4006,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4072,7 +4018,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4085,7 +4031,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListNodesResponse) GetItems() []*Node {
@@ -4112,7 +4058,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4070,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4083,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetNodeRequest) GetTenantId() string {
@@ -4169,7 +4115,7 @@ type RetireNodeRequest struct {
 
 func (x *RetireNodeRequest) Reset() {
 	*x = RetireNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4181,7 +4127,7 @@ func (x *RetireNodeRequest) String() string {
 func (*RetireNodeRequest) ProtoMessage() {}
 
 func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4194,7 +4140,7 @@ func (x *RetireNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireNodeRequest.ProtoReflect.Descriptor instead.
 func (*RetireNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RetireNodeRequest) GetTenantId() string {
@@ -4236,7 +4182,7 @@ type CreateNodeRequest struct {
 
 func (x *CreateNodeRequest) Reset() {
 	*x = CreateNodeRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4194,7 @@ func (x *CreateNodeRequest) String() string {
 func (*CreateNodeRequest) ProtoMessage() {}
 
 func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4207,7 @@ func (x *CreateNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNodeRequest.ProtoReflect.Descriptor instead.
 func (*CreateNodeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateNodeRequest) GetTenantId() string {
@@ -4316,7 +4262,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4274,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4287,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Command) GetId() string {
@@ -4438,7 +4384,7 @@ type EnqueueCommandRequest struct {
 
 func (x *EnqueueCommandRequest) Reset() {
 	*x = EnqueueCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4450,7 +4396,7 @@ func (x *EnqueueCommandRequest) String() string {
 func (*EnqueueCommandRequest) ProtoMessage() {}
 
 func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4463,7 +4409,7 @@ func (x *EnqueueCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnqueueCommandRequest.ProtoReflect.Descriptor instead.
 func (*EnqueueCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *EnqueueCommandRequest) GetTenantId() string {
@@ -4514,7 +4460,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4526,7 +4472,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4539,7 +4485,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListCommandsRequest) GetTenantId() string {
@@ -4581,7 +4527,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +4539,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +4552,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListCommandsResponse) GetItems() []*Command {
@@ -4633,7 +4579,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_bettercompute_v1_api_proto_msgTypes[61]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4645,7 +4591,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_v1_api_proto_msgTypes[61]
+	mi := &file_bettercompute_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4658,7 +4604,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_bettercompute_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetCommandRequest) GetTenantId() string {
@@ -4679,10 +4625,7 @@ var File_bettercompute_v1_api_proto protoreflect.FileDescriptor
 
 const file_bettercompute_v1_api_proto_rawDesc = "" +
 	"\n" +
-	"\x1abettercompute/v1/api.proto\x12\x10bettercompute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
-	"\vErrorDetail\x12\x12\n" +
-	"\x04code\x18\x01 \x01(\tR\x04code\x12\x14\n" +
-	"\x05field\x18\x02 \x01(\tR\x05field\"{\n" +
+	"\x1abettercompute/v1/api.proto\x12\x10bettercompute.v1\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"{\n" +
 	"\x06Tenant\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -5150,194 +5093,193 @@ func file_bettercompute_v1_api_proto_rawDescGZIP() []byte {
 	return file_bettercompute_v1_api_proto_rawDescData
 }
 
-var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_bettercompute_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_bettercompute_v1_api_proto_goTypes = []any{
-	(*ErrorDetail)(nil),               // 0: bettercompute.v1.ErrorDetail
-	(*Tenant)(nil),                    // 1: bettercompute.v1.Tenant
-	(*CreateTenantRequest)(nil),       // 2: bettercompute.v1.CreateTenantRequest
-	(*GetTenantRequest)(nil),          // 3: bettercompute.v1.GetTenantRequest
-	(*ListTenantsRequest)(nil),        // 4: bettercompute.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),       // 5: bettercompute.v1.ListTenantsResponse
-	(*Site)(nil),                      // 6: bettercompute.v1.Site
-	(*CreateSiteRequest)(nil),         // 7: bettercompute.v1.CreateSiteRequest
-	(*GetSiteRequest)(nil),            // 8: bettercompute.v1.GetSiteRequest
-	(*ListSitesRequest)(nil),          // 9: bettercompute.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),         // 10: bettercompute.v1.ListSitesResponse
-	(*KubernetesPolicy)(nil),          // 11: bettercompute.v1.KubernetesPolicy
-	(*AcceptancePolicy)(nil),          // 12: bettercompute.v1.AcceptancePolicy
-	(*PoolPolicy)(nil),                // 13: bettercompute.v1.PoolPolicy
-	(*DiscoveryPolicy)(nil),           // 14: bettercompute.v1.DiscoveryPolicy
-	(*Pool)(nil),                      // 15: bettercompute.v1.Pool
-	(*CreatePoolRequest)(nil),         // 16: bettercompute.v1.CreatePoolRequest
-	(*GetPoolRequest)(nil),            // 17: bettercompute.v1.GetPoolRequest
-	(*ListPoolsRequest)(nil),          // 18: bettercompute.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),         // 19: bettercompute.v1.ListPoolsResponse
-	(*UpdatePoolPolicyRequest)(nil),   // 20: bettercompute.v1.UpdatePoolPolicyRequest
-	(*Grant)(nil),                     // 21: bettercompute.v1.Grant
-	(*ApiKey)(nil),                    // 22: bettercompute.v1.ApiKey
-	(*CreateApiKeyRequest)(nil),       // 23: bettercompute.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),      // 24: bettercompute.v1.CreateApiKeyResponse
-	(*ListApiKeysRequest)(nil),        // 25: bettercompute.v1.ListApiKeysRequest
-	(*ListApiKeysResponse)(nil),       // 26: bettercompute.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),       // 27: bettercompute.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),      // 28: bettercompute.v1.RevokeApiKeyResponse
-	(*Expect)(nil),                    // 29: bettercompute.v1.Expect
-	(*JoinToken)(nil),                 // 30: bettercompute.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),    // 31: bettercompute.v1.CreateJoinTokenRequest
-	(*ListJoinTokensRequest)(nil),     // 32: bettercompute.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),    // 33: bettercompute.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),    // 34: bettercompute.v1.RevokeJoinTokenRequest
-	(*JoinRequest)(nil),               // 35: bettercompute.v1.JoinRequest
-	(*JoinRequestEvidence)(nil),       // 36: bettercompute.v1.JoinRequestEvidence
-	(*JoinRequestEffect)(nil),         // 37: bettercompute.v1.JoinRequestEffect
-	(*JoinRequestNode)(nil),           // 38: bettercompute.v1.JoinRequestNode
-	(*ListJoinRequestsRequest)(nil),   // 39: bettercompute.v1.ListJoinRequestsRequest
-	(*ListJoinRequestsResponse)(nil),  // 40: bettercompute.v1.ListJoinRequestsResponse
-	(*ApproveJoinRequestRequest)(nil), // 41: bettercompute.v1.ApproveJoinRequestRequest
-	(*GetJoinRequestRequest)(nil),     // 42: bettercompute.v1.GetJoinRequestRequest
-	(*RejectJoinRequestRequest)(nil),  // 43: bettercompute.v1.RejectJoinRequestRequest
-	(*Event)(nil),                     // 44: bettercompute.v1.Event
-	(*ListEventsRequest)(nil),         // 45: bettercompute.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),        // 46: bettercompute.v1.ListEventsResponse
-	(*AuditEntry)(nil),                // 47: bettercompute.v1.AuditEntry
-	(*ListAuditRequest)(nil),          // 48: bettercompute.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),         // 49: bettercompute.v1.ListAuditResponse
-	(*NodeCert)(nil),                  // 50: bettercompute.v1.NodeCert
-	(*Node)(nil),                      // 51: bettercompute.v1.Node
-	(*ListNodesRequest)(nil),          // 52: bettercompute.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),         // 53: bettercompute.v1.ListNodesResponse
-	(*GetNodeRequest)(nil),            // 54: bettercompute.v1.GetNodeRequest
-	(*RetireNodeRequest)(nil),         // 55: bettercompute.v1.RetireNodeRequest
-	(*CreateNodeRequest)(nil),         // 56: bettercompute.v1.CreateNodeRequest
-	(*Command)(nil),                   // 57: bettercompute.v1.Command
-	(*EnqueueCommandRequest)(nil),     // 58: bettercompute.v1.EnqueueCommandRequest
-	(*ListCommandsRequest)(nil),       // 59: bettercompute.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),      // 60: bettercompute.v1.ListCommandsResponse
-	(*GetCommandRequest)(nil),         // 61: bettercompute.v1.GetCommandRequest
-	(*timestamppb.Timestamp)(nil),     // 62: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),     // 63: google.protobuf.FieldMask
-	(*structpb.Struct)(nil),           // 64: google.protobuf.Struct
+	(*Tenant)(nil),                    // 0: bettercompute.v1.Tenant
+	(*CreateTenantRequest)(nil),       // 1: bettercompute.v1.CreateTenantRequest
+	(*GetTenantRequest)(nil),          // 2: bettercompute.v1.GetTenantRequest
+	(*ListTenantsRequest)(nil),        // 3: bettercompute.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 4: bettercompute.v1.ListTenantsResponse
+	(*Site)(nil),                      // 5: bettercompute.v1.Site
+	(*CreateSiteRequest)(nil),         // 6: bettercompute.v1.CreateSiteRequest
+	(*GetSiteRequest)(nil),            // 7: bettercompute.v1.GetSiteRequest
+	(*ListSitesRequest)(nil),          // 8: bettercompute.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),         // 9: bettercompute.v1.ListSitesResponse
+	(*KubernetesPolicy)(nil),          // 10: bettercompute.v1.KubernetesPolicy
+	(*AcceptancePolicy)(nil),          // 11: bettercompute.v1.AcceptancePolicy
+	(*PoolPolicy)(nil),                // 12: bettercompute.v1.PoolPolicy
+	(*DiscoveryPolicy)(nil),           // 13: bettercompute.v1.DiscoveryPolicy
+	(*Pool)(nil),                      // 14: bettercompute.v1.Pool
+	(*CreatePoolRequest)(nil),         // 15: bettercompute.v1.CreatePoolRequest
+	(*GetPoolRequest)(nil),            // 16: bettercompute.v1.GetPoolRequest
+	(*ListPoolsRequest)(nil),          // 17: bettercompute.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),         // 18: bettercompute.v1.ListPoolsResponse
+	(*UpdatePoolPolicyRequest)(nil),   // 19: bettercompute.v1.UpdatePoolPolicyRequest
+	(*Grant)(nil),                     // 20: bettercompute.v1.Grant
+	(*ApiKey)(nil),                    // 21: bettercompute.v1.ApiKey
+	(*CreateApiKeyRequest)(nil),       // 22: bettercompute.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),      // 23: bettercompute.v1.CreateApiKeyResponse
+	(*ListApiKeysRequest)(nil),        // 24: bettercompute.v1.ListApiKeysRequest
+	(*ListApiKeysResponse)(nil),       // 25: bettercompute.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),       // 26: bettercompute.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),      // 27: bettercompute.v1.RevokeApiKeyResponse
+	(*Expect)(nil),                    // 28: bettercompute.v1.Expect
+	(*JoinToken)(nil),                 // 29: bettercompute.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),    // 30: bettercompute.v1.CreateJoinTokenRequest
+	(*ListJoinTokensRequest)(nil),     // 31: bettercompute.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),    // 32: bettercompute.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),    // 33: bettercompute.v1.RevokeJoinTokenRequest
+	(*JoinRequest)(nil),               // 34: bettercompute.v1.JoinRequest
+	(*JoinRequestEvidence)(nil),       // 35: bettercompute.v1.JoinRequestEvidence
+	(*JoinRequestEffect)(nil),         // 36: bettercompute.v1.JoinRequestEffect
+	(*JoinRequestNode)(nil),           // 37: bettercompute.v1.JoinRequestNode
+	(*ListJoinRequestsRequest)(nil),   // 38: bettercompute.v1.ListJoinRequestsRequest
+	(*ListJoinRequestsResponse)(nil),  // 39: bettercompute.v1.ListJoinRequestsResponse
+	(*ApproveJoinRequestRequest)(nil), // 40: bettercompute.v1.ApproveJoinRequestRequest
+	(*GetJoinRequestRequest)(nil),     // 41: bettercompute.v1.GetJoinRequestRequest
+	(*RejectJoinRequestRequest)(nil),  // 42: bettercompute.v1.RejectJoinRequestRequest
+	(*Event)(nil),                     // 43: bettercompute.v1.Event
+	(*ListEventsRequest)(nil),         // 44: bettercompute.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),        // 45: bettercompute.v1.ListEventsResponse
+	(*AuditEntry)(nil),                // 46: bettercompute.v1.AuditEntry
+	(*ListAuditRequest)(nil),          // 47: bettercompute.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),         // 48: bettercompute.v1.ListAuditResponse
+	(*NodeCert)(nil),                  // 49: bettercompute.v1.NodeCert
+	(*Node)(nil),                      // 50: bettercompute.v1.Node
+	(*ListNodesRequest)(nil),          // 51: bettercompute.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),         // 52: bettercompute.v1.ListNodesResponse
+	(*GetNodeRequest)(nil),            // 53: bettercompute.v1.GetNodeRequest
+	(*RetireNodeRequest)(nil),         // 54: bettercompute.v1.RetireNodeRequest
+	(*CreateNodeRequest)(nil),         // 55: bettercompute.v1.CreateNodeRequest
+	(*Command)(nil),                   // 56: bettercompute.v1.Command
+	(*EnqueueCommandRequest)(nil),     // 57: bettercompute.v1.EnqueueCommandRequest
+	(*ListCommandsRequest)(nil),       // 58: bettercompute.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),      // 59: bettercompute.v1.ListCommandsResponse
+	(*GetCommandRequest)(nil),         // 60: bettercompute.v1.GetCommandRequest
+	(*timestamppb.Timestamp)(nil),     // 61: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),     // 62: google.protobuf.FieldMask
+	(*structpb.Struct)(nil),           // 63: google.protobuf.Struct
 }
 var file_bettercompute_v1_api_proto_depIdxs = []int32{
-	62, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
-	1,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
-	62, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
-	6,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
-	11, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
-	12, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
-	14, // 6: bettercompute.v1.PoolPolicy.discovery:type_name -> bettercompute.v1.DiscoveryPolicy
-	13, // 7: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
-	62, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	62, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
-	13, // 10: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	15, // 11: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
-	13, // 12: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
-	63, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
-	21, // 14: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
-	62, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
-	62, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
-	62, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
-	21, // 18: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
-	22, // 19: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
-	22, // 20: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
-	29, // 21: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
-	62, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	62, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	62, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
-	29, // 25: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
-	30, // 26: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
-	64, // 27: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
-	62, // 28: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
-	62, // 29: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
-	62, // 30: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
-	62, // 31: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
-	62, // 32: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
-	36, // 33: bettercompute.v1.JoinRequest.evidence:type_name -> bettercompute.v1.JoinRequestEvidence
-	37, // 34: bettercompute.v1.JoinRequest.effect:type_name -> bettercompute.v1.JoinRequestEffect
-	38, // 35: bettercompute.v1.JoinRequestEffect.node:type_name -> bettercompute.v1.JoinRequestNode
-	62, // 36: bettercompute.v1.JoinRequestNode.last_seen_at:type_name -> google.protobuf.Timestamp
-	35, // 37: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
-	62, // 38: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
-	64, // 39: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
-	44, // 40: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
-	62, // 41: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	64, // 42: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
-	47, // 43: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
-	62, // 44: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
-	62, // 45: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
-	62, // 46: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
-	62, // 47: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
-	64, // 48: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
-	62, // 49: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	62, // 50: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	50, // 51: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
-	51, // 52: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
-	64, // 53: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
-	64, // 54: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
-	62, // 55: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	62, // 56: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
-	62, // 57: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
-	62, // 58: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
-	64, // 59: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
-	57, // 60: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
-	2,  // 61: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
-	3,  // 62: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
-	4,  // 63: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
-	7,  // 64: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
-	8,  // 65: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
-	9,  // 66: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
-	16, // 67: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
-	17, // 68: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
-	18, // 69: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
-	20, // 70: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
-	23, // 71: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
-	25, // 72: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
-	27, // 73: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
-	31, // 74: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
-	32, // 75: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
-	34, // 76: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
-	39, // 77: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
-	42, // 78: bettercompute.v1.JoinRequestService.GetJoinRequest:input_type -> bettercompute.v1.GetJoinRequestRequest
-	41, // 79: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
-	43, // 80: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
-	45, // 81: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
-	48, // 82: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
-	56, // 83: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
-	52, // 84: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
-	54, // 85: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
-	55, // 86: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
-	58, // 87: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
-	59, // 88: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
-	61, // 89: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
-	1,  // 90: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
-	1,  // 91: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
-	5,  // 92: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
-	6,  // 93: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
-	6,  // 94: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
-	10, // 95: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
-	15, // 96: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
-	15, // 97: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
-	19, // 98: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
-	15, // 99: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
-	24, // 100: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
-	26, // 101: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
-	28, // 102: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
-	30, // 103: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
-	33, // 104: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
-	30, // 105: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
-	40, // 106: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
-	35, // 107: bettercompute.v1.JoinRequestService.GetJoinRequest:output_type -> bettercompute.v1.JoinRequest
-	35, // 108: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
-	35, // 109: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
-	46, // 110: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
-	49, // 111: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
-	51, // 112: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
-	53, // 113: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
-	51, // 114: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
-	51, // 115: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
-	57, // 116: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
-	60, // 117: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
-	57, // 118: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
+	61, // 0: bettercompute.v1.Tenant.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 1: bettercompute.v1.ListTenantsResponse.items:type_name -> bettercompute.v1.Tenant
+	61, // 2: bettercompute.v1.Site.created_at:type_name -> google.protobuf.Timestamp
+	5,  // 3: bettercompute.v1.ListSitesResponse.items:type_name -> bettercompute.v1.Site
+	10, // 4: bettercompute.v1.PoolPolicy.kubernetes:type_name -> bettercompute.v1.KubernetesPolicy
+	11, // 5: bettercompute.v1.PoolPolicy.acceptance:type_name -> bettercompute.v1.AcceptancePolicy
+	13, // 6: bettercompute.v1.PoolPolicy.discovery:type_name -> bettercompute.v1.DiscoveryPolicy
+	12, // 7: bettercompute.v1.Pool.policy:type_name -> bettercompute.v1.PoolPolicy
+	61, // 8: bettercompute.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	61, // 9: bettercompute.v1.Pool.updated_at:type_name -> google.protobuf.Timestamp
+	12, // 10: bettercompute.v1.CreatePoolRequest.policy:type_name -> bettercompute.v1.PoolPolicy
+	14, // 11: bettercompute.v1.ListPoolsResponse.items:type_name -> bettercompute.v1.Pool
+	12, // 12: bettercompute.v1.UpdatePoolPolicyRequest.policy:type_name -> bettercompute.v1.PoolPolicy
+	62, // 13: bettercompute.v1.UpdatePoolPolicyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	20, // 14: bettercompute.v1.ApiKey.grants:type_name -> bettercompute.v1.Grant
+	61, // 15: bettercompute.v1.ApiKey.created_at:type_name -> google.protobuf.Timestamp
+	61, // 16: bettercompute.v1.ApiKey.expires_at:type_name -> google.protobuf.Timestamp
+	61, // 17: bettercompute.v1.ApiKey.revoked_at:type_name -> google.protobuf.Timestamp
+	20, // 18: bettercompute.v1.CreateApiKeyRequest.grants:type_name -> bettercompute.v1.Grant
+	21, // 19: bettercompute.v1.CreateApiKeyResponse.api_key:type_name -> bettercompute.v1.ApiKey
+	21, // 20: bettercompute.v1.ListApiKeysResponse.items:type_name -> bettercompute.v1.ApiKey
+	28, // 21: bettercompute.v1.JoinToken.expect:type_name -> bettercompute.v1.Expect
+	61, // 22: bettercompute.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	61, // 23: bettercompute.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	61, // 24: bettercompute.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	28, // 25: bettercompute.v1.CreateJoinTokenRequest.expect:type_name -> bettercompute.v1.Expect
+	29, // 26: bettercompute.v1.ListJoinTokensResponse.items:type_name -> bettercompute.v1.JoinToken
+	63, // 27: bettercompute.v1.JoinRequest.claims:type_name -> google.protobuf.Struct
+	61, // 28: bettercompute.v1.JoinRequest.created_at:type_name -> google.protobuf.Timestamp
+	61, // 29: bettercompute.v1.JoinRequest.updated_at:type_name -> google.protobuf.Timestamp
+	61, // 30: bettercompute.v1.JoinRequest.decided_at:type_name -> google.protobuf.Timestamp
+	61, // 31: bettercompute.v1.JoinRequest.approved_until:type_name -> google.protobuf.Timestamp
+	61, // 32: bettercompute.v1.JoinRequest.consumed_at:type_name -> google.protobuf.Timestamp
+	35, // 33: bettercompute.v1.JoinRequest.evidence:type_name -> bettercompute.v1.JoinRequestEvidence
+	36, // 34: bettercompute.v1.JoinRequest.effect:type_name -> bettercompute.v1.JoinRequestEffect
+	37, // 35: bettercompute.v1.JoinRequestEffect.node:type_name -> bettercompute.v1.JoinRequestNode
+	61, // 36: bettercompute.v1.JoinRequestNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	34, // 37: bettercompute.v1.ListJoinRequestsResponse.items:type_name -> bettercompute.v1.JoinRequest
+	61, // 38: bettercompute.v1.Event.time:type_name -> google.protobuf.Timestamp
+	63, // 39: bettercompute.v1.Event.data:type_name -> google.protobuf.Struct
+	43, // 40: bettercompute.v1.ListEventsResponse.events:type_name -> bettercompute.v1.Event
+	61, // 41: bettercompute.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	63, // 42: bettercompute.v1.AuditEntry.data:type_name -> google.protobuf.Struct
+	46, // 43: bettercompute.v1.ListAuditResponse.items:type_name -> bettercompute.v1.AuditEntry
+	61, // 44: bettercompute.v1.NodeCert.not_before:type_name -> google.protobuf.Timestamp
+	61, // 45: bettercompute.v1.NodeCert.not_after:type_name -> google.protobuf.Timestamp
+	61, // 46: bettercompute.v1.NodeCert.revoked_at:type_name -> google.protobuf.Timestamp
+	61, // 47: bettercompute.v1.Node.last_seen:type_name -> google.protobuf.Timestamp
+	63, // 48: bettercompute.v1.Node.claims:type_name -> google.protobuf.Struct
+	61, // 49: bettercompute.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	61, // 50: bettercompute.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	49, // 51: bettercompute.v1.Node.certs:type_name -> bettercompute.v1.NodeCert
+	50, // 52: bettercompute.v1.ListNodesResponse.items:type_name -> bettercompute.v1.Node
+	63, // 53: bettercompute.v1.Command.args:type_name -> google.protobuf.Struct
+	63, // 54: bettercompute.v1.Command.result:type_name -> google.protobuf.Struct
+	61, // 55: bettercompute.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	61, // 56: bettercompute.v1.Command.sent_at:type_name -> google.protobuf.Timestamp
+	61, // 57: bettercompute.v1.Command.done_at:type_name -> google.protobuf.Timestamp
+	61, // 58: bettercompute.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	63, // 59: bettercompute.v1.EnqueueCommandRequest.args:type_name -> google.protobuf.Struct
+	56, // 60: bettercompute.v1.ListCommandsResponse.items:type_name -> bettercompute.v1.Command
+	1,  // 61: bettercompute.v1.TenantService.CreateTenant:input_type -> bettercompute.v1.CreateTenantRequest
+	2,  // 62: bettercompute.v1.TenantService.GetTenant:input_type -> bettercompute.v1.GetTenantRequest
+	3,  // 63: bettercompute.v1.TenantService.ListTenants:input_type -> bettercompute.v1.ListTenantsRequest
+	6,  // 64: bettercompute.v1.SiteService.CreateSite:input_type -> bettercompute.v1.CreateSiteRequest
+	7,  // 65: bettercompute.v1.SiteService.GetSite:input_type -> bettercompute.v1.GetSiteRequest
+	8,  // 66: bettercompute.v1.SiteService.ListSites:input_type -> bettercompute.v1.ListSitesRequest
+	15, // 67: bettercompute.v1.PoolService.CreatePool:input_type -> bettercompute.v1.CreatePoolRequest
+	16, // 68: bettercompute.v1.PoolService.GetPool:input_type -> bettercompute.v1.GetPoolRequest
+	17, // 69: bettercompute.v1.PoolService.ListPools:input_type -> bettercompute.v1.ListPoolsRequest
+	19, // 70: bettercompute.v1.PoolService.UpdatePoolPolicy:input_type -> bettercompute.v1.UpdatePoolPolicyRequest
+	22, // 71: bettercompute.v1.ApiKeyService.CreateApiKey:input_type -> bettercompute.v1.CreateApiKeyRequest
+	24, // 72: bettercompute.v1.ApiKeyService.ListApiKeys:input_type -> bettercompute.v1.ListApiKeysRequest
+	26, // 73: bettercompute.v1.ApiKeyService.RevokeApiKey:input_type -> bettercompute.v1.RevokeApiKeyRequest
+	30, // 74: bettercompute.v1.JoinTokenService.CreateJoinToken:input_type -> bettercompute.v1.CreateJoinTokenRequest
+	31, // 75: bettercompute.v1.JoinTokenService.ListJoinTokens:input_type -> bettercompute.v1.ListJoinTokensRequest
+	33, // 76: bettercompute.v1.JoinTokenService.RevokeJoinToken:input_type -> bettercompute.v1.RevokeJoinTokenRequest
+	38, // 77: bettercompute.v1.JoinRequestService.ListJoinRequests:input_type -> bettercompute.v1.ListJoinRequestsRequest
+	41, // 78: bettercompute.v1.JoinRequestService.GetJoinRequest:input_type -> bettercompute.v1.GetJoinRequestRequest
+	40, // 79: bettercompute.v1.JoinRequestService.ApproveJoinRequest:input_type -> bettercompute.v1.ApproveJoinRequestRequest
+	42, // 80: bettercompute.v1.JoinRequestService.RejectJoinRequest:input_type -> bettercompute.v1.RejectJoinRequestRequest
+	44, // 81: bettercompute.v1.EventService.ListEvents:input_type -> bettercompute.v1.ListEventsRequest
+	47, // 82: bettercompute.v1.EventService.ListAudit:input_type -> bettercompute.v1.ListAuditRequest
+	55, // 83: bettercompute.v1.NodeService.CreateNode:input_type -> bettercompute.v1.CreateNodeRequest
+	51, // 84: bettercompute.v1.NodeService.ListNodes:input_type -> bettercompute.v1.ListNodesRequest
+	53, // 85: bettercompute.v1.NodeService.GetNode:input_type -> bettercompute.v1.GetNodeRequest
+	54, // 86: bettercompute.v1.NodeService.RetireNode:input_type -> bettercompute.v1.RetireNodeRequest
+	57, // 87: bettercompute.v1.CommandService.EnqueueCommand:input_type -> bettercompute.v1.EnqueueCommandRequest
+	58, // 88: bettercompute.v1.CommandService.ListCommands:input_type -> bettercompute.v1.ListCommandsRequest
+	60, // 89: bettercompute.v1.CommandService.GetCommand:input_type -> bettercompute.v1.GetCommandRequest
+	0,  // 90: bettercompute.v1.TenantService.CreateTenant:output_type -> bettercompute.v1.Tenant
+	0,  // 91: bettercompute.v1.TenantService.GetTenant:output_type -> bettercompute.v1.Tenant
+	4,  // 92: bettercompute.v1.TenantService.ListTenants:output_type -> bettercompute.v1.ListTenantsResponse
+	5,  // 93: bettercompute.v1.SiteService.CreateSite:output_type -> bettercompute.v1.Site
+	5,  // 94: bettercompute.v1.SiteService.GetSite:output_type -> bettercompute.v1.Site
+	9,  // 95: bettercompute.v1.SiteService.ListSites:output_type -> bettercompute.v1.ListSitesResponse
+	14, // 96: bettercompute.v1.PoolService.CreatePool:output_type -> bettercompute.v1.Pool
+	14, // 97: bettercompute.v1.PoolService.GetPool:output_type -> bettercompute.v1.Pool
+	18, // 98: bettercompute.v1.PoolService.ListPools:output_type -> bettercompute.v1.ListPoolsResponse
+	14, // 99: bettercompute.v1.PoolService.UpdatePoolPolicy:output_type -> bettercompute.v1.Pool
+	23, // 100: bettercompute.v1.ApiKeyService.CreateApiKey:output_type -> bettercompute.v1.CreateApiKeyResponse
+	25, // 101: bettercompute.v1.ApiKeyService.ListApiKeys:output_type -> bettercompute.v1.ListApiKeysResponse
+	27, // 102: bettercompute.v1.ApiKeyService.RevokeApiKey:output_type -> bettercompute.v1.RevokeApiKeyResponse
+	29, // 103: bettercompute.v1.JoinTokenService.CreateJoinToken:output_type -> bettercompute.v1.JoinToken
+	32, // 104: bettercompute.v1.JoinTokenService.ListJoinTokens:output_type -> bettercompute.v1.ListJoinTokensResponse
+	29, // 105: bettercompute.v1.JoinTokenService.RevokeJoinToken:output_type -> bettercompute.v1.JoinToken
+	39, // 106: bettercompute.v1.JoinRequestService.ListJoinRequests:output_type -> bettercompute.v1.ListJoinRequestsResponse
+	34, // 107: bettercompute.v1.JoinRequestService.GetJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	34, // 108: bettercompute.v1.JoinRequestService.ApproveJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	34, // 109: bettercompute.v1.JoinRequestService.RejectJoinRequest:output_type -> bettercompute.v1.JoinRequest
+	45, // 110: bettercompute.v1.EventService.ListEvents:output_type -> bettercompute.v1.ListEventsResponse
+	48, // 111: bettercompute.v1.EventService.ListAudit:output_type -> bettercompute.v1.ListAuditResponse
+	50, // 112: bettercompute.v1.NodeService.CreateNode:output_type -> bettercompute.v1.Node
+	52, // 113: bettercompute.v1.NodeService.ListNodes:output_type -> bettercompute.v1.ListNodesResponse
+	50, // 114: bettercompute.v1.NodeService.GetNode:output_type -> bettercompute.v1.Node
+	50, // 115: bettercompute.v1.NodeService.RetireNode:output_type -> bettercompute.v1.Node
+	56, // 116: bettercompute.v1.CommandService.EnqueueCommand:output_type -> bettercompute.v1.Command
+	59, // 117: bettercompute.v1.CommandService.ListCommands:output_type -> bettercompute.v1.ListCommandsResponse
+	56, // 118: bettercompute.v1.CommandService.GetCommand:output_type -> bettercompute.v1.Command
 	90, // [90:119] is the sub-list for method output_type
 	61, // [61:90] is the sub-list for method input_type
 	61, // [61:61] is the sub-list for extension type_name
@@ -5356,7 +5298,7 @@ func file_bettercompute_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_v1_api_proto_rawDesc), len(file_bettercompute_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   62,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   9,
 		},

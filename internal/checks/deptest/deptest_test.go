@@ -16,6 +16,12 @@
 // The rules below keep those folders honest: a compromised or
 // misconfigured gateway or node can neither read nor mint anything through
 // code it ships with, and shared code depends on no process.
+//
+// binaries_test.go holds what a binary links: each checked-in deps.txt
+// (cmd/bcd/deps.txt) lists the packages outside this module the binary
+// links, so a new dependency shows in review, and packages a binary must
+// never link (bcd: gRPC, grpc-gateway, html/template, the operator API)
+// fail with the import chain that brought them in.
 package deptest
 
 import (

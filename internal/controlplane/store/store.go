@@ -94,6 +94,10 @@ type Config struct {
 // Config.OutageWait is 0.
 const DefaultOutageWait = engine.DefaultOutageWait
 
+// ErrClosed answers a write that comes after Close began: the server is
+// stopping, and another replica, or this one restarted, takes the retry.
+var ErrClosed = engine.ErrClosed
+
 // DB is an open, migrated database.
 type DB struct {
 	e       *engine.DB

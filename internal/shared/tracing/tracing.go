@@ -1,7 +1,8 @@
 // Package tracing is the OpenTelemetry tracing every process shares: the
 // [tracing] configuration, the tracer provider it builds (a no-op without
-// an endpoint), a W3C trace-context propagator that ignores oversized
-// headers, and the HTTP wrappers that start server and client spans.
+// an endpoint) with its OTLP/HTTP exporter (otlp.go), a W3C trace-context
+// propagator that ignores oversized headers, and the HTTP wrappers that
+// start server and client spans.
 //
 // Trace context carries no authority: nothing reads it but the tracer,
 // and it is in no digest or seal (docs/security.md).
@@ -10,12 +11,12 @@ package tracing
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -104,10 +105,10 @@ func Setup(c Config, service string) (trace.TracerProvider, func(context.Context
 		otel.SetTracerProvider(tp)
 		return tp, func(context.Context) error { return nil }, nil
 	}
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(strings.TrimSuffix(c.OTLPEndpoint, "/")+"/v1/traces"))
-	if err != nil {
-		return nil, nil, errs.New(errs.InvalidConfig, "tracing.otlp_endpoint: %v", err)
+	if u, err := url.Parse(c.OTLPEndpoint); err != nil || u.Host == "" {
+		return nil, nil, errs.New(errs.InvalidConfig, "tracing.otlp_endpoint: not a URL with a host: %q", c.OTLPEndpoint)
 	}
+	exp := newOTLPExporter(strings.TrimSuffix(c.OTLPEndpoint, "/") + "/v1/traces")
 	tp := NewProvider(c, service, sdktrace.WithBatcher(exp))
 	otel.SetTracerProvider(tp)
 	return tp, tp.Shutdown, nil

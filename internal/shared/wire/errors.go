@@ -14,7 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/v1/errordetail"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 )
 
@@ -68,7 +68,7 @@ func ToWireContext(ctx context.Context, log *slog.Logger, procedure string, err 
 	}
 	if e, ok := errs.As(err); ok {
 		ce := connect.NewError(wireCodes[e.Code], errors.New(e.Message))
-		if d, derr := connect.NewErrorDetail(&bcv1.ErrorDetail{Code: string(e.Code), Field: e.Field}); derr == nil {
+		if d, derr := connect.NewErrorDetail(&errordetail.ErrorDetail{Code: string(e.Code), Field: e.Field}); derr == nil {
 			ce.AddDetail(d)
 		}
 		return ce
@@ -80,7 +80,7 @@ func ToWireContext(ctx context.Context, log *slog.Logger, procedure string, err 
 			code = errs.Internal
 		}
 		out := connect.NewError(ce.Code(), errors.New(ce.Message()))
-		if d, derr := connect.NewErrorDetail(&bcv1.ErrorDetail{Code: string(code)}); derr == nil {
+		if d, derr := connect.NewErrorDetail(&errordetail.ErrorDetail{Code: string(code)}); derr == nil {
 			out.AddDetail(d)
 		}
 		return out
@@ -106,7 +106,7 @@ func FromWire(err error) error {
 		if derr != nil {
 			continue
 		}
-		if ed, ok := v.(*bcv1.ErrorDetail); ok {
+		if ed, ok := v.(*errordetail.ErrorDetail); ok {
 			return &errs.E{Code: errs.Code(ed.Code), Message: ce.Message(), Field: ed.Field}
 		}
 	}
