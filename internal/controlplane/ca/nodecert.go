@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"time"
 
@@ -115,10 +118,28 @@ func SignNodeCertKey(ca *x509.Certificate, caKey crypto.Signer, pub *ecdsa.Publi
 	if err != nil {
 		return nil, err
 	}
-	// 3. Sign: the TBS is assembled here (node certificates have one fixed
-	// shape, the same bytes x509.CreateCertificate would produce for it),
-	// signed with caKey, and the signature verified once.
-	der, err := signNodeTBS(ca, caKey, pub, serial, p, notBefore, notAfter, uris, stmtExt)
+	// 3. Sign. x509.CreateCertificate checks that caKey is ca's key and
+	// verifies the signature it made before returning.
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: p.NodeID, OrganizationalUnit: []string{pki.RoleOUPrefix + p.Role}},
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+	for _, u := range uris {
+		parsed, err := url.Parse(u)
+		if err != nil || parsed.String() != u {
+			return nil, errs.Invalid("statements", "%q is not a URI in its one written form", u)
+		}
+		tmpl.URIs = append(tmpl.URIs, parsed)
+	}
+	if stmtExt != nil {
+		tmpl.ExtraExtensions = []pkix.Extension{{Id: pki.OIDNodeStatements, Value: stmtExt}}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
 	if err != nil {
 		return nil, fmt.Errorf("sign node certificate: %w", err)
 	}

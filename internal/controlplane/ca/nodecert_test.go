@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
+	"io"
 	"math/big"
 	"net/url"
 	"slices"
@@ -352,6 +353,43 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// A signer that is not the node CA's key, or a CA that is not P-256, is
+// refused before anything is signed.
+func TestSignNodeCertWrongCAKey(t *testing.T) {
+	b := newBundle(t)
+	other := newBundle(t)
+	key := newP256(t)
+	if _, err := SignNodeCertKey(b.NodeCA, other.NodeCAKey, &key.PublicKey, nodeParams()); err == nil {
+		t.Error("signed with a key that is not the node CA's")
+	}
+	ca := *b.NodeCA
+	ca.PublicKey = mustP384(t).Public()
+	if _, err := SignNodeCertKey(&ca, b.NodeCAKey, &key.PublicKey, nodeParams()); err == nil {
+		t.Error("signed for a CA whose key is not P-256")
+	}
+}
+
+// faultySigner is the node CA's key returning another key's signature.
+type faultySigner struct {
+	crypto.Signer
+	other crypto.Signer
+}
+
+func (f faultySigner) Sign(r io.Reader, digest []byte, o crypto.SignerOpts) ([]byte, error) {
+	return f.other.Sign(r, digest, o)
+}
+
+// x509.CreateCertificate's check of its own signature catches a signer
+// that returns a bad one.
+func TestSignNodeCertFaultySigner(t *testing.T) {
+	b := newBundle(t)
+	key := newP256(t)
+	s := faultySigner{Signer: b.NodeCAKey, other: newP256(t)}
+	if _, err := SignNodeCertKey(b.NodeCA, s, &key.PublicKey, nodeParams()); err == nil || !strings.Contains(err.Error(), "signature") {
+		t.Errorf("err = %v, want the signature refused", err)
+	}
 }
 
 func mustP384(t *testing.T) crypto.Signer {

@@ -2,7 +2,6 @@ package ca
 
 import (
 	"bytes"
-	"crypto/ecdh"
 	"crypto/ecdsa"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -114,39 +113,32 @@ func Open(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, no
 	if encKey == nil || !pki.IsP256(&encKey.PublicKey) {
 		return "", errors.New("open seal: the encryption key must be ECDSA P-256")
 	}
-	return openSeal(encKey, nil, compact, csrDER, reqDigest, now)
+	return openSeal(encKey, compact, csrDER, reqDigest, now)
 }
 
-// SealOpener is Open for one encryption key, converted once into the form
-// key agreement takes: the conversion (ecdsa.PrivateKey.ECDH) computes the
-// public key again, a scalar multiplication worth about a fifth of an Open.
-// A service that opens many seals with one key holds one SealOpener. It is
-// safe for concurrent use.
+// SealOpener is Open for one encryption key, checked once. It is safe for
+// concurrent use.
 type SealOpener struct {
-	key *ecdh.PrivateKey
+	key *ecdsa.PrivateKey
 }
 
-// NewSealOpener prepares encKey, the JoinService encryption key (ECDSA
+// NewSealOpener checks encKey, the JoinService encryption key (ECDSA
 // P-256), for opening seals.
 func NewSealOpener(encKey *ecdsa.PrivateKey) (*SealOpener, error) {
 	if encKey == nil || !pki.IsP256(&encKey.PublicKey) {
 		return nil, errors.New("open seal: the encryption key must be ECDSA P-256")
 	}
-	key, err := encKey.ECDH()
-	if err != nil {
-		return nil, fmt.Errorf("open seal: the encryption key: %w", err)
-	}
-	return &SealOpener{key: key}, nil
+	return &SealOpener{key: encKey}, nil
 }
 
 // Open is the package's Open with o's key.
 func (o *SealOpener) Open(compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	return openSeal(nil, o.key, compact, csrDER, reqDigest, now)
+	return openSeal(o.key, compact, csrDER, reqDigest, now)
 }
 
-// openSeal is Open with key, or when key is nil with encKey converted
-// after the header checks (a refused seal costs no scalar multiplication).
-func openSeal(encKey *ecdsa.PrivateKey, key *ecdh.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
+// openSeal is Open for a checked key: the header checks, then go-jose
+// parses and decrypts with the same algorithm allow-lists.
+func openSeal(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
 	if len(reqDigest) != sha256.Size {
 		return "", fmt.Errorf("open seal: the request digest must be %d bytes (JoinRequestDigest)", sha256.Size)
 	}
@@ -157,19 +149,23 @@ func openSeal(encKey *ecdsa.PrivateKey, key *ecdh.PrivateKey, compact string, cs
 	if strings.Count(compact, ".") != 4 {
 		return "", sealErr(ReasonSealMalformed, "not compact JWE")
 	}
-	parts := strings.SplitN(compact, ".", 5)
-	epk, err := checkSealHeader(parts[0], csrDER, reqDigest, now)
-	if err != nil {
+	parts := strings.Split(compact, ".")
+	if err := checkSealHeader(parts[0], csrDER, reqDigest, now); err != nil {
 		return "", err
 	}
-	if key == nil {
-		if key, err = encKey.ECDH(); err != nil {
-			return "", fmt.Errorf("open seal: the encryption key: %w", err)
+	for i, p := range parts[1:] {
+		if !canonicalBase64URL(p) {
+			return "", sealErr(ReasonSealMalformed, "part %d is not canonical base64url", i+1)
 		}
 	}
-	plain, err := openSealJWE(key, parts[0], epk, parts[1], parts[2], parts[3], parts[4])
+	// The allow-lists are enforced again by go-jose on the same bytes.
+	obj, err := jose.ParseEncryptedCompact(compact, []jose.KeyAlgorithm{jose.ECDH_ES_A256KW}, []jose.ContentEncryption{jose.A256GCM})
 	if err != nil {
-		return "", err
+		return "", sealErr(ReasonSealMalformed, "parse: %w", err)
+	}
+	plain, err := obj.Decrypt(encKey)
+	if err != nil {
+		return "", sealErr(ReasonSealDecrypt, "decrypt: %w", err)
 	}
 	if len(plain) == 0 || len(plain) > pki.MaxSealedTokenSize || !utf8.Valid(plain) {
 		return "", sealErr(ReasonSealPlaintext, "plaintext of %d bytes", len(plain))
@@ -177,34 +173,42 @@ func openSeal(encKey *ecdsa.PrivateKey, key *ecdh.PrivateKey, compact string, cs
 	return string(plain), nil
 }
 
+// canonicalBase64URL reports whether s is the one unpadded base64url form
+// of what it decodes to. go-jose's decoder also takes CR and LF anywhere
+// and non-zero trailing bits, which would give one seal many spellings.
+func canonicalBase64URL(s string) bool {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	return err == nil && base64.RawURLEncoding.EncodedLen(len(b)) == len(s)
+}
+
 // checkSealHeader decodes the protected header and checks it strictly before
 // any key agreement: algorithms, typ, iat, the CSR and request bindings, and
-// iat against now. It returns the epk member, for openSealJWE to parse.
-func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) (epk json.RawMessage, err error) {
+// iat against now.
+func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) error {
 	raw, err := base64.RawURLEncoding.DecodeString(protected)
 	if err != nil {
-		return nil, sealErr(ReasonSealMalformed, "protected header: %w", err)
+		return sealErr(ReasonSealMalformed, "protected header: %w", err)
 	}
 	var h map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&h); err != nil || dec.More() {
-		return nil, sealErr(ReasonSealMalformed, "protected header is not a JSON object")
+		return sealErr(ReasonSealMalformed, "protected header is not a JSON object")
 	}
 	var alg, enc string
 	if json.Unmarshal(h["alg"], &alg) != nil || json.Unmarshal(h["enc"], &enc) != nil {
-		return nil, sealErr(ReasonSealMalformed, "alg or enc is not a string")
+		return sealErr(ReasonSealMalformed, "alg or enc is not a string")
 	}
 	if alg != string(jose.ECDH_ES_A256KW) || enc != string(jose.A256GCM) {
-		return nil, sealErr(ReasonSealAlgorithm, "alg %q enc %q", alg, enc)
+		return sealErr(ReasonSealAlgorithm, "alg %q enc %q", alg, enc)
 	}
 	for k := range h {
 		if !allowedSealHeader(k) {
-			return nil, sealErr(ReasonSealHeader, "unexpected header %q", k)
+			return sealErr(ReasonSealHeader, "unexpected header %q", k)
 		}
 	}
 	var typ string
 	if json.Unmarshal(h["typ"], &typ) != nil || typ != pki.SealType {
-		return nil, sealErr(ReasonSealHeader, "typ is not %s", pki.SealType)
+		return sealErr(ReasonSealHeader, "typ is not %s", pki.SealType)
 	}
 	// Decoding into any (not json.Number, which also takes a quoted
 	// number) keeps iat a JSON number.
@@ -212,42 +216,42 @@ func checkSealHeader(protected string, csrDER, reqDigest []byte, now time.Time) 
 	d := json.NewDecoder(bytes.NewReader(h["iat"]))
 	d.UseNumber()
 	if h["iat"] == nil || d.Decode(&v) != nil {
-		return nil, sealErr(ReasonSealHeader, "iat missing")
+		return sealErr(ReasonSealHeader, "iat missing")
 	}
 	iat, ok := v.(json.Number)
 	if !ok {
-		return nil, sealErr(ReasonSealHeader, "iat is not a number")
+		return sealErr(ReasonSealHeader, "iat is not a number")
 	}
 	iatSec, err := iat.Int64()
 	if err != nil || iatSec <= 0 {
-		return nil, sealErr(ReasonSealHeader, "iat is not positive unix seconds")
+		return sealErr(ReasonSealHeader, "iat is not positive unix seconds")
 	}
 	var csr string
 	if json.Unmarshal(h["csr"], &csr) != nil || csr == "" {
-		return nil, sealErr(ReasonSealHeader, "csr missing")
+		return sealErr(ReasonSealHeader, "csr missing")
 	}
 	want := base64.RawURLEncoding.EncodeToString(pki.CSRHash(csrDER))
 	if subtle.ConstantTimeCompare([]byte(csr), []byte(want)) != 1 {
-		return nil, sealErr(ReasonSealCSRMismatch, "the seal was made for another CSR")
+		return sealErr(ReasonSealCSRMismatch, "the seal was made for another CSR")
 	}
 	var req string
 	if json.Unmarshal(h["req"], &req) != nil || req == "" {
-		return nil, sealErr(ReasonSealHeader, "req missing")
+		return sealErr(ReasonSealHeader, "req missing")
 	}
 	// The encoding is compared, not decoded: one digest has one unpadded
 	// base64url form, and anything else is another request.
 	wantReq := base64.RawURLEncoding.EncodeToString(reqDigest)
 	if subtle.ConstantTimeCompare([]byte(req), []byte(wantReq)) != 1 {
-		return nil, sealErr(ReasonSealRequestMismatch, "the seal was made for another join request")
+		return sealErr(ReasonSealRequestMismatch, "the seal was made for another join request")
 	}
 	issued := time.Unix(iatSec, 0)
 	if age := now.Sub(issued); age > pki.SealMaxAge {
-		return nil, sealErr(ReasonSealExpired, "iat %s is %s before now, more than %s", issued.UTC().Format(time.RFC3339), age, pki.SealMaxAge)
+		return sealErr(ReasonSealExpired, "iat %s is %s before now, more than %s", issued.UTC().Format(time.RFC3339), age, pki.SealMaxAge)
 	}
 	if ahead := issued.Sub(now); ahead > pki.SealMaxFuture {
-		return nil, sealErr(ReasonSealFuture, "iat %s is %s after now, more than %s", issued.UTC().Format(time.RFC3339), ahead, pki.SealMaxFuture)
+		return sealErr(ReasonSealFuture, "iat %s is %s after now, more than %s", issued.UTC().Format(time.RFC3339), ahead, pki.SealMaxFuture)
 	}
-	return h["epk"], nil
+	return nil
 }
 
 // SealOpeners opens seals made to any of a bundle's opening keys (the

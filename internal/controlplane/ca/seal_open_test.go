@@ -1,14 +1,11 @@
 package ca
 
 import (
-	"bytes"
-	"crypto/aes"
 	"crypto/ecdh"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 
 	"strings"
@@ -16,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/better-compute/better-compute/internal/shared/pki"
-	josecipher "github.com/go-jose/go-jose/v4/cipher"
 )
 
 // reheader returns compact with its protected header decoded, edited and
@@ -201,91 +197,4 @@ func TestOpenTampered(t *testing.T) {
 		})
 	}
 
-}
-
-// RFC 7518 Appendix C: the Concat KDF of ECDH-ES between Alice's ephemeral
-// key and Bob's, for A128GCM with apu "Alice" and apv "Bob".
-func TestConcatKDFRFC7518(t *testing.T) {
-	jwk := func(x, y, d string) *ecdh.PrivateKey {
-		k, err := ecdh.P256().NewPrivateKey(mustB64(t, d))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := append(append([]byte{4}, mustB64(t, x)...), mustB64(t, y)...)
-		if !bytes.Equal(k.PublicKey().Bytes(), want) {
-			t.Fatal("the test vector's key does not match its d")
-		}
-		return k
-	}
-	alice := jwk("gI0GAILBdu7T53akrFmMyGcsF3n5dO7MmwNBHKW5SV0", "SLW_xSffzlPWrHEVI30DHM_4egVwt3NQqeUD7nMFpps", "0_NxaRPUMQoAJt50Gz8YiTr8gRTwyEaCumd-MToTmIo")
-	bob := jwk("weNJy2HscCSM6AEDTDg04biOvhFhyyWvOHQfeF_PxMQ", "e8lnCO-AlStT-NJVX-crhB7QRYhiix03illJOVAOyck", "VEmDZpDXXK8p8N0Cndsxs924q6nS1RXFASRl6BfUqdw")
-	z, err := bob.ECDH(alice.PublicKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := b64(concatKDF(z, "A128GCM", []byte("Alice"), []byte("Bob"), 128)); got != "VqqN6vgjbSBcIijNcacQGg" {
-		t.Errorf("derived key %s", got)
-	}
-	// And with what Seal uses, against go-jose's own derivation.
-	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	eph, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	want := josecipher.DeriveECDHES(sealKeyAlg, nil, nil, eph, &priv.PublicKey, 32)
-	ep, _ := priv.ECDH()
-	epub, _ := eph.PublicKey.ECDH()
-	z, _ = ep.ECDH(epub)
-	if got := concatKDF(z, sealKeyAlg, nil, nil, 256); !bytes.Equal(got, want) {
-		t.Errorf("concatKDF = %x, go-jose derives %x", got, want)
-	}
-}
-
-func mustB64(t *testing.T, s string) []byte {
-	t.Helper()
-	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-func mustHex(t *testing.T, s string) []byte {
-	t.Helper()
-	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// RFC 3394 §4.6 (256 bits of key data, 256-bit KEK), then any key go-jose
-// wraps unwraps to itself, and any change to a wrapped key is caught.
-func TestAESKeyUnwrap(t *testing.T) {
-	kek := mustHex(t, "000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F")
-	wrapped := mustHex(t, "28C9F404C4B810F4 CBCCB35CFB87F826 3F5786E2D80ED326 CBC7F0E71A99F43B FB988B9B7A02DD21")
-	got, err := aesKeyUnwrap(kek, wrapped)
-	if want := mustHex(t, "00112233445566778899AABBCCDDEEFF000102030405060708090A0B0C0D0E0F"); err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("aesKeyUnwrap = %x, %v", got, err)
-	}
-	for i := 0; i < 100; i++ {
-		kek, cek := make([]byte, 32), make([]byte, 16+8*(i%3))
-		rand.Read(kek)
-		rand.Read(cek)
-		block, _ := aes.NewCipher(kek)
-		w, err := josecipher.KeyWrap(block, cek)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, err := aesKeyUnwrap(kek, w); err != nil || !bytes.Equal(got, cek) {
-			t.Fatalf("aesKeyUnwrap(go-jose's wrap) = %x, %v; want %x", got, err, cek)
-		}
-		bad := append([]byte(nil), w...)
-		bad[i%len(bad)] ^= 1 << (i % 8)
-		if got, err := aesKeyUnwrap(kek, bad); err == nil {
-			t.Fatalf("aesKeyUnwrap took a changed wrapped key: %x", got)
-		}
-	}
-	for _, n := range []int{0, 8, 16, 23, 25, 41} {
-		if _, err := aesKeyUnwrap(kek, make([]byte, n)); err == nil {
-			t.Errorf("aesKeyUnwrap took %d bytes", n)
-		}
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-jose/go-jose/v4"
 
@@ -265,78 +264,9 @@ func TestSealRefusals(t *testing.T) {
 	}
 }
 
-// openGoJose is Open as it was, with go-jose decrypting after the same
-// header checks: the reference FuzzOpen holds Open to.
-func openGoJose(encKey *ecdsa.PrivateKey, compact string, csrDER, reqDigest []byte, now time.Time) (string, error) {
-	if len(compact) == 0 || len(compact) > pki.MaxSealSize || strings.Count(compact, ".") != 4 {
-		return "", sealErr(ReasonSealMalformed, "size or parts")
-	}
-	protected, _, _ := strings.Cut(compact, ".")
-	if _, err := checkSealHeader(protected, csrDER, reqDigest, now); err != nil {
-		return "", err
-	}
-	obj, err := jose.ParseEncryptedCompact(compact, []jose.KeyAlgorithm{jose.ECDH_ES_A256KW}, []jose.ContentEncryption{jose.A256GCM})
-	if err != nil {
-		return "", sealErr(ReasonSealMalformed, "parse: %w", err)
-	}
-	plain, err := obj.Decrypt(encKey)
-	if err != nil {
-		return "", sealErr(ReasonSealDecrypt, "decrypt: %w", err)
-	}
-	if len(plain) == 0 || len(plain) > pki.MaxSealedTokenSize || !utf8.Valid(plain) {
-		return "", sealErr(ReasonSealPlaintext, "plaintext of %d bytes", len(plain))
-	}
-	return string(plain), nil
-}
-
-// sealPartsCanonical reports whether parts 1 to 4 of a compact JWE are each
-// in the one unpadded base64url form of what they decode to, and its epk
-// has no members but kty, crv, x and y: where Open is stricter than go-jose.
-func sealPartsCanonical(compact string) bool {
-	parts := strings.Split(compact, ".")
-	if len(parts) != 5 {
-		return true
-	}
-	for _, p := range parts[1:] {
-		b, err := base64.RawURLEncoding.DecodeString(p)
-		if err != nil || base64.RawURLEncoding.EncodeToString(b) != p {
-			return false
-		}
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(parts[0])
-	if err != nil {
-		return true
-	}
-	var h struct {
-		EPK map[string]json.RawMessage `json:"epk"`
-	}
-	if json.Unmarshal(raw, &h) != nil {
-		return true
-	}
-	for k, v := range h.EPK {
-		switch k {
-		case "kty", "crv", "x", "y":
-			var s string
-			if json.Unmarshal(v, &s) != nil {
-				return false
-			}
-			if k == "x" || k == "y" {
-				if b, err := base64.RawURLEncoding.DecodeString(s); err != nil || base64.RawURLEncoding.EncodeToString(b) != s {
-					return false
-				}
-			}
-		default:
-			return false
-		}
-	}
-	return true
-}
-
 // R4.2: Open never panics, whatever the input; it opens only the one seal
-// made for this request; and it agrees with go-jose (the decrypter it
-// replaced, and bcd's side): what it opens, go-jose opens to the same
-// token, and what go-jose opens or refuses it opens or refuses for the same
-// reason, but where Open is stricter (sealPartsCanonical).
+// made for this request, and every refusal carries the reason the server
+// records.
 func FuzzOpen(f *testing.F) {
 	key := newP256(f)
 	csr := newCSR(f, newP256(f))
@@ -353,28 +283,14 @@ func FuzzOpen(f *testing.F) {
 	f.Add(parts[0] + ".." + strings.Join(parts[2:], "."))
 	f.Fuzz(func(t *testing.T, s string) {
 		tok, err := Open(key, s, csr, req, t0)
-		ref, refErr := openGoJose(key, s, csr, req, t0)
 		if err == nil {
-			if tok != testToken {
+			if tok != testToken || s != good {
 				t.Fatalf("Open accepted %q as %q", s, tok)
 			}
-			if refErr != nil || ref != tok {
-				t.Fatalf("Open accepted %q, go-jose refused it: %v", s, refErr)
-			}
 			return
 		}
-		reason, ok := SealReason(err)
-		if !ok {
+		if _, ok := SealReason(err); !ok {
 			t.Fatalf("error without a reason: %v", err)
-		}
-		if !sealPartsCanonical(s) {
-			return
-		}
-		if refErr == nil {
-			t.Fatalf("Open refused %q (%v), go-jose opened it", s, err)
-		}
-		if refReason, _ := SealReason(refErr); refReason != reason {
-			t.Fatalf("Open refused %q for %s (%v), go-jose for %s (%v)", s, reason, err, refReason, refErr)
 		}
 	})
 }
@@ -424,18 +340,6 @@ func BenchmarkSealOpenerOpen(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := o.Open(sealed, csr, req, t0); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkOpenGoJose is Open as it was (go-jose decrypting), for
-// comparison.
-func BenchmarkOpenGoJose(b *testing.B) {
-	key, csr, req, sealed := sealedForBench(b)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := openGoJose(key, sealed, csr, req, t0); err != nil {
 			b.Fatal(err)
 		}
 	}
