@@ -29,7 +29,7 @@ func TestProductionInstall(t *testing.T) {
 		tools.Missing(t, "not root", "the production install runs as root in a mount namespace")
 		t.Skip("SKIPPING: not root (the production install runs as root in a mount namespace)")
 	}
-	for _, tool := range []string{"unshare", "setpriv", "ip", "runuser", "systemd-sysusers", "curl"} {
+	for _, tool := range []string{"unshare", "setpriv", "ip", "runuser", "systemd-sysusers", "curl", "jq"} {
 		tools.Need(t, tool, "the production install in a fresh root")
 	}
 	_, verify := tools.Want(t, "systemd-analyze", "systemd-analyze verify of the installed units")
@@ -78,6 +78,23 @@ func TestProductionInstall(t *testing.T) {
 		// it.
 		waitLog(t, sh, "better-compute-gateway", `msg="gateway listening"`)
 		runIn(t, sh, "curl -sS -o /dev/null --cacert /etc/better-compute/serving-ca.crt https://gw.eu.example.com/")
+		// A machine joins through them: bcd reads the well-known document
+		// from the API (its certificate from the serving CA, trusted
+		// through the pins alone), then joins through the gateway the
+		// document names, which relays to the API's agent listener.
+		sys := filepath.Join(work, "sys")
+		fakeSysfs(t, sys, "SN-7300", "00112233-4455-6677-8899-aabbccdd7300", "3c:ec:ef:0a:73:00")
+		res = runIn(t, sh, export, "export BETTER_COMPUTE_URL=https://compute.example.com:8443 BETTER_COMPUTE_CA_FILE=/var/lib/better-compute/pki/serving-ca.crt",
+			"site=$(better-compute sites create eu-1 --tenant $TENANT --region eu --json | jq -r .id)",
+			"pool=$(better-compute pools create gpu --tenant $TENANT --site $site --json | jq -r .id)",
+			"pins=$(better-compute pki pins --dir /var/lib/better-compute/pki --json)",
+			"better-compute join-tokens create --tenant $TENANT --pool $pool --ttl 1h --out /run/join-token",
+			"bin/bcd join --server https://compute.example.com:8443 --site $site --serving-ca-pin $(jq -r .servingCaPin <<<\"$pins\") "+
+				"--join-signing-pin $(jq -r .joinSigningKeyPin <<<\"$pins\") --join-encryption-pin $(jq -r .joinEncryptionKeyPin <<<\"$pins\") "+
+				"--token-file /run/join-token --config /etc/bcd/config.toml --data-dir /var/lib/bcd --sysfs-root "+sys)
+		if out := res[len(res)-1].Output(); !strings.Contains(out, "joined as node_") {
+			t.Fatalf("bcd join through the gateway:\n%s", out)
+		}
 	})
 }
 
