@@ -54,12 +54,33 @@ const fromConnect: Partial<Record<Code, ComputeErrorCode>> = {
   [Code.FailedPrecondition]: "INVALID_STATE",
 };
 
+// A TLS failure of Node's (an untrusted, expired or misnamed server
+// certificate): connect-node reports it as Code.Internal, though nothing
+// went wrong inside the server. Its Node error codes.
+const tlsCode = /^(ERR_TLS_|ERR_SSL_|CERT_|UNABLE_TO_|DEPTH_ZERO_SELF_SIGNED_CERT$|SELF_SIGNED_CERT_IN_CHAIN$|HOSTNAME_MISMATCH$)/;
+
+// tlsFailure returns the Node error code of a TLS failure in err's causes.
+function tlsFailure(err: unknown): string | undefined {
+  for (let e = err, i = 0; e && typeof e === "object" && i < 8; e = (e as { cause?: unknown }).cause, i++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && tlsCode.test(code)) return code;
+  }
+  return undefined;
+}
+
 /** toComputeError turns anything a call threw into a ComputeError. */
 export function toComputeError(err: unknown): ComputeError {
   if (err instanceof ComputeError) return err;
   const ce = ConnectError.from(err);
   const connectCode = Code[ce.code] ?? String(ce.code);
   const [detail] = ce.findDetails(ErrorDetailSchema);
+  if (!detail && tlsFailure(err)) {
+    // As the CLI: the control plane is unavailable to this client until
+    // its certificate is trusted.
+    return new ComputeError("UNAVAILABLE",
+      `${ce.rawMessage}: the control plane's certificate is not trusted (${tlsFailure(err)}); give its CA with { ca } or { caFile } (default $BETTER_COMPUTE_CA_FILE, as better-compute dev's dev.env sets)`,
+      { connectCode: Code[Code.Unavailable], cause: err });
+  }
   const code = (detail?.code as ComputeErrorCode | undefined) || fromConnect[ce.code] || "INTERNAL";
   return new ComputeError(code, ce.rawMessage, { field: detail?.field, connectCode, cause: err });
 }

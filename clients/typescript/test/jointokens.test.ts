@@ -3,7 +3,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { compute, ComputeError } from "@better-compute/client";
+import { compute, createClient, ComputeError } from "@better-compute/client";
 import type { ComputeErrorCode } from "@better-compute/client";
 import { startDev } from "./dev.js";
 import type { Dev } from "./dev.js";
@@ -135,4 +135,16 @@ test("errors carry the product's codes", async () => {
     tenantId: rootTenantId, name: "reader", grants: [{ action: "compute:nodes:read", resource: "*" }],
   });
   await rejects("ACCESS_DENIED", compute.api.joinTokens.create(reader.key ?? "", { tenantId: rootTenantId, poolId, ttlSeconds: 600 }));
+});
+
+// A control plane whose certificate this client does not trust (dev's
+// private CA, without its CA file) is UNAVAILABLE, as in the CLI, and the
+// message says what to give; with the CA file the same call goes through.
+test("an untrusted server certificate is UNAVAILABLE", async () => {
+  const untrusted = createClient({ url: dev.env.BETTER_COMPUTE_URL, credential, caFile: "" }); // the system roots only
+  const err = await rejects("UNAVAILABLE", untrusted.tenants.get({ tenantId: rootTenantId }));
+  assert.match(err.message, /certificate/);
+  assert.match(err.message, /BETTER_COMPUTE_CA_FILE/);
+  const trusted = createClient({ url: dev.env.BETTER_COMPUTE_URL, credential, caFile: dev.env.BETTER_COMPUTE_CA_FILE });
+  assert.equal((await trusted.tenants.get({ tenantId: rootTenantId })).id, rootTenantId);
 });

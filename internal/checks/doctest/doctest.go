@@ -116,6 +116,43 @@ func parse(file, md string, strict bool) ([]Block, error) {
 	return out, nil
 }
 
+// Section returns the sh blocks of md's section under the heading whose
+// text is heading (any level), up to the next heading of that level or
+// above, skipped ones included: a test that runs a section as written
+// finds it by its heading, whatever file it moved to. ok is false when md
+// has no such heading.
+func Section(md string, blocks []Block, heading string) (out []Block, ok bool) {
+	start, end, level := 0, 0, 0
+	fence := false
+	for i, l := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			fence = !fence
+		}
+		n := len(l) - len(strings.TrimLeft(l, "#"))
+		if fence || n == 0 || !strings.HasPrefix(l[n:], " ") {
+			continue
+		}
+		switch {
+		case start == 0 && strings.TrimSpace(l[n:]) == heading:
+			start, level = i+1, n
+		case start != 0 && n <= level:
+			end = i + 1
+		}
+		if end != 0 {
+			break
+		}
+	}
+	if start == 0 {
+		return nil, false
+	}
+	for _, b := range blocks {
+		if b.Lang == "sh" && b.Line > start && (end == 0 || b.Line < end) {
+			out = append(out, b)
+		}
+	}
+	return out, true
+}
+
 // Walkthrough returns the blocks of one walkthrough that are run, in order.
 func Walkthrough(blocks []Block, name string) []Block {
 	var out []Block
@@ -127,13 +164,30 @@ func Walkthrough(blocks []Block, name string) []Block {
 	return out
 }
 
+// heredocRE finds a here-document's delimiter: <<WORD, <<'WORD', <<-"WORD".
+var heredocRE = regexp.MustCompile(`<<-?\s*['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?`)
+
 // Commands splits a sh block into the commands a reader types: comments
-// dropped, backslash continuations joined, one command a line.
+// dropped, backslash continuations joined, one command a line; a
+// here-document's lines, up to its delimiter, stay with its command.
 func Commands(text string) []string {
 	var out []string
 	cur := ""
-	for _, l := range strings.Split(text, "\n") {
-		t := strings.TrimRight(l, " \t")
+	lines := strings.Split(text, "\n")
+	for i := 0; i < len(lines); i++ {
+		t := strings.TrimRight(lines[i], " \t")
+		if m := heredocRE.FindStringSubmatch(stripComment(t)); m != nil && !strings.HasSuffix(t, "\\") {
+			doc := []string{strings.TrimSpace(cur + t)}
+			for i++; i < len(lines); i++ {
+				doc = append(doc, lines[i])
+				if strings.TrimSpace(lines[i]) == m[1] {
+					break
+				}
+			}
+			out = append(out, strings.Join(doc, "\n"))
+			cur = ""
+			continue
+		}
 		if strings.HasSuffix(t, "\\") {
 			cur += strings.TrimSuffix(t, "\\")
 			continue

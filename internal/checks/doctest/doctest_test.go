@@ -48,6 +48,11 @@ func TestCommands(t *testing.T) {
 	if _, bg := Background("a && b"); bg {
 		t.Fatal("&& is not a background command")
 	}
+	got = Commands("cat > f <<'TOML'\nlisten = \":443\"   # a comment of the file\n\nTOML\nnext\n")
+	want = []string{"cat > f <<'TOML'\nlisten = \":443\"   # a comment of the file\n\nTOML", "next"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("a here-document: got %q, want %q", got, want)
+	}
 }
 
 func TestMatch(t *testing.T) {
@@ -70,5 +75,33 @@ func TestMatch(t *testing.T) {
 				t.Fatalf("match %v, want %v\n%s", ok, tc.ok, diff)
 			}
 		})
+	}
+}
+
+func TestSection(t *testing.T) {
+	md := "# Ops\n## First install\n```sh\na\n```\n### Detail\n<!-- skip: root -->\n```sh\nb\n```\n```sh\n# c\n## not a heading\n```\n## Next\n```sh\nd\n```\n"
+	blocks, err := ParseWalkthroughs("x.md", md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		heading string
+		want    []string
+		ok      bool
+	}{
+		{"First install", []string{"a", "b", "# c\n## not a heading"}, true},
+		{"Detail", []string{"b", "# c\n## not a heading"}, true},
+		{"Next", []string{"d"}, true},
+		{"Missing", nil, false},
+	}
+	for _, tc := range tests {
+		got, ok := Section(md, blocks, tc.heading)
+		var texts []string
+		for _, b := range got {
+			texts = append(texts, b.Text)
+		}
+		if ok != tc.ok || strings.Join(texts, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("Section(%q) = %q, %v; want %q, %v", tc.heading, texts, ok, tc.want, tc.ok)
+		}
 	}
 }

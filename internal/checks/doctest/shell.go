@@ -46,13 +46,19 @@ func (r Result) Output() string {
 }
 
 // NewShell starts bash in dir with env added to the environment.
-func NewShell(dir string, env []string) (*Shell, error) {
+func NewShell(dir string, env []string) (*Shell, error) { return NewShellIn(dir, env) }
+
+// NewShellIn is NewShell with bash started through wrap, a command that
+// runs the command line it is given (unshare and a script that mounts a
+// fresh root, say).
+func NewShellIn(dir string, env []string, wrap ...string) (*Shell, error) {
 	state, err := os.MkdirTemp("", "doctest-")
 	if err != nil {
 		return nil, err
 	}
 	s := &Shell{dir: dir, state: state}
-	s.cmd = exec.Command("bash", "--noprofile", "--norc")
+	argv := append(append([]string{}, wrap...), "bash", "--noprofile", "--norc")
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Dir = dir
 	s.cmd.Env = append(os.Environ(), env...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

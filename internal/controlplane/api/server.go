@@ -232,6 +232,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.console = con
 	s.mux.Handle(con.Prefix()+"/", con)
+	// A browser asks for /favicon.ico before it reads the console's icon
+	// link: no content, rather than a 404 for every page it opens.
+	s.mux.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET /readyz", s.ready)
 	s.handler = tracing.Handler(cfg.Tracer, http.MaxBytesHandler(s.mux, int64(cfg.MaxBodyBytes)+4096))

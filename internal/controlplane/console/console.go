@@ -256,7 +256,7 @@ func (c *Console) renderSignin(w http.ResponseWriter, r *http.Request, msg strin
 		seed = randomID()
 		http.SetCookie(w, c.cookie(preCookie, seed, 3600))
 	}
-	c.render(w, status, "signin", map[string]any{"Prefix": c.prefix, "CSRF": c.preToken(seed), "Error": msg})
+	c.render(w, status, "signin", map[string]any{"Prefix": c.prefix, "Name": "", "CSRF": c.preToken(seed), "Error": msg})
 }
 
 // signin checks the key through the API's own authentication (a call made

@@ -114,7 +114,8 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	dir := browser.Artifacts(t, "console")
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	row := func(id string) string { return `tr[data-id="` + id + `"]` }
-	var notice string
+	var notice, claims string
+	var claimsHeight float64
 	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/"),
 		chromedp.WaitVisible(chromedp.CSS("#signin")),
@@ -122,6 +123,11 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		browser.Submit("#signin-submit"),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[0].ID))),
 		browser.Shot(t, dir, "join-requests.png"),
+		browser.Text(row(p.reqs[0].ID)+" dl.fields", &claims),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
+			claimsHeight, err = chromedp.Evaluate[float64](`Math.max(...[...document.querySelectorAll('tr[data-id="`+p.reqs[0].ID+`"] dl.fields dd')].map(e => e.getBoundingClientRect().height))`)(ctx, tg)
+			return err
+		}),
 		// Two at once: a bulk approval of a selection.
 		chromedp.Click(chromedp.CSS(row(p.reqs[0].ID)+` input[type="checkbox"]`)),
 		chromedp.Click(chromedp.CSS(row(p.reqs[1].ID)+` input[type="checkbox"]`)),
@@ -139,6 +145,14 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[1].ID)+`[data-state="approved"]`)),
 		chromedp.WaitVisible(chromedp.CSS(row(p.reqs[2].ID)+`[data-state="rejected"]`)),
 	)
+	// The claims are a list of key and value, each value on one line (the
+	// JSON they were wrapped character by character in a narrow column).
+	if !strings.Contains(claims, "productSerial") || !strings.Contains(claims, "SN-0") || strings.Contains(claims, `{"`) {
+		t.Fatalf("claims cell %q: want a list of key and value", claims)
+	}
+	if claimsHeight <= 0 || claimsHeight > 24 {
+		t.Fatalf("a claim's value is %.0f px high: wrapped, not one line", claimsHeight)
+	}
 	if notice != "2 approved" {
 		t.Fatalf("notice after the bulk approval: %q", notice)
 	}
@@ -149,7 +163,7 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 	}
 
 	// A token, its install command, and the join it waits for.
-	var install, shown string
+	var install, shown, title string
 	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/tokens"+q),
 		browser.Submit("#create-token"),
@@ -157,12 +171,28 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		browser.Text("#install", &install),
 		browser.Text("#token", &shown),
 		chromedp.WaitVisible(chromedp.CSS("#joined.waiting")),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) (err error) {
+			title, err = chromedp.Title()(ctx, tg)
+			return err
+		}),
 	)
+	if title != "Join tokens — better-compute console" {
+		t.Fatalf("page title %q", title)
+	}
 	// R24.1: the token is shown apart; the command never carries it.
 	token := regexp.MustCompile(`bcjt_[A-Za-z0-9_.-]+`).FindString(shown)
 	if token == "" || strings.Contains(install, "bcjt_") || !strings.Contains(install, "bcd join --token-file ./join-token") {
 		t.Fatalf("token %q, install command %q", shown, install)
 	}
+	// Another machine joins the pool first, with a token minted elsewhere:
+	// the page waits on, and then names, the machine that used its token.
+	other, err := p.e.Admin.JoinTokens.CreateJoinToken(context.Background(), connect.NewRequest(&bcv1.CreateJoinTokenRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, TtlSeconds: 600}))
+	must(t, err)
+	om := jointest.NewMachine(t, jointest.Claims(2))
+	ores, err := p.e.Server.Join().Join(context.Background(), om.Request(t, p.e.Bundle, other.Msg.Token, ""), join.Peer{Addr: "192.0.2.8:40000"})
+	must(t, err)
+	otherID := om.Verify(t, p.e.Bundle, ores, "").Body.NodeId
 	m := jointest.NewMachine(t, jointest.Claims(1))
 	res, err := p.e.Server.Join().Join(context.Background(), m.Request(t, p.e.Bundle, token, ""), join.Peer{Addr: "192.0.2.7:40000"})
 	must(t, err)
@@ -173,21 +203,34 @@ func TestConsoleInBrowserR18_2(t *testing.T) {
 		browser.Text("#joined", &joined),
 		browser.Shot(t, dir, "token-joined.png"),
 	)
-	if !strings.Contains(joined, nodeID) {
-		t.Fatalf("token page shows %q, want node %s", joined, nodeID)
+	if !strings.Contains(joined, nodeID) || strings.Contains(joined, otherID) {
+		t.Fatalf("token page shows %q, want node %s (not %s, which joined with another token)", joined, nodeID, otherID)
 	}
-	var events string
+	// Events are rows whose data is a list of its fields; one that happens
+	// while the page is open is added the same way.
+	var events, first string
 	browser.Run(t, ctx,
 		chromedp.Navigate(p.base+"/nodes"+q),
 		chromedp.WaitVisible(chromedp.CSS(row(nodeID))),
 		browser.Shot(t, dir, "nodes.png"),
 		chromedp.Navigate(p.base+"/events"+q),
-		chromedp.WaitVisible(chromedp.CSS("#events tbody tr")),
+		chromedp.WaitVisible(chromedp.CSS("#events tbody tr dl.fields dt")),
 		browser.Text("#events", &events),
+	)
+	if !strings.Contains(events, nodeID) || !strings.Contains(events, "joinTokenId") || strings.Contains(events, `{"`) {
+		t.Fatalf("events page: want rows with node %s and the fields of their data, got %q", nodeID, events)
+	}
+	_, err = p.e.Admin.JoinTokens.RevokeJoinToken(context.Background(), connect.NewRequest(&bcv1.RevokeJoinTokenRequest{TenantId: p.e.RootTenant,
+		PoolId: p.pool.Id, TokenId: other.Msg.Id}))
+	must(t, err)
+	browser.Run(t, ctx,
+		chromedp.WaitVisible(chromedp.CSS("#events tbody tr:first-child dl.fields dt")),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#events tbody tr:first-child").textContent.includes("`+other.Msg.Id+`")`),
+		browser.Text("#events tbody tr:first-child", &first),
 		browser.Shot(t, dir, "events.png"),
 	)
-	if !strings.Contains(events, nodeID) {
-		t.Fatalf("events page lacks node %s", nodeID)
+	if strings.Contains(first, `{"`) {
+		t.Fatalf("a polled event row shows raw JSON: %q", first)
 	}
 
 	// Sign out, then in with a key that has no grants: the API refuses it
@@ -376,7 +419,7 @@ func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
 	}
 	q := "?tenant=" + p.e.RootTenant + "&pool=" + p.pool.Id
 	for _, path := range []string{"/signin", "/join-requests" + q, "/tokens" + q, "/nodes" + q, "/events" + q, "/events.json" + q,
-		"/tokens/joined.json" + q, "/static/console.css", "/static/console.js", "/nope"} {
+		"/tokens/joined.json" + q, "/static/console.css", "/static/console.js", "/static/favicon.svg", "/nope"} {
 		res, _ := get(t, c, p.base+path)
 		h := res.Header
 		if h.Get("Content-Security-Policy") != console.CSP || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Referrer-Policy") != "no-referrer" {
@@ -385,6 +428,14 @@ func TestConsoleCSRFAndHeadersR18_2(t *testing.T) {
 		if res.StatusCode != http.StatusOK && path != "/nope" {
 			t.Errorf("%s: %d", path, res.StatusCode)
 		}
+	}
+	// The pages name their icon; a browser that asks for /favicon.ico
+	// first gets no 404.
+	if _, body := get(t, c, p.base+"/tokens"+q); !strings.Contains(body, `<link rel="icon" href="`+p.e.Server.BasePath()+`/console/static/favicon.svg"`) {
+		t.Error("the page links no icon")
+	}
+	if res, _ := get(t, c, p.hs.URL+"/favicon.ico"); res.StatusCode == http.StatusNotFound {
+		t.Errorf("/favicon.ico: %d", res.StatusCode)
 	}
 	// The cookie's attributes as the server set them.
 	c2 := httpClient(p)

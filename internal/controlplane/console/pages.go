@@ -3,10 +3,12 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -27,12 +29,10 @@ var funcs = template.FuncMap{
 		}
 		return t.AsTime().UTC().Format(time.RFC3339)
 	},
-	"claims": func(s *structpb.Struct) string {
-		if s == nil || len(s.Fields) == 0 {
-			return "—"
-		}
-		b, _ := json.Marshal(s.AsMap())
-		return string(b)
+	"fields": fields,
+	// title is a page's name as its heading says it.
+	"title": func(name string) string {
+		return map[string]string{"join-requests": "Join requests", "tokens": "Join tokens", "nodes": "Nodes", "events": "Events"}[name]
 	},
 	// serials and macs read a node's claims (hwid.Claims as JSON).
 	"serials": func(c *structpb.Struct) []string {
@@ -63,6 +63,52 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
+}
+
+// field is one key of a claims or event data object, its value as text.
+type field struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// fields turns claims or an event's data into a readable list, one key a
+// line in key order: strings as they are, lists joined with ", ", objects
+// as key=value pairs, whole numbers without a decimal point.
+func fields(s *structpb.Struct) []field {
+	keys := make([]string, 0, len(s.GetFields()))
+	for k := range s.GetFields() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]field, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, field{Key: k, Value: valueText(s.Fields[k])})
+	}
+	return out
+}
+
+func valueText(v *structpb.Value) string {
+	switch x := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return x.StringValue
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(x.NumberValue, 'f', -1, 64)
+	case *structpb.Value_BoolValue:
+		return strconv.FormatBool(x.BoolValue)
+	case *structpb.Value_ListValue:
+		var parts []string
+		for _, e := range x.ListValue.GetValues() {
+			parts = append(parts, valueText(e))
+		}
+		return strings.Join(parts, ", ")
+	case *structpb.Value_StructValue:
+		var parts []string
+		for _, f := range fields(x.StructValue) {
+			parts = append(parts, f.Key+"="+f.Value)
+		}
+		return strings.Join(parts, ", ")
+	}
+	return ""
 }
 
 // page is what every signed-in page shows: the navigation, the tenant and
@@ -221,7 +267,12 @@ func (c *Console) listTokens(r *http.Request, s *session, p *page, created *bcv1
 		// The token never goes on a command line (shell history, ps):
 		// it is pasted into a file bcd reads and deletes.
 		d["Install"] = "umask 077 && cat > ./join-token    # paste the token above, then Enter and Ctrl-D\nsudo bcd join --token-file ./join-token"
-		d["Since"] = created.CreatedAt.AsTime().UTC().Format(time.RFC3339Nano)
+		// Where the page starts watching the tenant's node.joined events
+		// for this token: the end of the stream now, before anyone has
+		// the secret.
+		_, cursor, failure := c.joinedEvents(r, s, p.Tenant, "")
+		p.fail(errorText(failure))
+		d["Cursor"] = cursor
 	}
 	p.Data = d
 }
@@ -260,28 +311,62 @@ func (c *Console) revokeToken(w http.ResponseWriter, r *http.Request, s *session
 	c.back(w, r, s, "/tokens", "revoked "+f.Get("token"), "")
 }
 
-// joinedJSON lists the pool's nodes made since a time: what the token page
-// polls to show the machine that joined with the new token.
+// errorText is a failure string as an error (nil when empty).
+func errorText(s string) error {
+	if s == "" {
+		return nil
+	}
+	return errors.New(s)
+}
+
+// joinedEvents reads the tenant's node.joined events after cursor (up to
+// 50 pages) and returns them with the cursor after the last.
+func (c *Console) joinedEvents(r *http.Request, s *session, tenant, cursor string) ([]*bcv1.Event, string, string) {
+	var out []*bcv1.Event
+	for range 50 {
+		res, err := c.api(s.key).Events.ListEvents(r.Context(), req(&bcv1.ListEventsRequest{TenantId: tenant, Cursor: cursor, TypePrefix: "node.joined", Limit: 200}))
+		if err != nil {
+			return nil, cursor, errText(err)
+		}
+		out = append(out, res.Msg.Events...)
+		if res.Msg.NextCursor != "" {
+			cursor = res.Msg.NextCursor
+		}
+		if len(res.Msg.Events) < 200 {
+			break
+		}
+	}
+	return out, cursor, ""
+}
+
+// joinedJSON is what the token page polls to show the machine that joined
+// with the new token: the nodes whose node.joined event (after the page's
+// cursor) names that token, whatever else joined the pool meanwhile, and
+// the cursor to ask from next.
 func (c *Console) joinedJSON(w http.ResponseWriter, r *http.Request, s *session) {
-	since, _ := time.Parse(time.RFC3339Nano, r.FormValue("since"))
 	type joined struct {
 		ID       string `json:"id"`
 		Hostname string `json:"hostname"`
 		State    string `json:"state"`
 	}
 	out := struct {
-		Nodes []joined `json:"nodes"`
-		Error string   `json:"error,omitempty"`
+		Nodes  []joined `json:"nodes"`
+		Cursor string   `json:"cursor"`
+		Error  string   `json:"error,omitempty"`
 	}{Nodes: []joined{}}
-	res, err := c.api(s.key).Nodes.ListNodes(r.Context(), req(&bcv1.ListNodesRequest{TenantId: r.FormValue("tenant"), PoolId: r.FormValue("pool"), PageSize: 200}))
-	if err != nil {
-		out.Error = errText(err)
-	} else {
-		for _, n := range res.Msg.Items {
-			if !n.CreatedAt.AsTime().Before(since) {
-				out.Nodes = append(out.Nodes, joined{ID: n.Id, Hostname: n.Hostname, State: n.State})
-			}
+	tenant, token := r.FormValue("tenant"), r.FormValue("token")
+	evs, cursor, failure := c.joinedEvents(r, s, tenant, r.FormValue("cursor"))
+	out.Cursor, out.Error = cursor, failure
+	for _, e := range evs {
+		f := e.Data.GetFields()
+		if token == "" || f["joinTokenId"].GetStringValue() != token {
+			continue
 		}
+		n := joined{ID: e.Subject, Hostname: f["hostname"].GetStringValue()}
+		if g, err := c.api(s.key).Nodes.GetNode(r.Context(), req(&bcv1.GetNodeRequest{TenantId: tenant, NodeId: e.Subject})); err == nil {
+			n.State = g.Msg.State
+		}
+		out.Nodes = append(out.Nodes, n)
 	}
 	writeJSON(w, out)
 }
@@ -349,7 +434,8 @@ func (c *Console) listEvents(r *http.Request, s *session, tenant, cursor string)
 // eventsJSON is what the events page polls: the events after a cursor.
 func (c *Console) eventsJSON(w http.ResponseWriter, r *http.Request, s *session) {
 	type event struct {
-		Time, Type, Subject, Data string
+		Time, Type, Subject string
+		Data                []field
 	}
 	items, next, failure := c.listEvents(r, s, r.FormValue("tenant"), r.FormValue("cursor"))
 	out := struct {
@@ -359,7 +445,7 @@ func (c *Console) eventsJSON(w http.ResponseWriter, r *http.Request, s *session)
 	}{Events: []event{}, Cursor: next, Error: failure}
 	for _, e := range items {
 		out.Events = append(out.Events, event{Time: funcs["ts"].(func(*timestamppb.Timestamp) string)(e.Time), Type: e.Type, Subject: e.Subject,
-			Data: funcs["claims"].(func(*structpb.Struct) string)(e.Data)})
+			Data: fields(e.Data)})
 	}
 	writeJSON(w, out)
 }

@@ -121,7 +121,7 @@ may become a join request: bcd waits on it as above.`,
 	fl.StringVar(&f.procfsRoot, "procfs-root", "", "where the host's /proc is mounted (default: the config's procfs_root, else /proc)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "read the token from this 0600/0400 file and delete it after the join")
 	fl.StringVar(&f.server, "server", "", "the control plane's URL, for its well-known document (the join key when join-encryption.jwk is absent; the whole config when config.toml is)")
-	fl.StringVar(&f.serverCAFile, "server-ca-file", "", "PEM CAs that verify --server's certificate instead of the system roots (a private CA; the document is checked against the pins either way); an empty file means the system roots")
+	fl.StringVar(&f.serverCAFile, "server-ca-file", "", "PEM CAs --server's certificate must come from; without it (or with an empty file) the certificate is not checked, since the document is trusted only through the pins")
 	fl.StringVar(&f.configSeed, "config-seed", "", "copy this file to --config first when --config does not exist (a DaemonSet's ConfigMap)")
 	fl.BoolVar(&f.skipIfJoined, "skip-if-joined", false, "exit 0 without joining when this machine already has an identity (a DaemonSet's init container)")
 	fl.StringVar(&f.nodeID, "node-id", "", "the node a deploy created for this machine; the join must land on it")
@@ -408,11 +408,10 @@ func absDir(flag, dir string) (string, error) {
 	return abs, nil
 }
 
-// serverCAs reads --server-ca-file: the CAs that verify --server's TLS
-// certificate, for a control plane whose certificate comes from a private
-// CA. Without it the system roots (and SSL_CERT_FILE) verify it. The
-// document fetched is checked against the pins either way: TLS only keeps
-// a network in the middle from answering instead of the server.
+// serverCAs reads --server-ca-file: the CAs --server's TLS certificate
+// must come from, when an operator wants the chain checked too. Without
+// it the certificate is not checked: the document fetched is trusted only
+// through the pins, whatever TLS says.
 func serverCAs(server, file string) (*x509.CertPool, error) {
 	if file == "" {
 		return nil, nil
@@ -425,8 +424,8 @@ func serverCAs(server, file string) (*x509.CertPool, error) {
 		return nil, errs.Invalid("--server-ca-file", "%v", err)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
-		// An empty file is the system roots: a manifest can name the file
-		// whether or not an operator filled it.
+		// An empty file is no file: a manifest can name the file whether
+		// or not an operator filled it.
 		return nil, nil
 	}
 	pool := x509.NewCertPool()

@@ -223,11 +223,9 @@ type Options struct {
 	NodeID string
 	// Server is the control plane's URL, for the well-known fallback.
 	Server string
-	// ServerCAs verify Server's TLS certificate instead of the system
-	// roots (bcd join --server-ca-file): a control plane whose API
-	// certificate comes from a private CA, such as its own serving CA.
-	// TLS only says which host answered; the document is trusted through
-	// the pins either way.
+	// ServerCAs, when set, are the CAs Server's TLS certificate must come
+	// from (bcd join --server-ca-file). Nil: the chain is not checked, since
+	// the document is trusted only through the pins.
 	ServerCAs *x509.CertPool
 	// Bootstrap is required when there is no config.toml (Config.BCD nil)
 	// and refused otherwise.

@@ -2,7 +2,10 @@
 // what `go test` would (each package's ok/FAIL line, and the output of
 // every test that failed), plus, at least once a minute while tests run, a
 // line saying which are still running: the suite's long end-to-end tests
-// are otherwise silent for minutes. It exits 1 when any test or package
+// are otherwise silent for minutes. What a test skipped for a missing tool
+// (its "SKIPPING" lines, internal/checks/tools and browser) is printed when
+// it happens and again in a banner at the end, so a green run cannot hide
+// a browser test that never ran. It exits 1 when any test or package
 // failed, or the input holds no result at all.
 package main
 
@@ -34,6 +37,7 @@ type state struct {
 	logs    map[string]*strings.Builder // output of a test until it ends
 	failed  bool
 	results int
+	skipped []string // "pkg.Test: SKIPPING: why", in order
 	start   time.Time
 }
 
@@ -63,6 +67,11 @@ func (s *state) handle(e event) {
 	case e.Action == "output":
 		if b := s.logs[key]; b != nil {
 			b.WriteString(e.Output)
+		}
+		if _, why, ok := strings.Cut(e.Output, "SKIPPING"); ok {
+			line := fmt.Sprintf("%s.%s: SKIPPING%s", e.Package[strings.LastIndex(e.Package, "/")+1:], e.Test, strings.TrimRight(why, "\n"))
+			s.skipped = append(s.skipped, line)
+			fmt.Fprintln(s.out, "SKIP "+line)
 		}
 	case e.Action == "pass" || e.Action == "skip" || e.Action == "fail":
 		if e.Action == "fail" {
@@ -105,6 +114,21 @@ func (s *state) progress() {
 		time.Since(s.start).Round(time.Second), s.results, strings.Join(names, ", "), more)
 }
 
+// summary prints, last, what was skipped for a missing tool.
+func (s *state) summary() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.skipped) == 0 {
+		return
+	}
+	bar := strings.Repeat("#", 80)
+	fmt.Fprintf(s.out, "\n%s\n##   %d skipped for a missing tool (a test or a part of one did NOT run):\n", bar, len(s.skipped))
+	for _, l := range s.skipped {
+		fmt.Fprintln(s.out, "##   "+l)
+	}
+	fmt.Fprintf(s.out, "%s\n\n", bar)
+}
+
 func main() {
 	s := &state{out: os.Stdout, running: map[string]time.Time{}, logs: map[string]*strings.Builder{}, start: time.Now()}
 	done := make(chan struct{})
@@ -133,6 +157,7 @@ func main() {
 		s.handle(e)
 	}
 	close(done)
+	s.summary()
 	if s.failed || s.results == 0 {
 		os.Exit(1)
 	}

@@ -9,11 +9,34 @@
       .then(done)
       .catch(function () {});
   }
+  // fieldsCell is an event's data as the page renders it: a list of
+  // key and value, one a line.
+  function fieldsCell(fields) {
+    var td = document.createElement("td");
+    var dl = document.createElement("dl");
+    dl.className = "fields";
+    fields.forEach(function (f) {
+      var div = document.createElement("div");
+      var dt = document.createElement("dt");
+      var dd = document.createElement("dd");
+      dt.textContent = f.key;
+      dd.textContent = f.value;
+      div.appendChild(dt);
+      div.appendChild(dd);
+      dl.appendChild(div);
+    });
+    td.appendChild(dl);
+    return td;
+  }
   var created = document.getElementById("created");
   if (created) {
     var out = document.getElementById("joined");
     var timer = setInterval(function () {
-      getJSON(created.dataset.poll, function (j) {
+      // The nodes that joined with this token (the node.joined events
+      // that name it), not whatever else joined the pool.
+      var url = created.dataset.poll + "&cursor=" + encodeURIComponent(created.dataset.cursor || "");
+      getJSON(url, function (j) {
+        if (j.cursor) { created.dataset.cursor = j.cursor; }
         if (j.nodes && j.nodes.length > 0) {
           var n = j.nodes[0];
           out.textContent = "Joined: node " + n.id + (n.hostname ? " (" + n.hostname + ")" : "") + ", " + n.state;
@@ -32,11 +55,12 @@
         if (j.cursor) { events.dataset.cursor = j.cursor; }
         (j.events || []).slice().reverse().forEach(function (e) {
           var tr = document.createElement("tr");
-          [e.Time, e.Type, e.Subject, e.Data].forEach(function (v) {
+          [e.Time, e.Type, e.Subject].forEach(function (v) {
             var td = document.createElement("td");
             td.textContent = v;
             tr.appendChild(td);
           });
+          tr.appendChild(fieldsCell(e.Data || []));
           body.insertBefore(tr, body.firstChild);
         });
       });
