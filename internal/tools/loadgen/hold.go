@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,9 @@ type HoldStatus struct {
 
 const maxErrorKinds = 20
 
+// ephemeralPort matches an address's port in "tcp A->B" (the client's).
+var ephemeralPort = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+):\d+->`)
+
 // heldNode is one simulated bcd's state as the status reports it.
 type heldNode struct {
 	id       string
@@ -104,7 +108,8 @@ func (h *holder) noteError(err error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	msg := err.Error()
+	// One kind per error, not per connection: ports differ.
+	msg := ephemeralPort.ReplaceAllString(err.Error(), "$1:*->")
 	if _, ok := h.errors[msg]; ok || len(h.errors) < maxErrorKinds {
 		h.errors[msg]++
 	}
