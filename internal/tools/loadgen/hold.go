@@ -48,6 +48,11 @@ type HoldOptions struct {
 	// renewal at once either way, so a longer period only saves the
 	// generator's CPU).
 	IdentityCheck time.Duration
+	// StartRate is how many daemons start per second (0: all at once).
+	// All at once is a region's restart: on a small box the gateway
+	// cannot finish that many TLS handshakes within the daemons'
+	// timeouts, and the storm, not the holding, is measured.
+	StartRate float64
 }
 
 // HoldStatus is what a holding process reports.
@@ -230,7 +235,20 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 	h.mu.Lock()
 	h.nodes = nodes
 	h.mu.Unlock()
+	var pace <-chan time.Time
+	if opts.StartRate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / opts.StartRate))
+		defer t.Stop()
+		pace = t.C
+	}
 	for _, s := range ds {
+		if pace != nil {
+			select {
+			case <-pace:
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		daemons.Add(1)
 		h.running.Add(1)
 		go func() {
