@@ -357,7 +357,7 @@ func (c *conductor) steady(ctx context.Context, r *FleetReport, idleAPI, idleGW 
 	// before the first renewal (heartbeats alone).
 	quiet, quietAt, quietOver := s0, time.Now(), false
 	start := time.Now()
-	for left := c.opts.Duration; left > 0; left -= 10 * time.Second {
+	for left := c.opts.Duration; left > 0; left = c.opts.Duration - time.Since(start) {
 		if err := sleepCtx(ctx, min(left, 10*time.Second)); err != nil {
 			return err
 		}
