@@ -374,9 +374,12 @@ func (c *conductor) steady(ctx context.Context, r *FleetReport, idleAPI, idleGW 
 	}
 	secs := time.Since(start).Seconds()
 	s1 := [3][]ProcSample{samples(api), samples(gw), samples(lg)}
-	m1, err := c.metrics()
-	if err != nil {
-		return err
+	// Without the last scrape the processes' figures still count; the
+	// API's rates stay 0.
+	m1, merr := c.metrics()
+	if merr != nil {
+		c.progress(fmt.Sprintf("no heartbeat and renewal rates: %v", merr))
+		m1 = m0
 	}
 	st1, err := c.statuses(0)
 	if err != nil {
@@ -600,7 +603,21 @@ func (c *conductor) getJSON(url string, v any) error {
 	return fmt.Errorf("read %s: %w", url, err)
 }
 
+// metrics reads the API's /metrics, retrying a few times: a loaded API
+// can fail a scrape (a collector's query timing out).
 func (c *conductor) metrics() (string, error) {
+	var err error
+	for range 5 {
+		var m string
+		if m, err = c.metricsOnce(); err == nil {
+			return m, nil
+		}
+		time.Sleep(2 * time.Second)
+	}
+	return "", err
+}
+
+func (c *conductor) metricsOnce() (string, error) {
 	res, err := c.hc.Get(c.plan.APIMetrics)
 	if err != nil {
 		return "", err
