@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/tools/loadgen"
 )
@@ -23,12 +24,15 @@ func main() {
 	var tokenFile, pids string
 	var asJSON bool
 	var otlpSink string
+	var hold loadgen.HoldOptions
+	var plan string
+	var fleet loadgen.FleetOptions
 	flag.StringVar(&cfg.BCDConfig, "bcd-config", "", "a bcd config.toml (gateway, site, pins; join-encryption.jwk beside it)")
 	flag.StringVar(&tokenFile, "token-file", "", "file holding a join token with enough uses")
 	flag.IntVar(&cfg.Machines, "machines", 1000, "machines to join")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 32, "joins in flight")
 	flag.BoolVar(&cfg.NewConnections, "new-connections", false, "a new TLS connection per join or renewal (as real machines do)")
-	flag.StringVar(&cfg.Mode, "mode", "join", "join, or renew: join the machines (reused connections), then renew each of them")
+	flag.StringVar(&cfg.Mode, "mode", "join", "join; renew: join the machines (reused connections), then renew each of them; hold: join them, then run bcd's session and renewer for each until interrupted; fleet: conduct scripts/bench-fleet's --plan")
 	flag.IntVar(&cfg.Renewals, "renewals", 1, "renew mode: renewals per machine, one after the other (without --new-connections over the machine's own connection)")
 	flag.BoolVar(&cfg.Resume, "resume", false, "renew mode: a TLS session cache per machine and identity, as bcd keeps; each machine gets a ticket before the clock starts, so its first renewal resumes")
 	flag.StringVar(&pids, "pids", "", "processes to account CPU for, e.g. api=1234,gateway=1235; api=1234+1240 sums two API replicas")
@@ -37,6 +41,13 @@ func main() {
 	flag.StringVar(&cfg.Seed, "seed", "", "makes hardware claims distinct across runs (default: the time)")
 	flag.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	flag.StringVar(&otlpSink, "otlp-sink", "", "only serve a discarding OTLP/HTTP trace receiver on this address until interrupted, then print the spans received")
+	flag.StringVar(&hold.DataDir, "data-dir", "", "hold mode: a directory for the machines' identities")
+	flag.StringVar(&hold.Status, "status", "", "hold mode: serve the status (JSON) on this address")
+	flag.DurationVar(&hold.IdentityCheck, "identity-check", 30*time.Second, "hold mode: how often each daemon re-reads its identity (bcd's default 30s)")
+	flag.Float64Var(&hold.StartRate, "start-rate", 0, "hold mode: daemons started per second (0: all at once)")
+	flag.StringVar(&plan, "plan", "", "fleet mode: the plan scripts/bench-fleet wrote")
+	flag.DurationVar(&fleet.Duration, "duration", 2*time.Minute, "fleet mode: the steady window")
+	flag.DurationVar(&fleet.Timeout, "timeout", 10*time.Minute, "fleet mode: the longest wait of each phase")
 	flag.Parse()
 	if otlpSink != "" {
 		if err := serveOTLPSink(otlpSink); err != nil {
@@ -45,7 +56,16 @@ func main() {
 		}
 		return
 	}
-	if err := run(cfg, tokenFile, pids, asJSON); err != nil {
+	var err error
+	switch cfg.Mode {
+	case "hold":
+		err = runHold(cfg, tokenFile, hold)
+	case "fleet":
+		err = runFleet(plan, fleet, asJSON)
+	default:
+		err = run(cfg, tokenFile, pids, asJSON)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "Error: %v\n", err)
 		os.Exit(1)
 	}
@@ -111,6 +131,47 @@ func run(cfg loadgen.Config, tokenFile, pids string, asJSON bool) error {
 	}
 	fmt.Println(r.Summary())
 	return nil
+}
+
+// runHold holds the machines until SIGINT or SIGTERM.
+func runHold(cfg loadgen.Config, tokenFile string, opts loadgen.HoldOptions) error {
+	if cfg.BCDConfig == "" || tokenFile == "" {
+		return fmt.Errorf("--bcd-config and --token-file are required")
+	}
+	b, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return err
+	}
+	cfg.Token = strings.TrimSpace(string(b))
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	return loadgen.Hold(ctx, cfg, opts, func(s string) { fmt.Fprintln(os.Stderr, s) })
+}
+
+// runFleet conducts a fleet run and prints its report.
+func runFleet(path string, opts loadgen.FleetOptions, asJSON bool) error {
+	if path == "" {
+		return fmt.Errorf("--plan is required")
+	}
+	plan, err := loadgen.LoadFleetPlan(path)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	r, err := loadgen.Conduct(ctx, plan, opts, func(s string) { fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), s) })
+	if r != nil {
+		if asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			if jerr := enc.Encode(r); jerr != nil && err == nil {
+				err = jerr
+			}
+		} else {
+			fmt.Print(r.Text())
+		}
+	}
+	return err
 }
 
 // serveOTLPSink serves a loadgen.OTLPSink on addr until SIGINT or

@@ -701,6 +701,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 		if reason := checkHeartbeat(c, m.GetHeartbeat()); reason != "" {
 			return &refusal{reason: reason, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
 		}
+		s.cfg.Metrics.Heartbeat()
 		now := s.cfg.Clock.Now()
 		c.lastRecv.Store(now.UnixMilli())
 		if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
@@ -788,6 +789,9 @@ func (s *Service) result(ctx context.Context, c *conn, r *agentv1.CommandResult)
 		return &refusal{reason: reasonResultSignature, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
 	}
 	delete(c.sent, cmd.ID)
+	if done {
+		s.cfg.Metrics.Command(telemetry.CommandAnswered, 1)
+	}
 	if cmd.ID != "" {
 		c.lastRecv.Store(s.cfg.Clock.Now().UnixMilli()) // a verified answer: the node is there
 	}

@@ -19,6 +19,7 @@ type API struct {
 	commands   *prometheus.CounterVec
 	suppressed *prometheus.CounterVec
 	opened     prometheus.Counter
+	heartbeats prometheus.Counter
 
 	// admitted caches the pre-curried counters of admitted joins by
 	// attestor and role (the hot path: no label hashing and no allocation
@@ -47,10 +48,11 @@ func NewAPI(reg prometheus.Registerer) *API {
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: CertificatesIssued,
 			Help: "Node certificates issued (joins and renewals), by role."}, []string{LabelRole}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Commands,
-			Help: "Commands by event (enqueued, delivered to a session, expired)."}, []string{LabelEvent}),
+			Help: "Commands by event (enqueued, delivered to a session, answered: the node's result stored, expired)."}, []string{LabelEvent}),
 		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: RefusalsSuppressed,
 			Help: "Refusal events the limiter did not record, by kind (join, renew, session)."}, []string{LabelKind}),
-		opened: prometheus.NewCounter(prometheus.CounterOpts{Name: SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
+		opened:     prometheus.NewCounter(prometheus.CounterOpts{Name: SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: SessionHeartbeats, Help: "Session heartbeats this replica verified."}),
 	}
 	for i, p := range phases {
 		m.phases[i] = m.phase.WithLabelValues(p)
@@ -58,10 +60,10 @@ func NewAPI(reg prometheus.Registerer) *API {
 	for _, d := range []string{DecisionApproved, DecisionRejected, DecisionExpired} {
 		m.decided.WithLabelValues(d)
 	}
-	for _, e := range []string{CommandEnqueued, CommandDelivered, CommandExpired} {
+	for _, e := range []string{CommandEnqueued, CommandDelivered, CommandAnswered, CommandExpired} {
 		m.commands.WithLabelValues(e)
 	}
-	reg.MustRegister(m.joins, m.phase, m.renewals, m.spends, m.decided, m.issued, m.commands, m.suppressed, m.opened)
+	reg.MustRegister(m.joins, m.phase, m.renewals, m.spends, m.decided, m.issued, m.commands, m.suppressed, m.opened, m.heartbeats)
 	return m
 }
 
@@ -158,5 +160,12 @@ func (m *API) Suppressed(kind string) {
 func (m *API) SessionOpened() {
 	if m != nil {
 		m.opened.Inc()
+	}
+}
+
+// Heartbeat counts a session heartbeat verified.
+func (m *API) Heartbeat() {
+	if m != nil {
+		m.heartbeats.Inc()
 	}
 }

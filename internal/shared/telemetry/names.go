@@ -14,6 +14,7 @@ const (
 	APIRequestSeconds   = "bc_api_request_seconds"
 	SessionsHeld        = "bc_sessions_held"
 	SessionsOpened      = "bc_sessions_opened_total"
+	SessionHeartbeats   = "bc_session_heartbeats_total"
 	Joins               = "bc_joins_total"
 	JoinPhaseSeconds    = "bc_join_phase_seconds"
 	Renewals            = "bc_renewals_total"
@@ -109,6 +110,9 @@ const (
 	CommandEnqueued  = "enqueued"
 	CommandDelivered = "delivered"
 	CommandExpired   = "expired"
+	// CommandAnswered is a command whose node's result was stored (done
+	// or failed).
+	CommandAnswered = "answered"
 )
 
 // Join request decisions (LabelDecision) and states (LabelState).
