@@ -38,7 +38,7 @@ import (
 	"connectrpc.com/connect"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
-	"github.com/better-compute/better-compute/internal/cli/client"
+	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
