@@ -165,7 +165,7 @@ func Walkthrough(blocks []Block, name string) []Block {
 }
 
 // heredocRE finds a here-document's delimiter: <<WORD, <<'WORD', <<-"WORD".
-var heredocRE = regexp.MustCompile(`<<-?\s*['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?`)
+var heredocRE = regexp.MustCompile(`(?:^|[^<])<<-?\s*['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?`)
 
 // Commands splits a sh block into the commands a reader types: comments
 // dropped, backslash continuations joined, one command a line; a

@@ -53,6 +53,11 @@ func TestCommands(t *testing.T) {
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("a here-document: got %q, want %q", got, want)
 	}
+	// A here-string is one line.
+	got = Commands("jq -r .a <<< hello\nnext\n")
+	if want = []string{"jq -r .a <<< hello", "next"}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("a here-string: got %q, want %q", got, want)
+	}
 }
 
 func TestMatch(t *testing.T) {
