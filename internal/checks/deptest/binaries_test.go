@@ -34,10 +34,10 @@ var binaries = []binary{
 		// linker's removal of unused methods (they call methods by name).
 		forbidden: []string{
 			"google.golang.org/grpc", "github.com/grpc-ecosystem/grpc-gateway/", "google.golang.org/genproto/",
-			"=html/template",
+			"=html/template", "github.com/prometheus/",
 			"=" + module + "gen/bettercompute/v1", module + "gen/bettercompute/v1/bcv1connect",
 		},
-		why: "bcd runs on every machine: it links neither gRPC nor grpc-gateway (OTLP goes over plain HTTP), nor the operator API (its errors' detail is gen/bettercompute/v1/errordetail), nor html/template",
+		why: "bcd runs on every machine: it links neither gRPC nor grpc-gateway (OTLP goes over plain HTTP), nor the operator API (its errors' detail is gen/bettercompute/v1/errordetail), nor html/template, nor the Prometheus client (node/diag writes its three metrics)",
 	},
 }
 

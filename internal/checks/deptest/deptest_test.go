@@ -20,7 +20,8 @@
 // binaries_test.go holds what a binary links: each checked-in deps.txt
 // (cmd/bcd/deps.txt) lists the packages outside this module the binary
 // links, so a new dependency shows in review, and packages a binary must
-// never link (bcd: gRPC, grpc-gateway, html/template, the operator API)
+// never link (bcd: gRPC, grpc-gateway, html/template, the operator API,
+// the Prometheus client)
 // fail with the import chain that brought them in.
 package deptest
 

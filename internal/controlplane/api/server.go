@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/v1/bcv1connect"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/commands"
@@ -97,8 +98,8 @@ type Config struct {
 	// default).
 	SessionPoll time.Duration
 	// Metrics, when set, counts joins, renewals, token spends, decisions,
-	// issuance, commands and sessions (telemetry.NewAPI).
-	Metrics *telemetry.API
+	// issuance, commands and sessions (apimetrics.NewAPI).
+	Metrics *apimetrics.API
 	// Tracer, when set, records a server span per call (tracing.Handler);
 	// nil: the global provider, a no-op unless tracing.Setup ran.
 	Tracer trace.TracerProvider

@@ -17,12 +17,12 @@ import (
 
 	"github.com/better-compute/better-compute/internal/client"
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/shared/clock"
-	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Env is a running API with a root tenant and its admin key.
@@ -56,7 +56,7 @@ type Options struct {
 	Log *slog.Logger
 	// Metrics is the API's fleet metrics (api.Config.Metrics); nil counts
 	// nothing.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 	// Tracer is the API's tracer provider (api.Config.Tracer); nil: the
 	// global one, a no-op.
 	Tracer trace.TracerProvider

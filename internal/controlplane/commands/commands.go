@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -73,7 +74,7 @@ type Config struct {
 	// by its session service's poll.
 	Notify func(nodeID string)
 	// Metrics, when set, counts commands enqueued and expired.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 }
 
 // Service enqueues, reads and expires commands.

@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/tpm"
@@ -29,7 +30,6 @@ import (
 	"github.com/better-compute/better-compute/internal/node/tpmdevice/tpmtest"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/pki"
-	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // eachStore runs fn on a fresh API and fixture on SQLite and on PostgreSQL.
@@ -308,8 +308,8 @@ func BenchmarkTPM(b *testing.B) {
 func BenchmarkJoinMetrics(b *testing.B) {
 	for _, m := range []struct {
 		name    string
-		metrics func() *telemetry.API
-	}{{"off", func() *telemetry.API { return nil }}, {"on", func() *telemetry.API { return telemetry.NewAPI(prometheus.NewRegistry()) }}} {
+		metrics func() *apimetrics.API
+	}{{"off", func() *apimetrics.API { return nil }}, {"on", func() *apimetrics.API { return apimetrics.NewAPI(prometheus.NewRegistry()) }}} {
 		b.Run(m.name, func(b *testing.B) {
 			e := apitest.Start(b, storetest.OpenSQLite(b), apitest.Options{Metrics: m.metrics()})
 			f := newFixture(b, e)

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest"
@@ -129,7 +130,7 @@ type Config struct {
 	Limits RequestLimits
 	// Metrics, when set, counts joins by outcome, renewals, token spends
 	// and times the join's phases.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 	// VouchWait is how long a discovery join waits for its site agent's
 	// vouch to arrive (R10.4); zero means DefaultVouchWait.
 	VouchWait time.Duration

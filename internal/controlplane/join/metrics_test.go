@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/join/attest/discovery"
@@ -26,7 +27,7 @@ import (
 // refusal's reason from the fixed set as its label.
 func TestJoinMetricsR17_1(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Metrics: telemetry.NewAPI(reg)})
+	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Metrics: apimetrics.NewAPI(reg)})
 	f := newFixture(t, e)
 	tok := f.token(t, nil)
 	m := jointest.NewMachine(t, jointest.Claims(9001))
@@ -79,7 +80,7 @@ func unknownToken() string {
 func TestApprovalMetricsR17_1(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	opts := discoveryAttestors
-	opts.Metrics = telemetry.NewAPI(reg)
+	opts.Metrics = apimetrics.NewAPI(reg)
 	e := apitest.Start(t, storetest.OpenSQLite(t), opts)
 	e.Server.RegisterMetrics(reg)
 	d := newDisco(t, e, tenancy.ApprovalAlways)

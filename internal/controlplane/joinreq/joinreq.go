@@ -26,6 +26,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/authz"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -33,7 +34,6 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ids"
-	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Limits of a decision.
@@ -180,7 +180,7 @@ type Service struct {
 	db      *store.DB
 	hub     *events.Hub
 	clock   clock.Clock
-	metrics *telemetry.API
+	metrics *apimetrics.API
 }
 
 // Config lists the Service's dependencies.
@@ -191,7 +191,7 @@ type Config struct {
 	// wall clock); JoinService consumes approvals on the same clock.
 	Clock clock.Clock
 	// Metrics, when set, counts decisions.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 }
 
 // New returns a Service.

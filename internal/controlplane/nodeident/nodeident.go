@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
@@ -32,7 +33,6 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
-	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
 // Certificate lifetimes (R7.1).
@@ -78,7 +78,7 @@ type Config struct {
 	LogLimiter *ratelimit.Limiter
 	// Metrics, when set, counts issued certificates and suppressed
 	// refusal events.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 }
 
 // LogLinesPerMinute is how many log lines a refusal key (tenant, kind,

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
@@ -178,12 +179,12 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 
 // newMeteredAPI builds the API server and the handler that serves it.
 // Without a metrics listener no one can read the metrics: the API counts
-// nothing (a nil *telemetry.API) and its handler is not instrumented.
-func newMeteredAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger) (*prometheus.Registry, *telemetry.API, *api.Server, http.Handler, error) {
+// nothing (a nil *apimetrics.API) and its handler is not instrumented.
+func newMeteredAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger) (*prometheus.Registry, *apimetrics.API, *api.Server, http.Handler, error) {
 	reg := prometheus.NewRegistry()
-	var fleet *telemetry.API
+	var fleet *apimetrics.API
 	if cfg.Metrics.Listen != "" {
-		fleet = telemetry.NewAPI(reg)
+		fleet = apimetrics.NewAPI(reg)
 	}
 	srv, err := newAPI(ctx, cfg, o, db, bundle, log, fleet)
 	if err != nil {
@@ -273,7 +274,7 @@ func instrument(h http.Handler, label func(*http.Request) string, reqs *promethe
 
 // newAPI builds the API server on db and bundle and makes sure the root
 // tenant exists, then runs o.Setup.
-func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger, m *telemetry.API) (*api.Server, error) {
+func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca.Bundle, log *slog.Logger, m *apimetrics.API) (*api.Server, error) {
 	var gw *api.GatewayInfo
 	if cfg.Gateway.URL != "" {
 		gw = &api.GatewayInfo{URL: cfg.Gateway.URL, ServerName: cfg.Gateway.ServerName}
@@ -488,7 +489,7 @@ func loadBundle(cfg Config, o Options, log *slog.Logger) (*ca.Bundle, error) {
 
 // apiMetrics registers the API's request and session metrics and its
 // scrape-time collectors on reg (the fleet counters were registered by
-// telemetry.NewAPI) and returns the API's handler counting requests by
+// apimetrics.NewAPI) and returns the API's handler counting requests by
 // route.
 func apiMetrics(reg *prometheus.Registry, srv *api.Server) http.Handler {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -89,6 +89,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
@@ -176,7 +177,7 @@ type Config struct {
 	// TouchEvery throttles last_seen writes (default 30 s).
 	TouchEvery time.Duration
 	// Metrics, when set, counts sessions opened and commands delivered.
-	Metrics *telemetry.API
+	Metrics *apimetrics.API
 }
 
 // Service is SessionService. Build it with New.

@@ -18,9 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
@@ -38,9 +35,8 @@ type Diag struct {
 	welcomed    bool
 	sessionErr  string
 	renewFailed string // the last renewal's failure; "" after a success
-	renewals    *prometheus.CounterVec
-	reconnects  prometheus.Counter
-	reg         *prometheus.Registry
+	// The metrics' counters (metrics.go).
+	renewedOK, renewFailures, reconnects uint64
 }
 
 // New returns a Diag reading the identity from store and dating by now
@@ -50,33 +46,15 @@ func New(store *identity.Store, now func() time.Time) *Diag {
 	if now == nil {
 		now = clock.Real{}.Now
 	}
-	d := &Diag{load: store.Load, now: now, reg: prometheus.NewRegistry()}
-	d.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.NodeRenewals, Help: "Certificate renewals by outcome (ok, failed)."},
-		[]string{telemetry.LabelOutcome})
-	d.renewals.WithLabelValues(telemetry.OutcomeOK)
-	d.renewals.WithLabelValues(telemetry.OutcomeFailed)
-	d.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Name: telemetry.NodeSessionReconnects, Help: "Sessions opened after the first (each a reconnect)."})
-	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: telemetry.NodeCertExpiry, Help: "Seconds until the node certificate expires (negative: expired; absent without an identity)."},
-		func() float64 {
-			id, err := d.load()
-			if err != nil {
-				return 0
-			}
-			return id.NotAfter.Sub(d.now()).Seconds()
-		})
-	d.reg.MustRegister(d.renewals, d.reconnects, expiry)
-	return d
+	return &Diag{load: store.Load, now: now}
 }
-
-// Registry is bcd's metrics registry.
-func (d *Diag) Registry() *prometheus.Registry { return d.reg }
 
 // Welcomed records a session opened (run.Config.OnWelcome).
 func (d *Diag) Welcomed(string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.welcomed {
-		d.reconnects.Inc()
+		d.reconnects++
 	}
 	d.welcomed, d.sessionUp, d.sessionErr = true, true, ""
 }
@@ -86,7 +64,7 @@ func (d *Diag) Renewed(*identity.Identity) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.renewFailed = ""
-	d.renewals.WithLabelValues(telemetry.OutcomeOK).Inc()
+	d.renewedOK++
 }
 
 // RenewalFailed records a renewal that failed (renew.Config.OnFailed).
@@ -94,7 +72,7 @@ func (d *Diag) RenewalFailed(err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.renewFailed = d.now().UTC().Format(time.RFC3339) + ": " + errText(err)
-	d.renewals.WithLabelValues(telemetry.OutcomeFailed).Inc()
+	d.renewFailures++
 }
 
 // SessionEnded records a session that ended (run.Config.OnSessionEnded).
@@ -137,7 +115,7 @@ func (d *Diag) NotReady() string {
 // Handler serves /livez, /readyz and /metrics.
 func (d *Diag) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /metrics", d.serveMetrics)
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if reason := d.NotReady(); reason != "" {

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
@@ -57,7 +60,7 @@ func TestReadinessR17_2(t *testing.T) {
 	c.Advance(2 * time.Hour)
 	ready("the node certificate expired at 2026-12-02T13:00:00Z")
 
-	v := telemetrytest.Gather(t, d.Registry())
+	v := telemetrytest.Scrape(t, nil, srv.URL+"/metrics")
 	for name, want := range map[string]float64{
 		telemetry.NodeRenewals + `{outcome="ok"}`:     1,
 		telemetry.NodeRenewals + `{outcome="failed"}`: 1,
@@ -67,5 +70,41 @@ func TestReadinessR17_2(t *testing.T) {
 		if v[name] != want {
 			t.Errorf("%s = %v, want %v", name, v[name], want)
 		}
+	}
+}
+
+// R17.1: /metrics is byte for byte what the Prometheus client writes for
+// the same metrics and values (metrics.go writes it by hand).
+func TestMetricsMatchPrometheusClientR17_1(t *testing.T) {
+	c := clock.NewFake(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
+	d := New(&identity.Store{Dir: t.TempDir()}, c.Now)
+	id := &identity.Identity{NodeID: "node_1", NotAfter: c.Now().Add(90*time.Minute + 250*time.Millisecond)}
+	d.load = func() (*identity.Identity, error) { return id, nil }
+	d.Welcomed("node_1")
+	d.Welcomed("node_1")
+	d.Welcomed("node_1")
+	d.Renewed(id)
+	d.RenewalFailed(errors.New("refused"))
+	d.RenewalFailed(errors.New("refused"))
+
+	reg := prometheus.NewRegistry()
+	renewals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.NodeRenewals, Help: "Certificate renewals by outcome (ok, failed)."}, []string{telemetry.LabelOutcome})
+	renewals.WithLabelValues(telemetry.OutcomeOK).Add(1)
+	renewals.WithLabelValues(telemetry.OutcomeFailed).Add(2)
+	reconnects := prometheus.NewCounter(prometheus.CounterOpts{Name: telemetry.NodeSessionReconnects, Help: "Sessions opened after the first (each a reconnect)."})
+	reconnects.Add(2)
+	expiry := prometheus.NewGauge(prometheus.GaugeOpts{Name: telemetry.NodeCertExpiry, Help: "Seconds until the node certificate expires (negative: expired; absent without an identity)."})
+	expiry.Set(5400.25)
+	reg.MustRegister(renewals, reconnects, expiry)
+
+	get := func(h http.Handler) (string, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Header().Get("Content-Type"), rec.Body.String()
+	}
+	wantType, want := get(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	gotType, got := get(d.Handler())
+	if got != want || gotType != wantType {
+		t.Errorf("/metrics (%s):\n%s\nthe Prometheus client's (%s):\n%s", gotType, got, wantType, want)
 	}
 }

@@ -102,9 +102,6 @@ const (
 	PhaseCommit = "commit"
 )
 
-// phases are the join phases in the order API.Phase indexes them.
-var phases = [...]string{PhaseCheck, PhaseAdmit, PhaseSeal, PhaseAttest, PhaseSign, PhaseCommit}
-
 // Command events (LabelEvent).
 const (
 	CommandEnqueued  = "enqueued"

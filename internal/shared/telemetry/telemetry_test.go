@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -53,31 +51,6 @@ func TestNewLoggerR17_3(t *testing.T) {
 	}
 	if _, err := NewLogger(&b, LogConfig{Level: "loud"}); err == nil {
 		t.Error("level loud accepted")
-	}
-}
-
-// Counting an admitted join and timing its phases allocate nothing once
-// the series exists.
-func TestJoinCountingAllocatesNothing(t *testing.T) {
-	m := NewAPI(prometheus.NewRegistry())
-	m.Join("join-token", "node", OutcomeAdmitted, "")
-	if n := testing.AllocsPerRun(1000, func() {
-		m.Join("join-token", "node", OutcomeAdmitted, "")
-		m.Phase(PhaseAdmit, time.Millisecond)
-		m.TokenSpent()
-	}); n != 0 {
-		t.Errorf("%v allocations per join, want 0", n)
-	}
-}
-
-func BenchmarkJoinCounting(b *testing.B) {
-	m := NewAPI(prometheus.NewRegistry())
-	for b.Loop() {
-		m.Join("join-token", "node", OutcomeAdmitted, "")
-		m.Phase(PhaseCheck, time.Millisecond)
-		m.Phase(PhaseAdmit, time.Millisecond)
-		m.TokenSpent()
-		m.Issued("node")
 	}
 }
 

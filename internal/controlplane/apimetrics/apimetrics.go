@@ -1,11 +1,22 @@
-package telemetry
+// Package apimetrics is the API's fleet metrics (R17.1): joins, their
+// phases, renewals, token spends, join-request decisions, certificates,
+// commands and sessions, counted on a Prometheus registry under the names
+// of internal/shared/telemetry. It is the control plane's own, so that bcd,
+// which imports telemetry for its names and logging, links no Prometheus
+// client.
+package apimetrics
 
 import (
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
+
+// phases are the join phases in the order API.Phase indexes them.
+var phases = [...]string{telemetry.PhaseCheck, telemetry.PhaseAdmit, telemetry.PhaseSeal, telemetry.PhaseAttest, telemetry.PhaseSign, telemetry.PhaseCommit}
 
 // API is a control plane replica's metrics of what the fleet does. Every
 // method is safe on a nil *API (a service built without metrics, in tests).
@@ -33,34 +44,34 @@ type API struct {
 func NewAPI(reg prometheus.Registerer) *API {
 	m := &API{
 		admitted: map[string]map[string]prometheus.Counter{},
-		joins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Joins,
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.Joins,
 			Help: "Joins by attestor, role and outcome (admitted, refused, deferred, conflict, challenged, error); reason is the refusal reason, empty otherwise."},
-			[]string{LabelAttestor, LabelRole, LabelOutcome, LabelReason}),
-		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: JoinPhaseSeconds,
+			[]string{telemetry.LabelAttestor, telemetry.LabelRole, telemetry.LabelOutcome, telemetry.LabelReason}),
+		phase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: telemetry.JoinPhaseSeconds,
 			Help:    "Join latency by phase: check (shape, CSR, seal), admit (the transaction: attest, decide, sign, commit); within them seal (opening the sealed token), attest (the attestor's verification), sign (certificate issuance) and commit (the commit, group commit wait included).",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{LabelPhase}),
-		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Renewals,
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{telemetry.LabelPhase}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.Renewals,
 			Help: "Renewals by role (empty before the certificate was checked), outcome (admitted, refused, error) and refusal reason."},
-			[]string{LabelRole, LabelOutcome, LabelReason}),
-		spends: prometheus.NewCounter(prometheus.CounterOpts{Name: TokenSpends, Help: "Join token uses spent by admitted joins."}),
-		decided: prometheus.NewCounterVec(prometheus.CounterOpts{Name: JoinRequestsDecided,
-			Help: "Join requests decided, by decision: approved, rejected (by a person), expired (an approval that ran out unused)."}, []string{LabelDecision}),
-		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: CertificatesIssued,
-			Help: "Node certificates issued (joins and renewals), by role."}, []string{LabelRole}),
-		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: Commands,
-			Help: "Commands by event (enqueued, delivered to a session, answered: the node's result stored, expired)."}, []string{LabelEvent}),
-		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: RefusalsSuppressed,
-			Help: "Refusal events the limiter did not record, by kind (join, renew, session)."}, []string{LabelKind}),
-		opened:     prometheus.NewCounter(prometheus.CounterOpts{Name: SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
-		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: SessionHeartbeats, Help: "Session heartbeats this replica verified."}),
+			[]string{telemetry.LabelRole, telemetry.LabelOutcome, telemetry.LabelReason}),
+		spends: prometheus.NewCounter(prometheus.CounterOpts{Name: telemetry.TokenSpends, Help: "Join token uses spent by admitted joins."}),
+		decided: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.JoinRequestsDecided,
+			Help: "Join requests decided, by decision: approved, rejected (by a person), expired (an approval that ran out unused)."}, []string{telemetry.LabelDecision}),
+		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.CertificatesIssued,
+			Help: "Node certificates issued (joins and renewals), by role."}, []string{telemetry.LabelRole}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.Commands,
+			Help: "Commands by event (enqueued, delivered to a session, answered: the node's result stored, expired)."}, []string{telemetry.LabelEvent}),
+		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: telemetry.RefusalsSuppressed,
+			Help: "Refusal events the limiter did not record, by kind (join, renew, session)."}, []string{telemetry.LabelKind}),
+		opened:     prometheus.NewCounter(prometheus.CounterOpts{Name: telemetry.SessionsOpened, Help: "Node sessions this replica opened (welcomed)."}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{Name: telemetry.SessionHeartbeats, Help: "Session heartbeats this replica verified."}),
 	}
 	for i, p := range phases {
 		m.phases[i] = m.phase.WithLabelValues(p)
 	}
-	for _, d := range []string{DecisionApproved, DecisionRejected, DecisionExpired} {
+	for _, d := range []string{telemetry.DecisionApproved, telemetry.DecisionRejected, telemetry.DecisionExpired} {
 		m.decided.WithLabelValues(d)
 	}
-	for _, e := range []string{CommandEnqueued, CommandDelivered, CommandAnswered, CommandExpired} {
+	for _, e := range []string{telemetry.CommandEnqueued, telemetry.CommandDelivered, telemetry.CommandAnswered, telemetry.CommandExpired} {
 		m.commands.WithLabelValues(e)
 	}
 	reg.MustRegister(m.joins, m.phase, m.renewals, m.spends, m.decided, m.issued, m.commands, m.suppressed, m.opened, m.heartbeats)
@@ -73,8 +84,8 @@ func (m *API) Join(attestor, role, outcome, reason string) {
 	if m == nil {
 		return
 	}
-	attestor, role = Attestor(attestor), Role(role)
-	if outcome == OutcomeAdmitted {
+	attestor, role = telemetry.Attestor(attestor), telemetry.Role(role)
+	if outcome == telemetry.OutcomeAdmitted {
 		m.mu.RLock()
 		c, ok := m.admitted[attestor][role]
 		m.mu.RUnlock()
@@ -91,7 +102,7 @@ func (m *API) Join(attestor, role, outcome, reason string) {
 		return
 	}
 	if reason != "" {
-		reason = Reason(reason)
+		reason = telemetry.Reason(reason)
 	}
 	m.joins.WithLabelValues(attestor, role, outcome, reason).Inc()
 }
@@ -116,9 +127,9 @@ func (m *API) Renewal(role, outcome, reason string) {
 		return
 	}
 	if reason != "" {
-		reason = Reason(reason)
+		reason = telemetry.Reason(reason)
 	}
-	m.renewals.WithLabelValues(Role(role), outcome, reason).Inc()
+	m.renewals.WithLabelValues(telemetry.Role(role), outcome, reason).Inc()
 }
 
 // TokenSpent counts a join token use spent.
@@ -138,7 +149,7 @@ func (m *API) Decided(decision string) {
 // Issued counts a node certificate issued for role.
 func (m *API) Issued(role string) {
 	if m != nil {
-		m.issued.WithLabelValues(Role(role)).Inc()
+		m.issued.WithLabelValues(telemetry.Role(role)).Inc()
 	}
 }
 
