@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -60,16 +61,16 @@ func TestClusterSurvivesKills(t *testing.T) {
 	dir := t.TempDir()
 	secretEnv, pins := initPKI(t, bc, dir)
 
-	// The replicas: the same config but for their listeners.
+	// The replicas: one config, every listener on a port the kernel picks,
+	// read back from the replica's log.
 	type replica struct {
-		conf, api, agent, metrics string
-		p                         *proc
-		op                        *client.Client // the operator API on this replica
+		api, agent, metrics string
+		p                   *proc
+		op                  *client.Client // the operator API on this replica
 	}
 	replicas := make([]*replica, clusterReplicas)
-	for i := range replicas {
-		r := &replica{conf: filepath.Join(dir, fmt.Sprintf("serve-%d.toml", i+1)), api: freePort(t), agent: freePort(t), metrics: freePort(t)}
-		must(t, os.WriteFile(r.conf, []byte(`listen = "`+r.api+`"
+	conf := filepath.Join(dir, "serve.toml")
+	must(t, os.WriteFile(conf, []byte(`listen = "127.0.0.1:0"
 [store]
 driver = "postgres"
 dsn = "`+dsn+`"
@@ -77,23 +78,27 @@ max_conns = 6
 [pki]
 dir = "`+filepath.Join(dir, "pki")+`"
 [agent]
-listen = "`+r.agent+`"
+listen = "127.0.0.1:0"
 cert_file = "`+filepath.Join(dir, "agent.crt")+`"
 key_file = "`+filepath.Join(dir, "agent.key")+`"
 [metrics]
-listen = "`+r.metrics+`"
+listen = "127.0.0.1:0"
 `), 0o600))
-		replicas[i] = r
-	}
-	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", replicas[0].conf, "--json")
+	boot, errOut, code := run(t, nil, "", bc, "bootstrap", "--config", conf, "--json")
 	if code != 0 {
 		t.Fatal(errOut)
 	}
 	b := jsonOf(t, boot)
 	// The first replica migrates alone; the others start once it is up.
-	for _, r := range replicas {
-		r.p = start(t, secretEnv, bc, "serve", "--config", r.conf)
-		logged(t, r.p, apiURLRE, "replica "+r.api)
+	for i := range replicas {
+		r := &replica{p: start(t, secretEnv, bc, "serve", "--config", conf)}
+		what := fmt.Sprintf("replica %d's ", i+1)
+		u, err := url.Parse(logged(t, r.p, apiURLRE, what+"API listener"))
+		must(t, err)
+		r.api = u.Host
+		r.agent = logged(t, r.p, agentAddrRE, what+"agent listener")
+		r.metrics = logged(t, r.p, metricsRE, what+"metrics listener")
+		replicas[i] = r
 	}
 
 	var apiURLs []string
@@ -103,9 +108,8 @@ listen = "`+r.metrics+`"
 	gateways := make([]*proc, clusterGateways)
 	gwAddrs := make([]string, clusterGateways)
 	for i := range gateways {
-		gwAddrs[i] = freePort(t)
 		conf := filepath.Join(dir, fmt.Sprintf("gateway-%d.toml", i+1))
-		must(t, os.WriteFile(conf, []byte(`listen = "`+gwAddrs[i]+`"
+		must(t, os.WriteFile(conf, []byte(`listen = "127.0.0.1:0"
 cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
 key_file = "`+filepath.Join(dir, "gateway.key")+`"
 api_urls = [`+strings.Join(apiURLs, ", ")+`]
@@ -113,7 +117,7 @@ api_ca_file = "`+filepath.Join(dir, "pki", "serving-ca.crt")+`"
 request_timeout = "10s"
 `), 0o600))
 		gateways[i] = start(t, nil, bc, "gateway", "--config", conf)
-		logged(t, gateways[i], gatewayRE, "gateway "+gwAddrs[i])
+		gwAddrs[i] = logged(t, gateways[i], gatewayRE, fmt.Sprintf("gateway %d's listener", i+1))
 	}
 	// Daemons and the storm reach the region's gateways through one
 	// address, as behind a TCP load balancer; one balancer each, so the
