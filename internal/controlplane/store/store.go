@@ -35,6 +35,12 @@
 //   - events.go, audit.go, exportpos.go (the export lease, sinks' positions
 //     and the reads across tenants).
 //
+// The engine's guarantees are tested here, through the typed methods and
+// the real schema: groupcommit_test.go, writerconn_test.go, commit_test.go,
+// pipeline_test.go, checkpoint_test.go, outage_test.go,
+// unavailable_test.go, rewritedb_test.go; BenchmarkTx (bench_test.go)
+// measures the smallest read and write transaction of each dialect.
+//
 // Importers: domain packages and the API (through DB, Tx and their typed
 // methods), mains and tests. The gateway and bcd never import it.
 package store

@@ -26,10 +26,11 @@
 //     on modernc's driver connection (writerconn.go, row.go); WAL
 //     checkpoints run mostly off the writer (checkpoint.go).
 //   - PostgreSQL writes: BEGIN, the statements and COMMIT on one pgx
-//     connection (pgwrite.go), statements whose result nothing reads held
+//     connection (pgtx.go), statements whose result nothing reads held
 //     back and sent with the next one as one batch (pipeline.go).
-//   - Reads (both): a database/sql read transaction, on SQLite with
-//     statements prepared once per pool.
+//   - PostgreSQL reads: the same, BEGIN READ ONLY and ROLLBACK.
+//   - SQLite reads: a database/sql read transaction of the readers' pool,
+//     its statements prepared once per pool.
 //
 // A database that is down, read-only or full is waited for and then answers
 // UNAVAILABLE (outage.go, unavailable.go).
@@ -400,11 +401,13 @@ func (db *DB) Ping(ctx context.Context) error {
 // their function. It is not safe for concurrent use.
 type Tx struct {
 	db *DB
-	// q runs the statements: tx, or on SQLite's writer its connection
-	// (wc), which holds the shared transaction.
-	q  querier
-	tx *sql.Tx
+	// Exactly one of these runs the statements (one path per dialect and
+	// kind): wc, SQLite's writer connection holding the shared transaction
+	// (groupcommit.go); pg, a PostgreSQL transaction's pgx connection
+	// (pgtx.go); tx, a SQLite read transaction.
 	wc *writerConn
+	pg *pgx.Conn
+	tx *sql.Tx
 	// after runs once the transaction committed (e.g. wake a controller).
 	after []func()
 	// shared marks a participant of SQLite's shared (group-committed)
@@ -417,21 +420,22 @@ type Tx struct {
 	// transaction ended and its connection is free.
 	stmts      *stmtCache
 	unprepared []string
-	// conn is a PostgreSQL write transaction's connection and pg its pgx
-	// connection, which sends the held-back statements (later) as one
-	// batch with the next one (pipeline.go), BEGIN first while begin says
-	// it has not been sent; err is the failure of a held-back statement.
-	conn  *sql.Conn
-	pg    *pgx.Conn
-	begin bool
-	later []queued
-	err   error
-	// open is a batch's row not yet scanned (pipelineRow); the next
+	// conn is a PostgreSQL transaction's pooled connection, the one pg
+	// belongs to. pg sends the held-back statements (later) as one batch
+	// with the next one (pipeline.go), BEGIN (BEGIN READ ONLY when
+	// readOnly) first while begin says it has not been sent; err is the
+	// failure of a held-back statement.
+	conn     *sql.Conn
+	begin    bool
+	readOnly bool
+	later    []queued
+	err      error
+	// open is a PostgreSQL row not yet scanned (QueryRow); the next
 	// statement closes it (settle).
 	open *Row
 }
 
-// settle closes a batch's row the caller did not scan, so that the
+// settle closes a PostgreSQL row the caller did not scan, so that the
 // connection can take the next statement.
 func (t *Tx) settle() {
 	if t.open != nil {
@@ -478,28 +482,17 @@ func (t *Tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error
 	if err != nil {
 		return nil, err
 	}
-	t.settle()
 	q = t.db.rewrite(q)
-	if t.err != nil {
-		return nil, t.err
-	}
-	if t.begin || len(t.later) > 0 {
-		if len(args) > 0 || !strings.Contains(q, ";") {
-			return t.pipeline(ctx, q, args...)
-		}
-		// Several statements in one text run only as a simple query,
-		// never in a batch: send what is held back first.
-		if err := t.flush(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if t.wc != nil {
+	switch {
+	case t.wc != nil:
 		return t.wc.exec(q, args...)
+	case t.pg != nil:
+		return t.pgExec(ctx, q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return t.q.ExecContext(ctx, q, args...)
+	return t.tx.ExecContext(ctx, q, args...)
 }
 
 // Query runs q and returns its rows, which the caller reads and closes
@@ -510,48 +503,36 @@ func (t *Tx) Query(ctx context.Context, q string, args ...any) (Rows, error) {
 		return nil, err
 	}
 	q = t.db.rewrite(q)
-	if err := t.flush(ctx); err != nil {
-		return nil, err
-	}
-	if t.wc != nil {
+	switch {
+	case t.wc != nil:
 		return t.wc.query(q, args...)
+	case t.pg != nil:
+		return t.pgQuery(ctx, q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
-	return t.q.QueryContext(ctx, q, args...)
+	return t.tx.QueryContext(ctx, q, args...)
 }
 
 // QueryRow runs q and returns its first row, to be scanned once (as a
 // *sql.Row is) before the transaction's next statement.
 func (t *Tx) QueryRow(ctx context.Context, q string, args ...any) *Row {
 	ctx, err := t.stmtCtx(ctx)
-	t.settle()
-	if err == nil && t.err != nil {
-		err = t.err
-	}
 	if err != nil {
 		return &Row{err: err}
 	}
 	q = t.db.rewrite(q)
-	if t.wc != nil {
+	switch {
+	case t.wc != nil:
 		return t.wc.queryRow(q, args...)
-	}
-	if t.begin || len(t.later) > 0 {
-		return t.pipelineRow(ctx, q, args...)
+	case t.pg != nil:
+		return t.pgQueryRow(ctx, q, args...)
 	}
 	if st := t.stmt(ctx, q); st != nil {
 		return &Row{sr: st.QueryRowContext(ctx, args...)}
 	}
-	return &Row{sr: t.q.QueryRowContext(ctx, q, args...)}
-}
-
-// querier is what runs a transaction's statements: a *sql.Tx, or the
-// *sql.Conn of SQLite's writer.
-type querier interface {
-	ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row
+	return &Row{sr: t.tx.QueryRowContext(ctx, q, args...)}
 }
 
 // Dialect tells which database the transaction runs on.
@@ -626,7 +607,7 @@ func (db *DB) WithTx(ctx context.Context, fn func(*Tx) error) (err error) {
 func (db *DB) withTx(ctx context.Context, fn func(*Tx) error) error {
 	var err error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		err = db.runTx(ctx, db.w, nil, fn)
+		err = db.write(ctx, fn)
 		if !retryable(err) || ctx.Err() != nil {
 			return Unavailable(err)
 		}
@@ -663,24 +644,30 @@ func (db *DB) ReadLatest(ctx context.Context, fn func(*Tx) error) error {
 
 // ReadTx runs fn in a read-only transaction that is always rolled back.
 func (db *DB) ReadTx(ctx context.Context, fn func(*Tx) error) error {
-	return Unavailable(db.runTx(ctx, db.r, &sql.TxOptions{ReadOnly: db.dialect == Postgres}, fn))
+	if db.dialect == Postgres {
+		return Unavailable(db.pgTx(ctx, true, fn))
+	}
+	return Unavailable(db.sqliteRead(ctx, fn))
 }
 
-func (db *DB) runTx(ctx context.Context, pool *sql.DB, opts *sql.TxOptions, fn func(*Tx) error) error {
-	if opts == nil {
-		if db.writes != nil {
-			return db.submit(ctx, fn)
-		}
-		return db.pgWrite(ctx, fn)
+// write runs fn in a write transaction: SQLite's writer, or PostgreSQL's.
+func (db *DB) write(ctx context.Context, fn func(*Tx) error) error {
+	if db.dialect == SQLite {
+		return db.submit(ctx, fn)
 	}
-	stx, err := pool.BeginTx(ctx, opts)
+	return db.pgTx(ctx, false, fn)
+}
+
+// sqliteRead runs fn in a SQLite read transaction of the readers' pool.
+func (db *DB) sqliteRead(ctx context.Context, fn func(*Tx) error) error {
+	stx, err := db.r.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	// A read transaction always rolls back, whatever way fn leaves (an
 	// error, a panic, a test's t.Fatal).
 	defer func() { _ = stx.Rollback() }()
-	t := &Tx{db: db, q: stx, tx: stx, stmts: db.rStmts}
+	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
 	defer t.prepareUnprepared(ctx)
 	return fn(t)
 }

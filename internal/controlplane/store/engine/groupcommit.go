@@ -71,7 +71,7 @@ func (db *DB) batch(first *writeReq) {
 	var ok []member
 	broken := false
 	run := func(r *writeReq) {
-		t := &Tx{db: db, q: wc.conn, wc: wc, shared: true}
+		t := &Tx{db: db, wc: wc, shared: true}
 		err, serr := t.savepoint(r.ctx, r.fn)
 		if serr != nil {
 			db.log.Error("group commit: savepoint failed; the batch runs again one by one", "err", serr)
@@ -148,7 +148,7 @@ func (db *DB) alone(r *writeReq) {
 		r.done <- err
 		return
 	}
-	t := &Tx{db: db, q: wc.conn, wc: wc, shared: true}
+	t := &Tx{db: db, wc: wc, shared: true}
 	err, serr := t.savepoint(r.ctx, r.fn)
 	if err != nil || serr != nil {
 		if rerr := wc.end(false); rerr != nil || serr != nil {

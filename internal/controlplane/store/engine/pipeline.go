@@ -18,7 +18,7 @@ import (
 // before any later read and before COMMIT, so a read sees them and a
 // failure of one fails the transaction like any failed statement (the
 // error of a held-back statement is the transaction's error, whatever fn
-// made of it). BEGIN itself is held back the same way (pgwrite.go), so the
+// made of it). BEGIN itself is held back the same way (pgtx.go), so the
 // first statement carries it; a one-row query carries what is held back
 // too (pipelineRow). On SQLite, in process, every statement runs at once.
 
@@ -37,7 +37,7 @@ type queued struct {
 // next statement (or before its COMMIT). Only for statements whose result
 // no caller needs and whose failure is the transaction's failure.
 func (t *Tx) ExecLater(ctx context.Context, q string, args ...any) error {
-	if t.conn == nil {
+	if t.pg == nil {
 		_, err := t.Exec(ctx, q, args...)
 		return err
 	}
@@ -54,7 +54,7 @@ func (t *Tx) ExecLater(ctx context.Context, q string, args ...any) error {
 // with runs, and its failure is the transaction's, as for ExecLater; its
 // other failures are reported as "name: err".
 func (t *Tx) ExecLaterRows(ctx context.Context, name string, rows int64, wrong error, q string, args ...any) error {
-	if t.conn == nil {
+	if t.pg == nil {
 		res, err := t.Exec(ctx, q, args...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -128,7 +128,11 @@ func (t *Tx) pipelineRow(ctx context.Context, q string, args ...any) *Row {
 func (t *Tx) batch() *pgx.Batch {
 	b := &pgx.Batch{}
 	if t.begin {
-		b.Queue("BEGIN")
+		if t.readOnly {
+			b.Queue("BEGIN READ ONLY")
+		} else {
+			b.Queue("BEGIN")
+		}
 	}
 	for _, s := range t.later {
 		b.Queue(s.q, s.args...)

@@ -13,17 +13,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Row is the row Tx.QueryRow returns: database/sql's (*sql.Row), one
-// read straight from the driver on SQLite's writer (writerConn.queryRow),
-// or the last result of a PostgreSQL batch (Tx.pipelineRow). The typed
-// methods only Scan it, once, as they would a *sql.Row.
+// Row is the row Tx.QueryRow returns: database/sql's (*sql.Row) in a
+// SQLite read transaction, one read straight from the driver on SQLite's
+// writer (writerConn.queryRow), or a PostgreSQL query's, alone or the last
+// of a batch (Tx.pgQueryRow). The typed methods only Scan it, once, as
+// they would a *sql.Row.
 type Row struct {
 	sr   *sql.Row
 	err  error          // the query failed
 	vals []driver.Value // the raw row; nil with none
 	none bool           // the raw query returned no row
-	// pg is the batch's result and br the batch, closed once scanned (or
-	// by the transaction's next statement: Tx.settle).
+	// pg is PostgreSQL's result and br its batch (nil for a query sent
+	// alone), closed once scanned (or by the transaction's next
+	// statement: Tx.settle).
 	pg pgx.Rows
 	br pgx.BatchResults
 }
@@ -52,8 +54,8 @@ func (r *Row) Scan(dest ...any) error {
 	return nil
 }
 
-// scanPG scans the first row of a batch's query with pgx (as pgx's
-// database/sql driver does under a *sql.Row) and closes the batch.
+// scanPG scans the first row of a PostgreSQL query with pgx and closes it
+// (and its batch).
 func (r *Row) scanPG(dest []any) error {
 	var err error
 	if r.pg.Next() {
@@ -81,8 +83,10 @@ func (r *Row) close() error {
 	}
 	r.pg.Close()
 	err := r.pg.Err()
-	if cerr := r.br.Close(); err == nil {
-		err = cerr
+	if r.br != nil {
+		if cerr := r.br.Close(); err == nil {
+			err = cerr
+		}
 	}
 	r.pg, r.br = nil, nil
 	return err
