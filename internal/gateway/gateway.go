@@ -44,7 +44,6 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/hotpath"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
 )
 
@@ -467,13 +466,13 @@ func (g *Gateway) joinHandler() (string, http.Handler) {
 			})
 		}, append(opts, connect.WithCodec(rawCodec{}))...)
 	}
-	return path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h, ok := raw[r.URL.Path]; ok && binaryCodec(r.Header.Get("Content-Type")) {
 			h.ServeHTTP(w, r)
 			return
 		}
 		typed.ServeHTTP(w, r)
-	}))
+	})
 }
 
 // binaryCodec reports whether a request's content type names the binary

@@ -10,7 +10,6 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
-	"github.com/better-compute/better-compute/internal/shared/hotpath"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -109,9 +108,7 @@ func (s *Server) agentMux() http.Handler {
 		connect.WithInterceptors(wire.Interceptor(s.log)),
 	)
 	mux := http.NewServeMux()
-	// Joins and renewals run on goroutines with grown stacks (hotpath);
-	// sessions are long-lived streams and keep their own.
-	mux.Handle(path, hotpath.New(hotpath.DefaultWorkers, 0).Handler(h))
+	mux.Handle(path, h)
 	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10), noGzip))
 	// Gateways check each replica's readiness (its database) here.
 	mux.HandleFunc("GET /readyz", s.ready)
