@@ -1,21 +1,12 @@
 package bcdcmd
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/internal/node/config"
-	"github.com/better-compute/better-compute/internal/node/diag"
-	"github.com/better-compute/better-compute/internal/node/doctor"
-	"github.com/better-compute/better-compute/internal/node/enroll"
-	"github.com/better-compute/better-compute/internal/node/identity"
-	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
-	"github.com/better-compute/better-compute/internal/node/servertime"
-	"github.com/better-compute/better-compute/internal/node/tpmkeys"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
@@ -73,74 +64,23 @@ reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 			if lc.Level == "" {
 				lc.Level = "info"
 			}
-			base, err := telemetry.NewLogger(a.env.Stderr, lc)
+			log, err := telemetry.NewLogger(a.env.Stderr, lc)
 			if err != nil {
 				return err
 			}
-			keys, store, err := tpmkeys.Stores(cfg, cfg.DataDir)
-			if err != nil {
-				return err
-			}
-			// R17.2: /livez, /readyz and /metrics when [diagnostics]
-			// listen is set; the renewer's and session's hooks feed it.
-			// One offset from the control plane's clock for the renewer,
-			// the session and the diagnostics (R19.3).
-			serverTime := servertime.New(servertime.Config{Dir: store.Dir, Clock: a.env.Clock})
-			dg := diag.New(store, serverTime.Now)
-			log := base
-			if err := dg.Serve(ctx, cfg.Diagnostics, log, a.env.DiagReady); err != nil {
-				return err
-			}
-			// A renewal tells the session at once (R19.3); a renewal the
-			// session has not taken yet is enough, so the channel holds one.
-			renewed := make(chan struct{}, 1)
-			// One live pin set for the renewer and the session (R16.2):
-			// a key either learns is saved to config.toml and used by both.
-			pins := config.NewPins(configPath, cfg, log)
-			// One TLS ticket cache too: a renewal resumes the session's
-			// TLS session with the gateway (same identity, same gateway).
-			tickets := &enroll.TicketCache{}
 			httpClient, stopTracing, err := a.traced(cfg)
 			if err != nil {
 				return err
 			}
 			defer stopTracing()
-			r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: a.env.Clock, ServerTime: serverTime, HTTPClient: httpClient, Log: log, Pins: pins, Tickets: tickets,
-				OnRenewed: func(id *identity.Identity) {
-					dg.Renewed(id)
-					select {
-					case renewed <- struct{}{}:
-					default:
-					}
-				},
-				OnFailed: dg.RenewalFailed})
-			if err != nil {
-				return err
-			}
 			notifySocket, _ := a.env.LookupEnv("NOTIFY_SOCKET")
-			// R21.5: an expired certificate re-joins by x509pop by itself.
-			rejoin := func(ctx context.Context) (*identity.Identity, error) {
-				j, err := enroll.New(enroll.Config{BCD: cfg, ConfigPath: configPath, Store: store, Keys: keys, Clock: a.env.Clock,
-					HTTPClient: httpClient, Log: log, ServerTime: serverTime, Pins: pins,
-					Progress: func(line string) { log.Info(line) }})
-				if err != nil {
-					return nil, err
-				}
-				return j.Join(ctx, enroll.Options{Attestor: identity.AttestorX509Pop})
-			}
-			d, err := run.New(run.Config{BCD: cfg, Store: store, Clock: a.env.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: notifySocket, Pins: pins, Tickets: tickets,
-				OnWelcome: dg.Welcomed, OnSessionEnded: dg.SessionEnded, Rejoin: rejoin})
+			p, err := run.NewProcess(run.ProcessConfig{BCD: cfg, ConfigPath: configPath, Log: log, Clock: a.env.Clock, HTTPClient: httpClient,
+				NotifySocket: notifySocket, DiagReady: a.env.DiagReady})
 			if err != nil {
 				return err
 			}
-			err = d.Run(ctx)
+			err = p.Run(ctx)
 			if errors.Is(err, run.ErrRetired) {
-				// For bcd doctor: only a session learns of it.
-				if id, lerr := store.Load(); lerr == nil {
-					if werr := doctor.RecordRetired(store.Dir, id, a.env.Clock.Now()); werr != nil {
-						log.Warn("cannot record the retirement for bcd doctor", telemetry.LogErr, werr)
-					}
-				}
 				fmt.Fprintf(a.env.Stderr, "Error: %s\n", errorLine(err))
 				return &exitError{code: ExitRetired}
 			}

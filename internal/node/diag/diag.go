@@ -127,33 +127,33 @@ func (d *Diag) Handler() http.Handler {
 	return mux
 }
 
-// Serve listens on c.Listen (refused when Problem names one) and serves Handler until
-// ctx ends; ready, when set, receives the address. It returns at once,
-// with nothing served, when c.Listen is empty.
-func (d *Diag) Serve(ctx context.Context, c bcdconfig.Diagnostics, log *slog.Logger, ready func(addr string)) error {
+// Listen opens c.Listen (refused when Problem names one) for Serve; nil,
+// with nothing to serve, when c.Listen is empty.
+func (d *Diag) Listen(c bcdconfig.Diagnostics) (net.Listener, error) {
 	if c.Listen == "" {
-		return nil
+		return nil, nil
 	}
 	if p := c.Problem(); p != "" {
-		return errs.New(errs.InvalidConfig, "diagnostics.listen: %s", p)
+		return nil, errs.New(errs.InvalidConfig, "diagnostics.listen: %s", p)
 	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
-		return errs.New(errs.InvalidConfig, "diagnostics.listen %s: %v", c.Listen, err)
+		return nil, errs.New(errs.InvalidConfig, "diagnostics.listen %s: %v", c.Listen, err)
 	}
+	return ln, nil
+}
+
+// Serve serves Handler on ln until ctx ends, and returns once it stopped
+// (its owner waits for it); ready, when set, receives the address.
+func (d *Diag) Serve(ctx context.Context, ln net.Listener, log *slog.Logger, ready func(addr string)) error {
 	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		_ = hs.Close()
-	}()
-	go func() {
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("diagnostics listener stopped", telemetry.LogErr, err)
-		}
-	}()
+	defer context.AfterFunc(ctx, func() { _ = hs.Close() })()
 	log.Info("diagnostics listening", telemetry.LogAddr, ln.Addr().String())
 	if ready != nil {
 		ready(ln.Addr().String())
+	}
+	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("diagnostics listener: %w", err)
 	}
 	return nil
 }

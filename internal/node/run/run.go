@@ -26,7 +26,10 @@
 //
 // The certificate renewer (internal/node/renew), when given, runs in the
 // same process; the session notices a new identity on disk and reconnects
-// with it. How soon bcd reconnects after a session ended (a renewal or an
+// with it. NewProcess (process.go) wires the whole of bcd run (the
+// daemon, its renewer, the re-join and the diagnostics listener) for bcd's
+// command and the tests alike; its Run returns once every goroutine it
+// started has. How soon bcd reconnects after a session ended (a renewal or an
 // expiry is not a failure; a failure backs off) is in recover.go (R19.3).
 package run
 
@@ -180,6 +183,9 @@ type Daemon struct {
 	// rejoined tells the renewer's loop that a re-join saved a new
 	// identity, so it renews that one (rejoin.go).
 	rejoined chan struct{}
+	// commands are the commands running: one may outlive its session (its
+	// answer goes on the next), never Run.
+	commands sync.WaitGroup
 }
 
 // answer is a command's result waiting for a session to sign and send it,
@@ -249,13 +255,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return err
 	}
 	defer d.notify("STOPPING=1")
-	// The renewer runs until Run returns, and Run waits for it.
+	// The renewer and the commands run until Run returns, and Run waits
+	// for them.
 	ctx, stop := context.WithCancel(ctx)
 	var renewing sync.WaitGroup
-	defer func() { stop(); renewing.Wait() }()
+	defer func() { stop(); renewing.Wait(); d.commands.Wait() }()
 	if d.cfg.Renewer != nil {
-		renewing.Add(1)
-		go func() { defer renewing.Done(); d.renewLoop(ctx) }()
+		renewing.Go(func() { d.renewLoop(ctx) })
 	}
 	failures, serial := 0, ""
 	for ctx.Err() == nil {
@@ -384,8 +390,11 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	// Commands are handled in spans under the session's open, with Run's
 	// cancellation.
 	cmdCtx := trace.ContextWithSpanContext(runCtx, open.SpanContext())
-	go d.sendLoop(ctx, cancel, stream, id, nonce, beat)
-	go d.watchIdentity(ctx, cancel, id)
+	// The session's sender and identity watch end with it.
+	var loops sync.WaitGroup
+	defer func() { cancel(nil); loops.Wait() }()
+	loops.Go(func() { d.sendLoop(ctx, cancel, stream, id, nonce, beat) })
+	loops.Go(func() { d.watchIdentity(ctx, cancel, id) })
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -398,7 +407,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 		if sc == nil {
 			continue
 		}
-		go func() {
+		d.commands.Go(func() {
 			ctx, span := tracing.StartOn(cmdCtx, d.cfg.Tracer, tracing.SpanCommand)
 			res := d.command(ctx, id, sc)
 			span.End()
@@ -410,7 +419,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 			case <-runCtx.Done():
 				d.sent(res)
 			}
-		}()
+		})
 	}
 }
 
