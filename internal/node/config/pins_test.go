@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig/bcdconfigtest"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
@@ -45,14 +46,14 @@ func newRotation(t *testing.T) *rotation {
 	r := &rotation{dir: t.TempDir()}
 	r.path = filepath.Join(r.dir, "config.toml")
 	for i := range 3 {
-		r.ca[i], r.sg[i], r.en[i] = newKey(t), newKey(t), newKey(t)
+		r.ca[i], r.sg[i], r.en[i] = bcdconfigtest.NewKey(t), bcdconfigtest.NewKey(t), bcdconfigtest.NewKey(t)
 	}
-	f := newFixture(t)
-	f.caPin, f.sigPin, f.encPin = pinOf(t, r.ca[0]), pinOf(t, r.sg[0]), pinOf(t, r.en[0])
-	if err := os.WriteFile(r.path, []byte(f.toml(`data_dir = "/var/lib/bcd-test"`)), 0o644); err != nil {
+	f := bcdconfigtest.New(t)
+	f.CAPin, f.SigPin, f.EncPin = bcdconfigtest.PinOf(t, r.ca[0]), bcdconfigtest.PinOf(t, r.sg[0]), bcdconfigtest.PinOf(t, r.en[0])
+	if err := os.WriteFile(r.path, []byte(f.TOML(`data_dir = "/var/lib/bcd-test"`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := bcdconfig.WriteEncryptionKey(r.dir, f.encPin, &r.en[0].PublicKey); err != nil {
+	if err := bcdconfig.WriteEncryptionKey(r.dir, f.EncPin, &r.en[0].PublicKey); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -78,7 +79,7 @@ func (r *rotation) twoRotations(t *testing.T) []string {
 // R16.2: statements no pinned key signed change nothing and write nothing.
 func TestLearnStatementsRefusesUnpinned(t *testing.T) {
 	r := newRotation(t)
-	stranger := newKey(t)
+	stranger := bcdconfigtest.NewKey(t)
 	before, _ := os.ReadFile(r.path)
 	jwkBefore, _ := os.ReadFile(filepath.Join(r.dir, bcdconfig.EncryptionKeyFile))
 	injected := []string{
@@ -121,7 +122,7 @@ func TestLearnStatementsChain(t *testing.T) {
 		kind string
 		key  *ecdsa.PrivateKey
 	}{{pki.KindServingCA, r.ca[2]}, {pki.KindJoinSigning, r.sg[2]}, {pki.KindJoinEncryption, r.en[2]}} {
-		want := []string{pinOf(t, k.key)}
+		want := []string{bcdconfigtest.PinOf(t, k.key)}
 		if diff := cmp.Diff(want, loaded.PinSet(k.kind)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", k.kind, diff)
 		}
@@ -129,7 +130,7 @@ func TestLearnStatementsChain(t *testing.T) {
 			t.Errorf("returned %s (-want +got):\n%s", k.kind, diff)
 		}
 	}
-	if loaded.ServingCASPKIPin != pinOf(t, r.ca[2]) {
+	if loaded.ServingCASPKIPin != bcdconfigtest.PinOf(t, r.ca[2]) {
 		t.Errorf("singular serving_ca_spki_pin %s is not the newest", loaded.ServingCASPKIPin)
 	}
 	key, found, err := bcdconfig.LoadEncryptionKey(r.dir, loaded.JoinEncryptionKeyPin)
@@ -231,7 +232,7 @@ func TestPinsLearn(t *testing.T) {
 	if err != nil || !u.Changed() {
 		t.Fatalf("changed %v, err %v", u.Changed(), err)
 	}
-	want := []string{pinOf(t, r.ca[0]), pinOf(t, r.ca[1])}
+	want := []string{bcdconfigtest.PinOf(t, r.ca[0]), bcdconfigtest.PinOf(t, r.ca[1])}
 	if diff := cmp.Diff(want, p.Set(pki.KindServingCA)); diff != "" {
 		t.Errorf("live (-want +got):\n%s", diff)
 	}
@@ -287,8 +288,8 @@ func TestPinsOnlyMoveForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
-		pki.KindJoinEncryption: {pinOf(t, r.en[0])},
-		pki.KindJoinSigning:    {pinOf(t, r.sg[0])},
+		pki.KindJoinEncryption: {bcdconfigtest.PinOf(t, r.en[0])},
+		pki.KindJoinSigning:    {bcdconfigtest.PinOf(t, r.sg[0])},
 	}
 	check := func(what string, p *Pins) {
 		t.Helper()

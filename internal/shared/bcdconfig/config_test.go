@@ -1,80 +1,33 @@
 package bcdconfig
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig/bcdconfigtest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
-	"github.com/better-compute/better-compute/internal/shared/ids"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
 
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func pinOf(t *testing.T, k *ecdsa.PrivateKey) string {
-	t.Helper()
-	p, err := pki.Pin(&k.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-type fixture struct {
-	site, caPin, sigPin, encPin string
-	encKey                      *ecdsa.PrivateKey
-}
-
-func newFixture(t *testing.T) fixture {
-	enc := newKey(t)
-	return fixture{
-		site:   ids.New(ids.Site, time.Unix(1_700_000_000, 0)),
-		caPin:  pinOf(t, newKey(t)),
-		sigPin: pinOf(t, newKey(t)),
-		encPin: pinOf(t, enc),
-		encKey: enc,
-	}
-}
-
-func (f fixture) toml(extra string) string {
-	return `gateway_url = "https://gw.eu.example.com"
-site = "` + f.site + `"
-serving_ca_spki_pin = "` + f.caPin + `"
-join_signing_key_pin = "` + f.sigPin + `"
-join_encryption_key_pin = "` + f.encPin + `"
-` + extra
-}
-
 // R11.1: the five keys docs/joining.md shows are enough; the rest defaults.
 func TestParseDefaults(t *testing.T) {
-	f := newFixture(t)
-	c, err := Parse([]byte(f.toml("")))
+	f := bcdconfigtest.New(t)
+	c, err := Parse([]byte(f.TOML("")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &Config{
 		GatewayURL:           "https://gw.eu.example.com",
-		Site:                 f.site,
-		ServingCASPKIPin:     f.caPin,
-		JoinSigningKeyPin:    f.sigPin,
-		JoinEncryptionKeyPin: f.encPin,
+		Site:                 f.Site,
+		ServingCASPKIPin:     f.CAPin,
+		JoinSigningKeyPin:    f.SigPin,
+		JoinEncryptionKeyPin: f.EncPin,
 		DataDir:              DefaultDataDir,
 		SysfsRoot:            DefaultSysfsRoot,
 		ProcfsRoot:           DefaultProcfsRoot,
@@ -86,7 +39,7 @@ func TestParseDefaults(t *testing.T) {
 }
 
 func TestParse(t *testing.T) {
-	f := newFixture(t)
+	f := bcdconfigtest.New(t)
 	tests := []struct {
 		name string
 		req  string
@@ -97,7 +50,7 @@ func TestParse(t *testing.T) {
 	}{
 		{
 			name: "all keys", req: "R11.1 R9.1",
-			text: f.toml(`gateway_server_name = "gw.eu.example.com"
+			text: f.TOML(`gateway_server_name = "gw.eu.example.com"
 data_dir = "/srv/bcd"
 sysfs_root = "/host/sys"
 procfs_root = "/host/proc"
@@ -113,29 +66,29 @@ mode = "required"
 				}
 			},
 		},
-		{name: "tpm off", req: "R9.1", text: f.toml("[tpm]\nmode = \"off\"\n")},
-		{name: "unknown top-level key", req: "R11.1", text: f.toml(`gateway = "x"` + "\n"), wantErr: []string{"unknown key gateway"}},
-		{name: "unknown key in tpm", req: "R11.1", text: f.toml("[tpm]\ndevise = \"/dev/tpm0\"\n"), wantErr: []string{"unknown key tpm.devise"}},
+		{name: "tpm off", req: "R9.1", text: f.TOML("[tpm]\nmode = \"off\"\n")},
+		{name: "unknown top-level key", req: "R11.1", text: f.TOML(`gateway = "x"` + "\n"), wantErr: []string{"unknown key gateway"}},
+		{name: "unknown key in tpm", req: "R11.1", text: f.TOML("[tpm]\ndevise = \"/dev/tpm0\"\n"), wantErr: []string{"unknown key tpm.devise"}},
 		{name: "not toml", req: "R11.1", text: "gateway_url = \n", wantErr: []string{"not valid TOML"}},
 		{name: "empty file", req: "R11.1", text: "", wantErr: []string{
 			"gateway_url: required", "site: required", "serving_ca_spki_pin: required",
 			"join_signing_key_pin: required", "join_encryption_key_pin: required",
 		}},
-		{name: "http gateway", req: "R4.3", text: strings.Replace(f.toml(""), "https://", "http://", 1), wantErr: []string{"gateway_url: want an https URL"}},
-		{name: "gateway with credentials", req: "R11.1", text: strings.Replace(f.toml(""), "https://", "https://u:p@", 1), wantErr: []string{"gateway_url: must not carry credentials"}},
-		{name: "gateway with query", req: "R11.1", text: strings.Replace(f.toml(""), ".com\"", ".com/?x=1\"", 1), wantErr: []string{"gateway_url: must not carry a query"}},
-		{name: "gateway with bad port", req: "R11.1", text: strings.Replace(f.toml(""), ".com\"", ".com:99999\"", 1), wantErr: []string{"gateway_url"}},
-		{name: "gateway with port", req: "R11.1", text: strings.Replace(f.toml(""), ".com\"", ".com:8443\"", 1)},
-		{name: "bad server name", req: "R11.3", text: f.toml(`gateway_server_name = "https://gw"` + "\n"), wantErr: []string{"gateway_server_name:"}},
-		{name: "bad site", req: "R11.1", text: strings.Replace(f.toml(""), f.site, "pool_x", 1), wantErr: []string{"site: want a site id"}},
-		{name: "bad pin", req: "R11.1", text: strings.Replace(f.toml(""), f.sigPin, "sha256/abc", 1), wantErr: []string{"join_signing_key_pin: want sha256/"}},
-		{name: "pin without prefix", req: "R11.1", text: strings.Replace(f.toml(""), f.caPin, strings.TrimPrefix(f.caPin, "sha256/"), 1), wantErr: []string{"serving_ca_spki_pin: want"}},
-		{name: "relative data dir", req: "R4.1", text: f.toml(`data_dir = "bcd"` + "\n"), wantErr: []string{"data_dir: want an absolute path"}},
-		{name: "relative sysfs", req: "R4.3", text: f.toml(`sysfs_root = "sys"` + "\n"), wantErr: []string{"sysfs_root: want an absolute path"}},
-		{name: "bad tpm mode", req: "R9.1", text: f.toml("[tpm]\nmode = \"maybe\"\n"), wantErr: []string{"tpm.mode: want auto, off or required"}},
-		{name: "tpm device and simulator", req: "R9.1", text: f.toml("[tpm]\ndevice = \"/dev/tpm0\"\nsimulator = \"localhost:2321\"\n"), wantErr: []string{"tpm: set device or simulator, not both"}},
-		{name: "tpm simulator without port", req: "R9.1", text: f.toml("[tpm]\nsimulator = \"localhost\"\n"), wantErr: []string{"tpm.simulator: want host:port"}},
-		{name: "tpm relative device", req: "R9.1", text: f.toml("[tpm]\ndevice = \"tpmrm0\"\n"), wantErr: []string{"tpm.device: want an absolute path"}},
+		{name: "http gateway", req: "R4.3", text: strings.Replace(f.TOML(""), "https://", "http://", 1), wantErr: []string{"gateway_url: want an https URL"}},
+		{name: "gateway with credentials", req: "R11.1", text: strings.Replace(f.TOML(""), "https://", "https://u:p@", 1), wantErr: []string{"gateway_url: must not carry credentials"}},
+		{name: "gateway with query", req: "R11.1", text: strings.Replace(f.TOML(""), ".com\"", ".com/?x=1\"", 1), wantErr: []string{"gateway_url: must not carry a query"}},
+		{name: "gateway with bad port", req: "R11.1", text: strings.Replace(f.TOML(""), ".com\"", ".com:99999\"", 1), wantErr: []string{"gateway_url"}},
+		{name: "gateway with port", req: "R11.1", text: strings.Replace(f.TOML(""), ".com\"", ".com:8443\"", 1)},
+		{name: "bad server name", req: "R11.3", text: f.TOML(`gateway_server_name = "https://gw"` + "\n"), wantErr: []string{"gateway_server_name:"}},
+		{name: "bad site", req: "R11.1", text: strings.Replace(f.TOML(""), f.Site, "pool_x", 1), wantErr: []string{"site: want a site id"}},
+		{name: "bad pin", req: "R11.1", text: strings.Replace(f.TOML(""), f.SigPin, "sha256/abc", 1), wantErr: []string{"join_signing_key_pin: want sha256/"}},
+		{name: "pin without prefix", req: "R11.1", text: strings.Replace(f.TOML(""), f.CAPin, strings.TrimPrefix(f.CAPin, "sha256/"), 1), wantErr: []string{"serving_ca_spki_pin: want"}},
+		{name: "relative data dir", req: "R4.1", text: f.TOML(`data_dir = "bcd"` + "\n"), wantErr: []string{"data_dir: want an absolute path"}},
+		{name: "relative sysfs", req: "R4.3", text: f.TOML(`sysfs_root = "sys"` + "\n"), wantErr: []string{"sysfs_root: want an absolute path"}},
+		{name: "bad tpm mode", req: "R9.1", text: f.TOML("[tpm]\nmode = \"maybe\"\n"), wantErr: []string{"tpm.mode: want auto, off or required"}},
+		{name: "tpm device and simulator", req: "R9.1", text: f.TOML("[tpm]\ndevice = \"/dev/tpm0\"\nsimulator = \"localhost:2321\"\n"), wantErr: []string{"tpm: set device or simulator, not both"}},
+		{name: "tpm simulator without port", req: "R9.1", text: f.TOML("[tpm]\nsimulator = \"localhost\"\n"), wantErr: []string{"tpm.simulator: want host:port"}},
+		{name: "tpm relative device", req: "R9.1", text: f.TOML("[tpm]\ndevice = \"tpmrm0\"\n"), wantErr: []string{"tpm.device: want an absolute path"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -166,16 +119,16 @@ mode = "required"
 
 // R11.1, R11.3: Write then Load round-trips, atomically and 0644.
 func TestWriteLoad(t *testing.T) {
-	f := newFixture(t)
+	f := bcdconfigtest.New(t)
 	dir := filepath.Join(t.TempDir(), "etc", "bcd")
 	path := filepath.Join(dir, "config.toml")
 	c := &Config{
 		GatewayURL:           "https://gw.eu.example.com",
 		GatewayServerName:    "gw.eu.example.com",
-		Site:                 f.site,
-		ServingCASPKIPin:     f.caPin,
-		JoinSigningKeyPin:    f.sigPin,
-		JoinEncryptionKeyPin: f.encPin,
+		Site:                 f.Site,
+		ServingCASPKIPin:     f.CAPin,
+		JoinSigningKeyPin:    f.SigPin,
+		JoinEncryptionKeyPin: f.EncPin,
 		TPM:                  TPM{Simulator: "127.0.0.1:2321"},
 	}
 	if err := c.Write(path); err != nil {
@@ -216,7 +169,7 @@ func TestWriteLoad(t *testing.T) {
 	if err := bad.Write(path); err == nil || !strings.Contains(err.Error(), "site: required") {
 		t.Fatalf("write invalid: %v", err)
 	}
-	if again, err := Load(path); err != nil || again.Site != f.site {
+	if again, err := Load(path); err != nil || again.Site != f.Site {
 		t.Fatalf("the invalid write changed the file: %v", err)
 	}
 }
@@ -230,9 +183,9 @@ func TestLoadMissing(t *testing.T) {
 }
 
 func TestLoadEncryptionKey(t *testing.T) {
-	f := newFixture(t)
-	other := newKey(t)
-	goodJWK, err := pki.MarshalEncryptionJWK(&f.encKey.PublicKey)
+	f := bcdconfigtest.New(t)
+	other := bcdconfigtest.NewKey(t)
+	goodJWK, err := pki.MarshalEncryptionJWK(&f.EncKey.PublicKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,16 +198,16 @@ func TestLoadEncryptionKey(t *testing.T) {
 		wantFound bool
 		wantErr   string
 	}{
-		{name: "matching key", req: "R11.1", file: goodJWK, pin: f.encPin, wantFound: true},
-		{name: "missing file", req: "R11.1", pin: f.encPin},
-		{name: "rotated key", req: "R11.1", file: otherJWK, pin: f.encPin, wantFound: true,
+		{name: "matching key", req: "R11.1", file: goodJWK, pin: f.EncPin, wantFound: true},
+		{name: "missing file", req: "R11.1", pin: f.EncPin},
+		{name: "rotated key", req: "R11.1", file: otherJWK, pin: f.EncPin, wantFound: true,
 			wantErr: "does not match join_encryption_key_pin"},
-		{name: "garbage", req: "R11.1", file: []byte("{"), pin: f.encPin, wantFound: true,
+		{name: "garbage", req: "R11.1", file: []byte("{"), pin: f.EncPin, wantFound: true,
 			wantErr: "not a valid JWK"},
 		{name: "private key", req: "R11.1", file: []byte(`{"kty":"EC","crv":"P-256","x":"` +
 			strings.Repeat("A", 43) + `","y":"` + strings.Repeat("A", 43) + `","d":"` + strings.Repeat("A", 43) + `"}`),
-			pin: f.encPin, wantFound: true, wantErr: "JWK"},
-		{name: "too large", req: "R11.1", file: []byte(strings.Repeat(" ", 5000)), pin: f.encPin, wantFound: true,
+			pin: f.EncPin, wantFound: true, wantErr: "JWK"},
+		{name: "too large", req: "R11.1", file: []byte(strings.Repeat(" ", 5000)), pin: f.EncPin, wantFound: true,
 			wantErr: "larger than"},
 		{name: "bad pin", req: "R11.1", file: goodJWK, pin: "sha256/x", wantErr: "join_encryption_key_pin"},
 	}
@@ -274,7 +227,7 @@ func TestLoadEncryptionKey(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", tt.req, err)
 				}
-				if tt.file != nil && !key.Equal(&f.encKey.PublicKey) {
+				if tt.file != nil && !key.Equal(&f.EncKey.PublicKey) {
 					t.Fatalf("%s: wrong key", tt.req)
 				}
 				if tt.file == nil && key != nil {
@@ -285,7 +238,7 @@ func TestLoadEncryptionKey(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || errs.CodeOf(err) != errs.InvalidConfig {
 				t.Fatalf("%s: error %v, want INVALID_CONFIG containing %q", tt.req, err, tt.wantErr)
 			}
-			if tt.file != nil && tt.pin == f.encPin && !strings.Contains(err.Error(), "generate the install script again") {
+			if tt.file != nil && tt.pin == f.EncPin && !strings.Contains(err.Error(), "generate the install script again") {
 				t.Errorf("%s: error %q does not say how to fix it", tt.req, err)
 			}
 		})
@@ -294,16 +247,16 @@ func TestLoadEncryptionKey(t *testing.T) {
 
 // R11.3: the key written after a --server join loads back.
 func TestWriteEncryptionKey(t *testing.T) {
-	f := newFixture(t)
+	f := bcdconfigtest.New(t)
 	dir := t.TempDir()
-	if err := WriteEncryptionKey(dir, pinOf(t, newKey(t)), &f.encKey.PublicKey); err == nil {
+	if err := WriteEncryptionKey(dir, bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t)), &f.EncKey.PublicKey); err == nil {
 		t.Fatal("wrote a key that does not match the pin")
 	}
-	if err := WriteEncryptionKey(dir, f.encPin, &f.encKey.PublicKey); err != nil {
+	if err := WriteEncryptionKey(dir, f.EncPin, &f.EncKey.PublicKey); err != nil {
 		t.Fatal(err)
 	}
-	key, found, err := LoadEncryptionKey(dir, f.encPin)
-	if err != nil || !found || !key.Equal(&f.encKey.PublicKey) {
+	key, found, err := LoadEncryptionKey(dir, f.EncPin)
+	if err != nil || !found || !key.Equal(&f.EncKey.PublicKey) {
 		t.Fatalf("load: %v %v", found, err)
 	}
 }

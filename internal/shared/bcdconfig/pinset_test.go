@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/better-compute/better-compute/internal/shared/bcdconfig/bcdconfigtest"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 )
@@ -15,7 +16,7 @@ import (
 // keeps the singular on the newest pin, and the array only while there are
 // two or more.
 func TestPinSet(t *testing.T) {
-	a, b, c := pinOf(t, newKey(t)), pinOf(t, newKey(t)), pinOf(t, newKey(t))
+	a, b, c := bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t)), bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t)), bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t))
 	tests := []struct {
 		name   string
 		single string
@@ -56,24 +57,24 @@ func TestPinSet(t *testing.T) {
 // R16.2: every entry of a set is a pin, and a set may stand for its
 // singular key.
 func TestValidatePinSets(t *testing.T) {
-	f := newFixture(t)
-	other := pinOf(t, newKey(t))
-	if _, err := Parse([]byte(f.toml(`serving_ca_spki_pins = ["` + other + `", "` + f.caPin + `"]`))); err != nil {
+	f := bcdconfigtest.New(t)
+	other := bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t))
+	if _, err := Parse([]byte(f.TOML(`serving_ca_spki_pins = ["` + other + `", "` + f.CAPin + `"]`))); err != nil {
 		t.Errorf("two serving CA pins: %v", err)
 	}
-	_, err := Parse([]byte(f.toml(`join_signing_key_pins = ["` + other + `", "sha256/nope"]`)))
+	_, err := Parse([]byte(f.TOML(`join_signing_key_pins = ["` + other + `", "sha256/nope"]`)))
 	if e, ok := errs.As(err); !ok || e.Code != errs.InvalidConfig || !strings.Contains(e.Message, "join_signing_key_pins[1]: want sha256/") {
 		t.Errorf("a bad entry: %v", err)
 	}
-	noSingle := strings.Replace(f.toml(`join_encryption_key_pins = ["`+other+`", "`+f.encPin+`"]`), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
+	noSingle := strings.Replace(f.TOML(`join_encryption_key_pins = ["`+other+`", "`+f.EncPin+`"]`), `join_encryption_key_pin = "`+f.EncPin+`"`, "", 1)
 	c, err := Parse([]byte(noSingle))
 	if err != nil {
 		t.Fatalf("array without the singular: %v", err)
 	}
-	if diff := cmp.Diff([]string{other, f.encPin}, c.JoinEncryptionPins()); diff != "" {
+	if diff := cmp.Diff([]string{other, f.EncPin}, c.JoinEncryptionPins()); diff != "" {
 		t.Errorf("set (-want +got):\n%s", diff)
 	}
-	noPins := strings.Replace(f.toml(""), `join_encryption_key_pin = "`+f.encPin+`"`, "", 1)
+	noPins := strings.Replace(f.TOML(""), `join_encryption_key_pin = "`+f.EncPin+`"`, "", 1)
 	if _, err := Parse([]byte(noPins)); err == nil || !strings.Contains(err.Error(), "join_encryption_key_pin: required") {
 		t.Errorf("no encryption pin at all: %v", err)
 	}
@@ -83,8 +84,8 @@ func TestValidatePinSets(t *testing.T) {
 // one matching none.
 func TestLoadEncryptionKeySet(t *testing.T) {
 	dir := t.TempDir()
-	k1, k2 := newKey(t), newKey(t)
-	p1, p2, p3 := pinOf(t, k1), pinOf(t, k2), pinOf(t, newKey(t))
+	k1, k2 := bcdconfigtest.NewKey(t), bcdconfigtest.NewKey(t)
+	p1, p2, p3 := bcdconfigtest.PinOf(t, k1), bcdconfigtest.PinOf(t, k2), bcdconfigtest.PinOf(t, bcdconfigtest.NewKey(t))
 	if _, _, found, err := LoadEncryptionKeySet(dir, []string{p1}); found || err != nil {
 		t.Errorf("missing file: found %v, err %v", found, err)
 	}
