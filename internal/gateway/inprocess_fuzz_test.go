@@ -140,7 +140,7 @@ func FuzzLocalTransport(f *testing.F) {
 		ref := c.run(t, tr, srv.URL, &gotRef)
 
 		var gotLocal exchange
-		local := c.run(t, localTransport{h: c.handler(&gotLocal)}, LocalAPIURL, &gotLocal)
+		local := c.run(t, localTransport{h: c.handler(&gotLocal), tasks: new(tasks)}, LocalAPIURL, &gotLocal)
 
 		if ref.Proto != "HTTP/2.0" {
 			t.Fatalf("the reference call was %s, not HTTP/2", ref.Proto)

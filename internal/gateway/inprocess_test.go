@@ -231,7 +231,7 @@ func TestLocalTransport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := localTransport{h: h}.RoundTrip(req)
+		res, err := localTransport{h: h, tasks: new(tasks)}.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,7 @@ func TestLocalTransport(t *testing.T) {
 	})
 	t.Run("a handler panics before its headers", func(t *testing.T) {
 		req := httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil)
-		_, err := localTransport{h: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) })}.RoundTrip(req)
+		_, err := localTransport{h: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }), tasks: new(tasks)}.RoundTrip(req)
 		if !errors.Is(err, errAborted) {
 			t.Errorf("RoundTrip = %v, want %v", err, errAborted)
 		}
@@ -278,7 +278,7 @@ func TestLocalTransport(t *testing.T) {
 			w.Header().Set("Grpc-Status", "0")
 			w.Header().Set(http.TrailerPrefix+"Grpc-Message", "ok")
 		})
-		res, err := localTransport{h: h}.RoundTrip(httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil))
+		res, err := localTransport{h: h, tasks: new(tasks)}.RoundTrip(httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil))
 		if err != nil {
 			t.Fatal(err)
 		}
