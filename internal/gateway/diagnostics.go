@@ -159,7 +159,7 @@ func (g *Gateway) serveDiagnostics() error {
 	}
 	ds := &http.Server{Handler: g.DiagnosticsHandler(), ReadHeaderTimeout: 5 * time.Second}
 	g.ds.Store(ds)
-	if !g.tasks.goTask(func() {
+	if !g.tasks.Go(func() {
 		if err := ds.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			g.log.Error("gateway metrics listener stopped", telemetry.LogErr, err)
 		}

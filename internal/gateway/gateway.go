@@ -47,6 +47,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 )
 
 const (
@@ -111,9 +112,14 @@ type Gateway struct {
 	metricsReady func(addr string)
 	tracer       trace.TracerProvider
 	ds           atomic.Pointer[http.Server] // the [metrics] listener's, once serving
-	// tasks are the goroutines the gateway started (tasks.go); Shutdown
-	// waits for them.
-	tasks tasks
+	// tasks are the goroutines the gateway starts beside net/http's: the
+	// health checker and its checks, the relayed attempts of a join or
+	// renewal, the daemon -> API half of each session, the in-process
+	// API's handlers, the [metrics] listener's serve loop, and the
+	// handlers themselves. Shutdown waits for them all, so nothing the
+	// gateway started outlives it (in serve's process, the API's store
+	// closes right after).
+	tasks tasks.Tracker
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -156,7 +162,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	mux := http.NewServeMux()
 	mux.Handle(g.joinHandler())
 	mux.Handle(g.sessionHandler())
-	g.handler = g.counted(tracing.Handler(g.tracer, peerContext(mux)))
+	// Counted: Shutdown waits for the calls still running after a grace
+	// that ran out.
+	g.handler = g.tasks.Handler(tracing.Handler(g.tracer, peerContext(mux)), errStopped.Error())
 
 	g.hs = &http.Server{
 		Handler:           g.handler,
@@ -282,7 +290,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) Serve(ln net.Listener) error {
 	if len(g.ups) > 1 {
 		// Refused only after Shutdown, which ServeTLS reports below.
-		g.tasks.goTask(g.checkHealth)
+		g.tasks.Go(g.checkHealth)
 	}
 	if err := g.serveDiagnostics(); err != nil {
 		ln.Close()
@@ -314,7 +322,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		// contexts end with their connections).
 		_ = g.hs.Close()
 	}
-	g.tasks.closeAndWait()
+	g.tasks.Close()
 	for _, u := range g.ups {
 		u.closeIdle()
 	}
@@ -324,20 +332,6 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 // errStopped is the outcome of work the gateway refused to start because
 // it is shutting down.
 var errStopped = errors.New("the gateway is shutting down")
-
-// counted serves h as one of the gateway's tasks, so Shutdown waits for
-// the calls still running after a grace that ran out; a call that comes
-// after that is UNAVAILABLE.
-func (g *Gateway) counted(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.tasks.enter() {
-			http.Error(w, errStopped.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		defer g.tasks.leave()
-		h.ServeHTTP(w, r)
-	})
-}
 
 // peer is what the gateway learned about the daemon's connection.
 type peer struct {
@@ -438,7 +432,7 @@ func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string,
 			wire.SetPeerCertificate(up.Header(), p.certDER)
 		}
 		// results holds an attempt per replica: the send never blocks.
-		if !g.tasks.goTask(func() {
+		if !g.tasks.Go(func() {
 			res, err := call(u)(ctx, up)
 			h.results <- attempt[Res]{u: u, res: res, err: err}
 		}) {

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
@@ -95,7 +96,7 @@ func (g *Gateway) newLocalUpstream(h http.Handler) *upstream {
 // The handler runs as one of the gateway's tasks: Shutdown waits for it.
 type localTransport struct {
 	h     http.Handler
-	tasks *tasks
+	tasks *tasks.Tracker
 }
 
 // CloseIdleConnections: there are none.
@@ -139,7 +140,7 @@ func (t localTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	stop := context.AfterFunc(req.Context(), func() { end(req.Context().Err()) })
 	w.res.Body = &localBody{p: p, ctx: req.Context(), end: func() { stop(); end(context.Canceled) }}
-	if !t.tasks.goTask(func() { t.serve(w, sr, cancel) }) {
+	if !t.tasks.Go(func() { t.serve(w, sr, cancel) }) {
 		stop()
 		end(errStopped)
 		return nil, errStopped

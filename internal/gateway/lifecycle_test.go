@@ -202,7 +202,7 @@ func TestInProcessShutdownWaitsForTheAPIsHandlers(t *testing.T) {
 			t.Fatalf("Shutdown returned (%v) while the API's handler still ran", err)
 		default:
 		}
-		return waitingInCloseAndWait()
+		return waitingInClose()
 	})
 	close(f.release)
 	if err := <-shut; err != nil {
@@ -213,14 +213,14 @@ func TestInProcessShutdownWaitsForTheAPIsHandlers(t *testing.T) {
 	}
 }
 
-// waitingInCloseAndWait reports whether a goroutine is blocked in
-// tasks.closeAndWait.
-func waitingInCloseAndWait() bool {
+// waitingInClose reports whether a goroutine is blocked in
+// the gateway's tasks.Tracker.Close.
+func waitingInClose() bool {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return strings.Contains(string(buf[:n]), "gateway.(*tasks).closeAndWait")
+			return strings.Contains(string(buf[:n]), "tasks.(*Tracker).Close")
 		}
 		buf = make([]byte, 2*len(buf))
 	}

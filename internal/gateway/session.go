@@ -122,7 +122,7 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	}()
 
 	// daemon -> API. When the daemon ends its side, so does the relay.
-	if !g.tasks.goTask(func() { relayUp(down, up, &sendMu, send, cancel) }) {
+	if !g.tasks.Go(func() { relayUp(down, up, &sendMu, send, cancel) }) {
 		return wire.ToWireContext(ctx, g.log, proc, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect"))
 	}
 	// API -> daemon.

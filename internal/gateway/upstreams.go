@@ -217,7 +217,7 @@ func (g *Gateway) checkHealth() {
 	defer t.Stop()
 	for {
 		for _, u := range g.ups {
-			g.tasks.goTask(func() { g.check(u) })
+			g.tasks.Go(func() { g.check(u) })
 		}
 		select {
 		case <-g.stopped.Done():
