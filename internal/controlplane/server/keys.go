@@ -36,7 +36,7 @@ func agentTLS(cfg Config, bundle *ca.Bundle, cert *tls.Certificate, fromFiles bo
 	}
 	certs := certfile.Fixed(cert)
 	if fromFiles {
-		// serveAgent loaded these files a moment ago; a failure now is a
+		// listenAgent loaded these files a moment ago; a failure now is a
 		// race with their replacement, and the loaded pair stays.
 		if p, err := certfile.LoadPair(cfg.Agent.CertFile, cfg.Agent.KeyFile, nil, log); err == nil {
 			certs = p
