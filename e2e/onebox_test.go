@@ -18,7 +18,7 @@ import (
 func TestOneProcessServeWithGateway(t *testing.T) {
 	s := startStack(t, stackOpts{Gateway: gatewayInServe, Advertise: true, GatewayMetrics: true})
 	bc, bcd, dir, gw, gwMetrics := s.bc, s.bcd, s.dir, s.gw, s.gwMetrics
-	// serveAgent runs before the API says it listens: no agent listener.
+	// listenAgent logs before the API says it listens: no agent listener.
 	if out := s.serve.output(); strings.Contains(out, "agent listener") || !strings.Contains(out, "upstream=http://in-process") {
 		t.Fatalf("serve's log does not show the in-process gateway alone:\n%s", out)
 	}

@@ -147,7 +147,8 @@ func probe(ctx context.Context, u *upstream) error {
 }
 
 // serveDiagnostics serves DiagnosticsHandler on cfg.Metrics.Listen until
-// Shutdown; nothing when none is configured.
+// Shutdown, as one of the gateway's tasks; nothing when none is
+// configured.
 func (g *Gateway) serveDiagnostics() error {
 	if g.cfg.Metrics.Listen == "" {
 		return nil
@@ -158,11 +159,13 @@ func (g *Gateway) serveDiagnostics() error {
 	}
 	ds := &http.Server{Handler: g.DiagnosticsHandler(), ReadHeaderTimeout: 5 * time.Second}
 	g.ds.Store(ds)
-	go func() {
+	if !g.tasks.Go(func() {
 		if err := ds.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			g.log.Error("gateway metrics listener stopped", telemetry.LogErr, err)
 		}
-	}()
+	}) {
+		return ln.Close() // Shutdown came first
+	}
 	g.log.Info("gateway metrics listening", "addr", ln.Addr().String())
 	if g.metricsReady != nil {
 		g.metricsReady(ln.Addr().String())

@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -45,6 +47,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 )
 
 const (
@@ -109,6 +112,14 @@ type Gateway struct {
 	metricsReady func(addr string)
 	tracer       trace.TracerProvider
 	ds           atomic.Pointer[http.Server] // the [metrics] listener's, once serving
+	// tasks are the goroutines the gateway starts beside net/http's: the
+	// health checker and its checks, the relayed attempts of a join or
+	// renewal, the daemon -> API half of each session, the in-process
+	// API's handlers, the [metrics] listener's serve loop, and the
+	// handlers themselves. Shutdown waits for them all, so nothing the
+	// gateway started outlives it (in serve's process, the API's store
+	// closes right after).
+	tasks tasks.Tracker
 }
 
 // New loads the gateway's certificate and the API's CA and builds the
@@ -147,14 +158,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.newMetrics()
 	g.held = make(chan struct{}, cfg.MaxSessions)
 	g.stopped, g.stop = context.WithCancel(context.Background())
-	if len(g.ups) > 1 {
-		go g.checkHealth()
-	}
 
 	mux := http.NewServeMux()
 	mux.Handle(g.joinHandler())
 	mux.Handle(g.sessionHandler())
-	g.handler = tracing.Handler(g.tracer, peerContext(mux))
+	// Counted: Shutdown waits for the calls still running after a grace
+	// that ran out.
+	g.handler = g.tasks.Handler(tracing.Handler(g.tracer, peerContext(mux)), errStopped.Error())
 
 	g.hs = &http.Server{
 		Handler:           g.handler,
@@ -244,32 +254,44 @@ func hasEKU(c *x509.Certificate, u x509.ExtKeyUsage) bool {
 func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // Run listens on cfg.Listen with TLS and serves until ctx ends, then shuts
-// down gracefully.
+// down gracefully. It returns once every goroutine the gateway started has
+// ended.
 func (g *Gateway) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
 		return badKey("listen", "listen %s: %v", g.cfg.Listen, err)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(ln) }()
+	eg, gctx := errgroup.WithContext(ctx)
+	eg.Go(func() error {
+		if err := g.Serve(ln); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	})
 	g.log.Info("gateway listening", "addr", ln.Addr().String())
 	if g.ready != nil {
 		g.ready(ln.Addr().String())
 	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	g.log.Info("gateway shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	return g.Shutdown(sctx)
+	eg.Go(func() error {
+		// ctx ended, or serving failed: either way the gateway stops.
+		<-gctx.Done()
+		g.log.Info("gateway shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		return g.Shutdown(sctx)
+	})
+	return eg.Wait()
 }
 
 // Serve serves TLS (HTTP/2 and HTTP/1.1) on ln until Shutdown; it returns nil
-// after a shutdown. A Gateway serves once.
+// after a shutdown. It starts the health checks of several API replicas
+// and the [metrics] listener, which Shutdown stops and waits for. A Gateway
+// serves once.
 func (g *Gateway) Serve(ln net.Listener) error {
+	if len(g.ups) > 1 {
+		// Refused only after Shutdown, which ServeTLS reports below.
+		g.tasks.Go(g.checkHealth)
+	}
 	if err := g.serveDiagnostics(); err != nil {
 		ln.Close()
 		return err
@@ -282,8 +304,10 @@ func (g *Gateway) Serve(ln net.Listener) error {
 	return nil
 }
 
-// Shutdown stops accepting, waits for calls in flight until ctx ends, and
-// closes the idle connections to the API.
+// Shutdown stops accepting, ends the relayed sessions, waits for calls in
+// flight until ctx ends (then closes their connections), and returns once
+// every goroutine the gateway started has ended; it then closes the idle
+// connections to the API. Calling it again is harmless.
 func (g *Gateway) Shutdown(ctx context.Context) error {
 	// Sessions never finish on their own: end them (the daemons reconnect,
 	// to another gateway if this one is going away) so the graceful wait
@@ -293,11 +317,21 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		_ = ds.Close()
 	}
 	err := g.hs.Shutdown(ctx)
+	if err != nil {
+		// The grace is over: the calls still in flight end now (their
+		// contexts end with their connections).
+		_ = g.hs.Close()
+	}
+	g.tasks.Close()
 	for _, u := range g.ups {
 		u.closeIdle()
 	}
 	return err
 }
+
+// errStopped is the outcome of work the gateway refused to start because
+// it is shutting down.
+var errStopped = errors.New("the gateway is shutting down")
 
 // peer is what the gateway learned about the daemon's connection.
 type peer struct {
@@ -397,10 +431,13 @@ func relayUnary[Req, Res any](g *Gateway, ctx context.Context, procedure string,
 		if procedure == agentv1connect.JoinServiceRenewProcedure && len(p.certDER) > 0 {
 			wire.SetPeerCertificate(up.Header(), p.certDER)
 		}
-		go func() {
+		// results holds an attempt per replica: the send never blocks.
+		if !g.tasks.Go(func() {
 			res, err := call(u)(ctx, up)
 			h.results <- attempt[Res]{u: u, res: res, err: err}
-		}()
+		}) {
+			h.results <- attempt[Res]{u: u, err: errStopped}
+		}
 	}
 	res, err := h.run(ctx)
 	if err != nil {

@@ -139,7 +139,7 @@ func (h *hedge[Res]) settle(ctx context.Context, a attempt[Res]) (*connect.Respo
 	answered := errors.As(a.err, &ce) && connect.IsWireError(ce)
 	switch {
 	case !answered:
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !errors.Is(a.err, errStopped) {
 			h.g.relayError(a.u)
 			h.g.markDown(a.u, a.err)
 		}

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
 
@@ -69,7 +70,7 @@ var errAborted = errors.New("the in-process API handler aborted the call")
 // newLocalUpstream is the one upstream of a gateway in the API's process:
 // joins, renewals, health checks and sessions all go through h in memory.
 func (g *Gateway) newLocalUpstream(h http.Handler) *upstream {
-	tr := localTransport{h: h}
+	tr := localTransport{h: h, tasks: &g.tasks}
 	u := &upstream{base: LocalAPIURL, tr: tr, raw: map[string]*connect.Client[rawMsg, rawMsg]{}, outC: make(chan struct{})}
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	u.http = &http.Client{Transport: tracing.Transport(g.tracer, tr), CheckRedirect: noRedirect}
@@ -92,7 +93,11 @@ func (g *Gateway) newLocalUpstream(h http.Handler) *upstream {
 // for the handler (its context is cancelled, its body reads and writes
 // fail) when the caller's context ends or it closes the response body
 // early, as a stream reset would.
-type localTransport struct{ h http.Handler }
+// The handler runs as one of the gateway's tasks: Shutdown waits for it.
+type localTransport struct {
+	h     http.Handler
+	tasks *tasks.Tracker
+}
 
 // CloseIdleConnections: there are none.
 func (localTransport) CloseIdleConnections() {}
@@ -135,7 +140,11 @@ func (t localTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	stop := context.AfterFunc(req.Context(), func() { end(req.Context().Err()) })
 	w.res.Body = &localBody{p: p, ctx: req.Context(), end: func() { stop(); end(context.Canceled) }}
-	go t.serve(w, sr, cancel)
+	if !t.tasks.Go(func() { t.serve(w, sr, cancel) }) {
+		stop()
+		end(errStopped)
+		return nil, errStopped
+	}
 	select {
 	case <-w.ready:
 	case <-req.Context().Done():

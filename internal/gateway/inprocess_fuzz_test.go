@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 )
 
 // exchange is what one call through a transport looked like from both
@@ -140,7 +142,7 @@ func FuzzLocalTransport(f *testing.F) {
 		ref := c.run(t, tr, srv.URL, &gotRef)
 
 		var gotLocal exchange
-		local := c.run(t, localTransport{h: c.handler(&gotLocal)}, LocalAPIURL, &gotLocal)
+		local := c.run(t, localTransport{h: c.handler(&gotLocal), tasks: new(tasks.Tracker)}, LocalAPIURL, &gotLocal)
 
 		if ref.Proto != "HTTP/2.0" {
 			t.Fatalf("the reference call was %s, not HTTP/2", ref.Proto)

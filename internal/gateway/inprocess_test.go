@@ -22,6 +22,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/tasks"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -231,7 +232,7 @@ func TestLocalTransport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := localTransport{h: h}.RoundTrip(req)
+		res, err := localTransport{h: h, tasks: new(tasks.Tracker)}.RoundTrip(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +266,7 @@ func TestLocalTransport(t *testing.T) {
 	})
 	t.Run("a handler panics before its headers", func(t *testing.T) {
 		req := httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil)
-		_, err := localTransport{h: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) })}.RoundTrip(req)
+		_, err := localTransport{h: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) }), tasks: new(tasks.Tracker)}.RoundTrip(req)
 		if !errors.Is(err, errAborted) {
 			t.Errorf("RoundTrip = %v, want %v", err, errAborted)
 		}
@@ -278,7 +279,7 @@ func TestLocalTransport(t *testing.T) {
 			w.Header().Set("Grpc-Status", "0")
 			w.Header().Set(http.TrailerPrefix+"Grpc-Message", "ok")
 		})
-		res, err := localTransport{h: h}.RoundTrip(httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil))
+		res, err := localTransport{h: h, tasks: new(tasks.Tracker)}.RoundTrip(httptest.NewRequest(http.MethodPost, LocalAPIURL+"/x", nil))
 		if err != nil {
 			t.Fatal(err)
 		}

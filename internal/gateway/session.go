@@ -63,7 +63,9 @@ type sessionRelay struct {
 }
 
 // Connect relays one session. Two goroutines per session: the handler's
-// (API -> daemon, where commands are checked) and one for daemon -> API.
+// (API -> daemon, where commands are checked) and one for daemon -> API,
+// one of the gateway's tasks (it ends once the handler returned: net/http
+// then ends the daemon's stream).
 func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	g := r.g
 	proc := agentv1connect.SessionServiceConnectProcedure
@@ -120,7 +122,9 @@ func (r *sessionRelay) Connect(ctx context.Context, down *connect.BidiStream[age
 	}()
 
 	// daemon -> API. When the daemon ends its side, so does the relay.
-	go relayUp(down, up, &sendMu, send, cancel)
+	if !g.tasks.Go(func() { relayUp(down, up, &sendMu, send, cancel) }) {
+		return wire.ToWireContext(ctx, g.log, proc, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect"))
+	}
 	// API -> daemon.
 	var (
 		welcomed bool

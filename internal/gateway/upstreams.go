@@ -211,13 +211,13 @@ func (g *Gateway) markDown(u *upstream, err error) {
 }
 
 // checkHealth checks every replica every healthEvery until the gateway
-// stops.
+// stops; each check is a task of its own (Shutdown waits for them).
 func (g *Gateway) checkHealth() {
 	t := g.clock.NewTicker(healthEvery)
 	defer t.Stop()
 	for {
 		for _, u := range g.ups {
-			go g.check(u)
+			g.tasks.Go(func() { g.check(u) })
 		}
 		select {
 		case <-g.stopped.Done():
@@ -246,8 +246,8 @@ func (g *Gateway) check(u *upstream) {
 }
 
 // notSent reports whether a failed call surely never reached the replica:
-// its connection could not be made.
+// its connection could not be made, or the gateway was stopping.
 func notSent(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	return errors.Is(err, errStopped) || errors.As(err, &op) && op.Op == "dial"
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // ServeGateway serves g on a loopback port, as `better-compute gateway`
-// does, and shuts it down (2 s grace) when the test ends. It returns the
+// does, and shuts it down (2 s grace) when the test ends, waiting for it. It returns the
 // address daemons dial.
 func ServeGateway(t testing.TB, g *gateway.Gateway) string {
 	t.Helper()
@@ -18,11 +18,13 @@ func ServeGateway(t testing.TB, g *gateway.Gateway) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = g.Serve(ln) }()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = g.Shutdown(ctx)
+		_ = g.Shutdown(ctx) // returns once the gateway's goroutines ended
+		<-served
 	})
 	return ln.Addr().String()
 }

@@ -13,24 +13,15 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 )
 
-// followKeys makes bundle follow the database's keys (R16.1: a rotation
-// reaches this replica without a restart) until the returned stop runs.
-// Without a PKI there is nothing to follow.
-func followKeys(ctx context.Context, db *store.DB, bundle *ca.Bundle, secret []byte, log *slog.Logger) (stop func(), err error) {
+// openRing opens the ring that makes bundle follow the database's keys
+// (R16.1: a rotation reaches this replica without a restart) once its Run
+// runs (serve's background work). Without a PKI there is nothing to
+// follow: nil.
+func openRing(ctx context.Context, db *store.DB, bundle *ca.Bundle, secret []byte, log *slog.Logger) (*rotation.Ring, error) {
 	if bundle == nil {
-		return func() {}, nil
+		return nil, nil
 	}
-	ring, err := rotation.Open(ctx, rotation.Config{DB: db, Base: bundle, Secret: secret, Log: log})
-	if err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ring.Run(rctx)
-	}()
-	return func() { cancel(); <-done }, nil
+	return rotation.Open(ctx, rotation.Config{DB: db, Base: bundle, Secret: secret, Log: log})
 }
 
 // agentTLS is the agent listener's TLS: gateways' client certificates are
@@ -45,7 +36,7 @@ func agentTLS(cfg Config, bundle *ca.Bundle, cert *tls.Certificate, fromFiles bo
 	}
 	certs := certfile.Fixed(cert)
 	if fromFiles {
-		// serveAgent loaded these files a moment ago; a failure now is a
+		// listenAgent loaded these files a moment ago; a failure now is a
 		// race with their replacement, and the loaded pair stays.
 		if p, err := certfile.LoadPair(cfg.Agent.CertFile, cfg.Agent.KeyFile, nil, log); err == nil {
 			certs = p

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
@@ -23,9 +23,9 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/events"
 	"github.com/better-compute/better-compute/internal/controlplane/export"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
+	"github.com/better-compute/better-compute/internal/controlplane/rotation"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
-	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -66,11 +66,10 @@ type Options struct {
 	GatewayReady, GatewayMetricsReady func(addr string)
 }
 
-// ErrorLinesPerMinute is how many net/http error lines (TLS handshake
-// failures and timeouts, ...) each listener writes per kind per minute.
-const ErrorLinesPerMinute = 10
-
-// Run serves the API until ctx ends, then shuts down gracefully.
+// Run serves the API until ctx ends, then shuts down gracefully. Every
+// listener, the in-process gateway and the background work run as tasks of
+// one group (serve); Run returns the first error once all of them ended,
+// and only then closes the store.
 func Run(ctx context.Context, cfg Config, o Options) error {
 	log := o.Log
 	if log == nil {
@@ -92,89 +91,64 @@ func Run(ctx context.Context, cfg Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	stopRing, err := followKeys(ctx, db, bundle, o.Secret, log)
+	ring, err := openRing(ctx, db, bundle, o.Secret, log)
 	if err != nil {
 		return err
 	}
-	defer stopRing()
 	reg, fleet, srv, handler, err := newMeteredAPI(ctx, cfg, o, db, bundle, log)
 	if err != nil {
 		return err
 	}
-
 	apiCert, err := loadAPICert(cfg, log)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return errs.Wrap(err, errs.InvalidConfig, "listen %s: %v", cfg.Listen, err)
-	}
-	// SECURITY: anyone who reaches a listener can make net/http log a
-	// line (a failed or timed-out TLS handshake): they are rate-limited
-	// per listener and kind, naming the peer and the count suppressed.
-	errLog := ratelimit.NewLogger(log, ratelimit.New(o.Clock, ErrorLinesPerMinute, time.Minute))
-	errc := make(chan error, 4)
-	hs := serveAPI(cfg, ln, handler, apiCert, errLog, errc)
-	// Every server started is closed on every way out of Run: a listener
-	// that fails to start, or one that fails while serving, must not leave
-	// the others serving (the graceful path below shuts them down first,
-	// and closing a shut-down server is harmless).
-	started := []*http.Server{hs}
-	defer func() {
-		for _, s := range started {
-			_ = s.Close()
-		}
-	}()
-	ms, err := serveMetrics(cfg, o, log, reg, srv, errc)
+	l, err := listen(cfg, o, log, reg, srv, handler, apiCert, bundle)
 	if err != nil {
 		return err
-	}
-	if ms != nil {
-		started = append(started, ms)
-	}
-	as, err := serveAgent(cfg, o, log, srv, bundle, errLog, errc)
-	if err != nil {
-		return err
-	}
-	if as != nil {
-		started = append(started, as)
 	}
 	exp := cfg.Export
 	if fleet != nil {
 		exp.Metrics = reg
 	}
-	stopBackground := runBackground(ctx, exp, db, srv, log)
-	defer stopBackground()
-	gw, err := serveGateway(cfg, o, log, srv, errc)
-	if err != nil {
-		return err
-	}
-	// On a failure below, the gateway stops with the rest (a shutdown
-	// after the graceful one is harmless).
-	defer func() {
-		sctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		stopGateway(sctx, gw)
-	}()
+	return serve(ctx, cfg, o, log, l, srv, background(exp, db, srv, ring, log))
+}
 
+// serve runs every listener and the background work as tasks of one group
+// until ctx ends or a listener fails, then shuts down in order: the
+// servers and the in-process gateway (shutdown), then the background work.
+// It returns the first error once every task and every request handler
+// ended.
+func serve(ctx context.Context, cfg Config, o Options, log *slog.Logger, l *listeners, srv *api.Server, bg []func(context.Context)) error {
+	g, gctx := errgroup.WithContext(ctx)
+	// The background work outlives the servers: a session ending writes
+	// its disconnect, a join still finishing may queue work. The shutdown
+	// task ends it once the servers stopped.
+	bctx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBackground()
+	for _, run := range bg {
+		g.Go(func() error { run(bctx); return nil })
+	}
+	l.serve(g)
 	scheme := "http"
 	if cfg.TLS.CertFile != "" {
 		scheme = "https"
 	}
-	log.Info("API listening", "url", fmt.Sprintf("%s://%s%s", scheme, ln.Addr(), srv.BasePath()))
+	log.Info("API listening", "url", fmt.Sprintf("%s://%s%s", scheme, l.apiLn.Addr(), srv.BasePath()))
 	if o.Ready != nil {
-		o.Ready(ln.Addr().String())
+		o.Ready(l.apiLn.Addr().String())
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	}
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	return shutdown(sctx, gw, ms, as, srv, hs)
+	g.Go(func() error {
+		// ctx ended, or a listener failed: either way everything stops.
+		<-gctx.Done()
+		log.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		err := l.shutdown(sctx, srv)
+		stopBackground()
+		return err
+	})
+	return g.Wait()
 }
 
 // newMeteredAPI builds the API server and the handler that serves it.
@@ -197,27 +171,9 @@ func newMeteredAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bun
 	return reg, fleet, srv, handler, nil
 }
 
-// shutdown stops the servers gracefully within ctx, in order: the
-// in-process gateway first (it ends the sessions it relays, whose daemons
-// reconnect, and finishes its joins and renewals while the API still
-// answers them), then metrics, the agent listener's sessions (they outlive
-// any graceful wait: each writes its disconnect before the database
-// closes), and the API last.
-func shutdown(ctx context.Context, gw *gateway.Gateway, ms, as *http.Server, srv *api.Server, hs *http.Server) error {
-	stopGateway(ctx, gw)
-	if ms != nil {
-		_ = ms.Shutdown(ctx)
-	}
-	if as != nil {
-		_ = srv.Sessions().Close(ctx)
-		_ = as.Shutdown(ctx)
-	}
-	return hs.Shutdown(ctx)
-}
-
-// serveAPI serves the operator API on ln (TLS with apiCert when set) until
-// it is closed; a failure while serving goes to errc.
-func serveAPI(cfg Config, ln net.Listener, handler http.Handler, apiCert *certfile.Pair, errLog *ratelimit.Logger, errc chan<- error) *http.Server {
+// newAPIServer is the operator API's server (TLS with apiCert when set);
+// its net/http error lines go through errLog.
+func newAPIServer(cfg Config, handler http.Handler, apiCert *certfile.Pair, errLog *ratelimit.Logger) *http.Server {
 	hs := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -231,18 +187,9 @@ func serveAPI(cfg Config, ln net.Listener, handler http.Handler, apiCert *certfi
 		// -plaintext), beside HTTP/1.1.
 		Protocols: apiProtocols(),
 	}
-	go func() {
-		var err error
-		if apiCert != nil {
-			hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return apiCert.Get(), nil }}
-			err = hs.ServeTLS(ln, "", "")
-		} else {
-			err = hs.Serve(ln)
-		}
-		if !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
-		}
-	}()
+	if apiCert != nil {
+		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return apiCert.Get(), nil }}
+	}
 	return hs
 }
 
@@ -308,15 +255,16 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 	return srv, nil
 }
 
-// serveMetrics serves Prometheus metrics, /livez and /readyz (and pprof
-// when configured) on cfg.Metrics.Listen; nil when none is configured.
-func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, srv *api.Server, errc chan<- error) (*http.Server, error) {
+// listenMetrics listens on cfg.Metrics.Listen for Prometheus metrics,
+// /livez and /readyz (and pprof when configured); nil when none is
+// configured.
+func listenMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, srv *api.Server) (*http.Server, net.Listener, error) {
 	if cfg.Metrics.Listen == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	mln, err := net.Listen("tcp", cfg.Metrics.Listen)
 	if err != nil {
-		return nil, errs.New(errs.InvalidConfig, "metrics listen %s: %v", cfg.Metrics.Listen, err)
+		return nil, nil, errs.New(errs.InvalidConfig, "metrics listen %s: %v", cfg.Metrics.Listen, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -329,33 +277,28 @@ func serveMetrics(cfg Config, o Options, log *slog.Logger, reg *prometheus.Regis
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	}
 	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := ms.Serve(mln); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
-		}
-	}()
 	log.Info("metrics listening", "addr", mln.Addr().String())
 	if o.MetricsReady != nil {
 		o.MetricsReady(mln.Addr().String())
 	}
-	return ms, nil
+	return ms, mln, nil
 }
 
-// serveAgent serves the agent listener (gateways, mTLS from the serving
-// CA); nil when none is configured. Its net/http error lines (handshake
-// failures) go through errLog.
-func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle *ca.Bundle, errLog *ratelimit.Logger, errc chan<- error) (*http.Server, error) {
+// listenAgent listens for the agent listener (gateways, mTLS from the
+// serving CA); nil when none is configured. Its net/http error lines
+// (handshake failures) go through errLog.
+func listenAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle *ca.Bundle, errLog *ratelimit.Logger) (*http.Server, net.Listener, error) {
 	if cfg.Agent.Listen == "" && o.AgentCert == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if bundle == nil {
-		return nil, errs.New(errs.InvalidConfig, "the agent listener needs the machine PKI (pki.dir)")
+		return nil, nil, errs.New(errs.InvalidConfig, "the agent listener needs the machine PKI (pki.dir)")
 	}
 	cert := o.AgentCert
 	if cert == nil {
 		c, err := tls.LoadX509KeyPair(cfg.Agent.CertFile, cfg.Agent.KeyFile)
 		if err != nil {
-			return nil, errs.New(errs.InvalidConfig, "agent certificate: %v", err)
+			return nil, nil, errs.New(errs.InvalidConfig, "agent certificate: %v", err)
 		}
 		cert = &c
 	}
@@ -365,7 +308,7 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 	}
 	aln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, errs.New(errs.InvalidConfig, "agent listen %s: %v", addr, err)
+		return nil, nil, errs.New(errs.InvalidConfig, "agent listen %s: %v", addr, err)
 	}
 	as := &http.Server{
 		Handler:           srv.AgentHandler(),
@@ -390,57 +333,54 @@ func serveAgent(cfg Config, o Options, log *slog.Logger, srv *api.Server, bundle
 			PingTimeout:               20 * time.Second,
 		},
 	}
-	go func() {
-		if err := as.ServeTLS(aln, "", ""); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
-		}
-	}()
 	log.Info("agent listener (gateways, mTLS)", "addr", aln.Addr().String())
 	if o.AgentReady != nil {
 		o.AgentReady(aln.Addr().String())
 	}
-	return as, nil
+	return as, aln, nil
 }
 
-// runBackground starts the controller, command expiry, the commands
-// listener, the loop that wakes the controller on commits and the
-// console's sweep of expired sessions, and returns
-// the function that stops them and waits for them (before the store
-// closes: the controller releases its lease when it stops), and the
-// export of events and audit rows when [export] names sinks.
-func runBackground(ctx context.Context, exp export.Config, db *store.DB, srv *api.Server, log *slog.Logger) (stop func()) {
+// background is serve's background work, each task run until its context
+// ends: the controller, command expiry, the commands listener, the loop
+// that wakes the controller on commits, the export of events and audit
+// rows when [export] names sinks, the console's sweep of expired sessions
+// and the following of the PKI's keys. serve stops them after the servers
+// and before the store closes (the controller releases its lease when it
+// stops).
+func background(exp export.Config, db *store.DB, srv *api.Server, ring *rotation.Ring, log *slog.Logger) []func(context.Context) {
 	ctrl := controller.New(controller.Config{DB: db, Log: log, Hub: srv.Hub(), Notify: srv.Sessions().Notify})
 	srv.Sessions().OnResult(ctrl.Wake)
-	cctx, cstop := context.WithCancel(ctx)
-	ctrlDone := make(chan struct{})
-	go func() { defer close(ctrlDone); ctrl.Run(cctx) }()
-	go srv.Commands().RunExpiry(cctx) // undelivered and unanswered commands expire
 	// Commands queued on other replicas (PostgreSQL) reach this replica's
 	// sessions at once: one dedicated LISTEN connection (on SQLite, one
 	// process, Run returns at once).
 	lst := session.NewListener(session.ListenerConfig{DB: db, Clock: clock.Real{}, Log: log, Notify: srv.Sessions().Notify})
-	lstDone := make(chan struct{})
-	go func() { defer close(lstDone); lst.Run(cctx) }()
-	go func() {
-		// Wake the controller when work was queued or made due (a Hello
-		// of a node awaiting acceptance, a command result), not at every
-		// commit: joins no longer queue work (they adopt in their own
-		// transaction), and a claim that finds nothing is a write
-		// transaction for nothing.
-		for {
-			select {
-			case <-cctx.Done():
-				return
-			case <-db.WorkQueued():
-				ctrl.Wake()
+	tasks := []func(context.Context){
+		ctrl.Run,
+		srv.Commands().RunExpiry, // undelivered and unanswered commands expire
+		lst.Run,
+		func(ctx context.Context) {
+			// Wake the controller when work was queued or made due (a
+			// Hello of a node awaiting acceptance, a command result), not
+			// at every commit: joins no longer queue work (they adopt in
+			// their own transaction), and a claim that finds nothing is a
+			// write transaction for nothing.
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-db.WorkQueued():
+					ctrl.Wake()
+				}
 			}
-		}
-	}()
-	expDone := make(chan struct{})
-	go func() { defer close(expDone); runExport(cctx, exp, db, srv, log) }()
-	conDone := make(chan struct{}) // the console drops expired sessions
-	go func() { defer close(conDone); srv.Console().Run(cctx) }()
-	return func() { cstop(); <-lstDone; <-ctrlDone; <-expDone; <-conDone }
+		},
+		func(ctx context.Context) { runExport(ctx, exp, db, srv, log) },
+		srv.Console().Run, // the console drops expired sessions
+	}
+	if ring != nil {
+		// R16.1: a rotation reaches this replica without a restart.
+		tasks = append(tasks, ring.Run)
+	}
+	return tasks
 }
 
 // runExport exports events and audit rows to the configured sinks until

@@ -57,13 +57,17 @@ func (s *Service) leave() {
 }
 
 // Close ends every session this replica holds (UNAVAILABLE: reconnect,
-// through another replica), refuses new ones, and waits until every
-// session handler returned, its node marked disconnected, or until ctx
-// ends. The server calls it before closing the database, so no session
+// through another replica), refuses new ones, stops the checks of held
+// sessions (poll) and waits for them, and waits until every session
+// handler returned, its node marked disconnected, or until ctx ends. The server calls it before closing the database, so no session
 // writes into a closed store.
 func (s *Service) Close(ctx context.Context) error {
 	s.mu.Lock()
+	if !s.closing {
+		close(s.stopPoll) // the checks of held sessions end with them
+	}
 	s.closing = true
+	pollDone := s.pollDone
 	conns := make([]*conn, 0, len(s.sessions))
 	for _, c := range s.sessions {
 		conns = append(conns, c)
@@ -78,6 +82,9 @@ func (s *Service) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.end(endShutdown, errShutdown)
+	}
+	if pollDone != nil {
+		<-pollDone // promptly: stopPoll is closed
 	}
 	if drained == nil {
 		return nil

@@ -189,6 +189,10 @@ type Service struct {
 	mu       sync.Mutex
 	sessions map[string]*conn // node id -> its session on this replica
 	polling  bool
+	// stopPoll, closed by Close, ends the poll loop; pollDone is closed
+	// when the running one returned.
+	stopPoll chan struct{}
+	pollDone chan struct{}
 	onResult func()
 	// active counts the Connect handlers running; closing refuses new
 	// ones; drained is closed when active reaches 0 during Close.
@@ -224,7 +228,7 @@ func New(cfg Config) *Service {
 	if cfg.TouchEvery <= 0 {
 		cfg.TouchEvery = DefaultTouchEvery
 	}
-	return &Service{cfg: cfg, log: cfg.Log, sessions: map[string]*conn{}}
+	return &Service{cfg: cfg, log: cfg.Log, sessions: map[string]*conn{}, stopPoll: make(chan struct{})}
 }
 
 // Handler returns the Connect handler and its path. Session streams are
@@ -636,7 +640,8 @@ func (s *Service) register(c *conn) {
 	s.sessions[c.nodeID] = c
 	if !s.polling {
 		s.polling = true
-		go s.poll()
+		s.pollDone = make(chan struct{})
+		go s.poll(s.pollDone) // Close waits for it
 	}
 	s.mu.Unlock()
 	if old != nil {
@@ -905,11 +910,21 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 // sessions, those whose certificate expired, and those the database says
 // are over (checkHeld); every Poll it kicks the sessions of nodes with
 // queued commands (written by a controller on another replica, or missed).
-func (s *Service) poll() {
+// It returns when no session is held or Close stops it, and closes done.
+func (s *Service) poll(done chan struct{}) {
+	defer close(done)
 	t := s.cfg.Clock.NewTicker(s.cfg.Check)
 	defer t.Stop()
 	lastScan := s.cfg.Clock.Now()
-	for range t.C() {
+	for {
+		select {
+		case <-t.C():
+		case <-s.stopPoll:
+			s.mu.Lock()
+			s.polling = false
+			s.mu.Unlock()
+			return
+		}
 		s.mu.Lock()
 		if len(s.sessions) == 0 {
 			s.polling = false
