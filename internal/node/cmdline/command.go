@@ -161,18 +161,42 @@ func (c *Command) addDefaultFlags() {
 	}
 }
 
-// find walks args down the tree: each word before the first flag that
-// names a subcommand descends into it.
+// find walks args down the tree, as cobra's Find: the first argument that
+// is not a flag (nor a known flag's value) names a subcommand, which is
+// descended into; the rest of args, flags included, go with it.
 func (c *Command) find(args []string) (*Command, []string) {
 	cmd := c
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		s := cmd.sub(args[0])
-		if s == nil {
-			break
+	for {
+		i := cmd.nameIndex(args)
+		if i < 0 {
+			return cmd, args
 		}
-		cmd, args = s, args[1:]
+		s := cmd.sub(args[i])
+		if s == nil {
+			return cmd, args
+		}
+		cmd, args = s, append(args[:i:i], args[i+1:]...)
 	}
-	return cmd, args
+}
+
+// nameIndex is the index of the first argument that is neither a flag nor
+// the value of one of c's flags given as "--name value"; -1 without one.
+func (c *Command) nameIndex(args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return -1
+		case strings.HasPrefix(a, "--") && !strings.Contains(a, "="):
+			if fl := c.flags.flags[a[2:]]; fl != nil && fl.value.Type() != "bool" {
+				i++
+			}
+		case strings.HasPrefix(a, "-") && len(a) > 1:
+		default:
+			return i
+		}
+	}
+	return -1
 }
 
 // helpCommand is `bcd help [command]`.
