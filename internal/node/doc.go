@@ -5,6 +5,8 @@
 //
 //   - bcdcmd: the bcd command line (join, run, renew, status, doctor,
 //     fake-machine, version); cmd/bcd is its one-line main;
+//   - cmdline: bcd's command tree (flags, help, unknown commands), in
+//     place of cobra, which the better-compute CLI keeps;
 //   - config: /etc/bcd/config.toml and join-encryption.jwk beside it
 //     (R11.1), and the pin sets bcd checks the control plane's keys by;
 //   - claims: the hardware claims read from sysfs and procfs (R4.3);

@@ -15,11 +15,10 @@ import (
 	"os"
 	"strings"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/shared/clock"
-	"github.com/better-compute/better-compute/internal/shared/cmdtree"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/version"
@@ -108,13 +107,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 			return attr
 		},
 	})))
-	root := a.rootCmd()
-	cmdtree.GuardGroups(root)
-	root.SetArgs(args)
-	root.SetIn(env.Stdin)
-	root.SetOut(env.Stdout)
-	root.SetErr(env.Stderr)
-	if err := root.ExecuteContext(ctx); err != nil {
+	if err := a.rootCmd().Execute(ctx, args, env.Stdout); err != nil {
 		var exit *exitError
 		if errors.As(err, &exit) {
 			return exit.code
@@ -145,8 +138,8 @@ type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
-func (a *app) rootCmd() *cobra.Command {
-	root := &cobra.Command{
+func (a *app) rootCmd() *cmdline.Command {
+	root := &cmdline.Command{
 		Use:   "bcd",
 		Short: "The better-compute node daemon",
 		Long: `bcd makes this machine a node of a better-compute fleet.
@@ -156,26 +149,21 @@ Join with a join token on standard input:
   bcd join --config /etc/bcd/config.toml < join-token
 
 then check the identity with 'bcd status'.`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Version:       version.Version,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		Version: version.Version,
+		PersistentPreRun: func(*cmdline.Command, []string) {
 			a.started = true
 		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return errs.Wrap(err, errs.InvalidArgument, "%v", err)
-	})
 	root.AddCommand(a.joinCmd(), a.runCmd(), a.renewCmd(), a.statusCmd(), a.doctorCmd(), a.fakeMachineCmd(), a.siteCmd(), a.versionCmd())
 	return root
 }
 
-func (a *app) versionCmd() *cobra.Command {
-	return &cobra.Command{
+func (a *app) versionCmd() *cmdline.Command {
+	return &cmdline.Command{
 		Use:   "version",
 		Short: "Print bcd's version and the agent protocol it speaks",
 		Args:  noArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(*cmdline.Command, []string) error {
 			p := fmt.Sprint(version.ProtocolMax)
 			if version.ProtocolMin != version.ProtocolMax {
 				p = fmt.Sprintf("%d..%d", version.ProtocolMin, version.ProtocolMax)
@@ -187,7 +175,7 @@ func (a *app) versionCmd() *cobra.Command {
 }
 
 // noArgs refuses positional arguments with a product error.
-func noArgs(cmd *cobra.Command, args []string) error {
+func noArgs(cmd *cmdline.Command, args []string) error {
 	if len(args) > 0 {
 		return errs.New(errs.InvalidArgument, "%s takes no arguments", cmd.CommandPath())
 	}

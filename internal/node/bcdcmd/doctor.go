@@ -7,18 +7,18 @@ import (
 
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 	"github.com/better-compute/better-compute/internal/node/doctor"
-	"github.com/spf13/cobra"
 )
 
-func (a *app) doctorCmd() *cobra.Command {
+func (a *app) doctorCmd() *cmdline.Command {
 	var configPath, dataDir string
 	var asJSON bool
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "doctor",
 		Short: "Check the config, join key, identity, gateway and TPM (exit code 1 when a check fails)",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cmdline.Command, _ []string) error {
 			a.started = true
 			checks := doctor.Run(cmd.Context(), doctor.Options{ConfigPath: configPath, DataDir: dataDir, Clock: a.env.Clock})
 			if asJSON {

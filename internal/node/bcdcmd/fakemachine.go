@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/claims"
 	"github.com/better-compute/better-compute/internal/shared/errs"
@@ -25,9 +25,9 @@ type fakeMachineFlags struct {
 // fakeMachineCmd is `bcd fake-machine`: a sysfs tree for trying joins on a
 // laptop, a VM or a CI runner, which have no DMI serials bcd may read (or
 // only placeholders) and no permanent MACs worth claiming.
-func (a *app) fakeMachineCmd() *cobra.Command {
+func (a *app) fakeMachineCmd() *cmdline.Command {
 	var f fakeMachineFlags
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "fake-machine --out DIR --serial SERIAL",
 		Short: "Write the sysfs tree of a made-up machine, to join with bcd join --sysfs-root",
 		Long: `Write the files bcd reads for its hardware claims, for a machine that does
@@ -51,7 +51,7 @@ by bcd fake-machine is never touched.`,
   bcd fake-machine --out ./fake-sys --serial SN-7701 --product-uuid 4c4c4544-0042-3510-8053-b7c04f5a3132 --mac 3c:ec:ef:01:02:03
   bcd fake-machine --out ./fake-sys --serial SN-7701 --gpu-uuid GPU-8f0c1d2e-aaaa-bbbb-cccc-ddddeeeeffff --procfs-out ./fake-proc`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cmdline.Command, _ []string) error {
 			if !cmd.Flags().Changed("product-uuid") {
 				f.m.ProductUUID = randomUUID()
 			}

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
@@ -55,9 +55,9 @@ type joinFlags struct {
 // howToGiveToken is said wherever a token is missing or misplaced.
 const howToGiveToken = "pipe it on standard input (bcd join < join-token), set BCD_JOIN_TOKEN, or pass --token-file FILE"
 
-func (a *app) joinCmd() *cobra.Command {
+func (a *app) joinCmd() *cmdline.Command {
 	var f joinFlags
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "join",
 		Short: "Join this machine to its pool with a join token",
 		Long: `Join this machine to its pool: make the node key, send the sealed token, the
@@ -112,7 +112,7 @@ may become a join request: bcd waits on it as above.`,
   bcd join --attestor discovery --role ramdisk --token-file /run/bcd/ramdisk-token \
     --boot-mac 52:54:00:12:34:56 --boot-ip 10.0.0.7 --boot-lease-epoch 3`,
 		Args: refuseTokenArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.join(cmd.Context(), &f) },
+		RunE: func(cmd *cmdline.Command, _ []string) error { return a.join(cmd.Context(), &f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml; join-encryption.jwk is read beside it")
@@ -144,7 +144,7 @@ may become a join request: bcd waits on it as above.`,
 // refuseTokenArgs refuses every positional argument, and says why a token
 // must never be one (R11.2). No message repeats an argument: it may be a
 // mistyped token.
-func refuseTokenArgs(_ *cobra.Command, args []string) error {
+func refuseTokenArgs(_ *cmdline.Command, args []string) error {
 	for _, arg := range args {
 		if _, err := tokeninput.Parse(arg); err == nil || strings.HasPrefix(strings.TrimSpace(arg), "bcjt_") {
 			return errs.New(errs.InvalidArgument,

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/renew"
@@ -20,9 +20,9 @@ type renewFlags struct {
 	json       bool
 }
 
-func (a *app) renewCmd() *cobra.Command {
+func (a *app) renewCmd() *cmdline.Command {
 	var f renewFlags
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "renew",
 		Short: "Renew this node's certificate now",
 		Long: `Renew this node's certificate now, as the daemon does at about 60% of its
@@ -32,7 +32,7 @@ identity is kept; a refusal's reason is recorded by the control plane as a
 security.renew.refused event.`,
 		Example: `  bcd renew --config /etc/bcd/config.toml`,
 		Args:    noArgs,
-		RunE:    func(cmd *cobra.Command, _ []string) error { return a.renew(cmd.Context(), &f) },
+		RunE:    func(cmd *cmdline.Command, _ []string) error { return a.renew(cmd.Context(), &f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.configPath, "config", bcdconfig.DefaultPath, "bcd's config.toml")

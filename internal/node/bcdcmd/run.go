@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
@@ -20,9 +20,9 @@ const ExitRetired = 3
 // runCmd is `bcd run`: the service loop bcd.service starts (R12.1). It
 // keeps the node's session to the gateway, runs signed commands, and
 // renews the certificate in the same process.
-func (a *app) runCmd() *cobra.Command {
+func (a *app) runCmd() *cmdline.Command {
 	var configPath, dataDir string
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "run",
 		Short: "Run the node daemon: keep the session to the gateway and renew the certificate",
 		Long: `Run the node daemon, as bcd.service does: open the session to the gateway
@@ -40,7 +40,7 @@ Exit codes: 0 after SIGINT or SIGTERM; 3 when the control plane says this
 node was retired ("this node was retired; ..."): bcd stops instead of
 reconnecting, and bcd.service does not restart it; 1 for any other error.`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cmdline.Command, _ []string) error {
 			a.started = true
 			ctx := cmd.Context() // cancelled on SIGINT/SIGTERM by main
 			cfg, err := bcdconfig.Load(configPath)

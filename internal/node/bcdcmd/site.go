@@ -3,7 +3,7 @@ package bcdcmd
 import (
 	"fmt"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
@@ -11,8 +11,8 @@ import (
 )
 
 // siteCmd is `bcd site`: the site agent's side of discovery (R10.4).
-func (a *app) siteCmd() *cobra.Command {
-	cmd := &cobra.Command{
+func (a *app) siteCmd() *cmdline.Command {
+	cmd := &cmdline.Command{
 		Use:   "site",
 		Short: "Site agent: record the machines this site booted, for bcd run to vouch for",
 		Long: `A site agent is bcd joined with role site (a site token, minted by the control
@@ -29,10 +29,10 @@ by hand.`,
 	return cmd
 }
 
-func (a *app) siteVouchCmd() *cobra.Command {
+func (a *app) siteVouchCmd() *cmdline.Command {
 	var configPath, dataDir string
 	var m site.Machine
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "vouch --mac MAC --ip IP --lease-epoch N",
 		Short: "Record that this site booted a machine (its MAC, address and boot lease epoch)",
 		Long: `Record a network boot in the booted file (<data_dir>/booted.jsonl), as the
@@ -40,8 +40,8 @@ site's boot module does. bcd run, joined with role site, reports it within
 seconds. A newer lease epoch for the same MAC replaces the older boot; an older
 one is ignored.`,
 		Example: `  bcd site vouch --config /etc/bcd/config.toml --mac 52:54:00:12:34:56 --ip 10.0.0.7 --lease-epoch 3`,
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Args:    cmdline.NoArgs,
+		RunE: func(cmd *cmdline.Command, _ []string) error {
 			dir := dataDir
 			if dir == "" {
 				cfg, err := loadConfig(configPath)

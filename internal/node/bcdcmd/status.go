@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/better-compute/better-compute/internal/node/cmdline"
 
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/tpmkeys"
@@ -51,13 +51,13 @@ type statusFlags struct {
 	json      bool
 }
 
-func (a *app) statusCmd() *cobra.Command {
+func (a *app) statusCmd() *cmdline.Command {
 	var f statusFlags
-	cmd := &cobra.Command{
+	cmd := &cmdline.Command{
 		Use:   "status",
 		Short: "Show this machine's node identity (exit code 1 when not joined)",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cmdline.Command, _ []string) error {
 			f.configSet = cmd.Flags().Changed("config")
 			return a.status(&f)
 		},

@@ -7,7 +7,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
-	"github.com/better-compute/better-compute/internal/shared/tracing"
+	tracing "github.com/better-compute/better-compute/internal/shared/tracing/lite"
 )
 
 // traced sets up cfg's [tracing] (cfg nil, or no endpoint: off) and
@@ -22,7 +22,7 @@ func (a *app) traced(cfg *bcdconfig.Config) (enroll.HTTPClientFunc, func(), erro
 	if c.OTLPEndpoint == "" {
 		return a.env.HTTPClient, func() {}, nil
 	}
-	tp, stop, err := tracing.Setup(c, tracing.ServiceBCD)
+	tp, stop, err := tracing.Setup(c, tracing.ServiceBCD) // bcd's own provider, without the SDK
 	if err != nil {
 		return nil, nil, err
 	}

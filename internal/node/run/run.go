@@ -67,7 +67,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
-	"github.com/better-compute/better-compute/internal/shared/tracing"
+	tracing "github.com/better-compute/better-compute/internal/shared/tracing/lite"
 	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )

@@ -33,7 +33,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/dnsname"
 	"github.com/better-compute/better-compute/internal/shared/fsutil"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
-	"github.com/better-compute/better-compute/internal/shared/tracing"
+	tracing "github.com/better-compute/better-compute/internal/shared/tracing/lite"
 
 	"github.com/BurntSushi/toml"
 

@@ -1,6 +1,6 @@
-// Package cmdtree holds what both CLIs (better-compute and bcd) need of
-// their cobra command trees. Either process may import it; it imports no
-// process's code.
+// Package cmdtree holds what the better-compute CLI needs of its cobra
+// command tree (bcd has its own, internal/node/cmdline, without cobra).
+// It imports no process's code.
 package cmdtree
 
 import (

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"net"
 	"testing"
 
@@ -41,13 +42,13 @@ func csrSeeds(t testing.TB, key crypto.Signer) [][]byte {
 // fuzzer changes it freely; crypto/x509 takes more there (parameters,
 // unused bits, elements after the signature) than ParseCSR does.
 func canonicalCSROuter(t *testing.T, der []byte, csr *x509.CertificateRequest) bool {
-	oid := map[x509.SignatureAlgorithm][]byte{x509.ECDSAWithSHA256: derOIDSigECDSAWithSHA256,
-		x509.ECDSAWithSHA384: derOIDSigECDSAWithSHA384, x509.ECDSAWithSHA512: derOIDSigECDSAWithSHA512}[csr.SignatureAlgorithm]
+	oid := map[x509.SignatureAlgorithm]asn1.ObjectIdentifier{x509.ECDSAWithSHA256: oidSigECDSAWithSHA256,
+		x509.ECDSAWithSHA384: oidSigECDSAWithSHA384, x509.ECDSAWithSHA512: oidSigECDSAWithSHA512}[csr.SignatureAlgorithm]
 	var b cryptobyte.Builder
 	b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
 		b.AddBytes(csr.RawTBSCertificateRequest)
 		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-			b.AddASN1(cbasn1.OBJECT_IDENTIFIER, func(b *cryptobyte.Builder) { b.AddBytes(oid) })
+			b.AddASN1ObjectIdentifier(oid)
 		})
 		b.AddASN1BitString(csr.Signature)
 	})
@@ -126,7 +127,7 @@ func FuzzParseCSRSigned(f *testing.F) {
 	}
 	f.Add(newCSRInfo(f, key), uint8(0))
 	hashes := []crypto.Hash{crypto.SHA256, crypto.SHA384, crypto.SHA512}
-	oids := [][]byte{derOIDSigECDSAWithSHA256, derOIDSigECDSAWithSHA384, derOIDSigECDSAWithSHA512}
+	oids := []asn1.ObjectIdentifier{oidSigECDSAWithSHA256, oidSigECDSAWithSHA384, oidSigECDSAWithSHA512}
 	f.Fuzz(func(t *testing.T, info []byte, h uint8) {
 		if len(info) > maxCSRSize {
 			return
@@ -142,7 +143,7 @@ func FuzzParseCSRSigned(f *testing.F) {
 		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
 			b.AddBytes(info)
 			b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-				b.AddASN1(cbasn1.OBJECT_IDENTIFIER, func(b *cryptobyte.Builder) { b.AddBytes(oids[i]) })
+				b.AddASN1ObjectIdentifier(oids[i])
 			})
 			b.AddASN1BitString(sig)
 		})

@@ -57,6 +57,14 @@ var (
 	oidKeyECPublicKey     = asn1.ObjectIdentifier{1, 2, 840, 10045, 2, 1}
 	oidCurveP256          = asn1.ObjectIdentifier{1, 2, 840, 10045, 3, 1, 7}
 	oidAttrCN             = asn1.ObjectIdentifier{2, 5, 4, 3}
+	oidExtSubjectAltName  = asn1.ObjectIdentifier{2, 5, 29, 17}
+)
+
+// GeneralName tags (RFC 5280 §4.2.1.6) the CSR tests request SANs with.
+const (
+	tagSANDNS = cbasn1.Tag(2) | 0x80
+	tagSANURI = cbasn1.Tag(6) | 0x80
+	tagSANIP  = cbasn1.Tag(7) | 0x80
 )
 
 // addRDN adds one relative distinguished name, as a subject in a test

@@ -142,7 +142,7 @@ func TestOTLPRetriesR17_3(t *testing.T) {
 	defer srv.Close()
 	fake := clock.NewFake(time.Unix(1_700_000_000, 0))
 	e := newOTLPExporter(srv.URL + "/v1/traces")
-	e.clock = fake
+	e.exp.Clock = fake
 	done := make(chan error, 1)
 	go func() { done <- e.ExportSpans(context.Background(), stubs().Snapshots()) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
