@@ -159,22 +159,24 @@ func TestNoSessionOnExpiringCertificateR19_3(t *testing.T) {
 }
 
 // R19.3: while the gateway is down bcd reconnects with a capped,
-// exponential backoff (1 s, 2 s, 4 s, … with the middle jitter), never in a
-// hot loop; a renewal meanwhile ends the wait and starts the backoff over.
+// exponential backoff (the first drawn from [0, 10 s), then 2 s, 4 s, …
+// with the middle jitter), never in a hot loop; a renewal meanwhile ends
+// the wait and starts the backoff over.
 func TestBackoffStartsOverAfterRenewalR19_3(t *testing.T) {
 	each(t, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 170, 2)
 		renewed := make(chan struct{}, 1)
 		p := h.startWith(t, m, refusingGateway(t), renewed)
-		for _, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		waits := []time.Duration{run.FirstReconnectSpread / 2, 2 * time.Second, 4 * time.Second}
+		for i, wait := range waits {
 			p.waitDeadline(t, "bcd's backoff of "+wait.String(), p.clock.Now().Add(wait))
-			if wait < 4*time.Second {
+			if i < len(waits)-1 {
 				p.clock.Advance(wait)
 			}
 		}
 		h.renewNow(t, m, p.clock)
 		renewed <- struct{}{}
 		// The next attempt (still refused) is the first of a new identity.
-		p.waitDeadline(t, "bcd's backoff to start over at 1 s", p.clock.Now().Add(run.MinBackoff))
+		p.waitDeadline(t, "bcd's backoff to start over", p.clock.Now().Add(run.FirstReconnectSpread/2))
 	})
 }

@@ -72,10 +72,14 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
-// Reconnect backoff bounds.
+// Reconnect backoff bounds (recover.go).
 const (
 	MinBackoff = time.Second
 	MaxBackoff = 60 * time.Second
+	// FirstReconnectSpread is the window the first reconnect after a
+	// failure is drawn from, so a fleet that lost its gateway or API at
+	// once does not come back at once.
+	FirstReconnectSpread = 10 * time.Second
 	// maxMessageBytes bounds one session message either way.
 	maxMessageBytes = 64 << 10
 	// defaultHeartbeat is used when Welcome names none.
@@ -243,7 +247,8 @@ func New(cfg Config) (*Daemon, error) {
 }
 
 // Backoff is the wait before reconnect attempt n (1-based) before jitter:
-// 1 s doubling to 60 s.
+// 1 s doubling to 60 s. The first attempt after a session ended is spread
+// over FirstReconnectSpread instead (recover.go).
 func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
 
 // Run keeps the session up until ctx ends (SIGTERM), then returns nil. It

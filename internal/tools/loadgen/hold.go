@@ -5,7 +5,7 @@ package loadgen
 // internal/node/renew) against its identity saved the way bcd join saves
 // it: one TLS connection per machine presenting its node certificate, the
 // API's Challenge answered with Hello signed by the node key, heartbeats
-// signed at the interval Welcome names, renewals at 60% of the
+// signed at the interval Welcome names, renewals at 45% to 75% of the
 // certificate's lifetime (each followed by a session on the new
 // certificate), commands verified, recorded and answered signed. The
 // process serves its progress as JSON (HoldStatus) until interrupted;
