@@ -125,6 +125,11 @@ type Config struct {
 	// client_time and the certificate's expiry are read by it, and every
 	// renewal answer corrects it. nil: one persisted in Store.Dir.
 	ServerTime *servertime.Offset
+	// Session, when set, is bcd run's session connection: a renewal of
+	// the certificate the session is welcomed on is sent over it, with no
+	// TLS handshake of its own (session.go). nil, or no session on the
+	// certificate: a connection of the renewal's own.
+	Session *SessionConn
 }
 
 // Renewer renews this node's certificate; build it with New.
@@ -265,6 +270,9 @@ func (r *Renewer) Loop(ctx context.Context) error {
 		if failures > 0 {
 			wait = r.retryIn(id)
 		}
+		// Only these outlive the wait: the parsed identity is not kept
+		// for the hours until the renewal (RenewOnce loads it again).
+		nodeID, serial := id.NodeID, id.Serial
 		if err := r.sleep(ctx, wait); err != nil {
 			return err
 		}
@@ -277,7 +285,7 @@ func (r *Renewer) Loop(ctx context.Context) error {
 			// Spread, so a fleet that failed at once (its gateway was
 			// down) does not come back in lockstep.
 			r.retryWait = backoff.Policy{Min: MinBackoff, Max: MaxBackoff, Jitter: backoff.DefaultJitter}.Spread(failures, r.rand())
-			r.log.Warn("certificate renewal failed", telemetry.LogNodeID, id.NodeID, telemetry.LogAttempt, failures, telemetry.LogRetryIn, r.retryWait.Round(time.Millisecond).String(), telemetry.LogErr, err)
+			r.log.Warn("certificate renewal failed", telemetry.LogNodeID, nodeID, telemetry.LogAttempt, failures, telemetry.LogRetryIn, r.retryWait.Round(time.Millisecond).String(), telemetry.LogErr, err)
 			if r.cfg.OnFailed != nil {
 				r.cfg.OnFailed(err)
 			}
@@ -289,7 +297,7 @@ func (r *Renewer) Loop(ctx context.Context) error {
 			continue
 		}
 		failures = 0
-		r.log.Info("certificate renewed", telemetry.LogNodeID, renewed.NodeID, telemetry.LogSerial, renewed.Serial, telemetry.LogPreviousSerial, id.Serial,
+		r.log.Info("certificate renewed", telemetry.LogNodeID, renewed.NodeID, telemetry.LogSerial, renewed.Serial, telemetry.LogPreviousSerial, serial,
 			telemetry.LogNotAfter, renewed.NotAfter.Format(time.RFC3339))
 		if r.cfg.OnRenewed != nil {
 			r.cfg.OnRenewed(renewed)
@@ -509,8 +517,10 @@ func (r *Renewer) clockMoved(ctx context.Context) bool {
 	return r.serverTime.Hint(ms, retryClockMove)
 }
 
-// call dials the gateway with the pinned TLS configuration and the current
-// certificate as client certificate, and calls Renew. When the gateway's
+// call calls Renew over the session's connection when bcd run's session is
+// welcomed on the current certificate (Config.Session), else dials the
+// gateway with the pinned TLS configuration and the current certificate as
+// client certificate, and calls Renew. When the gateway's
 // chain matches no pinned serving CA, it asks the gateway for rotated keys
 // (enroll.RecoverPins, R16.2) and, when a pinned key vouched for a new
 // serving CA, dials once more.
@@ -518,6 +528,14 @@ func (r *Renewer) call(ctx context.Context, id *identity.Identity, chain [][]byt
 	u, err := url.Parse(r.bcd.GatewayURL)
 	if err != nil {
 		return nil, errs.New(errs.InvalidConfig, "gateway_url: not a URL")
+	}
+	if hc := r.cfg.Session.For(id.Serial); hc != nil {
+		// The session's connection presents this very certificate.
+		res, err := renewOn(ctx, hc, r.bcd.GatewayURL, req)
+		if err != nil {
+			return nil, callError(err, u.Host)
+		}
+		return res, nil
 	}
 	serverName := r.bcd.GatewayServerName
 	if serverName == "" {
@@ -545,8 +563,17 @@ func (r *Renewer) callOnce(ctx context.Context, id *identity.Identity, chain [][
 	cert := &tls.Certificate{Certificate: chain, PrivateKey: id.Signer, Leaf: id.Leaf()}
 	tlsConfig.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
 	tlsConfig.ClientSessionCache = r.cfg.Tickets.For(chain[0])
-	client := agentv1connect.NewJoinServiceClient(r.hc(tlsConfig), r.bcd.GatewayURL,
-		connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
+	hc := r.hc(tlsConfig)
+	// The connection serves this one call: closed after it, rather than
+	// left idle (holding buffers here and at the gateway) until it times
+	// out.
+	defer hc.CloseIdleConnections()
+	return renewOn(ctx, hc, r.bcd.GatewayURL, req)
+}
+
+// renewOn is one Renew call on hc, bounded by renewTimeout.
+func renewOn(ctx context.Context, hc connect.HTTPClient, gatewayURL string, req *agentv1.RenewRequest) (*agentv1.RenewResponse, error) {
+	client := agentv1connect.NewJoinServiceClient(hc, gatewayURL, connect.WithGRPC(), connect.WithReadMaxBytes(maxResponseSize))
 	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
 	res, err := client.Renew(ctx, connect.NewRequest(req))

@@ -2,14 +2,18 @@ package run_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
@@ -50,6 +54,43 @@ func (h *harness) renewNow(t *testing.T, m *machine, clk clock.Clock) *identity.
 		t.Fatalf("renew: %v", err)
 	}
 	return next
+}
+
+// R13.2: a renewal while the session is up on the certificate renewed is a
+// call on the session's own connection (renew.SessionConn): the renewer
+// opens no connection, the control plane admits it on the certificate the
+// session's connection presents, and the session then moves to the
+// renewed certificate.
+func TestRenewalOverTheSessionsConnectionR13_2(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 180, 2)
+		m.conn = &renew.SessionConn{}
+		renewed := make(chan struct{}, 1)
+		p := h.startWith(t, m, "https://"+h.gwAddr, renewed)
+		p.welcome(t)
+		cfg := *m.cfg
+		cfg.GatewayURL = "https://" + h.gwAddr
+		var own atomic.Int64
+		r, err := renew.New(renew.Config{BCD: &cfg, Store: m.store, Clock: p.clock, Log: quiet(), Session: m.conn,
+			HTTPClient: func(c *tls.Config) *http.Client { own.Add(1); return enroll.DefaultHTTPClient(c) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the session offered to the renewer", func() bool { return m.conn.For(m.id.Serial) != nil })
+		next, err := r.RenewOnce(ctxT(t))
+		if err != nil {
+			t.Fatalf("renewal over the session's connection: %v", err)
+		}
+		if n := own.Load(); n != 0 {
+			t.Fatalf("the renewer made %d clients of its own, want none", n)
+		}
+		renewed <- struct{}{}
+		if id := p.welcome(t); id != m.nodeID {
+			t.Fatalf("Welcome names %s", id)
+		}
+		eventually(t, "a node.connected event on the renewed certificate", func() bool { return h.connectedOn(t, m.nodeID, next.Serial) })
+		eventually(t, "the renewed session offered", func() bool { return m.conn.For(next.Serial) != nil && m.conn.For(m.id.Serial) == nil })
+	})
 }
 
 // waitDeadline waits until one of p's timers fires at want.

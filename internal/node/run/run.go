@@ -59,6 +59,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
@@ -150,6 +151,10 @@ type Config struct {
 	// Tickets, when set, resumes the gateway's TLS sessions of the
 	// current identity (shared with the renewer; enroll.TicketCache).
 	Tickets *enroll.TicketCache
+	// SessionConn, when set, is offered each welcomed session's client,
+	// so the renewer renews over the session's connection (shared with
+	// the renewer: renew.SessionConn).
+	SessionConn *renew.SessionConn
 	// ServerTime is the control plane's clock as bcd knows it (R19.3):
 	// certificate expiry and command expiry are read by it; the signed
 	// renewal answers correct it (R21.4). nil: one persisted in Store.Dir
@@ -345,9 +350,13 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 // context (tracing.Transport: nothing when tracing is off).
 func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 	if d.cfg.HTTPClient != nil {
-		c := *d.cfg.HTTPClient(tc)
+		base := d.cfg.HTTPClient(tc)
+		c := *base
 		c.Transport = tracing.Transport(d.cfg.Tracer, c.Transport)
-		return &c, func() {}
+		// The next session presents another certificate or dials anew:
+		// this one's connection is closed with it, rather than left idle
+		// (its buffers here and at the gateway) until it times out.
+		return &c, base.CloseIdleConnections
 	}
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
@@ -392,6 +401,9 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	if err != nil {
 		return err
 	}
+	// The renewer may renew this certificate over this connection while
+	// the session lasts (renew.SessionConn).
+	defer d.cfg.SessionConn.Offer(id.Serial, hc)()
 	// Commands are handled in spans under the session's open, with Run's
 	// cancellation.
 	cmdCtx := trace.ContextWithSpanContext(runCtx, open.SpanContext())
