@@ -22,7 +22,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
@@ -210,7 +209,7 @@ func New(cfg Config) (*Renewer, error) {
 		r.hc = enroll.DefaultHTTPClient
 	}
 	if r.log == nil {
-		r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		r.log = slog.New(slog.DiscardHandler)
 	}
 	if r.rand == nil {
 		r.rand = rand.Float64

@@ -234,7 +234,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.ran = newRanLog(cfg.Store.Dir, d.clock)
 	d.pins = livePins(cfg)
 	if d.log == nil {
-		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		d.log = slog.New(slog.DiscardHandler)
 	}
 	if d.rand == nil {
 		d.rand = rand.Float64
@@ -407,11 +407,11 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	// Commands are handled in spans under the session's open, with Run's
 	// cancellation.
 	cmdCtx := trace.ContextWithSpanContext(runCtx, open.SpanContext())
-	// The session's sender and identity watch end with it.
+	// The session's sender (which also watches the identity) ends with
+	// it.
 	var loops sync.WaitGroup
 	defer func() { cancel(nil); loops.Wait() }()
 	loops.Go(func() { d.sendLoop(ctx, cancel, stream, id, nonce, beat) })
-	loops.Go(func() { d.watchIdentity(ctx, cancel, id) })
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -504,10 +504,16 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 // sendLoop is the session's one sender: heartbeats, site reports and
 // command results, each signed by this session's node key (heartbeats over
 // the nonce and a sequence number, so no relay can keep the session alive
-// without this daemon). A failure ends the session through cancel.
+// without this daemon). A failure ends the session through cancel. It
+// also ends the session when the identity on disk has another serial (a
+// renewal), so the next session uses the new certificate: it looks every
+// IdentityCheck, and at once when Renewed says so (one goroutine for both:
+// a held session costs bcd as few as it can).
 func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, nonce []byte, beat time.Duration) {
 	t := d.clock.NewTicker(beat)
 	defer t.Stop()
+	check := d.clock.NewTicker(d.cfg.IdentityCheck)
+	defer check.Stop()
 	// R10.4: a site agent reports the machines its site booted.
 	var booted <-chan time.Time
 	var reports *siteReports
@@ -523,6 +529,16 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 		select {
 		case <-ctx.Done():
 			return
+		case <-check.C():
+			if d.identityChanged(cancel, id) {
+				return
+			}
+			continue
+		case <-d.cfg.Renewed:
+			if d.identityChanged(cancel, id) {
+				return
+			}
+			continue
 		case <-booted:
 			r, err := reports.next(id, nonce, d.log)
 			if err != nil {
@@ -563,25 +579,15 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 	}
 }
 
-// watchIdentity ends the session when the identity on disk has another
-// serial (a renewal), so the next session uses the new certificate: it
-// looks every IdentityCheck, and at once when Renewed says so.
-func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFunc, id *identity.Identity) {
-	t := d.clock.NewTicker(d.cfg.IdentityCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		case <-d.cfg.Renewed:
-		}
-		cur, err := d.cfg.Store.Load()
-		if err == nil && cur.Serial != id.Serial {
-			cancel(errIdentityChanged)
-			return
-		}
+// identityChanged ends the session (through cancel) and reports true when
+// the identity on disk has another serial than id's.
+func (d *Daemon) identityChanged(cancel context.CancelCauseFunc, id *identity.Identity) bool {
+	cur, err := d.cfg.Store.Load()
+	if err == nil && cur.Serial != id.Serial {
+		cancel(errIdentityChanged)
+		return true
 	}
+	return false
 }
 
 // sign signs a's result with the session identity's node key: the

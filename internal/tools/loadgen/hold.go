@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
@@ -227,11 +228,14 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 		d *run.Daemon
 	}
 	var ds []started
+	// The daemons of this process share one config.toml, so one live pin
+	// set, as bcd run's session and renewer share theirs.
+	pins := config.NewPins("", tg.bc, nil)
 	for i, m := range ms {
 		if m.body == nil {
 			continue
 		}
-		n, d, err := h.daemon(tg, filepath.Join(opts.DataDir, fmt.Sprintf("%06d", i)), m, opts)
+		n, d, err := h.daemon(tg, filepath.Join(opts.DataDir, fmt.Sprintf("%06d", i)), m, opts, pins)
 		if err != nil {
 			return fmt.Errorf("machine %d: %w", i, err)
 		}
@@ -276,7 +280,7 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 
 // daemon saves m's identity in dir as bcd join does and returns bcd run's
 // loop for it, with its renewer, wired to h's counters.
-func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*heldNode, *run.Daemon, error) {
+func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions, pins *config.Pins) (*heldNode, *run.Daemon, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, err
 	}
@@ -301,7 +305,7 @@ func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*
 	tickets := &enroll.TicketCache{}
 	conn := &renew.SessionConn{}
 	renewed := make(chan struct{}, 1)
-	rn, err := renew.New(renew.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Tickets: tickets, Session: conn,
+	rn, err := renew.New(renew.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Tickets: tickets, Session: conn, Pins: pins,
 		OnRenewed: func(*identity.Identity) {
 			h.renewed.Add(1)
 			n.renewed.Store(time.Now().UnixNano())
@@ -314,7 +318,7 @@ func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := run.New(run.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Renewer: rn, Renewed: renewed, Tickets: tickets, SessionConn: conn,
+	d, err := run.New(run.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Renewer: rn, Renewed: renewed, Tickets: tickets, SessionConn: conn, Pins: pins,
 		IdentityCheck: opts.IdentityCheck,
 		OnWelcome: func(string) {
 			h.welcomes.Add(1)
