@@ -89,6 +89,9 @@ const (
 	stableAfter = 30 * time.Second
 	// maxPendingResults bounds the answers waiting for a session.
 	maxPendingResults = 64
+	// minHeaderTable is the smallest HPACK dynamic table net/http takes
+	// (0 means its default, 4 KiB): no header field fits, none is kept.
+	minHeaderTable = 1
 )
 
 // ErrRetired is returned (wrapped) by Run when the control plane says this
@@ -364,7 +367,12 @@ func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 		TLSClientConfig:     tc,
 		ForceAttemptHTTP2:   true,
 		TLSHandshakeTimeout: 15 * time.Second,
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second,
+			// No HPACK dynamic tables (4 KiB each by default) either way:
+			// a session's connection carries one stream and the odd
+			// renewal, so they would index next to nothing, and the
+			// gateway keeps one per daemon too.
+			MaxDecoderHeaderTableSize: minHeaderTable, MaxEncoderHeaderTableSize: minHeaderTable},
 	}
 	return &http.Client{Transport: tracing.Transport(d.cfg.Tracer, tr)}, tr.CloseIdleConnections
 }
