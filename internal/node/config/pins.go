@@ -14,7 +14,6 @@ import (
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -192,7 +191,7 @@ type Pins struct {
 // change; nil discards.
 func NewPins(path string, c *bcdconfig.Config, log *slog.Logger) *Pins {
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Pins{path: path, sets: map[string][]string{}, retired: slices.Clone(c.RetiredPins), log: log}
 	for _, k := range bcdconfig.PinKinds() {

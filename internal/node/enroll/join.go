@@ -38,7 +38,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -200,7 +199,7 @@ func New(cfg Config) (*Joiner, error) {
 		j.httpClient = DefaultHTTPClient
 	}
 	if j.log == nil {
-		j.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		j.log = slog.New(slog.DiscardHandler)
 	}
 	j.pins = cfg.Pins
 	if j.pins == nil && cfg.BCD != nil {

@@ -146,7 +146,7 @@ func (id *Identity) Expired(now time.Time) bool { return !now.Before(id.NotAfter
 // and OU (pki.NodeIdentityOf), serial and NotAfter from the leaf. attestor
 // "" means the join token.
 func NewIdentity(chainPEM []byte, attestor string, joinedAt time.Time) (*Identity, error) {
-	chain, err := parseCerts(chainPEM, CertFile)
+	chain, err := parseCerts(chainPEM, CertFile, false)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func (s *Store) check(id *Identity, record, chainPEM, bundlePEM []byte) error {
 	if id.IdentityGeneration < 0 {
 		return s.inconsistent("%s has a negative identity_generation", IdentityFile)
 	}
-	bundle, err := parseCerts(bundlePEM, BundleFile)
+	bundle, err := parseCerts(bundlePEM, BundleFile, true)
 	if err != nil {
 		return s.inconsistent("%v", errs.MessageOf(err))
 	}
@@ -590,8 +590,10 @@ func (s *Store) Restore(dir string) error {
 }
 
 // parseCerts parses a PEM file of one or more CERTIFICATE blocks and
-// nothing else.
-func parseCerts(data []byte, name string) ([]*x509.Certificate, error) {
+// nothing else. The certificates after the first (a node chain's CAs), or
+// all of them when shareFirst (a bundle), are shared with other identities
+// that hold the same (certcache.go); a node's own certificate is its own.
+func parseCerts(data []byte, name string, shareFirst bool) ([]*x509.Certificate, error) {
 	var certs []*x509.Certificate
 	rest := data
 	for {
@@ -603,7 +605,11 @@ func parseCerts(data []byte, name string) ([]*x509.Certificate, error) {
 		if block.Type != "CERTIFICATE" {
 			return nil, errs.New(errs.InvalidArgument, "%s holds a %q PEM block, want only certificates", name, block.Type)
 		}
-		c, err := x509.ParseCertificate(block.Bytes)
+		parse := x509.ParseCertificate
+		if shareFirst || len(certs) > 0 {
+			parse = parseShared
+		}
+		c, err := parse(block.Bytes)
 		if err != nil {
 			return nil, errs.New(errs.InvalidArgument, "%s holds a certificate that does not parse", name)
 		}

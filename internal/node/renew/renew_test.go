@@ -17,6 +17,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -458,26 +459,8 @@ func TestLoopRenewsWhenDueR13_1(t *testing.T) {
 func TestLoopBacksOffR13_1(t *testing.T) {
 	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
 		s := newStack(t, e)
-		// A gateway that is down: it drops every connection. The listener
-		// stays open until the test ends, so no other process can take the
-		// port (never close a listener and dial its port).
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		dead := "https://" + ln.Addr().String()
 		cfg := *s.cfg
-		cfg.GatewayURL = dead
+		cfg.GatewayURL = deadGateway(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var waits []time.Duration
@@ -511,25 +494,109 @@ func TestLoopBacksOffR13_1(t *testing.T) {
 	})
 }
 
-// R13.1: the renewal is due at NotBefore + 60% of the lifetime, ±5%.
+// deadGateway is a gateway that is down: it drops every connection. The
+// listener stays open until the test ends, so no other process can take
+// the port (never close a listener and dial its port).
+func deadGateway(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepting sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); accepting.Wait() })
+	accepting.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	})
+	return "https://" + ln.Addr().String()
+}
+
+// R13.1: a renewal that keeps failing is retried until the certificate
+// expired, never waiting past the expiry: near it the backoff gives way to
+// a share of what is left (at least MinBackoff), and Loop ends with the
+// expiry only once the certificate expired, on the injected clock.
+func TestLoopRetriesUntilExpiryR13_1(t *testing.T) {
+	apitest.Each(t, apitest.Options{}, func(t *testing.T, e *apitest.Env) {
+		s := newStack(t, e)
+		cfg := *s.cfg
+		cfg.GatewayURL = deadGateway(t)
+		notAfter := s.joined.NotAfter
+		fc := clock.NewFake(notAfter.Add(-2 * time.Minute))
+		var waits []time.Duration
+		r := s.renewer(t, func(c *renew.Config) {
+			c.BCD, c.Clock = &cfg, fc
+			c.Rand = func() float64 { return 0.5 }
+			c.Sleep = func(ctx context.Context, d time.Duration) error {
+				if len(waits) > 0 { // the first is the wait for the due time
+					if left := notAfter.Sub(fc.Now()); d > left && d > renew.MinBackoff {
+						t.Errorf("wait %s with %s left before the expiry", d, left)
+					}
+				}
+				waits = append(waits, d)
+				fc.Advance(d)
+				return ctx.Err()
+			}
+		})
+		err := r.Loop(context.Background())
+		if e, ok := errs.As(err); !ok || e.Code != errs.InvalidState || !fc.Now().After(notAfter) {
+			t.Fatalf("Loop: %v at %s (expiry %s), want the expiry error once expired", err, fc.Now(), notAfter)
+		}
+		want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second}
+		if len(waits) < len(want)+3 {
+			t.Fatalf("waits %v: want the backoff, then ever shorter waits before the expiry", waits)
+		}
+		for i, w := range want {
+			if waits[i+1] != w {
+				t.Fatalf("waits %v, want %v after the first", waits, want)
+			}
+		}
+		if last := waits[len(waits)-1]; last != renew.MinBackoff {
+			t.Errorf("last wait %s, want %s", last, renew.MinBackoff)
+		}
+	})
+}
+
+// R13.1: the renewal is due at NotBefore plus a share of the lifetime drawn
+// uniformly from 45% to 75% (about 60% on average), whatever the lifetime:
+// the jitter's ends and middle land exactly there, and a sweep of the
+// jitter stays within the window, ordered, with its mean at 60%.
 func TestNextRenewalR13_1(t *testing.T) {
 	nb := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	id := &identity.Identity{Chain: []*x509.Certificate{{NotBefore: nb, NotAfter: nb.Add(100 * time.Hour)}}}
-	for _, tc := range []struct {
-		rand float64
-		want time.Duration
-	}{
-		{0, 55 * time.Hour},
-		{0.5, 60 * time.Hour},
-		{0.75, 62*time.Hour + 30*time.Minute},
-		{1, 65 * time.Hour},
-	} {
-		r, err := renew.New(renew.Config{BCD: validConfig(), Store: &identity.Store{Dir: t.TempDir()}, Rand: func() float64 { return tc.rand }})
+	for _, life := range []time.Duration{time.Minute, 2 * time.Minute, 5 * time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 90 * 24 * time.Hour} {
+		id := &identity.Identity{Chain: []*x509.Certificate{{NotBefore: nb, NotAfter: nb.Add(life)}}}
+		share := func(d time.Duration) float64 { return float64(d) / float64(life) }
+		var rnd float64
+		r, err := renew.New(renew.Config{BCD: validConfig(), Store: &identity.Store{Dir: t.TempDir()}, Rand: func() float64 { return rnd }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := r.NextRenewal(id).Sub(nb); got != tc.want {
-			t.Errorf("rand %v: renews after %s, want %s", tc.rand, got, tc.want)
+		for _, tc := range []struct{ rand, want float64 }{{0, 0.45}, {0.25, 0.525}, {0.5, 0.60}, {1, 0.75}} {
+			rnd = tc.rand
+			if got := share(r.NextRenewal(id).Sub(nb)); got < tc.want-1e-9 || got > tc.want+1e-9 {
+				t.Errorf("life %s, rand %v: renews at %.4f of the lifetime, want %.4f", life, tc.rand, got, tc.want)
+			}
+		}
+		const steps = 1000
+		sum, prev := 0.0, 0.0
+		for i := range steps {
+			rnd = (float64(i) + 0.5) / steps
+			got := share(r.NextRenewal(id).Sub(nb))
+			if got < 0.45 || got >= 0.75 || got < prev {
+				t.Fatalf("life %s, rand %v: renews at %.4f of the lifetime (after %.4f), want [0.45, 0.75), ordered", life, rnd, got, prev)
+			}
+			// At least a quarter of the lifetime left for the retries.
+			if left := nb.Add(life).Sub(r.NextRenewal(id)); left < life/4 {
+				t.Fatalf("life %s: %s left after the renewal is due, want at least %s", life, left, life/4)
+			}
+			sum, prev = sum+got, got
+		}
+		if mean := sum / steps; mean < 0.599 || mean > 0.601 {
+			t.Errorf("life %s: mean due at %.4f of the lifetime, want 0.60", life, mean)
 		}
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
 	"github.com/better-compute/better-compute/internal/shared/bcdconfig"
 	"github.com/better-compute/better-compute/internal/shared/clock"
@@ -243,6 +244,9 @@ type machine struct {
 	// pins are the daemon's live pin sets, kept across its restarts as
 	// config.toml keeps them.
 	pins *config.Pins
+	// conn, when set, is offered the daemon's sessions (the renewer's
+	// SessionConn).
+	conn *renew.SessionConn
 }
 
 // join joins machine i (its claims) with token and saves the identity in a
@@ -354,7 +358,7 @@ func (h *harness) startWith(t *testing.T, m *machine, gatewayURL string, renewed
 		m.pins = config.NewPins("", m.cfg, log)
 	}
 	rc := run.Config{BCD: &cfg, Store: m.store, Log: log, Clock: p.clock, Rand: func() float64 { return 0.5 }, Pins: m.pins,
-		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer}
+		OnWelcome: func(id string) { p.welcomes <- id }, Renewed: renewed, Tracer: h.bcdTracer, SessionConn: m.conn}
 	if h.rejoin {
 		rc.Rejoin = func(ctx context.Context) (*identity.Identity, error) {
 			j, err := enroll.New(enroll.Config{BCD: &cfg, Store: m.store, Clock: p.clock, Log: log})

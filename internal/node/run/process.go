@@ -84,7 +84,12 @@ func NewProcess(c ProcessConfig) (*Process, error) {
 	// One TLS ticket cache too: a renewal resumes the session's TLS
 	// session with the gateway (same identity, same gateway).
 	tickets := &enroll.TicketCache{}
+	// And the session's connection: a renewal is a call on it, not a
+	// second TLS connection, while the session is up on the certificate
+	// renewed.
+	conn := &renew.SessionConn{}
 	r, err := renew.New(renew.Config{BCD: cfg, Store: store, Keys: keys, Clock: c.Clock, ServerTime: serverTime, HTTPClient: c.HTTPClient, Log: log, Pins: pins, Tickets: tickets,
+		Session: conn,
 		OnRenewed: func(id *identity.Identity) {
 			dg.Renewed(id)
 			select {
@@ -111,7 +116,7 @@ func NewProcess(c ProcessConfig) (*Process, error) {
 		onWelcome = func(nodeID string) { dg.Welcomed(nodeID); c.OnWelcome(nodeID) }
 	}
 	d, err := New(Config{BCD: cfg, Store: store, Clock: c.Clock, ServerTime: serverTime, Log: log, Renewer: r, Renewed: renewed, NotifySocket: c.NotifySocket,
-		Pins: pins, Tickets: tickets, OnWelcome: onWelcome, OnSessionEnded: dg.SessionEnded, Rejoin: rejoin})
+		Pins: pins, Tickets: tickets, SessionConn: conn, OnWelcome: onWelcome, OnSessionEnded: dg.SessionEnded, Rejoin: rejoin})
 	if err != nil {
 		return nil, err
 	}

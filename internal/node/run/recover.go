@@ -23,9 +23,16 @@ import (
 //     before the next heartbeat, and exits once it expired (a session
 //     cannot help then; bcd join renews it).
 //   - Anything else (the gateway restarted, the API is down) is a
-//     failure: bcd waits Backoff(n) with ±20% jitter, so a fleet that lost
-//     its gateway comes back spread out instead of in one burst, and never
-//     loops hot. A session that stayed up stableAfter starts over.
+//     failure. The first reconnect after it waits a time drawn uniformly
+//     from [0, FirstReconnectSpread): every daemon of a gateway or an API
+//     that restarted lost its session in the same second, and a backoff's
+//     ±20% of 1 s would bring them all back within 0.4 s. Spread over
+//     10 s, the 10,000 daemons a gateway holds come back at about 1,000
+//     new TLS handshakes a second, and 100,000 daemons of an API restart
+//     send their Hellos at about 10,000 a second across its replicas. The
+//     failures after it wait Backoff(n) with ±20% jitter (2 s, 4 s, … up
+//     to 60 s), never in a hot loop. A session that stayed up stableAfter
+//     starts over.
 
 // lifecycleEnd reports whether a session that ended with err, opened on
 // id, ended for its certificate's life cycle (renewed, or about to
@@ -41,7 +48,7 @@ func (d *Daemon) lifecycleEnd(id *identity.Identity, err error) bool {
 // expiresSoon reports whether id expires before the next heartbeat: a
 // session opened on it would end at once. The margin is at most a quarter
 // of the certificate's lifetime, so a heartbeat as long as a short
-// certificate never keeps bcd from connecting (the renewer renews at 60%).
+// certificate never keeps bcd from connecting (the renewer renews by 75%).
 func (d *Daemon) expiresSoon(id *identity.Identity) bool {
 	return id.NotAfter.Sub(d.serverTime.Now()) < d.expiryMargin(id)
 }
@@ -89,9 +96,13 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 	return id, nil
 }
 
-// reconnectWait is the wait before reconnect attempt n after failures:
-// Backoff(n) with jitter r in [0, 1) spreading it over ±20%.
+// reconnectWait is the wait before reconnect attempt n after failures,
+// for r in [0, 1): the first is r × FirstReconnectSpread, the others
+// Backoff(n) spread over ±20% by r.
 func reconnectWait(n int, r float64) time.Duration {
+	if n <= 1 {
+		return time.Duration(min(max(r, 0), 1) * float64(FirstReconnectSpread))
+	}
 	return backoff.Policy{Min: MinBackoff, Max: MaxBackoff, Jitter: backoff.DefaultJitter}.Spread(n, r)
 }
 

@@ -2,14 +2,18 @@ package run_test
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/run"
@@ -50,6 +54,43 @@ func (h *harness) renewNow(t *testing.T, m *machine, clk clock.Clock) *identity.
 		t.Fatalf("renew: %v", err)
 	}
 	return next
+}
+
+// R13.2: a renewal while the session is up on the certificate renewed is a
+// call on the session's own connection (renew.SessionConn): the renewer
+// opens no connection, the control plane admits it on the certificate the
+// session's connection presents, and the session then moves to the
+// renewed certificate.
+func TestRenewalOverTheSessionsConnectionR13_2(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 180, 2)
+		m.conn = &renew.SessionConn{}
+		renewed := make(chan struct{}, 1)
+		p := h.startWith(t, m, "https://"+h.gwAddr, renewed)
+		p.welcome(t)
+		cfg := *m.cfg
+		cfg.GatewayURL = "https://" + h.gwAddr
+		var own atomic.Int64
+		r, err := renew.New(renew.Config{BCD: &cfg, Store: m.store, Clock: p.clock, Log: quiet(), Session: m.conn,
+			HTTPClient: func(c *tls.Config) *http.Client { own.Add(1); return enroll.DefaultHTTPClient(c) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the session offered to the renewer", func() bool { return m.conn.For(m.id.Serial) != nil })
+		next, err := r.RenewOnce(ctxT(t))
+		if err != nil {
+			t.Fatalf("renewal over the session's connection: %v", err)
+		}
+		if n := own.Load(); n != 0 {
+			t.Fatalf("the renewer made %d clients of its own, want none", n)
+		}
+		renewed <- struct{}{}
+		if id := p.welcome(t); id != m.nodeID {
+			t.Fatalf("Welcome names %s", id)
+		}
+		eventually(t, "a node.connected event on the renewed certificate", func() bool { return h.connectedOn(t, m.nodeID, next.Serial) })
+		eventually(t, "the renewed session offered", func() bool { return m.conn.For(next.Serial) != nil && m.conn.For(m.id.Serial) == nil })
+	})
 }
 
 // waitDeadline waits until one of p's timers fires at want.
@@ -159,22 +200,24 @@ func TestNoSessionOnExpiringCertificateR19_3(t *testing.T) {
 }
 
 // R19.3: while the gateway is down bcd reconnects with a capped,
-// exponential backoff (1 s, 2 s, 4 s, … with the middle jitter), never in a
-// hot loop; a renewal meanwhile ends the wait and starts the backoff over.
+// exponential backoff (the first drawn from [0, 10 s), then 2 s, 4 s, …
+// with the middle jitter), never in a hot loop; a renewal meanwhile ends
+// the wait and starts the backoff over.
 func TestBackoffStartsOverAfterRenewalR19_3(t *testing.T) {
 	each(t, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 170, 2)
 		renewed := make(chan struct{}, 1)
 		p := h.startWith(t, m, refusingGateway(t), renewed)
-		for _, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
+		waits := []time.Duration{run.FirstReconnectSpread / 2, 2 * time.Second, 4 * time.Second}
+		for i, wait := range waits {
 			p.waitDeadline(t, "bcd's backoff of "+wait.String(), p.clock.Now().Add(wait))
-			if wait < 4*time.Second {
+			if i < len(waits)-1 {
 				p.clock.Advance(wait)
 			}
 		}
 		h.renewNow(t, m, p.clock)
 		renewed <- struct{}{}
 		// The next attempt (still refused) is the first of a new identity.
-		p.waitDeadline(t, "bcd's backoff to start over at 1 s", p.clock.Now().Add(run.MinBackoff))
+		p.waitDeadline(t, "bcd's backoff to start over", p.clock.Now().Add(run.FirstReconnectSpread/2))
 	})
 }

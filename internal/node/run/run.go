@@ -59,6 +59,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/site"
 	"github.com/better-compute/better-compute/internal/shared/backoff"
@@ -72,10 +73,14 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
-// Reconnect backoff bounds.
+// Reconnect backoff bounds (recover.go).
 const (
 	MinBackoff = time.Second
 	MaxBackoff = 60 * time.Second
+	// FirstReconnectSpread is the window the first reconnect after a
+	// failure is drawn from, so a fleet that lost its gateway or API at
+	// once does not come back at once.
+	FirstReconnectSpread = 10 * time.Second
 	// maxMessageBytes bounds one session message either way.
 	maxMessageBytes = 64 << 10
 	// defaultHeartbeat is used when Welcome names none.
@@ -84,6 +89,9 @@ const (
 	stableAfter = 30 * time.Second
 	// maxPendingResults bounds the answers waiting for a session.
 	maxPendingResults = 64
+	// minHeaderTable is the smallest HPACK dynamic table net/http takes
+	// (0 means its default, 4 KiB): no header field fits, none is kept.
+	minHeaderTable = 1
 )
 
 // ErrRetired is returned (wrapped) by Run when the control plane says this
@@ -146,6 +154,10 @@ type Config struct {
 	// Tickets, when set, resumes the gateway's TLS sessions of the
 	// current identity (shared with the renewer; enroll.TicketCache).
 	Tickets *enroll.TicketCache
+	// SessionConn, when set, is offered each welcomed session's client,
+	// so the renewer renews over the session's connection (shared with
+	// the renewer: renew.SessionConn).
+	SessionConn *renew.SessionConn
 	// ServerTime is the control plane's clock as bcd knows it (R19.3):
 	// certificate expiry and command expiry are read by it; the signed
 	// renewal answers correct it (R21.4). nil: one persisted in Store.Dir
@@ -225,7 +237,7 @@ func New(cfg Config) (*Daemon, error) {
 	d.ran = newRanLog(cfg.Store.Dir, d.clock)
 	d.pins = livePins(cfg)
 	if d.log == nil {
-		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		d.log = slog.New(slog.DiscardHandler)
 	}
 	if d.rand == nil {
 		d.rand = rand.Float64
@@ -243,7 +255,8 @@ func New(cfg Config) (*Daemon, error) {
 }
 
 // Backoff is the wait before reconnect attempt n (1-based) before jitter:
-// 1 s doubling to 60 s.
+// 1 s doubling to 60 s. The first attempt after a session ended is spread
+// over FirstReconnectSpread instead (recover.go).
 func Backoff(n int) time.Duration { return backoff.Policy{Min: MinBackoff, Max: MaxBackoff}.Delay(n) }
 
 // Run keeps the session up until ctx ends (SIGTERM), then returns nil. It
@@ -340,9 +353,13 @@ func (d *Daemon) tlsConfig(id *identity.Identity) (*tls.Config, string, error) {
 // context (tracing.Transport: nothing when tracing is off).
 func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 	if d.cfg.HTTPClient != nil {
-		c := *d.cfg.HTTPClient(tc)
+		base := d.cfg.HTTPClient(tc)
+		c := *base
 		c.Transport = tracing.Transport(d.cfg.Tracer, c.Transport)
-		return &c, func() {}
+		// The next session presents another certificate or dials anew:
+		// this one's connection is closed with it, rather than left idle
+		// (its buffers here and at the gateway) until it times out.
+		return &c, base.CloseIdleConnections
 	}
 	tr := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
@@ -350,7 +367,12 @@ func (d *Daemon) httpClient(tc *tls.Config) (*http.Client, func()) {
 		TLSClientConfig:     tc,
 		ForceAttemptHTTP2:   true,
 		TLSHandshakeTimeout: 15 * time.Second,
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 60 * time.Second, PingTimeout: 20 * time.Second,
+			// No HPACK dynamic tables (4 KiB each by default) either way:
+			// a session's connection carries one stream and the odd
+			// renewal, so they would index next to nothing, and the
+			// gateway keeps one per daemon too.
+			MaxDecoderHeaderTableSize: minHeaderTable, MaxEncoderHeaderTableSize: minHeaderTable},
 	}
 	return &http.Client{Transport: tracing.Transport(d.cfg.Tracer, tr)}, tr.CloseIdleConnections
 }
@@ -387,14 +409,17 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	if err != nil {
 		return err
 	}
+	// The renewer may renew this certificate over this connection while
+	// the session lasts (renew.SessionConn).
+	defer d.cfg.SessionConn.Offer(id.Serial, hc)()
 	// Commands are handled in spans under the session's open, with Run's
 	// cancellation.
 	cmdCtx := trace.ContextWithSpanContext(runCtx, open.SpanContext())
-	// The session's sender and identity watch end with it.
+	// The session's sender (which also watches the identity) ends with
+	// it.
 	var loops sync.WaitGroup
 	defer func() { cancel(nil); loops.Wait() }()
 	loops.Go(func() { d.sendLoop(ctx, cancel, stream, id, nonce, beat) })
-	loops.Go(func() { d.watchIdentity(ctx, cancel, id) })
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -487,10 +512,16 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 // sendLoop is the session's one sender: heartbeats, site reports and
 // command results, each signed by this session's node key (heartbeats over
 // the nonce and a sequence number, so no relay can keep the session alive
-// without this daemon). A failure ends the session through cancel.
+// without this daemon). A failure ends the session through cancel. It
+// also ends the session when the identity on disk has another serial (a
+// renewal), so the next session uses the new certificate: it looks every
+// IdentityCheck, and at once when Renewed says so (one goroutine for both:
+// a held session costs bcd as few as it can).
 func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, nonce []byte, beat time.Duration) {
 	t := d.clock.NewTicker(beat)
 	defer t.Stop()
+	check := d.clock.NewTicker(d.cfg.IdentityCheck)
+	defer check.Stop()
 	// R10.4: a site agent reports the machines its site booted.
 	var booted <-chan time.Time
 	var reports *siteReports
@@ -506,6 +537,16 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 		select {
 		case <-ctx.Done():
 			return
+		case <-check.C():
+			if d.identityChanged(cancel, id) {
+				return
+			}
+			continue
+		case <-d.cfg.Renewed:
+			if d.identityChanged(cancel, id) {
+				return
+			}
+			continue
 		case <-booted:
 			r, err := reports.next(id, nonce, d.log)
 			if err != nil {
@@ -546,25 +587,15 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 	}
 }
 
-// watchIdentity ends the session when the identity on disk has another
-// serial (a renewal), so the next session uses the new certificate: it
-// looks every IdentityCheck, and at once when Renewed says so.
-func (d *Daemon) watchIdentity(ctx context.Context, cancel context.CancelCauseFunc, id *identity.Identity) {
-	t := d.clock.NewTicker(d.cfg.IdentityCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		case <-d.cfg.Renewed:
-		}
-		cur, err := d.cfg.Store.Load()
-		if err == nil && cur.Serial != id.Serial {
-			cancel(errIdentityChanged)
-			return
-		}
+// identityChanged ends the session (through cancel) and reports true when
+// the identity on disk has another serial than id's.
+func (d *Daemon) identityChanged(cancel context.CancelCauseFunc, id *identity.Identity) bool {
+	cur, err := d.cfg.Store.Load()
+	if err == nil && cur.Serial != id.Serial {
+		cancel(errIdentityChanged)
+		return true
 	}
+	return false
 }
 
 // sign signs a's result with the session identity's node key: the

@@ -5,11 +5,11 @@ package loadgen
 // internal/node/renew) against its identity saved the way bcd join saves
 // it: one TLS connection per machine presenting its node certificate, the
 // API's Challenge answered with Hello signed by the node key, heartbeats
-// signed at the interval Welcome names, renewals at 60% of the
-// certificate's lifetime (each followed by a session on the new
-// certificate), commands verified, recorded and answered signed. The
-// process serves its progress as JSON (HoldStatus) until interrupted;
-// scripts/bench-fleet reads it (fleet.go).
+// signed at the interval Welcome names, renewals at 45% to 75% of the
+// certificate's lifetime (each a call on the session's connection,
+// followed by a session on the new certificate), commands verified,
+// recorded and answered signed. The process serves its progress as JSON
+// (HoldStatus) until interrupted; scripts/bench-fleet reads it (fleet.go).
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
 	"github.com/better-compute/better-compute/internal/node/renew"
@@ -41,7 +43,7 @@ type HoldOptions struct {
 	// DataDir holds one identity directory per machine (DataDir/000042).
 	DataDir string
 	// Status is the address the status is served on (GET /status,
-	// GET /nodes).
+	// GET /nodes, and the process's profiles under /debug/pprof/).
 	Status string
 	// IdentityCheck is how often each daemon re-reads its identity from
 	// disk (bcd's default is 30 s; the renewer tells the daemon of a
@@ -195,7 +197,12 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(h.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	// The status, and the profiles of the simulated daemons (what a held
+	// node costs the load generator: GET /debug/pprof/heap).
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.Handle("/", http.HandlerFunc(h.serveHTTP))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	var serving sync.WaitGroup
 	serving.Add(1)
 	go func() { defer serving.Done(); _ = srv.Serve(ln) }()
@@ -221,11 +228,14 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 		d *run.Daemon
 	}
 	var ds []started
+	// The daemons of this process share one config.toml, so one live pin
+	// set, as bcd run's session and renewer share theirs.
+	pins := config.NewPins("", tg.bc, nil)
 	for i, m := range ms {
 		if m.body == nil {
 			continue
 		}
-		n, d, err := h.daemon(tg, filepath.Join(opts.DataDir, fmt.Sprintf("%06d", i)), m, opts)
+		n, d, err := h.daemon(tg, filepath.Join(opts.DataDir, fmt.Sprintf("%06d", i)), m, opts, pins)
 		if err != nil {
 			return fmt.Errorf("machine %d: %w", i, err)
 		}
@@ -270,7 +280,7 @@ func Hold(ctx context.Context, cfg Config, opts HoldOptions, progress func(strin
 
 // daemon saves m's identity in dir as bcd join does and returns bcd run's
 // loop for it, with its renewer, wired to h's counters.
-func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*heldNode, *run.Daemon, error) {
+func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions, pins *config.Pins) (*heldNode, *run.Daemon, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, err
 	}
@@ -293,8 +303,9 @@ func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*
 	}
 	serverTime := servertime.New(servertime.Config{Dir: dir})
 	tickets := &enroll.TicketCache{}
+	conn := &renew.SessionConn{}
 	renewed := make(chan struct{}, 1)
-	rn, err := renew.New(renew.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Tickets: tickets,
+	rn, err := renew.New(renew.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Tickets: tickets, Session: conn, Pins: pins,
 		OnRenewed: func(*identity.Identity) {
 			h.renewed.Add(1)
 			n.renewed.Store(time.Now().UnixNano())
@@ -307,7 +318,7 @@ func (h *holder) daemon(tg *target, dir string, m *machine, opts HoldOptions) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	d, err := run.New(run.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Renewer: rn, Renewed: renewed, Tickets: tickets,
+	d, err := run.New(run.Config{BCD: tg.bc, Store: store, ServerTime: serverTime, Renewer: rn, Renewed: renewed, Tickets: tickets, SessionConn: conn, Pins: pins,
 		IdentityCheck: opts.IdentityCheck,
 		OnWelcome: func(string) {
 			h.welcomes.Add(1)
