@@ -22,6 +22,9 @@ import (
 // only a counter.
 const connWindow = 1 << 30
 
+// lingerTime is how long lingerClose reads after a refusal.
+const lingerTime = time.Second
+
 // errConnClosed is a stream's end when its connection ended.
 var errConnClosed = errors.New("h2server: connection closed")
 
@@ -46,6 +49,7 @@ type conn struct {
 	closed      bool
 	goingAway   bool // GOAWAY sent: no new streams
 	goAwayID    uint32
+	linger      bool // refused: lingerClose
 	// peer's settings
 	peerWindow   int64
 	peerMaxFrame uint32
@@ -105,10 +109,27 @@ func (c *conn) serve() {
 	c.disarm(c.handshake)
 	c.handshake = nil
 	c.closeLocked()
+	linger := c.linger
 	c.unlock()
+	if linger {
+		lingerClose(c.raw)
+	}
 	c.raw.Close()
 	c.timers.Wait()
 	_ = err
+}
+
+// lingerClose ends a connection the server refused: it stops writing and
+// reads what the client still sends, a little while, so that the client
+// reads the GOAWAY before the end instead of a reset.
+func lingerClose(nc net.Conn) {
+	cw, ok := nc.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	// The kernel's clock: a socket deadline.
+	_ = nc.SetReadDeadline(time.Now().Add(lingerTime))
+	_, _ = io.Copy(io.Discard, io.LimitReader(nc, 256<<10))
 }
 
 // start runs the TLS handshake, sends the server's SETTINGS, reads the
@@ -157,6 +178,7 @@ func (c *conn) start() error {
 		return err
 	}
 	if string(preface[:]) != http2.ClientPreface {
+		c.linger = true
 		return errors.New("h2server: bad client preface")
 	}
 	// The first frame must be SETTINGS (RFC 9113 3.4).
@@ -230,10 +252,11 @@ func (c *conn) readFrame(handle func(http2.Frame) error) error {
 	f, err := rf.fr.ReadFrame()
 	if err == nil {
 		err = handle(f)
+		rf.fr.ReadMetaHeaders = nil
+		rf.src = prefixReader{}
+		readFramers.Put(rf)
 	}
-	rf.fr.ReadMetaHeaders = nil
-	rf.src = prefixReader{}
-	readFramers.Put(rf)
+	// A Framer that failed may be mid header block: it is dropped.
 	return c.frameError(err)
 }
 
@@ -272,6 +295,7 @@ func (c *conn) sendGoAway(code http2.ErrCode) {
 	}
 	c.goingAway = true
 	c.goAwayID = c.maxStreamID
+	c.linger = true
 	_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteGoAway(c.maxStreamID, code, nil) })
 }
 

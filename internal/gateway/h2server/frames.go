@@ -36,6 +36,9 @@ func (c *conn) process(f http2.Frame) error {
 		}
 		return c.onReset(f)
 	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			c.resetStream(f.StreamID, http2.ErrCodeProtocol) // depends on itself
+		}
 		return c.spend()
 	case *http2.GoAwayFrame:
 		return nil // the client stops opening streams; those open finish
@@ -228,6 +231,9 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	id := f.StreamID
 	if id%2 == 0 {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol} // depends on itself
 	}
 	c.mu.Lock()
 	if s := c.streams[id]; s != nil {
