@@ -299,6 +299,9 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.noteLocked(s)
 	c.unlock()
+	if h != nil && f.StreamEnded() {
+		h.Data(s, nil, true) // a request without a body
+	}
 	return nil
 }
 

@@ -111,9 +111,11 @@ func (hs *httpStream) run(h http.Handler) {
 		Host: host, RemoteAddr: req.RemoteAddr, RequestURI: req.Path, TLS: req.TLS,
 		ContentLength: req.ContentLength, Body: (*httpBody)(hs),
 	}).WithContext(ctx)
+	hs.mu.Lock()
 	if hs.bodyEnd && len(hs.body) == 0 {
 		r.Body, r.ContentLength = http.NoBody, 0
 	}
+	hs.mu.Unlock()
 	if !hs.serve(h, r) {
 		hs.s.Reset(http2.ErrCodeInternal)
 		return

@@ -36,7 +36,8 @@ func (f HandlerFunc) ServeStream(s *Stream) StreamHandler { return f(s) }
 // methods), so they may run alongside Data.
 type StreamHandler interface {
 	// Data hands over request body bytes, valid only during the call;
-	// end reports that the client ended its side (p may then be empty).
+	// end reports that the client ended its side (p may then be empty;
+	// a request without a body gets one such call after ServeStream).
 	// The bytes hold the stream's receive window until the handler calls
 	// Consumed.
 	Data(s *Stream, p []byte, end bool)
