@@ -28,6 +28,9 @@ const lingerTime = time.Second
 // errConnClosed is a stream's end when its connection ended.
 var errConnClosed = errors.New("h2server: connection closed")
 
+// errHandedOff ends serve for a connection Config.Other took.
+var errHandedOff = errors.New("h2server: handed to Config.Other")
+
 // conn is one client connection. Its goroutine (serve) reads frames; any
 // goroutine writes under mu.
 type conn struct {
@@ -47,6 +50,7 @@ type conn struct {
 	streams     map[uint32]*Stream
 	maxStreamID uint32
 	closed      bool
+	ready       bool // the TLS handshake is done: frames can be written
 	goingAway   bool // GOAWAY sent: no new streams
 	goAwayID    uint32
 	linger      bool // refused: lingerClose
@@ -111,12 +115,15 @@ func (c *conn) serve() {
 	c.closeLocked()
 	linger := c.linger
 	c.unlock()
+	if errors.Is(err, errHandedOff) {
+		c.timers.Wait()
+		return
+	}
 	if linger {
 		lingerClose(c.raw)
 	}
 	c.raw.Close()
 	c.timers.Wait()
-	_ = err
 }
 
 // lingerClose ends a connection the server refused: it stops writing and
@@ -143,21 +150,24 @@ func (c *conn) start() error {
 		}
 		st := tc.ConnectionState()
 		if st.NegotiatedProtocol != "h2" {
-			if c.cfg.Other != nil {
-				c.mu.Lock()
-				c.disarm(c.handshake)
-				c.handshake = nil
-				c.closed = true
-				c.mu.Unlock()
-				c.raw = nopCloser{c.raw} // Other owns it now
-				c.cfg.Other(tc)
-				return errors.New("h2server: handed to Other")
+			if c.cfg.Other == nil {
+				return fmt.Errorf("h2server: client negotiated %q, not h2", st.NegotiatedProtocol)
 			}
-			return fmt.Errorf("h2server: client negotiated %q, not h2", st.NegotiatedProtocol)
+			c.mu.Lock()
+			c.disarm(c.handshake)
+			c.handshake = nil
+			c.closed = true
+			c.mu.Unlock()
+			c.cfg.Other(tc)
+			return errHandedOff
 		}
-		c.nc = tc
-		c.state = &st
+		c.mu.Lock()
+		c.nc, c.state = tc, &st
+		c.mu.Unlock()
 	}
+	c.mu.Lock()
+	c.ready = true // frames may be written from now on
+	c.mu.Unlock()
 	err := c.write(func(fr *http2.Framer) error {
 		if err := fr.WriteSettings(
 			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.cfg.MaxConcurrentStreams},
@@ -195,10 +205,6 @@ func (c *conn) start() error {
 		return c.onSettings(sf)
 	})
 }
-
-type nopCloser struct{ net.Conn }
-
-func (nopCloser) Close() error { return nil }
 
 // readLoop reads and handles frames until the connection fails or ends.
 func (c *conn) readLoop() error {
@@ -307,6 +313,11 @@ func (c *conn) goAway() {
 		c.mu.Unlock()
 		return
 	}
+	if !c.ready {
+		c.mu.Unlock()
+		c.raw.Close() // still in its TLS handshake
+		return
+	}
 	c.goingAway = true
 	c.goAwayID = c.maxStreamID
 	_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteGoAway(c.maxStreamID, http2.ErrCodeNo, nil) })
@@ -396,7 +407,7 @@ func (c *conn) writeLocked(f func(*http2.Framer) error) error {
 }
 
 func (c *conn) withWriter(f func(*writer) error) error {
-	if c.closed {
+	if c.closed || !c.ready {
 		return errConnClosed
 	}
 	w := writers.Get().(*writer)

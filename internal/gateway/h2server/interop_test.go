@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -163,6 +164,50 @@ func TestConcurrentStreams(t *testing.T) {
 			close(errs)
 			for err := range errs {
 				t.Error(err)
+			}
+		})
+	}
+}
+
+// TestOtherProtocols: a TLS client that negotiates HTTP/1.1 goes to
+// Config.Other when it is set, and is closed otherwise.
+func TestOtherProtocols(t *testing.T) {
+	cert, pool := testCert(t)
+	tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}} // HTTP/1.1 only
+	for _, withOther := range []bool{true, false} {
+		t.Run(map[bool]string{true: "handed over", false: "closed"}[withOther], func(t *testing.T) {
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			cfg := Config{Handler: HTTP(echoHTTP()), TLS: tlsCfg}
+			if withOther {
+				cfg.Other = func(tc *tls.Conn) {
+					wg.Go(func() {
+						defer tc.Close()
+						req, err := http.ReadRequest(bufio.NewReader(tc))
+						if err != nil {
+							return
+						}
+						_, _ = io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"+req.URL.Path[1:3])
+					})
+				}
+			}
+			_, addr := start(t, cfg)
+			res, err := h1.Get("https://" + addr + "/h1")
+			if !withOther {
+				if err == nil {
+					res.Body.Close()
+					t.Fatal("an HTTP/1.1 client was answered without Other")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.ProtoMajor != 1 || string(body) != "h1" {
+				t.Fatalf("proto %d body %q", res.ProtoMajor, body)
 			}
 		})
 	}

@@ -204,7 +204,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		fails = 0
-		if !s.track(nil) {
+		if !s.track() {
 			nc.Close()
 			return ErrServerClosed
 		}
@@ -217,7 +217,7 @@ func (s *Server) Serve(ln net.Listener) error {
 
 // ServeConn serves one accepted connection and returns when it ends.
 func (s *Server) ServeConn(nc net.Conn) {
-	if !s.track(nil) {
+	if !s.track() {
 		nc.Close()
 		return
 	}
@@ -226,16 +226,13 @@ func (s *Server) ServeConn(nc net.Conn) {
 }
 
 // track adds one to wg unless the server stopped.
-func (s *Server) track(c *conn) bool {
+func (s *Server) track() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || s.draining {
 		return false
 	}
 	s.wg.Add(1)
-	if c != nil {
-		s.conns[c] = struct{}{}
-	}
 	return true
 }
 
