@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -68,6 +69,13 @@ type conn struct {
 	idle        clock.Timer
 	idleGen     uint64
 	handshake   clock.Timer
+	// keepalive: the timer, the last frame's time (UnixNano, atomic: set
+	// per frame without the lock) and the PING awaiting its ACK
+	ping        clock.Timer
+	pingGen     uint64
+	lastRead    atomic.Int64
+	pingWaiting bool
+	pingData    [8]byte
 	// notify lists the streams with events for their handlers (unlock).
 	notify []*Stream
 }
@@ -201,6 +209,7 @@ func (c *conn) start() error {
 		c.disarm(c.handshake)
 		c.handshake = nil
 		c.armIdleLocked()
+		c.armPingLocked(c.cfg.PingInterval)
 		c.mu.Unlock()
 		return c.onSettings(sf)
 	})
@@ -256,6 +265,7 @@ func (c *conn) readFrame(handle func(http2.Frame) error) error {
 	rf.fr.ReadMetaHeaders = c.hdec
 	rf.fr.MaxHeaderListSize = c.cfg.MaxHeaderListSize
 	f, err := rf.fr.ReadFrame()
+	c.lastRead.Store(c.clock.Now().UnixNano())
 	if err == nil {
 		err = handle(f)
 		rf.fr.ReadMetaHeaders = nil
@@ -467,6 +477,9 @@ func (c *conn) closeLocked() {
 	}
 	c.closed = true
 	c.disarmIdleLocked()
+	c.disarm(c.ping)
+	c.ping = nil
+	c.pingGen++
 	for _, s := range c.streams {
 		s.endLocked(errConnClosed)
 	}
@@ -479,5 +492,50 @@ func (c *conn) flushAllLocked() {
 		if len(s.out) > 0 || s.outEnd {
 			s.flushLocked()
 		}
+	}
+}
+
+// armPingLocked arms the keepalive timer to look again after d.
+func (c *conn) armPingLocked(d time.Duration) {
+	if c.closed {
+		return
+	}
+	c.disarm(c.ping)
+	c.pingGen++
+	gen := c.pingGen
+	c.ping = c.arm(d, func() {
+		c.mu.Lock()
+		if c.closed || c.pingGen != gen {
+			c.mu.Unlock()
+			return
+		}
+		c.ping = nil
+		if c.pingWaiting {
+			// No ACK within PingTimeout: the client is gone.
+			c.mu.Unlock()
+			c.raw.Close()
+			return
+		}
+		quiet := c.clock.Now().Sub(time.Unix(0, c.lastRead.Load()))
+		if quiet < c.cfg.PingInterval {
+			c.armPingLocked(c.cfg.PingInterval - quiet)
+			c.mu.Unlock()
+			return
+		}
+		c.pingWaiting = true
+		c.pingData[0]++
+		_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WritePing(false, c.pingData) })
+		c.armPingLocked(c.cfg.PingTimeout)
+		c.mu.Unlock()
+	})
+}
+
+// onPingAck ends the wait for the server's PING.
+func (c *conn) onPingAck(data [8]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pingWaiting && data == c.pingData {
+		c.pingWaiting = false
+		c.armPingLocked(c.cfg.PingInterval)
 	}
 }

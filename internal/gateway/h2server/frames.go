@@ -27,6 +27,7 @@ func (c *conn) process(f http2.Frame) error {
 			return err
 		}
 		if f.IsAck() {
+			c.onPingAck(f.Data)
 			return nil
 		}
 		return c.write(func(fr *http2.Framer) error { return fr.WritePing(true, f.Data) })

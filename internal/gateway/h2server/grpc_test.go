@@ -161,8 +161,8 @@ func (r *relayEcho) pump() {
 // status.
 func TestGRPCBidiRelay(t *testing.T) {
 	relay := newRelayEcho()
+	t.Cleanup(relay.stop) // after the server's Close: cleanups run last first
 	_, addr, pool := startTLS(t, Config{Handler: relay})
-	t.Cleanup(relay.stop) // after the server's Close (cleanups run last first)
 	client := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](x2Client(pool), "https://"+addr+"/test.v1.Echo/Bidi",
 		connect.WithGRPC(), connect.WithSendMaxBytes(64<<10), connect.WithReadMaxBytes(64<<10))
 	var wg sync.WaitGroup

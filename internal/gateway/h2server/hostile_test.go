@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
@@ -239,7 +241,7 @@ func (h *stallHandler) Closed(_ *Stream, err error) { h.closed <- err }
 func TestClientThatDoesNotRead(t *testing.T) {
 	fake := clock.NewFake(t0)
 	h := &stallHandler{served: make(chan struct{}), closed: make(chan error, 1)}
-	_, addr := start(t, Config{Handler: h, Clock: fake, StreamStallTimeout: time.Minute, MaxQueuedBytes: 100 << 10})
+	_, addr := start(t, Config{Handler: h, Clock: fake, StreamStallTimeout: time.Minute, MaxQueuedBytes: 100 << 10, PingInterval: time.Hour})
 	c := dialRaw(t, addr)
 	c.until("SETTINGS ACK", isSettingsAck)
 	if err := c.open(1, true); err != nil {
@@ -259,7 +261,7 @@ func TestClientThatDoesNotRead(t *testing.T) {
 	if !errors.Is(h.lastErr, ErrQueueFull) || h.queued > 65535+100<<10 {
 		t.Fatalf("queued %d bytes, last Write %v; want at most the window and MaxQueuedBytes, then ErrQueueFull", h.queued, h.lastErr)
 	}
-	waitArmed(t, fake, 1) // the stall timer
+	waitArmed(t, fake, 2) // the keepalive and the stall timers
 	fake.Advance(time.Minute)
 	rst := c.until("RST_STREAM", isRST(1)).(*http2.RSTStreamFrame)
 	if rst.ErrCode != http2.ErrCodeCancel {
@@ -279,9 +281,9 @@ func TestIdleConnectionClosed(t *testing.T) {
 		name := map[bool]string{false: "never a stream", true: "after a stream"}[withStream]
 		t.Run(name, func(t *testing.T) {
 			fake := clock.NewFake(t0)
-			_, addr := start(t, Config{Handler: newHold(), Clock: fake, IdleTimeout: 2 * time.Minute})
+			_, addr := start(t, Config{Handler: newHold(), Clock: fake, IdleTimeout: 2 * time.Minute, PingInterval: time.Hour})
 			c := dialRaw(t, addr)
-			c.until("SETTINGS ACK", isSettingsAck) // the idle timer is armed
+			c.until("SETTINGS ACK", isSettingsAck) // the idle and keepalive timers are armed
 			if withStream {
 				if err := c.open(1, true); err != nil {
 					t.Fatal(err)
@@ -290,10 +292,10 @@ func TestIdleConnectionClosed(t *testing.T) {
 					d, ok := f.(*http2.DataFrame)
 					return ok && d.StreamEnded()
 				})
-				waitArmed(t, fake, 1)
+				waitArmed(t, fake, 2)
 			}
 			fake.Advance(2*time.Minute - time.Nanosecond)
-			if fake.Armed() != 1 {
+			if fake.Armed() != 2 {
 				t.Fatal("the idle timer fired before its time")
 			}
 			fake.Advance(time.Nanosecond)
@@ -346,4 +348,30 @@ func TestShutdown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKeepalivePings: a connection quiet for PingInterval gets a PING; an
+// answered one keeps it, the next quiet interval brings the next PING,
+// and one left unanswered for PingTimeout closes it.
+func TestKeepalivePings(t *testing.T) {
+	fake := clock.NewFake(t0)
+	_, addr := start(t, Config{Handler: newHold(), Clock: fake, IdleTimeout: time.Hour, PingInterval: time.Minute, PingTimeout: 20 * time.Second})
+	c := dialRaw(t, addr)
+	c.until("SETTINGS ACK", isSettingsAck) // the keepalive timer is armed
+	isPing := func(f http2.Frame) bool { p, ok := f.(*http2.PingFrame); return ok && !p.IsAck() }
+	fake.Advance(time.Minute)
+	ping := c.until("the first PING", isPing).(*http2.PingFrame)
+	if err := c.do(func(fr *http2.Framer) error { return fr.WritePing(true, ping.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	// The ACK rearms the timer a full interval after it.
+	next := fake.Now().Add(time.Minute)
+	poll.Until(t, 10*time.Second, "the keepalive timer rearmed by the ACK", func() bool {
+		return slices.ContainsFunc(fake.Deadlines(), next.Equal)
+	})
+	fake.Advance(time.Minute)
+	c.until("the second PING", isPing)
+	waitArmed(t, fake, 2)
+	fake.Advance(20 * time.Second)
+	c.closed()
 }

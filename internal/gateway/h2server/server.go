@@ -30,7 +30,8 @@
 // HandshakeTimeout; a stream whose client does not read keeps at most its
 // send window plus what its handler queued (MaxQueuedBytes) and is reset
 // after StreamStallTimeout without progress; a connection without streams
-// is closed after IdleTimeout.
+// is closed after IdleTimeout; one that stops answering PINGs is closed
+// after PingInterval and PingTimeout.
 //
 // Timers run on the injected clock; network writes have a real-time
 // deadline (WriteTimeout), the kernel's business.
@@ -55,6 +56,8 @@ const (
 	DefaultIdleTimeout            = 120 * time.Second
 	DefaultStreamStallTimeout     = 120 * time.Second
 	DefaultWriteTimeout           = 20 * time.Second
+	DefaultPingInterval           = 60 * time.Second
+	DefaultPingTimeout            = 20 * time.Second
 	DefaultMaxConcurrentStreams   = 8
 	DefaultInitialWindowSize      = 64<<10 + 5 + 1024 // max_body_bytes, a gRPC envelope and some
 	DefaultMaxHeaderListSize      = 32 << 10
@@ -91,6 +94,11 @@ type Config struct {
 	StreamStallTimeout time.Duration
 	// WriteTimeout bounds one flush to the network.
 	WriteTimeout time.Duration
+	// PingInterval: after this long without a frame from the client, the
+	// server sends a PING; without its ACK within PingTimeout the
+	// connection is closed (a client that vanished without closing it).
+	PingInterval time.Duration
+	PingTimeout  time.Duration
 	// MaxConcurrentStreams is advertised and enforced per connection.
 	MaxConcurrentStreams uint32
 	// InitialWindowSize is each stream's receive window.
@@ -124,6 +132,8 @@ func (c *Config) defaults() error {
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.StreamStallTimeout, DefaultStreamStallTimeout)
 	def(&c.WriteTimeout, DefaultWriteTimeout)
+	def(&c.PingInterval, DefaultPingInterval)
+	def(&c.PingTimeout, DefaultPingTimeout)
 	if c.MaxConcurrentStreams == 0 {
 		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
