@@ -285,7 +285,7 @@ func (c *conn) frameError(err error) error {
 	var se http2.StreamError
 	if errors.As(err, &se) {
 		c.resetStream(se.StreamID, se.Code)
-		return nil
+		return c.frameError(c.spend()) // each reset the client causes counts
 	}
 	code := http2.ErrCodeProtocol
 	var ce http2.ConnectionError

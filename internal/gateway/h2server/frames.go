@@ -182,7 +182,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 			_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeStreamClosed) })
 		}
 		c.unlock()
-		return nil
+		return c.spend() // each reset the client causes counts
 	}
 	if n > s.recvWindow {
 		c.resetLocked(s, http2.ErrCodeFlowControl)
@@ -271,15 +271,13 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return c.spend()
 	}
 	req, code := c.request(f)
+	if code == http2.ErrCodeNo && f.StreamEnded() && req.ContentLength > 0 {
+		code = http2.ErrCodeProtocol
+	}
 	if code != http2.ErrCodeNo {
 		_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, code) })
 		c.mu.Unlock()
-		return nil
-	}
-	if f.StreamEnded() && req.ContentLength > 0 {
-		_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeProtocol) })
-		c.mu.Unlock()
-		return nil
+		return c.spend() // each reset the client causes counts
 	}
 	s := c.newStreamLocked(id, req, f.StreamEnded())
 	if f.Truncated {

@@ -90,6 +90,21 @@ func TestControlFrameFloods(t *testing.T) {
 		{"refused streams", func(c *rawClient, i int) error {
 			return c.open(uint32(2*i+1), false) // the hold handler never ends them
 		}},
+		{"data on closed streams", func(c *rawClient, i int) error {
+			if i == 0 {
+				if err := c.open(1, true); err != nil {
+					return err
+				}
+			}
+			return c.do(func(fr *http2.Framer) error { return fr.WriteData(1, false, []byte("x")) })
+		}},
+		{"invalid requests", func(c *rawClient, i int) error {
+			c.wmu.Lock()
+			defer c.wmu.Unlock()
+			c.hbuf = c.hbuf[:0]
+			_ = c.henc.WriteField(hpack.HeaderField{Name: ":method", Value: "GET"}) // no :path: a stream error
+			return c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: c.hbuf, EndHeaders: true, EndStream: true})
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, addr := start(t, Config{Handler: newHold(), Clock: clock.NewFake(t0), ControlFramesPerSecond: 20})

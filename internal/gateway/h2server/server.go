@@ -106,7 +106,8 @@ type Config struct {
 	// MaxHeaderListSize bounds a request's header block, decoded.
 	MaxHeaderListSize uint32
 	// ControlFramesPerSecond is the per-connection budget of RST_STREAM,
-	// PING, SETTINGS, PRIORITY, empty DATA frames and refused streams.
+	// PING, SETTINGS, PRIORITY and empty DATA frames, and of the streams
+	// the server refuses or resets for a frame the client sent.
 	ControlFramesPerSecond int
 	// MaxQueuedBytes bounds what a stream's handler can queue beyond the
 	// client's window (Stream.Write returns ErrQueueFull past it).
