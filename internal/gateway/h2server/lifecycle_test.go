@@ -7,8 +7,10 @@ import (
 	"net"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/goroutines"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
 // TestCloseJoinsItsGoroutines: Close ends the connections (one in its
@@ -52,4 +54,54 @@ func TestCloseJoinsItsGoroutines(t *testing.T) {
 	res.Body.Close()
 	client.CloseIdleConnections()
 	goroutines.Joined(t, before, "internal/gateway/h2server")
+}
+
+// failOnce is a listener whose first Accept fails as when the process is
+// out of descriptors.
+type failOnce struct {
+	net.Listener
+	failed bool
+}
+
+func (l *failOnce) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, errors.New("accept: too many open files")
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptRetried: a failed Accept is retried after a backoff on the
+// server's clock, and Close ends the wait.
+func TestAcceptRetried(t *testing.T) {
+	for _, closeInWait := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retried", true: "closed while waiting"}[closeInWait], func(t *testing.T) {
+			fake := clock.NewFake(t0)
+			s, err := New(Config{Handler: newHold(), Clock: fake})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- s.Serve(&failOnce{Listener: ln}) }()
+			waitArmed(t, fake, 1) // the backoff
+			if closeInWait {
+				s.Close()
+				if err := <-done; !errors.Is(err, ErrServerClosed) {
+					t.Fatalf("Serve: %v", err)
+				}
+				return
+			}
+			fake.Advance(time.Second)
+			c := dialRaw(t, ln.Addr().String())
+			c.until("SETTINGS ACK", isSettingsAck)
+			s.Close()
+			if err := <-done; !errors.Is(err, ErrServerClosed) {
+				t.Fatalf("Serve: %v", err)
+			}
+		})
+	}
 }

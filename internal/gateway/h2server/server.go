@@ -170,6 +170,9 @@ type Server struct {
 	conns    map[*conn]struct{}
 	// gone is closed when the last connection ends after draining starts.
 	gone chan struct{}
+	// stopCtx ends with Shutdown or Close (an accept loop's backoff).
+	stopCtx context.Context
+	stop    context.CancelFunc
 }
 
 // New checks cfg and builds a Server.
@@ -177,7 +180,9 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, gone: make(chan struct{})}, nil
+	s := &Server{cfg: cfg, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}, gone: make(chan struct{})}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
+	return s, nil
 }
 
 // acceptBackoff spaces out retries after a failed Accept (out of
@@ -204,15 +209,15 @@ func (s *Server) Serve(ln net.Listener) error {
 			if s.stopping() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || !errors.Is(err, net.ErrClosed) {
-				fails++
-				s.cfg.Log.Warn("h2server: accept failed; retrying", "err", err)
-				if acceptBackoff.Wait(context.Background(), s.cfg.Clock, fails) == nil {
-					continue
-				}
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			fails++
+			s.cfg.Log.Warn("h2server: accept failed; retrying", "err", err)
+			if acceptBackoff.Wait(s.stopCtx, s.cfg.Clock, fails) != nil {
+				return ErrServerClosed
+			}
+			continue
 		}
 		fails = 0
 		if !s.track() {
@@ -319,6 +324,7 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) closeListenersLocked() []*conn {
+	s.stop()
 	for ln := range s.lns {
 		ln.Close()
 		delete(s.lns, ln)
