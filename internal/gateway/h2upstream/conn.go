@@ -74,12 +74,7 @@ func (cl *Client) connect(ctx context.Context) (*conn, error) {
 		}
 		raw = t
 	}
-	c := &conn{cl: cl, cfg: cfg, raw: raw, streams: map[uint32]*Stream{}, nextID: 1,
-		maxStreams: 1<<32 - 1, peerWindow: 65535, peerMaxFrame: maxFrameSize, sendWindow: 65535}
-	c.fr = http2.NewFramer(io.Discard, bufio.NewReaderSize(raw, 4<<10))
-	c.fr.SetMaxReadFrameSize(maxFrameSize)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = cfg.MaxHeaderListSize
+	c := newConn(cl, raw)
 	if d, ok := ctx.Deadline(); ok {
 		_ = raw.SetDeadline(d)
 	}
@@ -91,6 +86,17 @@ func (cl *Client) connect(ctx context.Context) (*conn, error) {
 	cl.wg.Add(1)
 	go c.run()
 	return c, nil
+}
+
+func newConn(cl *Client, raw net.Conn) *conn {
+	c := &conn{cl: cl, cfg: &cl.cfg, raw: raw, streams: map[uint32]*Stream{}, nextID: 1,
+		maxStreams: 1<<32 - 1, peerWindow: 65535, peerMaxFrame: maxFrameSize, sendWindow: 65535}
+	// The reader's buffer: a few connections each, not one per stream.
+	c.fr = http2.NewFramer(io.Discard, bufio.NewReaderSize(raw, 4<<10))
+	c.fr.SetMaxReadFrameSize(maxFrameSize)
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.MaxHeaderListSize = cl.cfg.MaxHeaderListSize
+	return c
 }
 
 // handshake writes the preface and the client's SETTINGS, then reads
