@@ -28,7 +28,7 @@ import (
 func grpcPeer(t testing.TB, maxStreams uint32) *httptest.Server {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(grpcHandler))
 	srv.EnableHTTP2 = true
-	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(maxStreams), MaxReceiveBufferPerStream: 64 << 10}
+	srv.Config.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: int(maxStreams), MaxReceiveBufferPerStream: 64 << 10, MaxReadFrameSize: 16 << 10}
 	srv.Config.ErrorLog = nil
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
