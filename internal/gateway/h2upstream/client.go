@@ -247,14 +247,21 @@ func (cl *Client) tryOpen(req Request, h Handler, any bool) (*Stream, error) {
 	if cl.closed {
 		return nil, ErrClosed
 	}
-	live := cl.conns[:0]
+	// Closed connections leave the list; those going away stay (Close
+	// ends them) but take no new stream.
+	open := cl.conns[:0]
+	var live []*conn
 	for _, c := range cl.conns {
-		if c.usable() {
+		closed, usable := c.state()
+		if !closed {
+			open = append(open, c)
+		}
+		if usable {
 			live = append(live, c)
 		}
 	}
-	clear(cl.conns[len(live):])
-	cl.conns = live
+	clear(cl.conns[len(open):])
+	cl.conns = open
 	if len(live) == 0 || len(live) < cl.cfg.Conns && !any {
 		return nil, nil
 	}
@@ -293,10 +300,6 @@ func (cl *Client) dial(ctx context.Context) error {
 		return err
 	}
 	cl.fails = 0
-	if cl.closed {
-		c.fail(ErrClosed)
-		return ErrClosed
-	}
 	cl.conns = append(cl.conns, c)
 	return nil
 }
@@ -322,7 +325,7 @@ func (cl *Client) Conns() int {
 	defer cl.mu.Unlock()
 	n := 0
 	for _, c := range cl.conns {
-		if c.usable() {
+		if _, usable := c.state(); usable {
 			n++
 		}
 	}

@@ -83,6 +83,17 @@ func (cl *Client) connect(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	_ = raw.SetDeadline(time.Time{})
+	if c.maxStreams == 0 {
+		raw.Close()
+		return nil, fmt.Errorf("h2upstream: %s allows no stream (MAX_CONCURRENT_STREAMS 0)", cfg.Addr)
+	}
+	// Under cl.mu: Close, once it set closed, waits for no new goroutine.
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closed {
+		raw.Close()
+		return nil, ErrClosed
+	}
 	cl.wg.Add(1)
 	go c.run()
 	return c, nil
@@ -134,11 +145,12 @@ func (c *conn) handshake() error {
 	return c.onSettings(sf)
 }
 
-// usable reports whether new streams may go to c.
-func (c *conn) usable() bool {
+// state reports whether c is closed, and whether new streams may go to
+// it.
+func (c *conn) state() (closed, usable bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.closed && !c.goingAway && c.nextID < 1<<31-1
+	return c.closed, !c.closed && !c.goingAway && c.nextID < 1<<31-1
 }
 
 // arm runs f after d on the clock; Close waits for callbacks in flight.

@@ -147,7 +147,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	s := c.streams[f.StreamID]
 	if s == nil || s.remoteDone {
 		c.unlock()
-		if f.StreamID >= c.nextIDSnapshot() {
+		if f.StreamID%2 == 0 || f.StreamID >= c.nextIDSnapshot() {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
 		return nil // a stream that ended: its bytes are dropped
@@ -166,6 +166,9 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	padding := n - int64(len(f.Data()))
 	c.unlock()
 	held, err := s.msgs.feed(f.Data(), func(_ byte, msg []byte, window int) error {
+		if s.done.Load() { // reset meanwhile from another goroutine
+			return ErrStreamEnded
+		}
 		s.h.OnMessage(s, msg, window)
 		return nil
 	})

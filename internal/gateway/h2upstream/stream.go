@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -52,6 +53,8 @@ type Stream struct {
 	h  Handler
 	// msgs is the connection goroutine's.
 	msgs messages
+	// done is ended, for the connection's goroutine between frames.
+	done atomic.Bool
 	// The rest is under c.mu.
 	sendWindow  int64
 	recvWindow  int64
@@ -317,6 +320,7 @@ func (s *Stream) endLocked(err error, st *Status) {
 		_ = c.writeLocked(func(w *writer) error { return w.fr.WriteRSTStream(s.id, http2.ErrCodeCancel) })
 	}
 	s.ended = true
+	s.done.Store(true)
 	s.stopStallLocked()
 	if s.out != nil {
 		*s.out = (*s.out)[:0]
