@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/better-compute/better-compute/internal/checks/goroutines"
 	"github.com/better-compute/better-compute/internal/checks/poll"
@@ -32,6 +35,7 @@ func TestStreams(t *testing.T) {
 		{"status in trailers", "/status", []string{"x"}, []string{"x"}, 3, "bad argument"},
 		{"trailers only", "/fail", nil, nil, 5, "no such thing"},
 		{"HTTP status", "/teapot", nil, nil, CodeUnavailable, "h2upstream: HTTP status 503"},
+		{"request headers", "/headers", nil, []string{"POST application/grpc trailers pem"}, 0, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -61,6 +65,52 @@ func TestStreams(t *testing.T) {
 				t.Errorf("messages %q, want %q", got, tc.wantMsgs)
 			}
 		})
+	}
+}
+
+// A stream the server resets ends with OnReset and the server's code;
+// the connection goes on.
+func TestServerReset(t *testing.T) {
+	srv := grpcPeer(t, 100)
+	cl := newClient(t, Config{Addr: srv.Listener.Addr().String(), TLS: peerTLS(srv), Conns: 1})
+	r := newRecorder()
+	if _, err := cl.Open(bg, Request{Path: "/abort"}, r); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.end(t)
+	var rst StreamResetError
+	if !errors.As(err, &rst) || !rst.Remote || IsRetryable(err) {
+		t.Fatalf("end %v, want the server's reset", err)
+	}
+	r2 := newRecorder()
+	s, err := cl.Open(bg, Request{Path: "/echo"}, r2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.CloseSend()
+	if st, err := r2.end(t); err != nil || st.Code != 0 {
+		t.Fatalf("the next stream: %v %v", st, err)
+	}
+	if cl.Conns() != 1 {
+		t.Errorf("%d connections, want 1", cl.Conns())
+	}
+}
+
+func TestIsRetryable(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{GoAwayError{LastStreamID: 1}, true},
+		{StreamResetError{Code: http2.ErrCodeRefusedStream, Remote: true}, true},
+		{StreamResetError{Code: http2.ErrCodeRefusedStream}, false},
+		{StreamResetError{Code: http2.ErrCodeInternal, Remote: true}, false},
+		{ErrPingTimeout, false},
+		{fmt.Errorf("wrapped: %w", GoAwayError{}), true},
+	} {
+		if got := IsRetryable(tc.err); got != tc.want {
+			t.Errorf("IsRetryable(%v) = %v", tc.err, got)
+		}
 	}
 }
 

@@ -25,6 +25,8 @@ import (
 //	/teapot  answers HTTP 503
 //	/sink    sends headers and never reads the body
 //	/hold    sends headers and waits for the client's end
+//	/headers answers one message naming the request's method and headers
+//	/abort   resets the stream after its headers
 func grpcPeer(t testing.TB, maxStreams uint32) *httptest.Server {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(grpcHandler))
 	srv.EnableHTTP2 = true
@@ -58,6 +60,13 @@ func grpcHandler(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Grpc-Status", "0")
 		return
+	case "/headers":
+		_, _ = w.Write(frameMessage([]byte(r.Method + " " + r.Header.Get("Content-Type") + " " +
+			r.Header.Get("Te") + " " + r.Header.Get("Bc-Peer-Certificate"))))
+		w.Header().Set("Grpc-Status", "0")
+		return
+	case "/abort":
+		panic(http.ErrAbortHandler) // RST_STREAM
 	}
 	for {
 		msg, err := readMessage(r.Body)
