@@ -2,6 +2,7 @@ package h2upstream
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"net"
 	"net/http"
 	"strings"
@@ -124,8 +125,50 @@ func (c *conn) requestFields(req Request) []hpack.HeaderField {
 	return f
 }
 
-// bufs are the queues of streams waiting for window.
-var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+// bufClasses are the capacities of the pooled queues, 1 KiB to 64 KiB;
+// a larger queue is allocated and left to the GC.
+const (
+	minBufShift = 10
+	maxBufShift = 16
+)
+
+// bufs are the queues of streams waiting for window, one pool per
+// capacity: a burst of streams waiting with small messages takes small
+// buffers.
+var bufs [maxBufShift - minBufShift + 1]sync.Pool
+
+// getBuf returns an empty buffer of capacity at least n.
+func getBuf(n int) *[]byte {
+	shift := max(minBufShift, bits.Len(uint(n-1)))
+	if shift > maxBufShift {
+		b := make([]byte, 0, n)
+		return &b
+	}
+	if b, ok := bufs[shift-minBufShift].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 1<<shift)
+	return &b
+}
+
+// putBuf returns b to its pool.
+func putBuf(b *[]byte) {
+	c := cap(*b)
+	shift := bits.Len(uint(c)) - 1
+	if c != 1<<shift || shift < minBufShift || shift > maxBufShift {
+		return
+	}
+	*b = (*b)[:0]
+	bufs[shift-minBufShift].Put(b)
+}
+
+// releaseOutLocked returns the stream's queue to its pool.
+func (s *Stream) releaseOutLocked() {
+	if s.out != nil {
+		putBuf(s.out)
+		s.out, s.outOff = nil, 0
+	}
+}
 
 // Send queues msg as one gRPC message (uncompressed) and writes what the
 // server's windows allow now; the rest waits for them, in a pooled
@@ -143,8 +186,17 @@ func (s *Stream) Send(msg []byte) error {
 	case s.queuedLocked()+5+len(msg) > c.cfg.MaxQueuedBytes+int(max(0, min(s.sendWindow, c.sendWindow))):
 		return ErrQueueFull
 	}
-	if s.out == nil {
-		s.out = bufs.Get().(*[]byte)
+	need := s.queuedLocked() + 5 + len(msg)
+	if s.out == nil || cap(*s.out)-s.outOff < need {
+		nb := getBuf(need)
+		if s.out != nil {
+			*nb = append(*nb, (*s.out)[s.outOff:]...)
+			putBuf(s.out)
+		}
+		s.out, s.outOff = nb, 0
+	} else if cap(*s.out)-len(*s.out) < 5+len(msg) {
+		n := copy(*s.out, (*s.out)[s.outOff:]) // slide the queue to the front
+		*s.out, s.outOff = (*s.out)[:n], 0
 	}
 	b := append(*s.out, 0)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(msg)))
@@ -246,11 +298,7 @@ func (s *Stream) flushLocked() {
 		return w.fr.WriteData(s.id, true, nil)
 	})
 	if s.out != nil && s.queuedLocked() == 0 {
-		*s.out = (*s.out)[:0]
-		if cap(*s.out) <= 64<<10 {
-			bufs.Put(s.out)
-		}
-		s.out, s.outOff = nil, 0
+		s.releaseOutLocked()
 	}
 	if sent > 0 {
 		h := s.h
@@ -322,13 +370,7 @@ func (s *Stream) endLocked(err error, st *Status) {
 	s.ended = true
 	s.done.Store(true)
 	s.stopStallLocked()
-	if s.out != nil {
-		*s.out = (*s.out)[:0]
-		if cap(*s.out) <= 64<<10 {
-			bufs.Put(s.out)
-		}
-		s.out, s.outOff = nil, 0
-	}
+	s.releaseOutLocked()
 	delete(c.streams, s.id)
 	h := s.h
 	if st != nil {
