@@ -224,15 +224,27 @@ func New(cfg Config) (*Client, error) {
 
 // Open opens a stream with req's headers on a connection with room,
 // dialing one if needed; h receives its events. It waits for no answer.
+// A stream whose HEADERS could not be written is returned ended (its
+// OnReset called).
 func (cl *Client) Open(ctx context.Context, req Request, h Handler) (*Stream, error) {
 	for {
 		if s, err := cl.tryOpen(req, h, false); s != nil || err != nil {
 			return s, err
 		}
-		if err := cl.dial(ctx); err != nil {
-			return nil, err
+		select {
+		case cl.dialing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		if s, err := cl.tryOpen(req, h, true); s != nil || err != nil {
+		// Another caller may have dialed while this one waited.
+		s, err := cl.tryOpen(req, h, false)
+		if s == nil && err == nil {
+			if err = cl.dial(ctx); err == nil {
+				s, err = cl.tryOpen(req, h, true)
+			}
+		}
+		<-cl.dialing
+		if s != nil || err != nil {
 			return s, err
 		}
 	}
@@ -274,16 +286,9 @@ func (cl *Client) tryOpen(req Request, h Handler, any bool) (*Stream, error) {
 	return nil, nil
 }
 
-// dial adds a connection, after the backoff if the last dial failed. One
-// dial runs at a time; a caller that waited for another's dial returns
-// at once, to look for room again.
+// dial adds a connection, after the backoff if the last dial failed.
+// The caller holds the dialing semaphore: one dial at a time.
 func (cl *Client) dial(ctx context.Context) error {
-	select {
-	case cl.dialing <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-cl.dialing }()
 	cl.mu.Lock()
 	fails := cl.fails
 	cl.mu.Unlock()

@@ -172,6 +172,30 @@ func TestSpreadAndMaxConcurrentStreams(t *testing.T) {
 	}
 }
 
+// Callers opening at once while the connections are dialed share them:
+// no more than Conns are made.
+func TestConcurrentOpensShareDials(t *testing.T) {
+	srv := grpcPeer(t, 1000)
+	cl := newClient(t, Config{Addr: srv.Listener.Addr().String(), TLS: peerTLS(srv), Conns: 2})
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for range 50 {
+		wg.Go(func() {
+			if _, err := cl.Open(bg, Request{Path: "/hold"}, newRecorder()); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := cl.Conns(); got != 2 {
+		t.Errorf("%d connections, want 2", got)
+	}
+}
+
 // Messages larger than the windows on both sides go through.
 func TestFlowControlLargeMessages(t *testing.T) {
 	srv := grpcPeer(t, 100)
