@@ -77,6 +77,9 @@ var (
 	ErrQueueFull   = errors.New("h2upstream: stream's write queue full")
 	ErrStreamEnded = errors.New("h2upstream: stream ended")
 	ErrSendClosed  = errors.New("h2upstream: stream's send side closed")
+	// ErrCompressed ends a stream whose server sent a compressed message:
+	// the client offers no compression.
+	ErrCompressed = errors.New("h2upstream: compressed gRPC message")
 )
 
 // GoAwayError fails a stream the server did not take before its GOAWAY:

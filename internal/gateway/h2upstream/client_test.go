@@ -225,6 +225,19 @@ func TestFlowControlLargeMessages(t *testing.T) {
 	}
 }
 
+// A compressed message (none was offered) resets the stream.
+func TestCompressedMessage(t *testing.T) {
+	srv := grpcPeer(t, 100)
+	cl := newClient(t, Config{Addr: srv.Listener.Addr().String(), TLS: peerTLS(srv)})
+	r := newRecorder()
+	if _, err := cl.Open(bg, Request{Path: "/compressed"}, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.end(t); !isErr(err, ErrCompressed) || len(r.msgs) != 0 {
+		t.Fatalf("end %v after %d messages, want ErrCompressed", err, len(r.msgs))
+	}
+}
+
 // A message over MaxMessageSize resets the stream.
 func TestMessageTooLarge(t *testing.T) {
 	srv := grpcPeer(t, 100)

@@ -165,9 +165,12 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	s.recvWindow -= n
 	padding := n - int64(len(f.Data()))
 	c.unlock()
-	held, err := s.msgs.feed(f.Data(), func(_ byte, msg []byte, window int) error {
+	held, err := s.msgs.feed(f.Data(), func(flags byte, msg []byte, window int) error {
 		if s.done.Load() { // reset meanwhile from another goroutine
 			return ErrStreamEnded
+		}
+		if flags != 0 { // no grpc-accept-encoding was sent: none may come
+			return ErrCompressed
 		}
 		s.h.OnMessage(s, msg, window)
 		return nil

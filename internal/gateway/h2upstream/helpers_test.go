@@ -27,6 +27,7 @@ import (
 //	/hold    sends headers and waits for the client's end
 //	/headers answers one message naming the request's method and headers
 //	/abort   resets the stream after its headers
+//	/compressed sends a message flagged compressed
 func grpcPeer(t testing.TB, maxStreams uint32) *httptest.Server {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(grpcHandler))
 	srv.EnableHTTP2 = true
@@ -64,6 +65,11 @@ func grpcHandler(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(frameMessage([]byte(r.Method + " " + r.Header.Get("Content-Type") + " " +
 			r.Header.Get("Te") + " " + r.Header.Get("Bc-Peer-Certificate"))))
 		w.Header().Set("Grpc-Status", "0")
+		return
+	case "/compressed":
+		_, _ = w.Write([]byte{1, 0, 0, 0, 1, 'x'})
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
 		return
 	case "/abort":
 		panic(http.ErrAbortHandler) // RST_STREAM

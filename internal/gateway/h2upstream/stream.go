@@ -42,7 +42,8 @@ type Handler interface {
 	OnTrailers(s *Stream, st Status)
 	// OnReset is the stream's end without a status: RST_STREAM
 	// (StreamResetError), GOAWAY (GoAwayError; IsRetryable), the
-	// connection's failure, ErrStalled, ErrMessageTooLarge, ErrClosed.
+	// connection's failure, ErrStalled, ErrMessageTooLarge,
+	// ErrCompressed, ErrClosed.
 	// Exactly one of OnTrailers and OnReset is called, once.
 	OnReset(s *Stream, err error)
 }
