@@ -199,6 +199,11 @@ type Service struct {
 	sessions map[string]*conn // node id -> its session on this replica
 	polling  bool
 	onResult func()
+	// touchQueue holds heartbeats to record; touching is set while a
+	// handler writes them (touch.go).
+	touchMu    sync.Mutex
+	touchQueue []*conn
+	touching   bool
 	// active counts the Connect handlers running; closing refuses new
 	// ones; drained is closed when active reaches 0 during Close.
 	active  int
@@ -733,20 +738,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 			return nil
 		}
 		c.lastTouch = now
-		var ok bool
-		err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-			var err error
-			ok, err = tx.TouchNode(ctx, c.nodeID, c.id, c.generation)
-			return err
-		})
-		if err != nil {
-			s.log.Warn("record heartbeat", telemetry.LogNodeID, c.nodeID, "err", err)
-			return nil
-		}
-		if !ok {
-			// Another session took over, the node was reclaimed or retired.
-			return errRefused
-		}
+		s.touch(ctx, c)
 	case m.GetResult() != nil:
 		return s.result(ctx, c, m.GetResult())
 	case m.GetSiteReport() != nil:
