@@ -97,6 +97,10 @@ type Config struct {
 	// commands nobody notified it of (session.Config.Poll; 0: the
 	// default).
 	SessionPoll time.Duration
+	// HeartbeatMAC agrees a heartbeat key with each daemon that offers
+	// one, whose heartbeats are then checked by MAC instead of signature
+	// (session.Config.HeartbeatMAC; [session] heartbeat_mac).
+	HeartbeatMAC bool
 	// Metrics, when set, counts joins, renewals, token spends, decisions,
 	// issuance, commands and sessions (apimetrics.NewAPI).
 	Metrics *apimetrics.API
@@ -179,7 +183,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll, Metrics: cfg.Metrics})
+	s.sessions = session.New(session.Config{DB: cfg.DB, Core: core, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Bundle: cfg.Bundle, Poll: cfg.SessionPoll, Metrics: cfg.Metrics,
+		HeartbeatMAC: cfg.HeartbeatMAC})
 	if s.join, err = join.New(join.Config{DB: cfg.DB, Core: core, Attestors: reg, Clock: cfg.Clock, Log: cfg.Log, Hub: hub, Limits: cfg.JoinRequestLimits, Metrics: cfg.Metrics, VouchWait: cfg.JoinVouchWait,
 		OnIdentityChanged: func(nodeID string) { s.sessions.EndNode(nodeID, session.EndReclaimed) }}); err != nil {
 		return nil, err

@@ -54,6 +54,9 @@ type Options struct {
 	Clock clock.Clock
 	// Log is the API's log (api.Config.Log); nil discards it.
 	Log *slog.Logger
+	// HeartbeatMAC turns on the session heartbeat MAC
+	// (api.Config.HeartbeatMAC).
+	HeartbeatMAC bool
 	// Metrics is the API's fleet metrics (api.Config.Metrics); nil counts
 	// nothing.
 	Metrics *apimetrics.API
@@ -89,6 +92,7 @@ func Start(t testing.TB, db *store.DB, opts Options) *Env {
 		}
 	}
 	srv, err := api.New(api.Config{DB: db, Bundle: bundle, Attestors: opts.Attestors, Clock: opts.Clock, Log: opts.Log, Metrics: opts.Metrics, Tracer: opts.Tracer, CertTTL: opts.CertTTL,
+		HeartbeatMAC: opts.HeartbeatMAC,
 		// In-process tests ask once their vouch is in: no discovery
 		// refusal waits for one (join.DefaultVouchWait is for real boots).
 		JoinVouchWait: time.Nanosecond})

@@ -10,7 +10,8 @@ import (
 )
 
 // checkHeld ends the sessions among conns that the database says are over,
-// in one query for all of them (store.SessionStates): the node was
+// in one query for all of them (store.ChangedSessions, which returns only
+// the sessions not live as they were opened): the node was
 // retired, reclaimed (its identity generation moved), its certificate
 // revoked or gone (or its node CA retired), or a newer session of the node holds it on another
 // replica, or it was superseded by a renewal longer than
@@ -22,21 +23,25 @@ func (s *Service) checkHeld(ctx context.Context, conns []*conn) {
 	}
 	held := make([]store.HeldSession, len(conns))
 	for i, c := range conns {
-		held[i] = store.HeldSession{NodeID: c.nodeID, SessionID: c.id, Serial: c.serial}
+		held[i] = store.HeldSession{NodeID: c.nodeID, SessionID: c.id, Serial: c.serial, Generation: c.generation}
 	}
-	var states []store.SessionState
+	var changed []store.SessionState
 	err := s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
 		var err error
-		states, err = tx.SessionStates(ctx, held)
+		changed, err = tx.ChangedSessions(ctx, held)
 		return err
 	})
 	if err != nil {
 		s.log.Warn("check held sessions", "sessions", len(conns), "err", err)
 		return
 	}
-	for i, st := range states {
-		c := conns[i]
-		reason := ended(c, st, s.cfg.Clock.Now())
+	now := s.cfg.Clock.Now()
+	for i, c := range conns {
+		reason := ""
+		if len(changed) > 0 && changed[0].Held == i {
+			reason = ended(c, changed[0], now)
+			changed = changed[1:]
+		}
 		if reason == "" && !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
 			// R21.2: its node CA was retired, which refuses the
 			// certificate as a revocation does.

@@ -115,7 +115,7 @@ func hello(t *testing.T, b *ca.Bundle, url, nodeID string, der []byte, key *ecds
 	if err != nil {
 		return nil, err
 	}
-	proof, err := pki.SignSessionProof(key, m.GetChallenge().GetNonce(), nodeID, der)
+	proof, err := pki.SignSessionProof(key, m.GetChallenge().GetNonce(), nodeID, der, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

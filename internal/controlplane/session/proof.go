@@ -26,6 +26,13 @@ const (
 	// reasonHeartbeatSignature: a heartbeat is not signed by the session's
 	// key over its nonce, or repeats an earlier sequence number.
 	reasonHeartbeatSignature = "heartbeat-signature"
+	// reasonHeartbeatMAC: on a session that agreed a heartbeat key, a
+	// heartbeat without a valid MAC under it, or repeating an earlier
+	// sequence number.
+	reasonHeartbeatMAC = "heartbeat-mac"
+	// reasonHeartbeatKey: the heartbeat key the daemon offered (and
+	// signed) is not an X25519 public key.
+	reasonHeartbeatKey = "heartbeat-key"
 )
 
 // challenge sends the session's Challenge: a fresh nonce from crypto/rand
@@ -43,7 +50,8 @@ func (s *Service) challenge(stream *connect.BidiStream[agentv1.SessionClientMess
 
 // checkProof verifies Hello's proof of possession: the signature by the
 // key of certificate der (which authenticate matched byte for byte to the
-// node's record) over pki.SessionProofMessage(nonce, node, der). It returns
+// node's record) over pki.SessionProofMessage(nonce, node, der, the
+// heartbeat key Hello offers, if any). It returns
 // the certificate, or a refusal reason.
 //
 // SECURITY: the certificate is public and the gateway that forwards it is
@@ -55,10 +63,40 @@ func checkProof(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (
 	if err != nil {
 		return nil, reasonSessionProof
 	}
-	if len(hello.GetProof()) == 0 || pki.VerifySessionProof(leaf.PublicKey, nonce, nodeID, der, hello.GetProof()) != nil {
+	if len(hello.GetProof()) == 0 || pki.VerifySessionProof(leaf.PublicKey, nonce, nodeID, der, hello.GetHeartbeatKey(), hello.GetProof()) != nil {
 		return nil, reasonSessionProof
 	}
 	return leaf, ""
+}
+
+// agreeHeartbeatKey agrees the session's heartbeat key with a daemon that
+// offered one in Hello (after checkProof verified Hello, its key
+// included): it returns the MAC its heartbeats are checked with and the
+// API's ephemeral public key for Welcome, or nils for a daemon that
+// offered none (its heartbeats stay signed), or a refusal reason.
+//
+// SECURITY: the daemon's key is bound by its node-key proof, so a relay
+// can neither replace it nor strip it (the proof would not verify). The
+// API's key goes out unsigned in Welcome: a relay that replaces it makes
+// the daemon derive a key the relay knows, but this side's key is derived
+// from this side's private key, which never leaves this process, so the
+// relay still cannot make a heartbeat it accepts (the session ends at the
+// daemon's first heartbeat). The private key is dropped when this returns.
+func agreeHeartbeatKey(der []byte, nodeID string, nonce []byte, hello *agentv1.Hello) (*pki.HeartbeatMAC, []byte, string) {
+	daemonKey := hello.GetHeartbeatKey()
+	if len(daemonKey) == 0 {
+		return nil, nil, ""
+	}
+	own, err := pki.NewHeartbeatKeyShare()
+	if err != nil {
+		return nil, nil, reasonHeartbeatKey
+	}
+	apiKey := own.PublicKey().Bytes()
+	k, err := pki.DeriveHeartbeatKey(own, pki.HeartbeatKeyParams{Nonce: nonce, NodeID: nodeID, CertDER: der, DaemonKey: daemonKey, APIKey: apiKey})
+	if err != nil {
+		return nil, nil, reasonHeartbeatKey
+	}
+	return pki.NewHeartbeatMAC(k, nonce), apiKey, ""
 }
 
 // retiredWithProof reports whether der is a certificate issued to a node
@@ -133,13 +171,20 @@ func checkResult(c *conn, cmd store.Command, r *agentv1.CommandResult) string {
 	return ""
 }
 
-// checkHeartbeat checks a heartbeat's signature by the session's key over
-// its nonce and a sequence number above the last one (a relay can neither
-// make heartbeats nor replay the node's), and returns a refusal reason or
-// "". Only verified heartbeats keep a session from ending idle, so a
-// session ends when its daemon is gone, whatever the relay sends.
+// checkHeartbeat checks a heartbeat and a sequence number above the last
+// one (a relay can neither make heartbeats nor replay the node's), and
+// returns a refusal reason or "": on a session that agreed a heartbeat key
+// its MAC under that key (in constant time; a signature does not do
+// instead, so a relay that strips the API's key from Welcome only ends
+// the session), else its signature by the session's key over its nonce.
+// Only verified heartbeats keep a session from ending idle, so a session
+// ends when its daemon is gone, whatever the relay sends.
 func checkHeartbeat(c *conn, hb *agentv1.Heartbeat) string {
-	if hb.GetSeq() <= c.lastSeq || pki.VerifyHeartbeat(c.nodeKey, c.nonce, hb.GetSeq(), hb.GetSig()) != nil {
+	if c.mac != nil {
+		if hb.GetSeq() <= c.lastSeq || !c.mac.Verify(hb.GetSeq(), hb.GetMac()) {
+			return reasonHeartbeatMAC
+		}
+	} else if hb.GetSeq() <= c.lastSeq || pki.VerifyHeartbeat(c.nodeKey, c.nonce, hb.GetSeq(), hb.GetSig()) != nil {
 		return reasonHeartbeatSignature
 	}
 	c.lastSeq = hb.GetSeq()

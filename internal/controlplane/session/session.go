@@ -19,10 +19,14 @@
 // "This node was retired"), so bcd stops instead of reconnecting forever.
 //
 // Heartbeats are signed by the node key over the nonce and a rising
-// sequence number, and only signed heartbeats and results count as the
-// node being there: a relay cannot keep a session open after its daemon
-// went away (a bad heartbeat ends the session: heartbeat-signature; none
-// ends it as idle after three heartbeat intervals).
+// sequence number, or, where Config.HeartbeatMAC is on and the daemon
+// offered a key in Hello, MAC'd under a key only the daemon and this
+// process hold (pki.DeriveHeartbeatKey: the daemon's X25519 key bound by
+// its Hello proof, the API's ephemeral one in Welcome), and only verified
+// heartbeats and signed results count as the node being there: a relay
+// cannot keep a session open after its daemon went away (a bad heartbeat
+// ends the session: heartbeat-signature, or heartbeat-mac on a keyed
+// session; none ends it as idle after three heartbeat intervals).
 //
 // After Hello the node is marked connected (one transaction with the
 // node.connected event and audit row and, for an adopting node of a pool
@@ -176,6 +180,11 @@ type Config struct {
 	Check time.Duration
 	// TouchEvery throttles last_seen writes (default 30 s).
 	TouchEvery time.Duration
+	// HeartbeatMAC agrees a heartbeat key with each daemon that offers
+	// one (Hello.heartbeat_key), whose heartbeats are then checked by
+	// their MAC instead of an ECDSA signature ([session] heartbeat_mac;
+	// off: every heartbeat stays signed).
+	HeartbeatMAC bool
 	// Metrics, when set, counts sessions opened and commands delivered.
 	Metrics *apimetrics.API
 }
@@ -194,6 +203,11 @@ type Service struct {
 	stopPoll chan struct{}
 	pollDone chan struct{}
 	onResult func()
+	// touchQueue holds heartbeats to record; touching is set while a
+	// handler writes them (touch.go).
+	touchMu    sync.Mutex
+	touchQueue []*conn
+	touching   bool
 	// active counts the Connect handlers running; closing refuses new
 	// ones; drained is closed when active reaches 0 during Close.
 	active  int
@@ -302,12 +316,15 @@ type conn struct {
 	issuerKeyID, issuer []byte
 	nonce               []byte // the session's challenge: heartbeats are signed over it
 	lastSeq             uint64 // the last heartbeat's sequence number (the handler goroutine's own)
-	notAfter            time.Time
-	allowedKinds        []string
-	kick                chan struct{}
-	cancel              context.CancelCauseFunc
-	lastRecv            atomic.Int64 // unix ms, injected clock
-	lastTouch           time.Time    // the handler goroutine's own
+	// mac checks the heartbeats of a session that agreed a heartbeat key
+	// (nil: they are signed; the handler goroutine's own).
+	mac          *pki.HeartbeatMAC
+	notAfter     time.Time
+	allowedKinds []string
+	kick         chan struct{}
+	cancel       context.CancelCauseFunc
+	lastRecv     atomic.Int64 // unix ms, injected clock
+	lastTouch    time.Time    // the handler goroutine's own
 	// sent holds the commands this session sent that are not answered
 	// yet (the handler goroutine's own): they go back to the queue when
 	// the session ends.
@@ -405,6 +422,11 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		return s.fail(ctx, procedure, peer, err)
 	}
 	leaf, reason := checkProof(der, a.node.ID, nonce, hello)
+	var mac *pki.HeartbeatMAC
+	var apiKey []byte
+	if reason == "" && s.cfg.HeartbeatMAC {
+		mac, apiKey, reason = agreeHeartbeatKey(der, a.node.ID, nonce, hello)
+	}
 	if reason != "" {
 		return s.fail(ctx, procedure, peer, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
 	}
@@ -413,7 +435,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		return s.fail(ctx, procedure, peer, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
 	}
 	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
-		nodeKey: leaf.PublicKey, issuerKeyID: leaf.AuthorityKeyId, issuer: leaf.RawIssuer, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
+		nodeKey: leaf.PublicKey, issuerKeyID: leaf.AuthorityKeyId, issuer: leaf.RawIssuer, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, mac: mac, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
 	c.lastTouch = now
@@ -426,14 +448,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	s.register(c)
 	defer s.finish(ctx, c)
 
-	if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
-		NodeId: c.nodeID, HeartbeatSeconds: int32(s.cfg.Heartbeat / time.Second),
-		// R7.5: the gateway checks each command's kind again at dispatch
-		// against the kinds of the certificate this session authenticated
-		// with (empty: no restriction).
-		AllowedKinds: c.allowedKinds, KeyStatements: s.keyStatements(),
-		// R19.3: bcd dates what it stamps by the API's clock.
-		ServerTimeUnixMs: s.cfg.Clock.Now().UnixMilli()}}}); err != nil {
+	if err := stream.Send(s.welcome(c, apiKey)); err != nil {
 		c.end(endClosed, nil)
 		return nil
 	}
@@ -487,6 +502,20 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 			}
 		}
 	}
+}
+
+// welcome is the session's Welcome, with the API's heartbeat key when the
+// session agreed one (apiKey, else nil).
+func (s *Service) welcome(c *conn, apiKey []byte) *agentv1.SessionServerMessage {
+	return &agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: &agentv1.Welcome{
+		NodeId: c.nodeID, HeartbeatSeconds: int32(s.cfg.Heartbeat / time.Second),
+		// R7.5: the gateway checks each command's kind again at dispatch
+		// against the kinds of the certificate this session authenticated
+		// with (empty: no restriction).
+		AllowedKinds: c.allowedKinds, KeyStatements: s.keyStatements(),
+		// R19.3: bcd dates what it stamps by the API's clock.
+		ServerTimeUnixMs: s.cfg.Clock.Now().UnixMilli(),
+		HeartbeatKey:     apiKey}}}
 }
 
 func newSessionID() string {
@@ -714,20 +743,7 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 			return nil
 		}
 		c.lastTouch = now
-		var ok bool
-		err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
-			var err error
-			ok, err = tx.TouchNode(ctx, c.nodeID, c.id, c.generation)
-			return err
-		})
-		if err != nil {
-			s.log.Warn("record heartbeat", telemetry.LogNodeID, c.nodeID, "err", err)
-			return nil
-		}
-		if !ok {
-			// Another session took over, the node was reclaimed or retired.
-			return errRefused
-		}
+		s.touch(ctx, c)
 	case m.GetResult() != nil:
 		return s.result(ctx, c, m.GetResult())
 	case m.GetSiteReport() != nil:

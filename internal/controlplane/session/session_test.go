@@ -155,3 +155,69 @@ func TestCheckHeartbeat(t *testing.T) {
 		t.Errorf("last seq %d, want 4", c.lastSeq)
 	}
 }
+
+// R12.1: on a session that agreed a heartbeat key, only heartbeats MAC'd
+// under it, over this session's nonce, in order, keep the session alive;
+// a signature by the node key does not do instead (a relay that stripped
+// the API's key from Welcome only ends the session).
+func TestCheckHeartbeatMAC(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := make([]byte, pki.SessionNonceSize)
+	_, _ = rand.Read(nonce)
+	der := []byte("certificate DER")
+	daemon, err := pki.NewHeartbeatKeyShare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := &agentv1.Hello{HeartbeatKey: daemon.PublicKey().Bytes()}
+	mac, apiKey, reason := agreeHeartbeatKey(der, "node_1", nonce, hello)
+	if reason != "" || mac == nil || len(apiKey) != pki.HeartbeatKeySize {
+		t.Fatalf("agree: %v %x %q", mac, apiKey, reason)
+	}
+	k, err := pki.DeriveHeartbeatKey(daemon, pki.HeartbeatKeyParams{Nonce: nonce, NodeID: "node_1", CertDER: der, DaemonKey: hello.HeartbeatKey, APIKey: apiKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bcd := pki.NewHeartbeatMAC(k, nonce)
+	c := &conn{nodeKey: key.Public(), nonce: nonce, mac: mac}
+	sig, err := pki.SignHeartbeat(key, nonce, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name string
+		hb   *agentv1.Heartbeat
+		want string
+	}{
+		{"first", &agentv1.Heartbeat{Seq: 1, Mac: bcd.Sum(1)}, ""},
+		{"the same again", &agentv1.Heartbeat{Seq: 1, Mac: bcd.Sum(1)}, reasonHeartbeatMAC},
+		{"a gap is fine", &agentv1.Heartbeat{Seq: 3, Mac: bcd.Sum(3)}, ""},
+		{"an earlier one", &agentv1.Heartbeat{Seq: 2, Mac: bcd.Sum(2)}, reasonHeartbeatMAC},
+		{"another seq's MAC", &agentv1.Heartbeat{Seq: 4, Mac: bcd.Sum(5)}, reasonHeartbeatMAC},
+		{"another session's", &agentv1.Heartbeat{Seq: 4, Mac: pki.NewHeartbeatMAC(k, make([]byte, pki.SessionNonceSize)).Sum(4)}, reasonHeartbeatMAC},
+		{"no MAC", &agentv1.Heartbeat{Seq: 4}, reasonHeartbeatMAC},
+		{"signed instead", &agentv1.Heartbeat{Seq: 5, Sig: sig}, reasonHeartbeatMAC},
+		{"next", &agentv1.Heartbeat{Seq: 4, Mac: bcd.Sum(4)}, ""},
+	}
+	for _, st := range steps {
+		if got := checkHeartbeat(c, st.hb); got != st.want {
+			t.Errorf("%s: %q, want %q", st.name, got, st.want)
+		}
+	}
+	if c.lastSeq != 4 {
+		t.Errorf("last seq %d, want 4", c.lastSeq)
+	}
+	// A daemon that offered no key keeps signing; a key that is not one
+	// refuses the session.
+	if mac, apiKey, reason := agreeHeartbeatKey(der, "node_1", nonce, &agentv1.Hello{}); mac != nil || apiKey != nil || reason != "" {
+		t.Errorf("no key offered: %v %x %q", mac, apiKey, reason)
+	}
+	for _, bad := range [][]byte{make([]byte, pki.HeartbeatKeySize), []byte("short")} {
+		if _, _, reason := agreeHeartbeatKey(der, "node_1", nonce, &agentv1.Hello{HeartbeatKey: bad}); reason != reasonHeartbeatKey {
+			t.Errorf("key %x: %q, want %q", bad, reason, reasonHeartbeatKey)
+		}
+	}
+}

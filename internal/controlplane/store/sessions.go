@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 )
 
 // Node connection states (nodes.connection).
@@ -35,17 +36,73 @@ func (t *Tx) DisconnectNode(ctx context.Context, nodeID, sessionID string) (bool
 	return n == 1, err
 }
 
-// TouchNode records a heartbeat of session sessionID. It reports false when
-// the session no longer speaks for the node: another session took over,
-// the identity generation moved (a reclaim) or the node was retired.
-func (t *Tx) TouchNode(ctx context.Context, nodeID, sessionID string, generation int) (bool, error) {
-	res, err := t.exec(ctx, "UPDATE nodes SET last_seen_ms = compute_now() WHERE id = ? AND session_id = ? AND identity_generation = ? AND state <> 'retired'",
-		nodeID, sessionID, generation)
-	if err != nil {
-		return false, fmt.Errorf("touch node: %w", err)
+// touchSizes are the list sizes TouchNodes pads to (padding rows match no
+// node), so the statement caches hold three texts, not one per count.
+var touchSizes = []int{1, 16, 128}
+
+// touchTexts are TouchNodes' statements, by list size.
+var touchTexts = func() map[int]string {
+	texts := map[int]string{}
+	for _, n := range touchSizes {
+		rows := strings.TrimSuffix(strings.Repeat("(?, ?, CAST(? AS INTEGER)), ", n), ", ")
+		texts[n] = `WITH held (node_id, session_id, gen) AS (VALUES ` + rows + `)
+		UPDATE nodes SET last_seen_ms = compute_now() FROM held
+		WHERE nodes.id = held.node_id AND nodes.session_id = held.session_id AND nodes.identity_generation = held.gen AND nodes.state <> 'retired'
+		RETURNING nodes.id`
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	return texts
+}()
+
+// TouchNodes records a heartbeat (last_seen) of each of the sessions, in
+// one statement per 128 sessions, when the session still speaks for its
+// node, and returns the node ids of the sessions that no longer do: another
+// session took over, the identity generation moved (a reclaim), the node
+// was retired or is gone.
+func (t *Tx) TouchNodes(ctx context.Context, held []HeldSession) ([]string, error) {
+	touched := make(map[string]bool, len(held))
+	for rest := held; len(rest) > 0; {
+		size := touchSizes[len(touchSizes)-1]
+		for _, n := range touchSizes {
+			if len(rest) <= n {
+				size = n
+				break
+			}
+		}
+		chunk := rest[:min(len(rest), size)]
+		rest = rest[len(chunk):]
+		args := make([]any, 0, 3*size)
+		for i := range size {
+			if i < len(chunk) {
+				args = append(args, chunk[i].NodeID, chunk[i].SessionID, chunk[i].Generation)
+			} else {
+				args = append(args, "", "", 0)
+			}
+		}
+		rows, err := t.query(ctx, touchTexts[size], args...)
+		if err != nil {
+			return nil, fmt.Errorf("touch nodes: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("touch nodes: %w", err)
+			}
+			touched[id] = true
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("touch nodes: %w", err)
+		}
+	}
+	var stale []string
+	for _, h := range held {
+		if !touched[h.NodeID] {
+			stale = append(stale, h.NodeID)
+		}
+	}
+	return stale, nil
 }
 
 // DisconnectAll marks every node disconnected and returns how many were

@@ -4,22 +4,26 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
 
 // HeldSession names a session a replica holds: the node, the session id
-// it connected with, and the serial of the certificate it authenticated
-// with.
+// it connected with, the serial of the certificate it authenticated with,
+// and the identity generation it authenticated at.
 type HeldSession struct {
-	NodeID    string
-	SessionID string
-	Serial    string
+	NodeID     string
+	SessionID  string
+	Serial     string
+	Generation int
 }
 
 // SessionState is what the database says about a held session's node and
 // certificate now.
 type SessionState struct {
+	// Held is the session's index in the list ChangedSessions was given.
+	Held   int
 	NodeID string
 	// NodeFound is false when the node row is gone.
 	NodeFound bool
@@ -38,89 +42,103 @@ type SessionState struct {
 	CertSupersededAt *time.Time
 }
 
-// sessionChunks are the IN-list sizes SessionStates pads to, so the
+// sessionChunks are the list sizes ChangedSessions pads to, so the
 // statement caches hold three texts, not one per count.
 var sessionChunks = []int{16, 128, 1024}
 
-// SessionStates reads, for each held session, its node's session, state
-// and identity generation and its certificate's generation and revocation,
-// in one query per 1024 sessions (the session service's check that ends a
-// session within a second of a reclaim, revocation or retirement made by
-// any replica, R12.1). The answer is in the order of held.
-func (t *Tx) SessionStates(ctx context.Context, held []HeldSession) ([]SessionState, error) {
-	out := make([]SessionState, 0, len(held))
-	for len(held) > 0 {
+// sessionChunkTexts are ChangedSessions' statements, one per chunk size.
+var sessionChunkTexts = func() map[int]string {
+	m := map[int]string{}
+	for _, n := range sessionChunks {
+		row := "(CAST(? AS INTEGER), ?, ?, ?, CAST(? AS INTEGER))"
+		rows := strings.TrimSuffix(strings.Repeat(row+", ", n), ", ")
+		// Only the sessions that are not live as held come back: the
+		// database still looks up every node and certificate, but sends
+		// and the caller scans no row for a session nothing changed.
+		// Padding rows (empty node id) are skipped; no node id is empty.
+		m[n] = `WITH held (i, node_id, session_id, serial, gen) AS (VALUES ` + rows + `)
+		SELECT h.i, n.id, n.session_id, n.state, n.identity_generation, c.serial, c.identity_generation, c.revoked_ms, c.superseded_ms
+		FROM held h
+		LEFT JOIN nodes n ON n.id = h.node_id
+		LEFT JOIN node_certs c ON c.serial = h.serial AND c.node_id = h.node_id
+		WHERE h.node_id <> '' AND (n.id IS NULL OR n.session_id <> h.session_id OR n.state = 'retired' OR n.identity_generation <> h.gen
+			OR c.serial IS NULL OR c.revoked_ms IS NOT NULL OR c.identity_generation <> h.gen OR c.superseded_ms IS NOT NULL)`
+	}
+	return m
+}()
+
+// ChangedSessions reads, for the held sessions, which ones the database
+// no longer holds as they were opened, in one query per 1024 sessions
+// (the session service's check that ends a session within a second of a
+// reclaim, revocation or retirement made by any replica, R12.1). It
+// returns the state of each session whose node is gone or retired, is
+// connected by another session, moved to another identity generation, or
+// whose certificate is not the node's, is revoked, of another generation
+// or superseded by a renewal; every other held session is live as held.
+// The answer is in the order of held.
+//
+// A replica checks every session it holds twice a second, and nearly all
+// of them are live: sending and scanning a row per session was most of
+// what a held session cost the API. Only the exceptions come back.
+func (t *Tx) ChangedSessions(ctx context.Context, held []HeldSession) ([]SessionState, error) {
+	var out []SessionState
+	for base := 0; base < len(held); {
+		rest := held[base:]
 		n := sessionChunks[len(sessionChunks)-1]
 		for _, c := range sessionChunks {
-			if len(held) <= c {
+			if len(rest) <= c {
 				n = c
 				break
 			}
 		}
-		chunk := held[:min(n, len(held))]
-		held = held[len(chunk):]
-		got, err := t.sessionStates(ctx, chunk, n)
+		chunk := rest[:min(n, len(rest))]
+		got, err := t.changedSessions(ctx, chunk, base, n)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, got...)
+		base += len(chunk)
 	}
 	return out, nil
 }
 
-func (t *Tx) sessionStates(ctx context.Context, held []HeldSession, size int) ([]SessionState, error) {
-	marks := strings.TrimSuffix(strings.Repeat("?, ", size), ", ")
-	// Serials (the ON clause) first, then node ids. Padding never
-	// matches: no node id or serial is empty.
-	args := make([]any, 0, 2*size)
+func (t *Tx) changedSessions(ctx context.Context, held []HeldSession, base, size int) ([]SessionState, error) {
+	args := make([]any, 0, 5*size)
 	for i := range size {
 		if i < len(held) {
-			args = append(args, held[i].Serial)
+			h := held[i]
+			args = append(args, base+i, h.NodeID, h.SessionID, h.Serial, h.Generation)
 		} else {
-			args = append(args, "")
+			args = append(args, -1, "", "", "", 0)
 		}
 	}
-	for i := range size {
-		if i < len(held) {
-			args = append(args, held[i].NodeID)
-		} else {
-			args = append(args, "")
-		}
-	}
-	rows, err := t.query(ctx, `SELECT n.id, n.session_id, n.state, n.identity_generation, c.serial, c.identity_generation, c.revoked_ms, c.superseded_ms
-		FROM nodes n LEFT JOIN node_certs c ON c.node_id = n.id AND c.serial IN (`+marks+`)
-		WHERE n.id IN (`+marks+`)`, args...)
+	rows, err := t.query(ctx, sessionChunkTexts[size], args...)
 	if err != nil {
 		return nil, fmt.Errorf("read held sessions: %w", err)
 	}
 	defer rows.Close()
-	byNode := map[string]SessionState{}
+	var out []SessionState
 	for rows.Next() {
 		var s SessionState
-		var serial sql.NullString
-		var certGen, revoked, superseded sql.NullInt64
-		if err := rows.Scan(&s.NodeID, &s.SessionID, &s.State, &s.IdentityGeneration, &serial, &certGen, &revoked, &superseded); err != nil {
+		var nodeID, sessionID, state, serial sql.NullString
+		var nodeGen, certGen, revoked, superseded sql.NullInt64
+		if err := rows.Scan(&s.Held, &nodeID, &sessionID, &state, &nodeGen, &serial, &certGen, &revoked, &superseded); err != nil {
 			return nil, err
 		}
-		s.NodeFound = true
+		if s.Held < base || s.Held >= base+len(held) {
+			return nil, fmt.Errorf("read held sessions: row for session %d of %d..%d", s.Held, base, base+len(held))
+		}
+		s.NodeID = held[s.Held-base].NodeID
+		s.NodeFound = nodeID.Valid
+		s.SessionID, s.State, s.IdentityGeneration = sessionID.String, state.String, int(nodeGen.Int64)
 		s.CertFound, s.CertGeneration, s.CertRevoked = serial.Valid, int(certGen.Int64), revoked.Valid
 		s.CertSupersededAt = fromNullMS(superseded)
-		// A node has one held session here, so one serial of it in the
-		// list: a second row would be another node's serial, which the
-		// join condition excludes.
-		byNode[s.NodeID] = s
+		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]SessionState, len(held))
-	for i, h := range held {
-		s, ok := byNode[h.NodeID]
-		if !ok {
-			s = SessionState{NodeID: h.NodeID}
-		}
-		out[i] = s
-	}
+	slices.SortFunc(out, func(a, b SessionState) int { return a.Held - b.Held })
 	return out, nil
 }
 

@@ -2,6 +2,7 @@ package run_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -34,7 +35,7 @@ import (
 // signed by the node key. The node is never connected and its queued
 // command is never sent.
 func TestR12_1SessionNeedsNodeKey(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachBeat(t, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 60, 2)
 		der := m.id.Leaf().Raw
 		cmdID := h.enqueue(t, m.nodeID)
@@ -46,23 +47,36 @@ func TestR12_1SessionNeedsNodeKey(t *testing.T) {
 		// relay saw it go by).
 		earlier := make([]byte, pki.SessionNonceSize)
 		_, _ = rand.Read(earlier)
-		captured, err := pki.SignSessionProof(m.id.Signer, earlier, m.nodeID, der)
+		captured, err := pki.SignSessionProof(m.id.Signer, earlier, m.nodeID, der, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		hello := func(proof []byte) *agentv1.SessionClientMessage {
-			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof}}}
+		hello := func(proof, hbKey []byte) *agentv1.SessionClientMessage {
+			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof, HeartbeatKey: hbKey}}}
+		}
+		// The daemon's heartbeat key and the relay's.
+		daemonKey, relayKey := newShare(t), newShare(t)
+		withKey := func(nonce []byte) []byte {
+			p, _ := pki.SignSessionProof(m.id.Signer, nonce, m.nodeID, der, daemonKey)
+			return p
 		}
 		tests := []struct {
 			name string
 			// proof answers the nonce; nil: Hello is sent before reading
 			// the Challenge, without a proof.
 			proof func(nonce []byte) []byte
+			// hbKey is the heartbeat key Hello carries.
+			hbKey []byte
 		}{
+			// The relay strips the daemon's heartbeat key (so that its
+			// heartbeats stay signed, or to put its own in): the proof
+			// covered it.
+			{name: "the daemon's heartbeat key stripped", proof: withKey},
+			{name: "the daemon's heartbeat key replaced", proof: withKey, hbKey: relayKey},
 			{name: "Hello first, no proof"},
 			{name: "no proof", proof: func([]byte) []byte { return nil }},
 			{name: "proof by another key", proof: func(nonce []byte) []byte {
-				p, _ := pki.SignSessionProof(otherKey, nonce, m.nodeID, der)
+				p, _ := pki.SignSessionProof(otherKey, nonce, m.nodeID, der, nil)
 				return p
 			}},
 			{name: "the node's proof from another session", proof: func([]byte) []byte { return captured }},
@@ -74,7 +88,7 @@ func TestR12_1SessionNeedsNodeKey(t *testing.T) {
 				s := h.attacker(t, der)
 				var err error
 				if tc.proof == nil {
-					err = s.Send(hello(nil))
+					err = s.Send(hello(nil, nil))
 				} else {
 					_ = s.Send(nil)
 					var first *agentv1.SessionServerMessage
@@ -82,7 +96,7 @@ func TestR12_1SessionNeedsNodeKey(t *testing.T) {
 						if first.GetChallenge() == nil {
 							t.Fatalf("first message %v, want a Challenge", first)
 						}
-						err = s.Send(hello(tc.proof(first.GetChallenge().GetNonce())))
+						err = s.Send(hello(tc.proof(first.GetChallenge().GetNonce()), tc.hbKey))
 					}
 				}
 				if err != nil && !errors.Is(err, io.EOF) {
@@ -124,7 +138,7 @@ func TestR12_1SessionNeedsNodeKey(t *testing.T) {
 // delivered again on the next session, where bcd, which ran it already,
 // answers "replayed" instead of running it twice.
 func TestR12_3ForgedResultRefused(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachBeat(t, func(t *testing.T, h *harness) {
 		otherKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			t.Fatal(err)
@@ -301,59 +315,81 @@ func ctxT(t testing.TB) context.Context {
 
 // R12.1: a relay cannot keep a session alive after its daemon went away.
 // The relay (the gateway's credentials) carries a real session, the node
-// key answering the Challenge and signing one heartbeat, as bcd would;
-// then the daemon is gone and the relay goes on alone: a replayed
-// heartbeat or an unsigned one ends the session (heartbeat-signature), and
-// silence ends it as idle; each time the node is disconnected.
+// key answering the Challenge and the daemon's heartbeat key (MAC on)
+// making one heartbeat, as bcd would; then the daemon is gone and the
+// relay goes on alone: a replayed heartbeat, an unsigned one, one signed
+// by another key or, on a keyed session, MAC'd under another key or under
+// the key the relay would share with bcd had it replaced the API's key in
+// Welcome, ends the session (heartbeat-signature, or heartbeat-mac on a
+// keyed session), and silence ends it as idle; each time the node is
+// disconnected.
 func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
-		heartbeat := func(seq uint64, sig []byte) *agentv1.SessionClientMessage {
-			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+	eachBeat(t, func(t *testing.T, h *harness) {
+		heartbeat := func(hb *agentv1.Heartbeat) *agentv1.SessionClientMessage {
+			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: hb}}
+		}
+		// relayKey is the key a relay would put in Welcome in place of the
+		// API's.
+		relayKey, err := pki.NewHeartbeatKeyShare()
+		if err != nil {
+			t.Fatal(err)
 		}
 		tests := []struct {
 			name string
 			// alone is what the relay does once the daemon is gone, given
-			// the daemon's first signed heartbeat.
-			alone      func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage)
+			// the daemon's first heartbeat and its session.
+			alone      func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage, ks keyedSession)
 			wantReason string
+			macOnly    bool
 		}{
-			{name: "replays the daemon's heartbeat", wantReason: "heartbeat-signature",
-				alone: func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage) { _ = s.Send(first) }},
-			{name: "sends unsigned heartbeats", wantReason: "heartbeat-signature",
-				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage) { _ = s.Send(heartbeat(2, nil)) }},
-			{name: "signs with another key", wantReason: "heartbeat-signature",
-				alone: func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage) {
+			{name: "replays the daemon's heartbeat", wantReason: h.heartbeatReason(),
+				alone: func(t *testing.T, s sessionStream, first *agentv1.SessionClientMessage, _ keyedSession) {
+					_ = s.Send(first)
+				}},
+			{name: "sends unsigned heartbeats", wantReason: h.heartbeatReason(),
+				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage, _ keyedSession) {
+					_ = s.Send(heartbeat(&agentv1.Heartbeat{Seq: 2}))
+				}},
+			{name: "signs with another key", wantReason: h.heartbeatReason(),
+				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage, ks keyedSession) {
 					k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-					sig, _ := pki.SignPurpose(k, pki.PurposeHeartbeat, []byte("x"))
-					_ = s.Send(heartbeat(2, sig))
+					sig, _ := pki.SignHeartbeat(k, ks.nonce, 2)
+					_ = s.Send(heartbeat(&agentv1.Heartbeat{Seq: 2, Sig: sig}))
+				}},
+			{name: "MACs under another key", wantReason: "heartbeat-mac", macOnly: true,
+				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage, ks keyedSession) {
+					forged := pki.NewHeartbeatMAC(make([]byte, pki.HeartbeatKeySize), ks.nonce)
+					_ = s.Send(heartbeat(&agentv1.Heartbeat{Seq: 2, Mac: forged.Sum(2)}))
+				}},
+			{name: "MACs under the key it would share with bcd", wantReason: "heartbeat-mac", macOnly: true,
+				alone: func(t *testing.T, s sessionStream, _ *agentv1.SessionClientMessage, ks keyedSession) {
+					// The relay replaced the API's key with its own: it and
+					// bcd derive this key; the API does not.
+					p := ks.params
+					p.APIKey = relayKey.PublicKey().Bytes()
+					k, err := pki.DeriveHeartbeatKey(relayKey, p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					_ = s.Send(heartbeat(&agentv1.Heartbeat{Seq: 2, Mac: pki.NewHeartbeatMAC(k, ks.nonce).Sum(2)}))
 				}},
 			{name: "stays silent", wantReason: "idle",
-				alone: func(t *testing.T, _ sessionStream, _ *agentv1.SessionClientMessage) {
+				alone: func(t *testing.T, _ sessionStream, _ *agentv1.SessionClientMessage, _ keyedSession) {
 					h.clock.Advance(3*session.DefaultHeartbeat + session.DefaultCheck) // three heartbeats and a check
 				}},
 		}
 		for i, tc := range tests {
+			if tc.macOnly && !h.mac {
+				continue
+			}
 			t.Run(tc.name, func(t *testing.T) {
 				m := h.join(t, h.token(t, h.pool(t, "alive-"+string(rune('a'+i)), nil), false), 130+i, 2)
-				der := m.id.Leaf().Raw
-				s := h.attacker(t, der)
-				_ = s.Send(nil)
-				first, err := s.Receive()
-				if err != nil {
-					t.Fatal(err)
-				}
-				nonce := first.GetChallenge().GetNonce()
-				proof, err := pki.SignSessionProof(m.id.Signer, nonce, m.nodeID, der) // the daemon, relayed
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof}}}); err != nil {
-					t.Fatal(err)
-				}
-				if w, err := s.Receive(); err != nil || w.GetWelcome() == nil {
-					t.Fatalf("Welcome: %v %v", w, err)
-				}
+				s := h.attacker(t, m.id.Leaf().Raw)
+				ks := openKeyedSession(t, s, m) // the daemon, relayed
 				connected := h.waitNode(t, m.nodeID, "connected", func(n store.Node) bool { return n.Connection == store.Connected })
+				if (ks.mac != nil) != h.mac {
+					t.Fatalf("a heartbeat key agreed: %v, want %v", ks.mac != nil, h.mac)
+				}
 				if err := h.clock.WaitArmed(ctxT(t), 1); err != nil {
 					t.Fatal(err)
 				}
@@ -361,17 +397,13 @@ func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
 				// at most every TouchEvery): the API has taken it before
 				// the relay is alone.
 				h.clock.Advance(session.DefaultTouchEvery + time.Second)
-				sig, err := pki.SignHeartbeat(m.id.Signer, nonce, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				hb := heartbeat(1, sig)
+				hb := heartbeat(ks.beat(t, 1))
 				h.dbClockPast(t, *connected.LastSeen) // so the heartbeat's write shows
 				if err := s.Send(hb); err != nil {
 					t.Fatal(err)
 				}
 				h.waitNode(t, m.nodeID, "the heartbeat recorded", func(n store.Node) bool { return n.LastSeen.After(*connected.LastSeen) })
-				tc.alone(t, s, hb)
+				tc.alone(t, s, hb, ks)
 				h.waitNode(t, m.nodeID, "disconnected", func(n store.Node) bool { return n.Connection == store.Disconnected })
 				if !h.disconnectedBecause(t, m.nodeID, tc.wantReason) {
 					var got []string
@@ -395,6 +427,80 @@ func TestR12_1RelayCannotKeepSessionAlive(t *testing.T) {
 			})
 		}
 	})
+}
+
+// newShare is a fresh X25519 public key, as bcd offers in Hello.
+func newShare(t *testing.T) []byte {
+	t.Helper()
+	k, err := pki.NewHeartbeatKeyShare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey().Bytes()
+}
+
+// keyedSession is a session opened as bcd opens it, offering a heartbeat
+// key: its nonce, what its key is bound to, and its heartbeat MAC when
+// the API agreed a key (nil: heartbeats are signed).
+type keyedSession struct {
+	nonce  []byte
+	params pki.HeartbeatKeyParams
+	mac    *pki.HeartbeatMAC
+	signer crypto.Signer
+}
+
+// openKeyedSession answers s's Challenge as bcd does, with m's proof over
+// a fresh heartbeat key, and derives the session's heartbeat key from the
+// Welcome.
+func openKeyedSession(t *testing.T, s sessionStream, m *machine) keyedSession {
+	t.Helper()
+	_ = s.Send(nil)
+	first, err := s.Receive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := first.GetChallenge().GetNonce()
+	share, err := pki.NewHeartbeatKeyShare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der := m.id.Leaf().Raw
+	proof, err := pki.SignSessionProof(m.id.Signer, nonce, m.nodeID, der, share.PublicKey().Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof,
+		HeartbeatKey: share.PublicKey().Bytes()}}}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Receive()
+	if err != nil || w.GetWelcome() == nil {
+		t.Fatalf("Welcome: %v %v", w, err)
+	}
+	ks := keyedSession{nonce: nonce, signer: m.id.Signer,
+		params: pki.HeartbeatKeyParams{Nonce: nonce, NodeID: m.nodeID, CertDER: der, DaemonKey: share.PublicKey().Bytes()}}
+	if apiKey := w.GetWelcome().GetHeartbeatKey(); len(apiKey) > 0 {
+		ks.params.APIKey = apiKey
+		k, err := pki.DeriveHeartbeatKey(share, ks.params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks.mac = pki.NewHeartbeatMAC(k, nonce)
+	}
+	return ks
+}
+
+// beat is the daemon's seq-th heartbeat on the session.
+func (ks keyedSession) beat(t *testing.T, seq uint64) *agentv1.Heartbeat {
+	t.Helper()
+	if ks.mac != nil {
+		return &agentv1.Heartbeat{Seq: seq, Mac: ks.mac.Sum(seq)}
+	}
+	sig, err := pki.SignHeartbeat(ks.signer, ks.nonce, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &agentv1.Heartbeat{Seq: seq, Sig: sig}
 }
 
 // sessionStream is a client session stream.

@@ -88,6 +88,8 @@ type harness struct {
 	// bcdAhead sets the clocks of the daemons started from now on this
 	// far ahead of the wall clock (this machine's own clock moved on).
 	bcdAhead time.Duration
+	// mac: the API agrees heartbeat keys ([session] heartbeat_mac).
+	mac bool
 }
 
 // each runs fn against a fresh harness on SQLite and on PostgreSQL, each
@@ -99,6 +101,37 @@ func each(t *testing.T, fn func(t *testing.T, h *harness)) {
 		e := apitest.Start(t, db, apitest.Options{Clock: c})
 		fn(t, newHarness(t, e, c))
 	})
+}
+
+// eachBeat runs fn as each does, once with the API's heartbeat MAC off
+// (every heartbeat signed) and once with it on (h.mac: sessions whose
+// daemon offers a key MAC theirs).
+func eachBeat(t *testing.T, fn func(t *testing.T, h *harness)) {
+	t.Helper()
+	for _, mac := range []bool{false, true} {
+		name := "signed"
+		if mac {
+			name = "mac"
+		}
+		t.Run(name, func(t *testing.T) {
+			storetest.Each(t, func(t *testing.T, db *store.DB) {
+				c := clock.NewFake(time.Now())
+				e := apitest.Start(t, db, apitest.Options{Clock: c, HeartbeatMAC: mac})
+				h := newHarness(t, e, c)
+				h.mac = mac
+				fn(t, h)
+			})
+		})
+	}
+}
+
+// heartbeatReason is why the API ends a session on a bad heartbeat of a
+// daemon that offered a heartbeat key, on this harness.
+func (h *harness) heartbeatReason() string {
+	if h.mac {
+		return "heartbeat-mac"
+	}
+	return "heartbeat-signature"
 }
 
 func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
@@ -588,7 +621,7 @@ func handshake(s *connect.BidiStreamForClient[agentv1.SessionClientMessage, agen
 	}
 	var proof []byte
 	if key != nil {
-		if proof, err = pki.SignSessionProof(key, nonce, nodeID, certDER); err != nil {
+		if proof, err = pki.SignSessionProof(key, nonce, nodeID, certDER, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -672,6 +705,15 @@ type evilGateway struct {
 	// welcomeShift, when set, moves the time each Welcome claims (a
 	// forged, unsigned server_time).
 	welcomeShift time.Duration
+	// hello and welcome, when set, rewrite each Hello (to the API) and
+	// Welcome (to bcd) in place, on a copy.
+	hello   func(h *agentv1.Hello)
+	welcome func(w *agentv1.Welcome)
+	// nonce is the last Challenge's; hellos and heartbeats are what bcd
+	// sent, as it sent them.
+	nonce      []byte
+	hellos     []*agentv1.Hello
+	heartbeats []*agentv1.Heartbeat
 	// upstreams counts relayed sessions.
 	upstreams int
 }
@@ -722,6 +764,25 @@ type evilRelay struct {
 	up agentv1connect.SessionServiceClient
 }
 
+// upward records Hello and heartbeats from bcd and rewrites Hello as the
+// test set up; it returns the message to relay to the API.
+func (g *evilGateway) upward(m *agentv1.SessionClientMessage) *agentv1.SessionClientMessage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if hb := m.GetHeartbeat(); hb != nil {
+		g.heartbeats = append(g.heartbeats, proto.Clone(hb).(*agentv1.Heartbeat))
+	}
+	if h := m.GetHello(); h != nil {
+		g.hellos = append(g.hellos, proto.Clone(h).(*agentv1.Hello))
+		if g.hello != nil {
+			h = proto.Clone(h).(*agentv1.Hello)
+			g.hello(h)
+			return &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: h}}
+		}
+	}
+	return m
+}
+
 func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	g := r.g
 	ctx, cancel := context.WithCancel(ctx)
@@ -742,6 +803,9 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 			if err != nil {
 				_ = up.CloseRequest()
 				return
+			}
+			if m = g.upward(m); m == nil {
+				continue
 			}
 			if res := m.GetResult(); res != nil {
 				g.mu.Lock()
@@ -771,11 +835,17 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 			return err // the API's answer, as the real gateway passes it
 		}
 		g.mu.Lock()
-		drop, inject, shift := g.drop, g.inject, g.welcomeShift
-		if w := m.GetWelcome(); w != nil && shift != 0 {
+		drop, inject, shift, rewrite := g.drop, g.inject, g.welcomeShift, g.welcome
+		if w := m.GetWelcome(); w != nil && (shift != 0 || rewrite != nil) {
 			w = proto.Clone(w).(*agentv1.Welcome)
 			w.ServerTimeUnixMs = time.UnixMilli(w.GetServerTimeUnixMs()).Add(shift).UnixMilli()
+			if rewrite != nil {
+				rewrite(w)
+			}
 			m = &agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Welcome{Welcome: w}}
+		}
+		if c := m.GetChallenge(); c != nil {
+			g.nonce = c.GetNonce()
 		}
 		if c := m.GetCommand(); c != nil {
 			g.captured = append(g.captured, proto.Clone(c).(*agentv1.SignedCommand))

@@ -100,7 +100,7 @@ func (h *harness) tx(t testing.TB, fn func(tx *store.Tx) error) {
 // then waits its first reconnect (drawn from [0, 10 s): 5 s with the middle
 // jitter) on its clock and reconnects.
 func TestR12_1HeartbeatIdleAndBackoff(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachBeat(t, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 110, 2)
 		p := h.start(t, m)
 		p.welcome(t)

@@ -3,7 +3,9 @@
 // serving CA, presenting the node certificate as client certificate;
 // answers the API's Challenge with Hello signed by the node key (the
 // certificate alone proves nothing to the API); sends heartbeats, signed
-// by the node key too;
+// by the node key too, or MAC'd under a key agreed with the API for the
+// session when the API offers one (pki.DeriveHeartbeatKey: bcd's
+// ephemeral key is bound by its Hello proof);
 // reconnects with exponential backoff and jitter; and runs the commands the
 // control plane sends, after verifying each one against the
 // command-signing bundle from the join (R12.3), answering each with a
@@ -35,6 +37,7 @@ package run
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -404,7 +407,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	// written): the end of the session closes the request body too, so a
 	// Receive in progress returns. Safe alongside a Send.
 	defer context.AfterFunc(ctx, func() { _ = stream.CloseRequest() })()
-	nonce, beat, err := d.handshake(openCtx, stream, id, host)
+	beats, beat, err := d.handshake(openCtx, stream, id, host)
 	tracing.End(open, err)
 	if err != nil {
 		return err
@@ -419,7 +422,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 	// it.
 	var loops sync.WaitGroup
 	defer func() { cancel(nil); loops.Wait() }()
-	loops.Go(func() { d.sendLoop(ctx, cancel, stream, id, nonce, beat) })
+	loops.Go(func() { d.sendLoop(ctx, cancel, stream, id, beats, beat) })
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -449,9 +452,11 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 }
 
 // handshake opens the session (R12.1): the API speaks first with its
-// Challenge, bcd answers Hello with its proof over the nonce, and the API
-// welcomes this node. It returns the nonce and the heartbeat interval.
-func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identity.Identity, host string) ([]byte, time.Duration, error) {
+// Challenge, bcd answers Hello with its proof over the nonce (and over the
+// ephemeral heartbeat key it always offers), and the API welcomes this
+// node, with its own heartbeat key when it agrees one. It returns the
+// session's heartbeats and their interval.
+func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identity.Identity, host string) (*beats, time.Duration, error) {
 	// Open the stream without a message and read the Challenge.
 	if err := stream.Send(nil); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
@@ -465,8 +470,14 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 		return nil, 0, fmt.Errorf("the gateway %s opened the session without the control plane's challenge", host)
 	}
 	// R12.1: prove the node key is here, for this certificate and this
-	// session's nonce.
-	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw)
+	// session's nonce, and bind this session's heartbeat key to it (a
+	// relay can neither replace nor strip it).
+	share, err := pki.NewHeartbeatKeyShare()
+	if err != nil {
+		return nil, 0, fmt.Errorf("make the heartbeat key: %w", err)
+	}
+	hbKey := share.PublicKey().Bytes()
+	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw, hbKey)
 	if err != nil {
 		return nil, 0, fmt.Errorf("sign the session proof: %w", err)
 	}
@@ -478,7 +489,7 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 		return nil, 0, fmt.Errorf("sign the pins acknowledgement: %w", err)
 	}
 	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
-		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof, Pins: pins, PinsSig: pinsSig}}}); err != nil {
+		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof, Pins: pins, PinsSig: pinsSig, HeartbeatKey: hbKey}}}); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
 	}
 	welcome, err := stream.Receive()
@@ -488,6 +499,18 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	w := welcome.GetWelcome()
 	if w == nil || w.GetNodeId() != id.NodeID {
 		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
+	}
+	b := &beats{signer: id.Signer, nonce: nonce}
+	if k := w.GetHeartbeatKey(); len(k) > 0 {
+		// The API agreed a heartbeat key. Welcome is not signed: a relay
+		// that put its own key here shares a key with this daemon, not
+		// with the API, and the API ends the session at the first
+		// heartbeat; it gains nothing it could not get by dropping it.
+		key, err := pki.DeriveHeartbeatKey(share, pki.HeartbeatKeyParams{Nonce: nonce, NodeID: id.NodeID, CertDER: id.Leaf().Raw, DaemonKey: hbKey, APIKey: k})
+		if err != nil {
+			return nil, 0, fmt.Errorf("the gateway %s relayed a Welcome with an unusable heartbeat key: %w", host, err)
+		}
+		b.mac = pki.NewHeartbeatMAC(key, nonce)
 	}
 	d.learnWelcome(w)
 	// R21.4: Welcome's time is not signed, and the gateway relays it: it
@@ -506,18 +529,40 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	if d.cfg.OnWelcome != nil {
 		d.cfg.OnWelcome(id.NodeID)
 	}
-	return nonce, beat, nil
+	return b, beat, nil
+}
+
+// beats makes a session's heartbeats: MAC'd under the session's heartbeat
+// key when the API agreed one, else signed by the node key; either way
+// over the session's nonce and the heartbeat's sequence number.
+type beats struct {
+	signer crypto.Signer
+	nonce  []byte
+	mac    *pki.HeartbeatMAC // nil: signed
+}
+
+// make returns the seq-th heartbeat.
+func (b *beats) make(seq uint64) (*agentv1.Heartbeat, error) {
+	if b.mac != nil {
+		return &agentv1.Heartbeat{Seq: seq, Mac: b.mac.Sum(seq)}, nil
+	}
+	sig, err := pki.SignHeartbeat(b.signer, b.nonce, seq)
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.Heartbeat{Seq: seq, Sig: sig}, nil
 }
 
 // sendLoop is the session's one sender: heartbeats, site reports and
 // command results, each signed by this session's node key (heartbeats over
-// the nonce and a sequence number, so no relay can keep the session alive
-// without this daemon). A failure ends the session through cancel. It
-// also ends the session when the identity on disk has another serial (a
-// renewal), so the next session uses the new certificate: it looks every
-// IdentityCheck, and at once when Renewed says so (one goroutine for both:
-// a held session costs bcd as few as it can).
-func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, nonce []byte, beat time.Duration) {
+// the nonce and a sequence number, or MAC'd under the session's heartbeat
+// key, so no relay can keep the session alive without this daemon). A
+// failure ends the session through cancel. It also ends the session when
+// the identity on disk has another serial (a renewal), so the next session
+// uses the new certificate: it looks every IdentityCheck, and at once when
+// Renewed says so (one goroutine for both: a held session costs bcd as few
+// as it can).
+func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, hb *beats, beat time.Duration) {
 	t := d.clock.NewTicker(beat)
 	defer t.Stop()
 	check := d.clock.NewTicker(d.cfg.IdentityCheck)
@@ -548,7 +593,7 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 			}
 			continue
 		case <-booted:
-			r, err := reports.next(id, nonce, d.log)
+			r, err := reports.next(id, hb.nonce, d.log)
 			if err != nil {
 				cancel(err)
 				return
@@ -559,12 +604,12 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
 		case <-t.C():
 			seq++
-			sig, err := pki.SignHeartbeat(id.Signer, nonce, seq)
+			h, err := hb.make(seq)
 			if err != nil {
 				cancel(fmt.Errorf("sign a heartbeat: %w", err))
 				return
 			}
-			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Sig: sig}}}
+			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: h}}
 		case res = <-d.results:
 			signed, err := d.sign(id, res)
 			if err != nil {

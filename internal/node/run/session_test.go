@@ -28,7 +28,7 @@ import (
 // adopts the node at once. R14.2: connect and disconnect are audited (who,
 // what, when, on what).
 func TestR12_1SessionConnectsAndDisconnects(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachBeat(t, func(t *testing.T, h *harness) {
 		pool := h.pool(t, "plain", nil)
 		m := h.join(t, h.token(t, pool, false), 1, 4)
 		if m.id.IdentityGeneration != 1 {

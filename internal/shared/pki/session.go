@@ -28,27 +28,33 @@ var errNonce = errors.New("session proof: the nonce must be 32 bytes")
 // to open a session (R12.1):
 //
 //	nonce (32 bytes) || node id (UTF-8) || sha256(certificate DER) (32 bytes)
+//	  [ || heartbeat key (the daemon's X25519 public key, 32 bytes) ]
 //
 // The nonce and the hash have fixed lengths, so the node id between them is
 // unambiguous. The certificate is the one the node presented on its TLS
 // connection (the one the gateway forwards), so a proof made for one
-// certificate never opens a session with another. bcd (signing) and the
-// session service (verifying) both build it here. It returns nil for a
-// nonce of another size.
-func SessionProofMessage(nonce []byte, nodeID string, certDER []byte) []byte {
+// certificate never opens a session with another. The heartbeat key, when
+// the daemon offers one (Hello.heartbeat_key), is covered too: a relay can
+// neither put its own key in its place nor strip it (the message without
+// it is another message, 32 bytes shorter, and the proof no longer
+// verifies). bcd (signing) and the session service (verifying) both build
+// it here. It returns nil for a nonce of another size.
+func SessionProofMessage(nonce []byte, nodeID string, certDER, heartbeatKey []byte) []byte {
 	if len(nonce) != SessionNonceSize {
 		return nil
 	}
 	sum := sha256.Sum256(certDER)
-	m := make([]byte, 0, len(nonce)+len(nodeID)+len(sum))
+	m := make([]byte, 0, len(nonce)+len(nodeID)+len(sum)+len(heartbeatKey))
 	m = append(m, nonce...)
 	m = append(m, nodeID...)
-	return append(m, sum[:]...)
+	m = append(m, sum[:]...)
+	return append(m, heartbeatKey...)
 }
 
-// SignSessionProof signs a session proof with the node key.
-func SignSessionProof(key crypto.Signer, nonce []byte, nodeID string, certDER []byte) ([]byte, error) {
-	m := SessionProofMessage(nonce, nodeID, certDER)
+// SignSessionProof signs a session proof with the node key, binding the
+// daemon's heartbeat key when it offers one (nil: none).
+func SignSessionProof(key crypto.Signer, nonce []byte, nodeID string, certDER, heartbeatKey []byte) ([]byte, error) {
+	m := SessionProofMessage(nonce, nodeID, certDER, heartbeatKey)
 	if m == nil {
 		return nil, errNonce
 	}
@@ -56,9 +62,9 @@ func SignSessionProof(key crypto.Signer, nonce []byte, nodeID string, certDER []
 }
 
 // VerifySessionProof checks a SignSessionProof signature under pub, the
-// key of the certificate certDER.
-func VerifySessionProof(pub crypto.PublicKey, nonce []byte, nodeID string, certDER, sig []byte) error {
-	m := SessionProofMessage(nonce, nodeID, certDER)
+// key of the certificate certDER, over heartbeatKey as Hello carries it.
+func VerifySessionProof(pub crypto.PublicKey, nonce []byte, nodeID string, certDER, heartbeatKey, sig []byte) error {
+	m := SessionProofMessage(nonce, nodeID, certDER, heartbeatKey)
 	if m == nil {
 		return errNonce
 	}

@@ -16,16 +16,16 @@ func TestSessionProof(t *testing.T) {
 	nonce := make([]byte, SessionNonceSize)
 	_, _ = rand.Read(nonce)
 	cert := []byte("certificate DER")
-	sig, err := SignSessionProof(key, nonce, "node_1", cert)
+	sig, err := SignSessionProof(key, nonce, "node_1", cert, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := VerifySessionProof(key.Public(), nonce, "node_1", cert, sig); err != nil {
+	if err := VerifySessionProof(key.Public(), nonce, "node_1", cert, nil, sig); err != nil {
 		t.Fatalf("verify: %v", err)
 	}
 	other := append([]byte(nil), nonce...)
 	other[0] ^= 1
-	cmdSig, err := SignPurpose(key, PurposeCommand, SessionProofMessage(nonce, "node_1", cert))
+	cmdSig, err := SignPurpose(key, PurposeCommand, SessionProofMessage(nonce, "node_1", cert, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,13 +34,13 @@ func TestSessionProof(t *testing.T) {
 		verify  func() error
 		wantSig bool
 	}{
-		{"another nonce", func() error { return VerifySessionProof(key.Public(), other, "node_1", cert, sig) }, true},
-		{"another node", func() error { return VerifySessionProof(key.Public(), nonce, "node_2", cert, sig) }, true},
-		{"another certificate", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", []byte("other"), sig) }, true},
-		{"another key", func() error { return VerifySessionProof(newP256(t).Public(), nonce, "node_1", cert, sig) }, true},
-		{"another purpose", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", cert, cmdSig) }, true},
-		{"no proof", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", cert, nil) }, true},
-		{"short nonce", func() error { return VerifySessionProof(key.Public(), nonce[:31], "node_1", cert, sig) }, false},
+		{"another nonce", func() error { return VerifySessionProof(key.Public(), other, "node_1", cert, nil, sig) }, true},
+		{"another node", func() error { return VerifySessionProof(key.Public(), nonce, "node_2", cert, nil, sig) }, true},
+		{"another certificate", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", []byte("other"), nil, sig) }, true},
+		{"another key", func() error { return VerifySessionProof(newP256(t).Public(), nonce, "node_1", cert, nil, sig) }, true},
+		{"another purpose", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", cert, nil, cmdSig) }, true},
+		{"no proof", func() error { return VerifySessionProof(key.Public(), nonce, "node_1", cert, nil, nil) }, true},
+		{"short nonce", func() error { return VerifySessionProof(key.Public(), nonce[:31], "node_1", cert, nil, sig) }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,7 +53,7 @@ func TestSessionProof(t *testing.T) {
 			}
 		})
 	}
-	if _, err := SignSessionProof(key, nonce[:16], "node_1", cert); err == nil {
+	if _, err := SignSessionProof(key, nonce[:16], "node_1", cert, nil); err == nil {
 		t.Error("signed a proof over a 16-byte nonce")
 	}
 }
@@ -78,7 +78,7 @@ func TestHeartbeatSignature(t *testing.T) {
 	if err := VerifyHeartbeat(key.Public(), other, 7, sig); !errors.Is(err, ErrSignature) {
 		t.Errorf("another session: %v", err)
 	}
-	if err := VerifySessionProof(key.Public(), nonce, "", nil, sig); !errors.Is(err, ErrSignature) {
+	if err := VerifySessionProof(key.Public(), nonce, "", nil, nil, sig); !errors.Is(err, ErrSignature) {
 		t.Errorf("a heartbeat verified as a session proof: %v", err)
 	}
 	if _, err := SignHeartbeat(key, nonce[:8], 1); err == nil {

@@ -1274,15 +1274,20 @@ type Hello struct {
 	Protocol   int32                  `protobuf:"varint,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	BcdVersion string                 `protobuf:"bytes,2,opt,name=bcd_version,json=bcdVersion,proto3" json:"bcd_version,omitempty"`
 	// Signature by the node key, purpose session, over
-	// pki.SessionProofMessage (nonce || node id || sha256(certificate DER)).
+	// pki.SessionProofMessage (nonce || node id || sha256(certificate DER)
+	// || heartbeat_key when present).
 	Proof []byte `protobuf:"bytes,3,opt,name=proof,proto3" json:"proof,omitempty"`
 	// The pins the daemon holds (R21.2): every pin of each pinned kind, so
 	// pki status counts it as behind until it holds the keys in force.
 	// Signed by the node key with pins_sig, purpose session-pins, over
 	// pki.PinsAckMessage (nonce || sha256 of the pins): a relay cannot
 	// rewrite or replay them. Empty from a daemon before the field.
-	Pins          []string `protobuf:"bytes,4,rep,name=pins,proto3" json:"pins,omitempty"`
-	PinsSig       []byte   `protobuf:"bytes,5,opt,name=pins_sig,json=pinsSig,proto3" json:"pins_sig,omitempty"`
+	Pins    []string `protobuf:"bytes,4,rep,name=pins,proto3" json:"pins,omitempty"`
+	PinsSig []byte   `protobuf:"bytes,5,opt,name=pins_sig,json=pinsSig,proto3" json:"pins_sig,omitempty"`
+	// The daemon's ephemeral X25519 public key (32 bytes) for this session's
+	// heartbeat key (pki.DeriveHeartbeatKey), covered by proof, so a relay
+	// can neither replace nor strip it. Empty from a daemon before the field.
+	HeartbeatKey  []byte `protobuf:"bytes,6,opt,name=heartbeat_key,json=heartbeatKey,proto3" json:"heartbeat_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1352,15 +1357,30 @@ func (x *Hello) GetPinsSig() []byte {
 	return nil
 }
 
-// Heartbeat keeps the session alive. It is signed by the node key, so a
-// relay cannot keep a session open after the daemon went away.
+func (x *Hello) GetHeartbeatKey() []byte {
+	if x != nil {
+		return x.HeartbeatKey
+	}
+	return nil
+}
+
+// Heartbeat keeps the session alive. It is signed by the node key, or,
+// on a session that agreed a heartbeat key (Hello.heartbeat_key and
+// Welcome.heartbeat_key), MAC'd with that key, which only the daemon and
+// the API hold: either way a relay cannot keep a session open after the
+// daemon went away.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 for the session's first heartbeat, one more for each next one.
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Signature by the node key, purpose session-heartbeat, over
-	// pki.HeartbeatMessage (the session's nonce || seq).
-	Sig           []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	// pki.HeartbeatMessage (the session's nonce || seq). Empty on a keyed
+	// session.
+	Sig []byte `protobuf:"bytes,2,opt,name=sig,proto3" json:"sig,omitempty"`
+	// HMAC-SHA256 under the session's heartbeat key over
+	// pki.HeartbeatMACMessage ("heartbeat" || nonce || seq), on a keyed
+	// session only.
+	Mac           []byte `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1405,6 +1425,13 @@ func (x *Heartbeat) GetSeq() uint64 {
 func (x *Heartbeat) GetSig() []byte {
 	if x != nil {
 		return x.Sig
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetMac() []byte {
+	if x != nil {
+		return x.Mac
 	}
 	return nil
 }
@@ -1718,8 +1745,14 @@ type Welcome struct {
 	// JoinResponseBody.server_time_unix_ms; it arrives over the session's
 	// mTLS stream relayed by the gateway.
 	ServerTimeUnixMs int64 `protobuf:"varint,5,opt,name=server_time_unix_ms,json=serverTimeUnixMs,proto3" json:"server_time_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The API's ephemeral X25519 public key (32 bytes) when it agrees a
+	// heartbeat key with this session (the daemon offered one and the API's
+	// [session] heartbeat_mac is on); empty: heartbeats stay signed. Not
+	// signed: a relay that replaces it only makes the daemon derive a key
+	// the API does not hold, and the session ends at its first heartbeat.
+	HeartbeatKey  []byte `protobuf:"bytes,6,opt,name=heartbeat_key,json=heartbeatKey,proto3" json:"heartbeat_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -1785,6 +1818,13 @@ func (x *Welcome) GetServerTimeUnixMs() int64 {
 		return x.ServerTimeUnixMs
 	}
 	return 0
+}
+
+func (x *Welcome) GetHeartbeatKey() []byte {
+	if x != nil {
+		return x.HeartbeatKey
+	}
+	return nil
 }
 
 type SessionServerMessage struct {
@@ -2233,17 +2273,19 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x10\n" +
 	"\x03sig\x18\x05 \x01(\fR\x03sig\"!\n" +
 	"\tChallenge\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\x89\x01\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\xae\x01\n" +
 	"\x05Hello\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\x05R\bprotocol\x12\x1f\n" +
 	"\vbcd_version\x18\x02 \x01(\tR\n" +
 	"bcdVersion\x12\x14\n" +
 	"\x05proof\x18\x03 \x01(\fR\x05proof\x12\x12\n" +
 	"\x04pins\x18\x04 \x03(\tR\x04pins\x12\x19\n" +
-	"\bpins_sig\x18\x05 \x01(\fR\apinsSig\"/\n" +
+	"\bpins_sig\x18\x05 \x01(\fR\apinsSig\x12#\n" +
+	"\rheartbeat_key\x18\x06 \x01(\fR\fheartbeatKey\"A\n" +
 	"\tHeartbeat\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03sig\x18\x02 \x01(\fR\x03sig\"\x9f\x02\n" +
+	"\x03sig\x18\x02 \x01(\fR\x03sig\x12\x10\n" +
+	"\x03mac\x18\x03 \x01(\fR\x03mac\"\x9f\x02\n" +
 	"\x14SessionClientMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12?\n" +
@@ -2264,13 +2306,14 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vlease_epoch\x18\x03 \x01(\x03R\n" +
 	"leaseEpoch\x12\x1f\n" +
 	"\vworkflow_id\x18\x04 \x01(\tR\n" +
-	"workflowId\"\xca\x01\n" +
+	"workflowId\"\xef\x01\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12#\n" +
 	"\rallowed_kinds\x18\x03 \x03(\tR\fallowedKinds\x12%\n" +
 	"\x0ekey_statements\x18\x04 \x03(\tR\rkeyStatements\x12-\n" +
-	"\x13server_time_unix_ms\x18\x05 \x01(\x03R\x10serverTimeUnixMs\"\xe0\x01\n" +
+	"\x13server_time_unix_ms\x18\x05 \x01(\x03R\x10serverTimeUnixMs\x12#\n" +
+	"\rheartbeat_key\x18\x06 \x01(\fR\fheartbeatKey\"\xe0\x01\n" +
 	"\x14SessionServerMessage\x12;\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1f.bettercompute.agent.v1.WelcomeH\x00R\awelcome\x12A\n" +
 	"\acommand\x18\x02 \x01(\v2%.bettercompute.agent.v1.SignedCommandH\x00R\acommand\x12A\n" +

@@ -1,0 +1,204 @@
+package session
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+)
+
+// The API's own work per held session, without the transport (TLS,
+// HTTP/2, the gateway): what a heartbeat costs once its bytes arrived,
+// and what the held-session check costs per session per pass. Each runs
+// on SQLite, and on PostgreSQL when BC_TEST_POSTGRES_DSN is set:
+//
+//	go test -run '^$' -bench 'Heartbeat|CheckHeld' -benchtime 2000x ./internal/controlplane/session/
+
+// cpuTime is the CPU this process used so far (user and system, all
+// threads: the work, the runtime and GC). On a shared machine the wall
+// clock of a benchmark counts the waits for a core too; the CPU does not.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchStores runs fn on SQLite and PostgreSQL (skipped without its DSN).
+func benchStores(b *testing.B, fn func(b *testing.B, db *store.DB)) {
+	b.Run("sqlite", func(b *testing.B) { fn(b, storetest.OpenSQLite(b)) })
+	b.Run("postgres", func(b *testing.B) { fn(b, storetest.OpenPostgres(b)) })
+}
+
+// benchSessions stores n connected nodes and returns a service on a fake
+// clock and the sessions it would hold for them (not registered: no poll
+// runs).
+func benchSessions(b testing.TB, db *store.DB, n int, mac bool) (*Service, *clock.Fake, []*conn) {
+	b.Helper()
+	ctx := context.Background()
+	fc := clock.NewFake(time.Now())
+	bundle, err := ca.Generate("bench.example.com", fc.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	issuer := bundle.TrustedNodeCAs()[0].SubjectKeyId
+	s := New(Config{DB: db, Clock: fc, Bundle: bundle})
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	conns := make([]*conn, n)
+	serial := make([]byte, 16)
+	for i := range conns {
+		node := storetest.Node(b, db, store.NodeAdopted)
+		_, _ = rand.Read(serial)
+		c := &conn{id: newSessionID(), nodeID: node.ID, tenantID: node.TenantID, generation: node.IdentityGeneration, serial: fmt.Sprintf("%x", serial),
+			issuerKeyID: issuer, nodeKey: key.Public(), nonce: make([]byte, pki.SessionNonceSize), sent: map[string]struct{}{}}
+		_, _ = rand.Read(c.nonce)
+		if mac {
+			c.mac = pki.NewHeartbeatMAC(make([]byte, pki.HeartbeatKeySize), c.nonce)
+		}
+		c.lastTouch = fc.Now()
+		_, c.cancel = context.WithCancelCause(ctx)
+		now := fc.Now()
+		if err := db.WithTx(ctx, func(tx *store.Tx) error {
+			if err := tx.InsertNodeCert(ctx, store.NodeCert{Serial: c.serial, NodeID: c.nodeID, IdentityGeneration: c.generation, Role: pki.RoleNode,
+				SPKISHA256: make([]byte, 32), DER: []byte(c.serial), NotBefore: now, NotAfter: now.Add(24 * time.Hour), CreatedAt: now}); err != nil {
+				return err
+			}
+			_, err := tx.ConnectNode(ctx, c.nodeID, c.id)
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		conns[i] = c
+	}
+	return s, fc, conns
+}
+
+// BenchmarkHeartbeat is the API's work for one heartbeat as it arrives:
+// decoding the message, checking it (an ECDSA verification, or a MAC),
+// and, every second beat (TouchEvery 30 s, a beat every 15 s), the
+// transaction that records it. cpu-ns/op (this process's CPU, the store's
+// included on SQLite) and allocs/op are per beat.
+func BenchmarkHeartbeat(b *testing.B) {
+	benchStores(b, func(b *testing.B, db *store.DB) {
+		for _, mac := range []bool{false, true} {
+			name := "signature"
+			if mac {
+				name = "mac"
+			}
+			b.Run(name, func(b *testing.B) {
+				s, fc, conns := benchSessions(b, db, 1, mac)
+				c := conns[0]
+				key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c.nodeKey = key.Public()
+				// The wire bytes of b.N heartbeats, made before the clock
+				// runs (signing is bcd's cost, not the API's).
+				msgs := make([][]byte, b.N)
+				for i := range msgs {
+					seq := uint64(i + 1)
+					hb := &agentv1.Heartbeat{Seq: seq}
+					if mac {
+						hb.Mac = c.mac.Sum(seq)
+					} else if hb.Sig, err = pki.SignHeartbeat(key, c.nonce, seq); err != nil {
+						b.Fatal(err)
+					}
+					if msgs[i], err = proto.Marshal(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: hb}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				ctx := context.Background()
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu := cpuTime(b)
+				defer func() { b.ReportMetric(float64((cpuTime(b)-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op") }()
+				for i := range b.N {
+					fc.Advance(DefaultHeartbeat)
+					var m agentv1.SessionClientMessage
+					if err := proto.Unmarshal(msgs[i], &m); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.handle(ctx, c, &m); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	})
+}
+
+// BenchmarkCheckHeld is one pass of the held-session check (every Check,
+// 500 ms: 30 passes per 15 s heartbeat) over n sessions; ns/session is
+// its cost per session per pass (cpu-ns/session: this process's CPU).
+func BenchmarkCheckHeld(b *testing.B) {
+	benchStores(b, func(b *testing.B, db *store.DB) {
+		for _, n := range []int{100, 1000} {
+			b.Run(fmt.Sprint(n), func(b *testing.B) {
+				s, _, conns := benchSessions(b, db, n, true)
+				ctx := context.Background()
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu := cpuTime(b)
+				for b.Loop() {
+					s.checkHeld(ctx, conns)
+				}
+				b.ReportMetric(float64((cpuTime(b)-cpu).Nanoseconds())/float64(b.N)/float64(n), "cpu-ns/session")
+				for _, c := range conns {
+					if c.reason() != "" {
+						b.Fatalf("the check ended a live session: %s", c.reason())
+					}
+				}
+			})
+		}
+	})
+}
+
+// BenchmarkHeartbeatFleet is BenchmarkHeartbeat with 64 sessions beating
+// at once, each on its own handler goroutine as on a replica holding a
+// fleet: the heartbeats due to be recorded while another handler writes
+// are recorded together (touch.go). cpu-ns/op is per beat.
+func BenchmarkHeartbeatFleet(b *testing.B) {
+	benchStores(b, func(b *testing.B, db *store.DB) {
+		const n = 64
+		s, _, conns := benchSessions(b, db, n, true)
+		s.cfg.Clock = clock.Real{}
+		s.cfg.TouchEvery = time.Nanosecond // every beat is recorded: the write is what is measured
+		var next atomic.Int64
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.SetParallelism(n / 2) // GOMAXPROCS 2 on this machine kind: 64 goroutines
+		b.ResetTimer()
+		cpu := cpuTime(b)
+		b.RunParallel(func(pb *testing.PB) {
+			c := conns[int(next.Add(1)-1)%n]
+			for pb.Next() {
+				seq := c.lastSeq + 1
+				m := &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Mac: c.mac.Sum(seq)}}}
+				if err := s.handle(ctx, c, m); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64((cpuTime(b)-cpu).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	})
+}
