@@ -60,6 +60,7 @@ func (s *state) handle(e event) {
 		s.results++
 		if e.Action == "fail" {
 			s.failed = true
+			s.flushRunning(e.Package)
 		}
 	case e.Action == "run":
 		s.running[key] = time.Now()
@@ -82,6 +83,28 @@ func (s *state) handle(e event) {
 		}
 		delete(s.running, key)
 		delete(s.logs, key)
+	}
+}
+
+// flushRunning prints the output of pkg's tests that were still running
+// when the package failed: a timeout's panic and goroutine dump are
+// attributed to the test running then, which never gets a fail of its own.
+func (s *state) flushRunning(pkg string) {
+	var keys []string
+	for k := range s.running {
+		if p, _, _ := strings.Cut(k, " "); p == pkg {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		_, test, _ := strings.Cut(k, " ")
+		fmt.Fprintf(s.out, "--- %s was still running when %s failed:\n", test, pkg)
+		if b := s.logs[k]; b != nil {
+			fmt.Fprint(s.out, b.String())
+		}
+		delete(s.running, k)
+		delete(s.logs, k)
 	}
 }
 

@@ -56,3 +56,28 @@ func TestSkippedToolsAreShown(t *testing.T) {
 		t.Error("a skip failed the run")
 	}
 }
+
+// A package that times out fails with no fail event for the test running
+// then: that test's output (the timeout's panic) is printed all the same,
+// and another package's running test is left alone.
+func TestTimedOutPackageShowsRunningTest(t *testing.T) {
+	const pkg, other = "example.com/e2e", "example.com/store"
+	var out strings.Builder
+	s := &state{out: &out, running: map[string]time.Time{}, logs: map[string]*strings.Builder{}, start: time.Now()}
+	for _, e := range []event{
+		{Action: "run", Package: pkg, Test: "TestSlow"},
+		{Action: "run", Package: other, Test: "TestOther"},
+		{Action: "output", Package: pkg, Test: "TestSlow", Output: "panic: test timed out after 20m0s\n"},
+		{Action: "output", Package: pkg, Output: "FAIL\t" + pkg + "\t1200.4s\n"},
+		{Action: "fail", Package: pkg},
+	} {
+		s.handle(e)
+	}
+	got := out.String()
+	if !strings.Contains(got, "TestSlow was still running when "+pkg+" failed") || !strings.Contains(got, "panic: test timed out") {
+		t.Errorf("the timed-out test's output is missing:\n%s", got)
+	}
+	if _, ok := s.running[other+" TestOther"]; !ok || !s.failed {
+		t.Errorf("running %v, failed %v", s.running, s.failed)
+	}
+}
