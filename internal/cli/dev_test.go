@@ -80,14 +80,14 @@ func startDev(t *testing.T, args ...string) *devProc {
 		cancel()
 		select {
 		case <-d.done:
-		case <-time.After(20 * time.Second):
-			t.Error("dev did not stop within 20 s")
+		case <-time.After(devTimeout(t, 20*time.Second)):
+			t.Errorf("dev did not stop within %s", devTimeout(t, 20*time.Second))
 		}
 		if t.Failed() {
 			t.Logf("dev stdout:\n%s\ndev stderr:\n%s", d.out, d.errOut)
 		}
 	})
-	poll.UntilDetail(t, 60*time.Second, func() string { return "dev's banner:\n" + d.errOut.String() }, func() bool {
+	poll.UntilDetail(t, devTimeout(t, 60*time.Second), func() string { return "dev's banner:\n" + d.errOut.String() }, func() bool {
 		select {
 		case code := <-d.done:
 			t.Fatalf("dev exited %d:\n%s", code, d.errOut)
@@ -97,6 +97,20 @@ func startDev(t *testing.T, args ...string) *devProc {
 	})
 	d.banner = d.out.String()
 	d.env = readDevEnv(t, filepath.Join(d.dir, "dev.env"))
+	return d
+}
+
+// devTimeout is how long dev, run in-process, gets to start or stop: base,
+// or raceSlowdown times that in a race-detector build but not past the
+// test's own deadline (less a minute, for the cleanup to report).
+func devTimeout(t *testing.T, base time.Duration) time.Duration {
+	d := base
+	if raceEnabled {
+		d *= raceSlowdown
+	}
+	if end, ok := t.Deadline(); ok {
+		d = min(d, max(time.Until(end)-time.Minute, base))
+	}
 	return d
 }
 
