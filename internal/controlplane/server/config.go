@@ -111,9 +111,14 @@ type SessionConfig struct {
 	// key the daemon and the API agree at the session's start (X25519,
 	// the daemon's key bound by its node-key proof) instead of an ECDSA
 	// signature: about a thousandth of the CPU per heartbeat. Daemons
-	// that offer no key keep signing theirs. Default off.
-	HeartbeatMAC bool `toml:"heartbeat_mac"`
+	// that offer no key keep signing theirs. Default on; false makes
+	// every daemon sign its heartbeats again.
+	HeartbeatMAC *bool `toml:"heartbeat_mac"`
 }
+
+// MAC reports whether heartbeats are checked by MAC ([session]
+// heartbeat_mac, on unless set to false).
+func (s SessionConfig) MAC() bool { return s.HeartbeatMAC == nil || *s.HeartbeatMAC }
 
 // JoinConfig tunes JoinService.
 type JoinConfig struct {
@@ -395,7 +400,7 @@ attestors = ["join-token"] # add "x509pop" to re-join nodes whose certificate ex
 svid_form = "page"         # "spiffe-strict": one URI SAN, the TPM statement in an extension (go-spiffe, Envoy)
 
 [session]
-heartbeat_mac = false      # true: heartbeats checked by an HMAC under a per-session key (X25519) instead of an ECDSA signature
+heartbeat_mac = true       # heartbeats checked by an HMAC under a per-session key (X25519); false: an ECDSA signature per heartbeat
 
 [downloads]                # bcd builds for install scripts: bcd/{version}/linux-{amd64,arm64}
 dir = "/var/lib/better-compute/downloads"

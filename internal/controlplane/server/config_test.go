@@ -109,3 +109,24 @@ func TestJoinVouchWaitConfigR10_4(t *testing.T) {
 		})
 	}
 }
+
+// R12.1: [session] heartbeat_mac checks heartbeats by MAC unless set to
+// false.
+func TestSessionHeartbeatMACConfigR12_1(t *testing.T) {
+	base := "[store]\npath = \"/tmp/bc.db\"\n"
+	for _, c := range []struct {
+		name, toml string
+		want       bool
+	}{
+		{name: "default", toml: base, want: true},
+		{name: "on", toml: base + "[session]\nheartbeat_mac = true\n", want: true},
+		{name: "off", toml: base + "[session]\nheartbeat_mac = false\n", want: false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, _ := parseCase(t, c.toml, "")
+			if got := cfg.Session.MAC(); got != c.want {
+				t.Errorf("MAC() = %v, want %v", got, c.want)
+			}
+		})
+	}
+}

@@ -238,7 +238,7 @@ func newAPI(ctx context.Context, cfg Config, o Options, db *store.DB, bundle *ca
 		Attestors: cfg.Join.Attestors, TPMPools: tpmPools, SVIDForm: cfg.Join.SVIDForm,
 		JoinRequestLimits: join.RequestLimits{MaxPendingPerPool: cfg.Join.MaxPendingRequestsPerPool, MaxPendingPerSource: cfg.Join.MaxPendingRequestsPerSource},
 		JoinVouchWait:     cfg.Join.VouchWait,
-		HeartbeatMAC:      cfg.Session.HeartbeatMAC,
+		HeartbeatMAC:      cfg.Session.MAC(),
 		Metrics:           m})
 	if err != nil {
 		return nil, err
