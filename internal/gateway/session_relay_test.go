@@ -29,7 +29,9 @@ func signedCommand(t *testing.T, id, kind string) *agentv1.SignedCommand {
 // R7.5: the gateway forwards only the kinds named in Welcome.allowed_kinds
 // (exact or prefix.*; none named: every kind) and answers the API for a
 // refused command with a failed CommandResult.
-func TestSessionKindsAtDispatch(t *testing.T) {
+func TestSessionKindsAtDispatch(t *testing.T) { forServers(t, testSessionKindsAtDispatch) }
+
+func testSessionKindsAtDispatch(t *testing.T, kind string) {
 	tests := []struct {
 		name      string
 		allowed   []string
@@ -43,6 +45,7 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
+			e.kind = kind
 			f, apiURL := startSessionAPI(t, e)
 			f.allowed = tc.allowed
 			f.results = make(chan *agentv1.CommandResult, 8)
@@ -94,8 +97,9 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 
 // A daemon that vanishes (its connection dropped, no end of stream) ends
 // its upstream stream at the API.
-func TestSessionDaemonVanishes(t *testing.T) {
-	e := newEnv(t)
+func TestSessionDaemonVanishes(t *testing.T) { onBothServers(t, testSessionDaemonVanishes) }
+
+func testSessionDaemonVanishes(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
 	_, gw := startGateway(t, e.config(apiURL))
 	var conn net.Conn
@@ -123,8 +127,9 @@ func TestSessionDaemonVanishes(t *testing.T) {
 
 // Shutdown ends held sessions at once (UNAVAILABLE to the daemon, the
 // upstream stream ended) instead of waiting for them.
-func TestSessionShutdown(t *testing.T) {
-	e := newEnv(t)
+func TestSessionShutdown(t *testing.T) { onBothServers(t, testSessionShutdown) }
+
+func testSessionShutdown(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
 	g, gw := startGateway(t, e.config(apiURL))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
