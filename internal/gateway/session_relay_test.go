@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -156,4 +159,33 @@ func testSessionShutdown(t *testing.T, e *env) {
 func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 	t.Helper()
 	poll.Until(t, d, "the relay's condition", ok)
+}
+
+// A session outlives the per-request read timeout (request_timeout + 10
+// s): the relay lifts it on both servers.
+func TestSessionOutlivesTheReadTimeout(t *testing.T) {
+	onBothServers(t, testSessionOutlivesTheReadTimeout)
+}
+
+func testSessionOutlivesTheReadTimeout(t *testing.T, e *env) {
+	_, apiURL := startSessionAPI(t, e)
+	clk := clock.NewFake(testNow)
+	cfg := e.config(apiURL)
+	_, gw := startGatewayWith(t, cfg, Options{Log: quietLog(), Clock: clk})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, tr, err := openSession(ctx, e, gw, nil, e.nodeCert(t, "node_01"))
+	defer tr.CloseIdleConnections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the read deadline, short of the keepalive PING.
+	clk.Advance(DefaultRequestTimeout + 15*time.Second)
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.CloseRequest()
+	if _, err := s.Receive(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the daemon closed, Receive = %v, want EOF", err)
+	}
 }
