@@ -103,7 +103,8 @@ func (hs *httpStream) armReadLocked(d time.Duration) {
 		}
 		hs.mu.Unlock()
 		if late {
-			hs.cond.Broadcast()
+			// The reset ends the stream (Closed), which wakes a read:
+			// the handler cannot end the stream first.
 			hs.s.Reset(http2.ErrCodeCancel)
 		}
 	})
@@ -313,7 +314,7 @@ type httpBody httpStream
 func (b *httpBody) Read(p []byte) (int, error) {
 	hs := (*httpStream)(b)
 	hs.mu.Lock()
-	for len(hs.body) == 0 && !hs.bodyEnd && !hs.ended && !hs.bodyClosed && !hs.readTimedOut {
+	for len(hs.body) == 0 && !hs.bodyEnd && !hs.ended && !hs.bodyClosed {
 		hs.cond.Wait()
 	}
 	if len(hs.body) > 0 {
