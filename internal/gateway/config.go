@@ -26,6 +26,12 @@ const (
 	DefaultUpstreamConns  = 4
 )
 
+// The values of Config.DaemonHTTP2.
+const (
+	DaemonHTTP2NetHTTP = "net/http"
+	DaemonHTTP2Framer  = "framer"
+)
+
 // The values of Config.TLSKeyExchange.
 const (
 	KeyExchangeHybrid = "hybrid"
@@ -80,6 +86,12 @@ type Config struct {
 	// (docs/contributors/performance.md);
 	// keep the default unless handshakes are what limits the gateway.
 	TLSKeyExchange string `toml:"tls_key_exchange"`
+	// DaemonHTTP2 is the HTTP/2 server that serves the daemons:
+	// "net/http" (the default) or "framer", the gateway's own on x/net's
+	// Framer (internal/gateway/h2server: one goroutine per connection,
+	// less memory per held connection). Both serve the same handler with
+	// the same limits; HTTP/1.1 goes to net/http either way.
+	DaemonHTTP2 string `toml:"daemon_http2"`
 	// Metrics serves /metrics, /livez and /readyz on their own listener
 	// ([metrics] listen, e.g. "127.0.0.1:9465"; off when empty).
 	Metrics MetricsConfig `toml:"metrics"`
@@ -203,6 +215,13 @@ func (c *Config) validate() error {
 	default:
 		return badKey("tls_key_exchange", "must be %q (the default) or %q, got %q", KeyExchangeHybrid, KeyExchangeX25519, c.TLSKeyExchange)
 	}
+	switch c.DaemonHTTP2 {
+	case "":
+		c.DaemonHTTP2 = DaemonHTTP2NetHTTP
+	case DaemonHTTP2NetHTTP, DaemonHTTP2Framer:
+	default:
+		return badKey("daemon_http2", "must be %q (the default) or %q, got %q", DaemonHTTP2NetHTTP, DaemonHTTP2Framer, c.DaemonHTTP2)
+	}
 	switch {
 	case c.UpstreamConns < 0 || c.UpstreamConns > 256:
 		return badKey("upstream_conns", "must be between 1 and 256")
@@ -294,6 +313,9 @@ upstream_conns = 4
 # "x25519" (classical only: less CPU per handshake, no protection of
 # recorded traffic against a future quantum computer)
 tls_key_exchange = "hybrid"
+# the daemons' HTTP/2 server: "net/http" or "framer" (the gateway's own,
+# less memory per held connection; not the default yet)
+daemon_http2 = "net/http"
 
 # /metrics, /livez and /readyz (ready: the certificate is valid and an API
 # replica answers); off when empty

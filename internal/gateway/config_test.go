@@ -78,6 +78,17 @@ func TestParseConfig(t *testing.T) {
 			}
 		}},
 		{name: "key exchange unknown", toml: goodTOML + "tls_key_exchange = \"p256\"\n", wantErr: "tls_key_exchange: must be"},
+		{name: "daemon HTTP/2 default", toml: goodTOML, check: func(t *testing.T, c Config) {
+			if c.DaemonHTTP2 != DaemonHTTP2NetHTTP {
+				t.Errorf("daemon_http2 %q, want net/http", c.DaemonHTTP2)
+			}
+		}},
+		{name: "daemon HTTP/2 framer", toml: goodTOML + "daemon_http2 = \"framer\"\n", check: func(t *testing.T, c Config) {
+			if c.DaemonHTTP2 != DaemonHTTP2Framer {
+				t.Errorf("daemon_http2 %q, want framer", c.DaemonHTTP2)
+			}
+		}},
+		{name: "daemon HTTP/2 unknown", toml: goodTOML + "daemon_http2 = \"h2c\"\n", wantErr: "daemon_http2: must be"},
 		{name: "negative concurrency", toml: goodTOML + "max_concurrent = -1\n", wantErr: "max_concurrent: cannot be negative"},
 	}
 	for _, tc := range tests {

@@ -33,6 +33,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/better-compute/better-compute/internal/gateway/h2server"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -105,7 +106,11 @@ type Gateway struct {
 	// failures, busy and relay warnings) rate-limited (LinesPerMinute).
 	lines   *ratelimit.Logger
 	handler http.Handler
-	hs      *http.Server
+	// hs serves the daemons (daemon_http2 = "net/http"), or only the
+	// HTTP/1.1 connections h2 hands over through h1 ("framer").
+	hs *http.Server
+	h2 *h2server.Server
+	h1 *connListener
 	// pair is the serving certificate in force (readiness, expiry).
 	pair         *certfile.Pair
 	metrics      *metrics
@@ -168,22 +173,23 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.hs = &http.Server{
 		Handler:           g.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: handshakeTimeout,
 		// Per request (per stream on HTTP/2). Session streams lift both
 		// (session.go); their liveness is the heartbeat and HTTP/2 pings.
 		ReadTimeout:    cfg.RequestTimeout + 10*time.Second,
 		WriteTimeout:   cfg.RequestTimeout + 10*time.Second,
-		IdleTimeout:    120 * time.Second,
-		MaxHeaderBytes: 32 << 10,
+		IdleTimeout:    idleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog:       g.lines.ErrorLog(slog.LevelWarn, "gateway"),
 		// Pings find daemons that vanished without closing their connection.
 		// 16 KiB frames (the HTTP/2 minimum): a daemon's client holds a
 		// scratch buffer of this size while its session's body is open.
 		HTTP2: &http.HTTP2Config{
-			SendPingTimeout:           60 * time.Second,
-			PingTimeout:               20 * time.Second,
+			MaxConcurrentStreams:      maxStreamsPerConn,
+			SendPingTimeout:           pingInterval,
+			PingTimeout:               pingTimeout,
 			MaxReadFrameSize:          16 << 10,
-			MaxReceiveBufferPerStream: 256 << 10,
+			MaxReceiveBufferPerStream: maxQueuedPerStream,
 		},
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
@@ -212,6 +218,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if cfg.TLSKeyExchange == KeyExchangeX25519 {
 		// SECURITY: classical only, by the operator's choice (config.go).
 		g.hs.TLSConfig.CurvePreferences = []tls.CurveID{tls.X25519}
+	}
+	if cfg.DaemonHTTP2 == DaemonHTTP2Framer {
+		if err := g.newFramer(g.hs.TLSConfig.Clone()); err != nil {
+			return nil, err
+		}
 	}
 	g.log.Info("gateway configured", "api_urls", strings.Join(cfg.apiURLs(), ","), "cert_not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
 	return g, nil
@@ -296,9 +307,27 @@ func (g *Gateway) Serve(ln net.Listener) error {
 		ln.Close()
 		return err
 	}
+	if g.h2 != nil {
+		return g.serveFramer(ln)
+	}
 	// ServeTLS configures HTTP/2 on the server; the certificate comes from
 	// TLSConfig.
 	if err := g.hs.ServeTLS(ln, "", ""); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// serveFramer serves ln with h2server, and the HTTP/1.1 connections it
+// hands over with net/http, one of the gateway's tasks.
+func (g *Gateway) serveFramer(ln net.Listener) error {
+	g.tasks.Go(func() {
+		// h1 closed (Shutdown) ends it too.
+		if err := g.hs.Serve(g.h1); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			g.log.Error("gateway: serving HTTP/1.1 failed", "err", err)
+		}
+	})
+	if err := g.h2.Serve(ln); !errors.Is(err, h2server.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -316,11 +345,19 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	if ds := g.ds.Load(); ds != nil {
 		_ = ds.Close()
 	}
-	err := g.hs.Shutdown(ctx)
-	if err != nil {
+	var err error
+	if g.h2 != nil {
+		// h1 first: h2 waits for a connection it is handing over.
+		_ = g.h1.Close()
+		// Closes the connections still open when the grace runs out, and
+		// waits for every goroutine of h2's.
+		err = g.h2.Shutdown(ctx)
+	}
+	if herr := g.hs.Shutdown(ctx); herr != nil {
 		// The grace is over: the calls still in flight end now (their
 		// contexts end with their connections).
 		_ = g.hs.Close()
+		err = herr
 	}
 	g.tasks.Close()
 	for _, u := range g.ups {

@@ -42,8 +42,9 @@ func joinRequest(token string) *agentv1.JoinRequest {
 	}
 }
 
-func TestJoinRelayed(t *testing.T) {
-	e := newEnv(t)
+func TestJoinRelayed(t *testing.T) { onBothServers(t, testJoinRelayed) }
+
+func testJoinRelayed(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	_, gw := startGateway(t, e.config(f.URL()))
 
@@ -104,7 +105,10 @@ func TestJoinRelayed(t *testing.T) {
 }
 
 func TestRenewForwardsPeerCertificate(t *testing.T) {
-	e := newEnv(t)
+	onBothServers(t, testRenewForwardsPeerCertificate)
+}
+
+func testRenewForwardsPeerCertificate(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	_, gw := startGateway(t, e.config(f.URL()))
 	nodeCert := e.nodeCert(t, "node_01")
@@ -182,8 +186,9 @@ func TestRenewForwardsPeerCertificate(t *testing.T) {
 	}
 }
 
-func TestUpstreamErrorsPassThrough(t *testing.T) {
-	e := newEnv(t)
+func TestUpstreamErrorsPassThrough(t *testing.T) { onBothServers(t, testUpstreamErrorsPassThrough) }
+
+func testUpstreamErrorsPassThrough(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	_, gw := startGateway(t, e.config(f.URL()))
 	d := newDaemon(t, e, gw)
@@ -210,8 +215,9 @@ func TestUpstreamErrorsPassThrough(t *testing.T) {
 	}
 }
 
-func TestGatewayRefusals(t *testing.T) {
-	e := newEnv(t)
+func TestGatewayRefusals(t *testing.T) { onBothServers(t, testGatewayRefusals) }
+
+func testGatewayRefusals(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 
 	// An API that is down: it drops every connection. (The listener stays
@@ -251,8 +257,9 @@ func TestGatewayRefusals(t *testing.T) {
 	}
 }
 
-func TestBusyRefusedAtOnce(t *testing.T) {
-	e := newEnv(t)
+func TestBusyRefusedAtOnce(t *testing.T) { onBothServers(t, testBusyRefusedAtOnce) }
+
+func testBusyRefusedAtOnce(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	cfg := e.config(f.URL())
 	cfg.MaxConcurrent = 1
@@ -288,8 +295,9 @@ func TestBusyRefusedAtOnce(t *testing.T) {
 	}
 }
 
-func TestRequestTimeout(t *testing.T) {
-	e := newEnv(t)
+func TestRequestTimeout(t *testing.T) { onBothServers(t, testRequestTimeout) }
+
+func testRequestTimeout(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	cfg := e.config(f.URL())
 	cfg.RequestTimeout = 200 * time.Millisecond
@@ -304,8 +312,9 @@ func TestRequestTimeout(t *testing.T) {
 	}
 }
 
-func TestUpstreamConnectionsReused(t *testing.T) {
-	e := newEnv(t)
+func TestUpstreamConnectionsReused(t *testing.T) { onBothServers(t, testUpstreamConnectionsReused) }
+
+func testUpstreamConnectionsReused(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	_, gw := startGateway(t, e.config(f.URL()))
 	// A new daemon connection for some calls, so reuse upstream does not
@@ -332,8 +341,9 @@ func TestUpstreamConnectionsReused(t *testing.T) {
 	}
 }
 
-func TestRunServesAndStops(t *testing.T) {
-	e := newEnv(t)
+func TestRunServesAndStops(t *testing.T) { onBothServers(t, testRunServesAndStops) }
+
+func testRunServesAndStops(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	// Run listens on port 0 and reports the port it took.
 	ready := make(chan string, 1)
@@ -429,8 +439,9 @@ func processCPU(b *testing.B) time.Duration {
 // R4.1: a join is relayed unchanged whatever codec and protocol the daemon
 // speaks. Binary calls are relayed as bytes (fields this gateway does not
 // know arrive too); JSON calls are decoded and re-encoded.
-func TestJoinRelayedEveryCodec(t *testing.T) {
-	e := newEnv(t)
+func TestJoinRelayedEveryCodec(t *testing.T) { onBothServers(t, testJoinRelayedEveryCodec) }
+
+func testJoinRelayedEveryCodec(t *testing.T, e *env) {
 	f := newFakeAPI(t, e)
 	_, gw := startGateway(t, e.config(f.URL()))
 	sent := joinRequest("eyJhbGciOiJFQ0RILUVTK0EyNTZLVyJ9.a.b.c.d")
@@ -438,9 +449,10 @@ func TestJoinRelayedEveryCodec(t *testing.T) {
 	// Field 999, varint 7: a field of a newer daemon.
 	withUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 999, protowire.VarintType), 7))
 	tests := []struct {
-		name string
-		opts []connect.ClientOption
-		req  *agentv1.JoinRequest
+		name  string
+		opts  []connect.ClientOption
+		http1 bool
+		req   *agentv1.JoinRequest
 	}{
 		{name: "gRPC", opts: []connect.ClientOption{connect.WithGRPC()}, req: sent},
 		{name: "gRPC, an unknown field", opts: []connect.ClientOption{connect.WithGRPC()}, req: withUnknown},
@@ -448,11 +460,21 @@ func TestJoinRelayedEveryCodec(t *testing.T) {
 		{name: "Connect", req: sent},
 		{name: "Connect JSON", opts: []connect.ClientOption{connect.WithProtoJSON()}, req: sent},
 		{name: "gRPC JSON", opts: []connect.ClientOption{connect.WithGRPC(), connect.WithProtoJSON()}, req: sent},
+		// HTTP/1.1 (curl, scripts): net/http serves it on either server.
+		{name: "Connect over HTTP/1.1", http1: true, req: sent},
+		{name: "gRPC-Web over HTTP/1.1", opts: []connect.ClientOption{connect.WithGRPCWeb()}, http1: true, req: sent},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDaemon(t, e, gw)
-			c := agentv1connect.NewJoinServiceClient(&http.Client{Transport: d.tr}, "https://"+gw, tc.opts...)
+			hc := &http.Client{Transport: d.tr}
+			if tc.http1 {
+				d.tr.ForceAttemptHTTP2 = false
+				d.tr.Protocols = new(http.Protocols)
+				d.tr.Protocols.SetHTTP1(true)
+				hc.Transport = &protoCheck{rt: d.tr, t: t, major: 1}
+			}
+			c := agentv1connect.NewJoinServiceClient(hc, "https://"+gw, tc.opts...)
 			res, err := c.Join(context.Background(), connect.NewRequest(tc.req))
 			if err != nil {
 				t.Fatalf("join: %v", err)
@@ -470,4 +492,19 @@ func TestJoinRelayedEveryCodec(t *testing.T) {
 			}
 		})
 	}
+}
+
+// protoCheck fails the test on an answer over another HTTP version.
+type protoCheck struct {
+	rt    http.RoundTripper
+	t     *testing.T
+	major int
+}
+
+func (p *protoCheck) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := p.rt.RoundTrip(r)
+	if err == nil && res.ProtoMajor != p.major {
+		p.t.Errorf("answered over %s, want HTTP/%d", res.Proto, p.major)
+	}
+	return res, err
 }

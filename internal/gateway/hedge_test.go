@@ -99,7 +99,9 @@ func (r *hedgeReplica) Renew(context.Context, *connect.Request[agentv1.RenewRequ
 // once; a renewal's refusal is held while an earlier copy may have landed,
 // and is UNAVAILABLE if nothing better comes. The replicas are tried in
 // order (the first one first).
-func TestHedgeR19_2(t *testing.T) {
+func TestHedgeR19_2(t *testing.T) { forServers(t, testHedgeR19_2) }
+
+func testHedgeR19_2(t *testing.T, kind string) {
 	const attemptTimeout = 5 * time.Second
 	for _, c := range []struct {
 		name  string
@@ -132,6 +134,7 @@ func TestHedgeR19_2(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
+			e.kind = kind
 			var reps []*hedgeReplica
 			var urls []string
 			for i, m := range c.modes {

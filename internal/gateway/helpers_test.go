@@ -21,6 +21,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,6 +51,29 @@ type env struct {
 	gwLeaf   []byte // DER of the gateway's leaf
 	apiCert  tls.Certificate
 	roots    *x509.CertPool // the serving CA
+	// kind is the daemons' HTTP/2 server of the gateways the test starts
+	// (Config.DaemonHTTP2; empty: the default).
+	kind string
+}
+
+// daemonServers are the daemons' HTTP/2 servers the relay tests run on.
+var daemonServers = []string{DaemonHTTP2NetHTTP, DaemonHTTP2Framer}
+
+// onBothServers runs f once per daemon-side HTTP/2 server, as subtests
+// ("nethttp", "framer"), each with its own env.
+func onBothServers(t *testing.T, f func(t *testing.T, e *env)) {
+	forServers(t, func(t *testing.T, kind string) {
+		e := newEnv(t)
+		e.kind = kind
+		f(t, e)
+	})
+}
+
+// forServers runs f once per daemon-side HTTP/2 server, as subtests.
+func forServers(t *testing.T, f func(t *testing.T, kind string)) {
+	for _, kind := range daemonServers {
+		t.Run(strings.ReplaceAll(kind, "/", ""), func(t *testing.T) { f(t, kind) })
+	}
 }
 
 func newEnv(t testing.TB) *env {
@@ -242,7 +266,7 @@ func (f *fakeAPI) Renew(_ context.Context, req *connect.Request[agentv1.RenewReq
 }
 
 func (e *env) config(apiURL string) Config {
-	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, APIURL: apiURL, APICAFile: e.caFile}
+	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, APIURL: apiURL, APICAFile: e.caFile, DaemonHTTP2: e.kind}
 }
 
 // droppingListener listens on 127.0.0.1 and closes every connection it
@@ -280,6 +304,9 @@ func startGatewayWith(t testing.TB, cfg Config, o Options) (*Gateway, string) {
 	g, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if framer := g.h2 != nil; framer != (cfg.DaemonHTTP2 == DaemonHTTP2Framer) {
+		t.Fatalf("daemon_http2 %q, but serving with h2server: %v", cfg.DaemonHTTP2, framer)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -28,7 +28,7 @@ import (
 
 // localConfig is a gateway config for the API's process: no api_url.
 func (e *env) localConfig() Config {
-	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile}
+	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, DaemonHTTP2: e.kind}
 }
 
 // seen records how requests reached an in-process API handler.

@@ -79,8 +79,9 @@ func exercise(t *testing.T, e *env, addr, metrics string) (closeAll func()) {
 // and, once its context ends, ends the session and stops every goroutine
 // it started (health checker and checks, relayed attempts, the session's
 // halves, the metrics listener's loop) before Run returns.
-func TestRunJoinsEverythingItStarted(t *testing.T) {
-	e := newEnv(t)
+func TestRunJoinsEverythingItStarted(t *testing.T) { onBothServers(t, testRunJoinsEverythingItStarted) }
+
+func testRunJoinsEverythingItStarted(t *testing.T, e *env) {
 	u1, _ := startReplica(t, e)
 	u2, _ := startReplica(t, e)
 	cfg := e.config("")
@@ -122,7 +123,10 @@ func TestRunJoinsEverythingItStarted(t *testing.T) {
 // API's handler in memory for each call and session: Shutdown ends the
 // session and returns once those handlers, too, have returned.
 func TestInProcessShutdownJoinsEverythingItStarted(t *testing.T) {
-	e := newEnv(t)
+	onBothServers(t, testInProcessShutdownJoinsEverythingItStarted)
+}
+
+func testInProcessShutdownJoinsEverythingItStarted(t *testing.T, e *env) {
 	h, _ := replicaMux(e)
 	cfg := e.localConfig()
 	cfg.Metrics.Listen = "127.0.0.1:0"
@@ -181,7 +185,10 @@ func (f *lingeringSessions) Connect(ctx context.Context, s *connect.BidiStream[a
 // it runs have returned (serve closes the store right after): it is still
 // waiting while a session's handler finishes, and returns once it did.
 func TestInProcessShutdownWaitsForTheAPIsHandlers(t *testing.T) {
-	e := newEnv(t)
+	onBothServers(t, testInProcessShutdownWaitsForTheAPIsHandlers)
+}
+
+func testInProcessShutdownWaitsForTheAPIsHandlers(t *testing.T, e *env) {
 	f := &lingeringSessions{ending: make(chan struct{}), release: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.Handle(agentv1connect.NewSessionServiceHandler(f))

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ type resumeEnv struct {
 	roots  *x509.CertPool
 }
 
-func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake) *resumeEnv {
+func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake, kind string) *resumeEnv {
 	t.Helper()
 	r := startReplica(t, e.Server, e.Bundle)
 	write := fileWriter(t)
@@ -48,7 +49,7 @@ func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake) *resumeEnv {
 		t.Fatal(err)
 	}
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: write("gw.crt", gwPEM), KeyFile: write("gw.key", gwKey),
-		APIURL: r.srv.URL, APICAFile: write("ca.pem", pki.CertPEM(e.Bundle.ServingCA))},
+		APIURL: r.srv.URL, APICAFile: write("ca.pem", pki.CertPEM(e.Bundle.ServingCA)), DaemonHTTP2: kind},
 		gateway.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
@@ -189,10 +190,16 @@ func lastRefusal(t *testing.T, e *apitest.Env) string {
 // handshake's. Tickets older than 7 days by the gateway's clock are not
 // resumed.
 func TestTLSResumptionR13_2(t *testing.T) {
+	for _, kind := range []string{gateway.DaemonHTTP2NetHTTP, gateway.DaemonHTTP2Framer} {
+		t.Run(strings.ReplaceAll(kind, "/", ""), func(t *testing.T) { testTLSResumption(t, kind) })
+	}
+}
+
+func testTLSResumption(t *testing.T, kind string) {
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
 		clk := clock.NewFake(time.Now())
 		e := apitest.Start(t, db, apitest.Options{Clock: clk})
-		r := startResumeEnv(t, e, clk)
+		r := startResumeEnv(t, e, clk, kind)
 		tok, _ := createToken(t, e, 10)
 		id1 := r.joinOne(t, tok.Token, 1)
 

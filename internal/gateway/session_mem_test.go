@@ -156,8 +156,9 @@ func openSession(ctx context.Context, e *env, addr string, local net.Addr, certs
 
 // R12.1: the gateway relays a session with the daemon's certificate and
 // refuses one without a certificate before reaching the API.
-func TestSessionRelay(t *testing.T) {
-	e := newEnv(t)
+func TestSessionRelay(t *testing.T) { onBothServers(t, testSessionRelay) }
+
+func testSessionRelay(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
 	_, gw := startGateway(t, e.config(apiURL))
 	cert := e.nodeCert(t, "node_01")
@@ -320,7 +321,8 @@ func TestSessionMemoryGateway(t *testing.T) {
 // session through it to a fake API, and the gateway's heap in use, stacks,
 // RSS and goroutines before and after, divided by N, are its cost per held
 // session. Then every daemon leaves and the gateway must be back to its
-// baseline. BC_SESSION_MEM_PROFILE=path writes the gateway's heap profile
+// baseline. BC_SESSION_MEM_DAEMON_HTTP2=framer measures the gateway on
+// h2server. BC_SESSION_MEM_PROFILE=path writes the gateway's heap profile
 // while the sessions are held.
 func TestSessionMemory(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("BC_SESSION_MEM"))
@@ -329,6 +331,9 @@ func TestSessionMemory(t *testing.T) {
 	}
 	raiseNoFile(t, uint64(n)+1000)
 	e := newEnv(t)
+	// BC_SESSION_MEM_DAEMON_HTTP2: the gateway's daemon_http2 (default
+	// net/http).
+	e.kind = os.Getenv("BC_SESSION_MEM_DAEMON_HTTP2")
 	f, apiURL := startSessionAPI(t, e)
 	cert := e.nodeCert(t, "node_01")
 	cfgJSON, err := json.Marshal(e.config(apiURL))

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -29,7 +32,9 @@ func signedCommand(t *testing.T, id, kind string) *agentv1.SignedCommand {
 // R7.5: the gateway forwards only the kinds named in Welcome.allowed_kinds
 // (exact or prefix.*; none named: every kind) and answers the API for a
 // refused command with a failed CommandResult.
-func TestSessionKindsAtDispatch(t *testing.T) {
+func TestSessionKindsAtDispatch(t *testing.T) { forServers(t, testSessionKindsAtDispatch) }
+
+func testSessionKindsAtDispatch(t *testing.T, kind string) {
 	tests := []struct {
 		name      string
 		allowed   []string
@@ -43,6 +48,7 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
+			e.kind = kind
 			f, apiURL := startSessionAPI(t, e)
 			f.allowed = tc.allowed
 			f.results = make(chan *agentv1.CommandResult, 8)
@@ -94,8 +100,9 @@ func TestSessionKindsAtDispatch(t *testing.T) {
 
 // A daemon that vanishes (its connection dropped, no end of stream) ends
 // its upstream stream at the API.
-func TestSessionDaemonVanishes(t *testing.T) {
-	e := newEnv(t)
+func TestSessionDaemonVanishes(t *testing.T) { onBothServers(t, testSessionDaemonVanishes) }
+
+func testSessionDaemonVanishes(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
 	_, gw := startGateway(t, e.config(apiURL))
 	var conn net.Conn
@@ -123,8 +130,9 @@ func TestSessionDaemonVanishes(t *testing.T) {
 
 // Shutdown ends held sessions at once (UNAVAILABLE to the daemon, the
 // upstream stream ended) instead of waiting for them.
-func TestSessionShutdown(t *testing.T) {
-	e := newEnv(t)
+func TestSessionShutdown(t *testing.T) { onBothServers(t, testSessionShutdown) }
+
+func testSessionShutdown(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
 	g, gw := startGateway(t, e.config(apiURL))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -151,4 +159,33 @@ func TestSessionShutdown(t *testing.T) {
 func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 	t.Helper()
 	poll.Until(t, d, "the relay's condition", ok)
+}
+
+// A session outlives the per-request read timeout (request_timeout + 10
+// s): the relay lifts it on both servers.
+func TestSessionOutlivesTheReadTimeout(t *testing.T) {
+	onBothServers(t, testSessionOutlivesTheReadTimeout)
+}
+
+func testSessionOutlivesTheReadTimeout(t *testing.T, e *env) {
+	_, apiURL := startSessionAPI(t, e)
+	clk := clock.NewFake(testNow)
+	cfg := e.config(apiURL)
+	_, gw := startGatewayWith(t, cfg, Options{Log: quietLog(), Clock: clk})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, tr, err := openSession(ctx, e, gw, nil, e.nodeCert(t, "node_01"))
+	defer tr.CloseIdleConnections()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the read deadline, short of the keepalive PING.
+	clk.Advance(DefaultRequestTimeout + 15*time.Second)
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.CloseRequest()
+	if _, err := s.Receive(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the daemon closed, Receive = %v, want EOF", err)
+	}
 }

@@ -386,6 +386,7 @@ server_name = "gw.eu.example.com"
 # cert_file = "/etc/better-compute/gateway.crt"   # better-compute pki issue-gateway --san gw.eu.example.com
 # key_file = "/etc/better-compute/gateway.key"
 # max_sessions = 100000
+# daemon_http2 = "net/http"   # or "framer": the gateway's own HTTP/2 server
 # [gateway.metrics]
 # listen = "127.0.0.1:9465"  # the gateway's /metrics, /livez, /readyz
 

@@ -2,12 +2,17 @@ package h2server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/shared/clock"
 
 	"golang.org/x/net/http2"
 )
@@ -26,6 +31,11 @@ func (a httpHandler) ServeStream(s *Stream) StreamHandler {
 	hs := &httpStream{s: s, hdr: make(http.Header), status: http.StatusOK}
 	hs.cond.L = &hs.mu
 	hs.bodyEnd = s.RequestEnded()
+	if d := s.c.cfg.ReadTimeout; d > 0 && !hs.bodyEnd {
+		hs.mu.Lock()
+		hs.armReadLocked(d)
+		hs.mu.Unlock()
+	}
 	s.Go(func() { hs.run(a.h) })
 	return hs
 }
@@ -44,6 +54,11 @@ type httpStream struct {
 	ended      bool
 	endErr     error
 	cancel     context.CancelFunc
+	// readTimer is the body's deadline (Config.ReadTimeout), readGen
+	// tells a superseded one; readTimedOut is set once it passed.
+	readTimer    clock.Timer
+	readGen      int
+	readTimedOut bool
 
 	// the response, the handler's goroutine's alone
 	hdr         http.Header
@@ -68,8 +83,51 @@ func (hs *httpStream) Data(_ *Stream, p []byte, end bool) {
 		hs.body = append(hs.body, p...)
 	}
 	hs.bodyEnd = hs.bodyEnd || end
+	if hs.bodyEnd {
+		hs.disarmReadLocked()
+	}
 	hs.mu.Unlock()
 	hs.cond.Broadcast()
+}
+
+// armReadLocked (re)starts the body's deadline, d from now.
+func (hs *httpStream) armReadLocked(d time.Duration) {
+	hs.disarmReadLocked()
+	gen := hs.readGen
+	hs.readTimer = hs.s.c.arm(d, func() {
+		hs.mu.Lock()
+		late := gen == hs.readGen && !hs.bodyEnd && !hs.ended && !hs.bodyClosed
+		if late {
+			hs.readTimedOut = true
+			hs.readTimer = nil
+		}
+		hs.mu.Unlock()
+		if late {
+			// The reset ends the stream (Closed), which wakes a read:
+			// the handler cannot end the stream first.
+			hs.s.Reset(http2.ErrCodeCancel)
+		}
+	})
+}
+
+func (hs *httpStream) disarmReadLocked() {
+	if hs.readTimer != nil {
+		hs.s.c.disarm(hs.readTimer)
+		hs.readTimer = nil
+	}
+	hs.readGen++
+}
+
+// SetReadDeadline moves the body's deadline (http.ResponseController);
+// the zero time lifts it.
+func (hs *httpStream) SetReadDeadline(t time.Time) error {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	hs.disarmReadLocked()
+	if !t.IsZero() && !hs.bodyEnd && !hs.ended && !hs.readTimedOut {
+		hs.armReadLocked(max(t.Sub(hs.s.c.clock.Now()), 0))
+	}
+	return nil
 }
 
 func (hs *httpStream) Sent(*Stream, int) { hs.cond.Broadcast() }
@@ -77,6 +135,7 @@ func (hs *httpStream) Sent(*Stream, int) { hs.cond.Broadcast() }
 func (hs *httpStream) Closed(_ *Stream, err error) {
 	hs.mu.Lock()
 	hs.ended, hs.endErr = true, err
+	hs.disarmReadLocked()
 	cancel := hs.cancel
 	hs.mu.Unlock()
 	hs.cond.Broadcast()
@@ -154,6 +213,7 @@ func (hs *httpStream) end() {
 	}
 	hs.mu.Lock()
 	hs.bodyClosed = true
+	hs.disarmReadLocked()
 	n := len(hs.body)
 	hs.body = nil
 	hs.mu.Unlock()
@@ -245,6 +305,9 @@ func (hs *httpStream) Write(p []byte) (int, error) {
 // Flush sends the headers if they are not out yet (Write sends at once).
 func (hs *httpStream) Flush() { hs.sendHeader() }
 
+// errReadTimeout is a body read past Config.ReadTimeout.
+var errReadTimeout = fmt.Errorf("h2server: request body: %w", os.ErrDeadlineExceeded)
+
 // httpBody is the request body.
 type httpBody httpStream
 
@@ -270,6 +333,9 @@ func (b *httpBody) Read(p []byte) (int, error) {
 	}
 	if hs.bodyClosed {
 		return 0, http.ErrBodyReadAfterClose
+	}
+	if hs.readTimedOut {
+		return 0, errReadTimeout
 	}
 	if hs.endErr != nil {
 		return 0, hs.endErr

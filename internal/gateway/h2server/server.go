@@ -112,6 +112,13 @@ type Config struct {
 	// MaxQueuedBytes bounds what a stream's handler can queue beyond the
 	// client's window (Stream.Write returns ErrQueueFull past it).
 	MaxQueuedBytes int
+	// ReadTimeout, under HTTP, bounds the time from a request's headers
+	// to the end of its body, as net/http's Server.ReadTimeout does per
+	// stream: past it the stream is reset (CANCEL) and the handler's body
+	// read fails with an error wrapping os.ErrDeadlineExceeded. A handler
+	// moves or lifts it with http.ResponseController.SetReadDeadline.
+	// Zero: no deadline.
+	ReadTimeout time.Duration
 }
 
 func (c *Config) defaults() error {
