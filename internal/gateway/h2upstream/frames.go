@@ -165,7 +165,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	s.recvWindow -= n
 	padding := n - int64(len(f.Data()))
 	c.unlock()
-	held, err := s.msgs.feed(f.Data(), func(flags byte, msg []byte, window int) error {
+	held, err := s.msgs.Feed(f.Data(), func(flags byte, msg []byte, window int) error {
 		if s.done.Load() { // reset meanwhile from another goroutine
 			return ErrStreamEnded
 		}
@@ -218,7 +218,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		}
 		s.remoteDone = true
 		st := statusOf(h)
-		if s.msgs.partial() {
+		if s.msgs.Partial() {
 			st = Status{Code: CodeInternal, Message: "h2upstream: stream ended inside a message", Trailer: h}
 		}
 		s.endLocked(nil, &st)

@@ -1,76 +1,16 @@
 package h2upstream
 
 import (
-	"encoding/binary"
-	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
+
+	"github.com/better-compute/better-compute/internal/gateway/grpcmsg"
 )
 
 // ErrMessageTooLarge is a stream's end when the server sends a message
 // over Config.MaxMessageSize.
-var ErrMessageTooLarge = errors.New("h2upstream: gRPC message over the limit")
-
-// messages cuts a stream's DATA into gRPC length-prefixed messages (a
-// flags byte, a 4-byte big-endian length, the message). Between calls it
-// holds only an unfinished message. It is h2server's Messages, kept here
-// until the two packages share one.
-type messages struct {
-	max  int
-	hdr  [5]byte
-	nhdr int
-	need int
-	buf  []byte // the unfinished message, nil when none
-}
-
-// feed consumes p and calls emit for each message it completes; msg is
-// valid only during the call. window is how many bytes of p the message
-// took; held is how many bytes of p an unfinished message holds (to
-// return to the server's window at once: they are bounded by max).
-func (m *messages) feed(p []byte, emit func(flags byte, msg []byte, window int) error) (held int, err error) {
-	for len(p) > 0 {
-		start := len(p)
-		if m.nhdr < len(m.hdr) {
-			n := copy(m.hdr[m.nhdr:], p)
-			m.nhdr += n
-			p = p[n:]
-			if m.nhdr < len(m.hdr) {
-				return start - len(p), nil
-			}
-			size := binary.BigEndian.Uint32(m.hdr[1:])
-			if uint64(size) > uint64(m.max) {
-				return 0, ErrMessageTooLarge
-			}
-			m.need = int(size)
-		}
-		var msg []byte
-		switch {
-		case m.buf == nil && len(p) >= m.need:
-			msg, p = p[:m.need], p[m.need:]
-		default:
-			if m.buf == nil {
-				m.buf = make([]byte, 0, m.need)
-			}
-			n := min(len(p), m.need-len(m.buf))
-			m.buf = append(m.buf, p[:n]...)
-			p = p[n:]
-			if len(m.buf) < m.need {
-				return start - len(p), nil
-			}
-			msg = m.buf
-		}
-		flags := m.hdr[0]
-		m.nhdr, m.need, m.buf = 0, 0, nil
-		if err := emit(flags, msg, start-len(p)); err != nil {
-			return 0, err
-		}
-	}
-	return 0, nil
-}
-
-// partial reports whether an unfinished message is held.
-func (m *messages) partial() bool { return m.nhdr > 0 }
+var ErrMessageTooLarge = grpcmsg.ErrTooLarge
 
 // gRPC status codes this package produces itself.
 const (

@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/better-compute/better-compute/internal/gateway/grpcmsg"
 )
 
 // Request is a stream's request: POST to Path with content-type
@@ -54,7 +56,7 @@ type Stream struct {
 	id uint32
 	h  Handler
 	// msgs is the connection goroutine's.
-	msgs messages
+	msgs grpcmsg.Messages
 	// done is ended, for the connection's goroutine between frames.
 	done atomic.Bool
 	// The rest is under c.mu.
@@ -87,7 +89,7 @@ func (c *conn) open(req Request, h Handler) *Stream {
 		return nil
 	}
 	s := &Stream{c: c, id: c.nextID, h: h, sendWindow: c.peerWindow, recvWindow: int64(c.cfg.InitialWindowSize),
-		msgs: messages{max: c.cfg.MaxMessageSize}}
+		msgs: grpcmsg.Messages{Max: c.cfg.MaxMessageSize}}
 	c.nextID += 2
 	c.streams[s.id] = s
 	fields := c.requestFields(req)
