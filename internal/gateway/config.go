@@ -32,6 +32,12 @@ const (
 	DaemonHTTP2Framer  = "framer"
 )
 
+// The values of Config.SessionRelay.
+const (
+	SessionRelayGoroutines = "goroutines"
+	SessionRelayCallbacks  = "callbacks"
+)
+
 // The values of Config.TLSKeyExchange.
 const (
 	KeyExchangeHybrid = "hybrid"
@@ -92,6 +98,13 @@ type Config struct {
 	// less memory per held connection). Both serve the same handler with
 	// the same limits; HTTP/1.1 goes to net/http either way.
 	DaemonHTTP2 string `toml:"daemon_http2"`
+	// SessionRelay is how node sessions are relayed: "goroutines" (the
+	// default) through the http.Handler and connect's client, two
+	// goroutines and their buffers per held session (session.go), or
+	// "callbacks", with daemon_http2 = "framer" only: h2server's stream
+	// callbacks to an h2upstream stream, no goroutine and no buffer per
+	// idle session (session_callbacks.go).
+	SessionRelay string `toml:"session_relay"`
 	// Metrics serves /metrics, /livez and /readyz on their own listener
 	// ([metrics] listen, e.g. "127.0.0.1:9465"; off when empty).
 	Metrics MetricsConfig `toml:"metrics"`
@@ -222,11 +235,35 @@ func (c *Config) validate() error {
 	default:
 		return badKey("daemon_http2", "must be %q (the default) or %q, got %q", DaemonHTTP2NetHTTP, DaemonHTTP2Framer, c.DaemonHTTP2)
 	}
+	if err := c.checkSessionRelay(); err != nil {
+		return err
+	}
 	switch {
 	case c.UpstreamConns < 0 || c.UpstreamConns > 256:
 		return badKey("upstream_conns", "must be between 1 and 256")
 	case c.UpstreamConns == 0:
 		c.UpstreamConns = DefaultUpstreamConns
+	}
+	return nil
+}
+
+// checkSessionRelay checks session_relay against daemon_http2 (already
+// checked) and the API's place.
+func (c *Config) checkSessionRelay() error {
+	switch c.SessionRelay {
+	case "":
+		c.SessionRelay = SessionRelayGoroutines
+	case SessionRelayGoroutines:
+	case SessionRelayCallbacks:
+		if c.DaemonHTTP2 != DaemonHTTP2Framer {
+			return badKey("session_relay", "%q needs daemon_http2 = %q (the callbacks are h2server's), got daemon_http2 = %q",
+				SessionRelayCallbacks, DaemonHTTP2Framer, c.DaemonHTTP2)
+		}
+		if c.local {
+			return badKey("session_relay", "%q is not available to a gateway in the API's process: it relays over the network to api_url", SessionRelayCallbacks)
+		}
+	default:
+		return badKey("session_relay", "must be %q (the default) or %q, got %q", SessionRelayGoroutines, SessionRelayCallbacks, c.SessionRelay)
 	}
 	return nil
 }
@@ -316,6 +353,10 @@ tls_key_exchange = "hybrid"
 # the daemons' HTTP/2 server: "net/http" or "framer" (the gateway's own,
 # less memory per held connection; not the default yet)
 daemon_http2 = "net/http"
+# how node sessions are relayed: "goroutines" (the default) or "callbacks"
+# (needs daemon_http2 = "framer": no goroutine and no buffer per idle
+# session; not the default yet)
+session_relay = "goroutines"
 
 # /metrics, /livez and /readyz (ready: the certificate is valid and an API
 # replica answers); off when empty

@@ -89,6 +89,19 @@ func TestParseConfig(t *testing.T) {
 			}
 		}},
 		{name: "daemon HTTP/2 unknown", toml: goodTOML + "daemon_http2 = \"h2c\"\n", wantErr: "daemon_http2: must be"},
+		{name: "session relay default", toml: goodTOML, check: func(t *testing.T, c Config) {
+			if c.SessionRelay != SessionRelayGoroutines {
+				t.Errorf("session_relay %q, want goroutines", c.SessionRelay)
+			}
+		}},
+		{name: "session relay on callbacks", toml: goodTOML + "daemon_http2 = \"framer\"\nsession_relay = \"callbacks\"\n", check: func(t *testing.T, c Config) {
+			if c.SessionRelay != SessionRelayCallbacks {
+				t.Errorf("session_relay %q, want callbacks", c.SessionRelay)
+			}
+		}},
+		{name: "session relay on callbacks without the framer", toml: goodTOML + "session_relay = \"callbacks\"\n",
+			wantErr: `session_relay: "callbacks" needs daemon_http2 = "framer"`},
+		{name: "session relay unknown", toml: goodTOML + "session_relay = \"threads\"\n", wantErr: "session_relay: must be"},
 		{name: "negative concurrency", toml: goodTOML + "max_concurrent = -1\n", wantErr: "max_concurrent: cannot be negative"},
 	}
 	for _, tc := range tests {

@@ -29,13 +29,14 @@ const (
 )
 
 // newFramer builds the daemons' side on h2server (daemon_http2 =
-// "framer"): the gateway's handler on every HTTP/2 stream, and a
+// "framer"): the gateway's handler on every HTTP/2 stream (but sessions,
+// with session_relay = "callbacks": session_callbacks.go), and a
 // connection that negotiated HTTP/1.1 handed to g.hs, net/http, through
 // g.h1.
 func (g *Gateway) newFramer(tlsCfg *tls.Config) error {
 	g.h1 = newConnListener()
 	srv, err := h2server.New(h2server.Config{
-		Handler:              h2server.HTTP(g.handler),
+		Handler:              g.framerHandler(),
 		TLS:                  tlsCfg,
 		Other:                g.h1.hand,
 		Clock:                g.clock,

@@ -362,6 +362,11 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	g.tasks.Close()
 	for _, u := range g.ups {
 		u.closeIdle()
+		if u.h2 != nil {
+			// Its sessions ended with the tasks: this closes the
+			// connections and waits for their goroutines.
+			_ = u.h2.Close()
+		}
 	}
 	return err
 }

@@ -52,8 +52,9 @@ type env struct {
 	apiCert  tls.Certificate
 	roots    *x509.CertPool // the serving CA
 	// kind is the daemons' HTTP/2 server of the gateways the test starts
-	// (Config.DaemonHTTP2; empty: the default).
-	kind string
+	// (Config.DaemonHTTP2; empty: the default), relay their session relay
+	// (Config.SessionRelay).
+	kind, relay string
 }
 
 // daemonServers are the daemons' HTTP/2 servers the relay tests run on.
@@ -74,6 +75,47 @@ func forServers(t *testing.T, f func(t *testing.T, kind string)) {
 	for _, kind := range daemonServers {
 		t.Run(strings.ReplaceAll(kind, "/", ""), func(t *testing.T) { f(t, kind) })
 	}
+}
+
+// sessionSide is how a gateway serves sessions: its daemons' HTTP/2
+// server and its session relay.
+type sessionSide struct{ kind, relay string }
+
+// sessionSides are what the session tests run on: each HTTP/2 server with
+// the goroutine relay, and the framer with the callback relay.
+var sessionSides = []sessionSide{
+	{DaemonHTTP2NetHTTP, SessionRelayGoroutines},
+	{DaemonHTTP2Framer, SessionRelayGoroutines},
+	{DaemonHTTP2Framer, SessionRelayCallbacks},
+}
+
+func (s sessionSide) name() string {
+	n := strings.ReplaceAll(s.kind, "/", "")
+	if s.relay == SessionRelayCallbacks {
+		n += "-callbacks"
+	}
+	return n
+}
+
+// apply makes e's gateways serve sessions as s.
+func (s sessionSide) apply(e *env) { e.kind, e.relay = s.kind, s.relay }
+
+// forSessionSides runs f once per sessionSides entry, as subtests
+// ("nethttp", "framer", "framer-callbacks").
+func forSessionSides(t *testing.T, f func(t *testing.T, s sessionSide)) {
+	for _, s := range sessionSides {
+		t.Run(s.name(), func(t *testing.T) { f(t, s) })
+	}
+}
+
+// onEverySessionSide runs f once per sessionSides entry, as subtests,
+// each with its own env.
+func onEverySessionSide(t *testing.T, f func(t *testing.T, e *env)) {
+	forSessionSides(t, func(t *testing.T, s sessionSide) {
+		e := newEnv(t)
+		s.apply(e)
+		f(t, e)
+	})
 }
 
 func newEnv(t testing.TB) *env {
@@ -266,7 +308,7 @@ func (f *fakeAPI) Renew(_ context.Context, req *connect.Request[agentv1.RenewReq
 }
 
 func (e *env) config(apiURL string) Config {
-	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, APIURL: apiURL, APICAFile: e.caFile, DaemonHTTP2: e.kind}
+	return Config{Listen: "127.0.0.1:0", CertFile: e.certFile, KeyFile: e.keyFile, APIURL: apiURL, APICAFile: e.caFile, DaemonHTTP2: e.kind, SessionRelay: e.relay}
 }
 
 // droppingListener listens on 127.0.0.1 and closes every connection it
@@ -307,6 +349,9 @@ func startGatewayWith(t testing.TB, cfg Config, o Options) (*Gateway, string) {
 	}
 	if framer := g.h2 != nil; framer != (cfg.DaemonHTTP2 == DaemonHTTP2Framer) {
 		t.Fatalf("daemon_http2 %q, but serving with h2server: %v", cfg.DaemonHTTP2, framer)
+	}
+	if callbacks := len(g.ups) > 0 && g.ups[0].h2 != nil; callbacks != (cfg.SessionRelay == SessionRelayCallbacks) {
+		t.Fatalf("session_relay %q, but relaying on h2upstream: %v", cfg.SessionRelay, callbacks)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -341,6 +341,7 @@ func TestValidateInProcess(t *testing.T) {
 		{"api_ca_file", func(c *Config) { c.APICAFile = e.caFile }, "api_ca_file"},
 		{"log", func(c *Config) { c.Log.Format = "json" }, "log"},
 		{"tracing", func(c *Config) { c.Tracing.SampleRatio = &ratio }, "tracing"},
+		{"session_relay", func(c *Config) { c.DaemonHTTP2, c.SessionRelay = DaemonHTTP2Framer, SessionRelayCallbacks }, "session_relay"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

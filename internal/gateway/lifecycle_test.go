@@ -79,7 +79,9 @@ func exercise(t *testing.T, e *env, addr, metrics string) (closeAll func()) {
 // and, once its context ends, ends the session and stops every goroutine
 // it started (health checker and checks, relayed attempts, the session's
 // halves, the metrics listener's loop) before Run returns.
-func TestRunJoinsEverythingItStarted(t *testing.T) { onBothServers(t, testRunJoinsEverythingItStarted) }
+func TestRunJoinsEverythingItStarted(t *testing.T) {
+	onEverySessionSide(t, testRunJoinsEverythingItStarted)
+}
 
 func testRunJoinsEverythingItStarted(t *testing.T, e *env) {
 	u1, _ := startReplica(t, e)

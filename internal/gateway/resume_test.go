@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ type resumeEnv struct {
 	roots  *x509.CertPool
 }
 
-func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake, kind string) *resumeEnv {
+func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake, kind, relay string) *resumeEnv {
 	t.Helper()
 	r := startReplica(t, e.Server, e.Bundle)
 	write := fileWriter(t)
@@ -49,7 +48,7 @@ func startResumeEnv(t *testing.T, e *apitest.Env, clk *clock.Fake, kind string) 
 		t.Fatal(err)
 	}
 	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: write("gw.crt", gwPEM), KeyFile: write("gw.key", gwKey),
-		APIURL: r.srv.URL, APICAFile: write("ca.pem", pki.CertPEM(e.Bundle.ServingCA)), DaemonHTTP2: kind},
+		APIURL: r.srv.URL, APICAFile: write("ca.pem", pki.CertPEM(e.Bundle.ServingCA)), DaemonHTTP2: kind, SessionRelay: relay},
 		gateway.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clk})
 	if err != nil {
 		t.Fatal(err)
@@ -190,16 +189,20 @@ func lastRefusal(t *testing.T, e *apitest.Env) string {
 // handshake's. Tickets older than 7 days by the gateway's clock are not
 // resumed.
 func TestTLSResumptionR13_2(t *testing.T) {
-	for _, kind := range []string{gateway.DaemonHTTP2NetHTTP, gateway.DaemonHTTP2Framer} {
-		t.Run(strings.ReplaceAll(kind, "/", ""), func(t *testing.T) { testTLSResumption(t, kind) })
+	for _, side := range []struct{ name, kind, relay string }{
+		{"nethttp", gateway.DaemonHTTP2NetHTTP, gateway.SessionRelayGoroutines},
+		{"framer", gateway.DaemonHTTP2Framer, gateway.SessionRelayGoroutines},
+		{"framer-callbacks", gateway.DaemonHTTP2Framer, gateway.SessionRelayCallbacks},
+	} {
+		t.Run(side.name, func(t *testing.T) { testTLSResumption(t, side.kind, side.relay) })
 	}
 }
 
-func testTLSResumption(t *testing.T, kind string) {
+func testTLSResumption(t *testing.T, kind, relay string) {
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
 		clk := clock.NewFake(time.Now())
 		e := apitest.Start(t, db, apitest.Options{Clock: clk})
-		r := startResumeEnv(t, e, clk, kind)
+		r := startResumeEnv(t, e, clk, kind, relay)
 		tok, _ := createToken(t, e, 10)
 		id1 := r.joinOne(t, tok.Token, 1)
 

@@ -48,7 +48,10 @@ type fakeSessions struct {
 	allowed  []string
 	commands []*agentv1.SignedCommand
 	results  chan *agentv1.CommandResult
-	open     atomic.Int64 // streams being served
+	// refuse, when set, ends a stream at once with this error; endAfter
+	// ends it with this error after Welcome and the commands.
+	refuse, endAfter error
+	open             atomic.Int64 // streams being served
 }
 
 func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
@@ -57,10 +60,13 @@ func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv
 	cert := s.RequestHeader().Get(wire.PeerCertificateHeader)
 	f.mu.Lock()
 	f.certs = append(f.certs, cert)
-	allowed, commands, results := f.allowed, f.commands, f.results
+	allowed, commands, results, refuse, endAfter := f.allowed, f.commands, f.results, f.refuse, f.endAfter
 	f.mu.Unlock()
 	if cert == "" {
 		return wire.ToWire(quietLog(), "Connect", errs.New(errs.AccessDenied, "Session refused"))
+	}
+	if refuse != nil {
+		return wire.ToWire(quietLog(), "Connect", refuse)
 	}
 	if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Challenge{Challenge: &agentv1.Challenge{Nonce: fakeNonce}}}); err != nil {
 		return nil
@@ -80,6 +86,9 @@ func (f *fakeSessions) Connect(ctx context.Context, s *connect.BidiStream[agentv
 		if err := s.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: c}}); err != nil {
 			return nil
 		}
+	}
+	if endAfter != nil {
+		return wire.ToWire(quietLog(), "Connect", endAfter)
 	}
 	for {
 		m, err := s.Receive()
@@ -132,31 +141,37 @@ var (
 func openSession(ctx context.Context, e *env, addr string, local net.Addr, certs ...tls.Certificate) (*connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], *http.Transport, error) {
 	tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: e.roots, Certificates: certs},
 		DialContext: (&net.Dialer{LocalAddr: local, Timeout: 30 * time.Second}).DialContext}
+	s, err := openSessionOn(ctx, tr, addr)
+	return s, tr, err
+}
+
+// openSessionOn is openSession over tr.
+func openSessionOn(ctx context.Context, tr *http.Transport, addr string) (*connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage], error) {
 	c := agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr}, "https://"+addr, connect.WithGRPC())
 	s := c.Connect(ctx)
 	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
-		return s, tr, err
+		return s, err
 	}
 	m, err := s.Receive()
 	if err != nil {
-		return s, tr, err
+		return s, err
 	}
 	if !bytes.Equal(m.GetChallenge().GetNonce(), fakeNonce) {
-		return s, tr, fmt.Errorf("first answer is %v, want the API's Challenge", m)
+		return s, fmt.Errorf("first answer is %v, want the API's Challenge", m)
 	}
 	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: fakeProof}}}); err != nil && !errors.Is(err, io.EOF) {
-		return s, tr, err
+		return s, err
 	}
 	m, err = s.Receive()
 	if err == nil && m.GetWelcome() == nil {
 		err = errors.New("first answer is not Welcome")
 	}
-	return s, tr, err
+	return s, err
 }
 
 // R12.1: the gateway relays a session with the daemon's certificate and
 // refuses one without a certificate before reaching the API.
-func TestSessionRelay(t *testing.T) { onBothServers(t, testSessionRelay) }
+func TestSessionRelay(t *testing.T) { onEverySessionSide(t, testSessionRelay) }
 
 func testSessionRelay(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
@@ -314,6 +329,10 @@ func TestSessionMemoryGateway(t *testing.T) {
 	}
 }
 
+// sessionBudgetKiB is what a session held through the callback relay may
+// cost the gateway's RSS.
+const sessionBudgetKiB = 32
+
 // TestSessionMemory measures the gateway's memory per held session
 // (BC_SESSION_MEM=N, e.g. 1000 or 10000; scripts/bench-sessions): the
 // gateway runs in its own process (this test binary again,
@@ -322,7 +341,9 @@ func TestSessionMemoryGateway(t *testing.T) {
 // RSS and goroutines before and after, divided by N, are its cost per held
 // session. Then every daemon leaves and the gateway must be back to its
 // baseline. BC_SESSION_MEM_DAEMON_HTTP2=framer measures the gateway on
-// h2server. BC_SESSION_MEM_PROFILE=path writes the gateway's heap profile
+// h2server, with BC_SESSION_MEM_SESSION_RELAY=callbacks its sessions on
+// callbacks (then at most sessionBudgetKiB of RSS and one goroutine, the
+// connection's, per session). BC_SESSION_MEM_PROFILE=path writes the gateway's heap profile
 // while the sessions are held.
 func TestSessionMemory(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("BC_SESSION_MEM"))
@@ -334,6 +355,9 @@ func TestSessionMemory(t *testing.T) {
 	// BC_SESSION_MEM_DAEMON_HTTP2: the gateway's daemon_http2 (default
 	// net/http).
 	e.kind = os.Getenv("BC_SESSION_MEM_DAEMON_HTTP2")
+	// BC_SESSION_MEM_SESSION_RELAY: its session_relay (default
+	// goroutines; "callbacks" needs BC_SESSION_MEM_DAEMON_HTTP2=framer).
+	e.relay = os.Getenv("BC_SESSION_MEM_SESSION_RELAY")
 	f, apiURL := startSessionAPI(t, e)
 	cert := e.nodeCert(t, "node_01")
 	cfgJSON, err := json.Marshal(e.config(apiURL))
@@ -444,6 +468,17 @@ func TestSessionMemory(t *testing.T) {
 		float64(at.Goroutines-base.Goroutines)/float64(n))
 	t.Logf("gateway totals: heap in use %.1f MiB, stacks %.1f MiB, RSS %.1f MiB (baseline RSS %.1f MiB)",
 		float64(at.HeapInuse)/(1<<20), float64(at.StackInuse)/(1<<20), float64(at.RSS)/(1<<20), float64(base.RSS)/(1<<20))
+	// The callback relay's budget: a held session within 32 KiB of the
+	// gateway's RSS, no goroutine of its own (the daemon connection's
+	// reader is the one left).
+	if e.relay == SessionRelayCallbacks {
+		if rss := per(base.RSS, at.RSS); rss > sessionBudgetKiB {
+			t.Errorf("callbacks: %.1f KiB of RSS per held session, want at most %d KiB", rss, sessionBudgetKiB)
+		}
+		if g := float64(at.Goroutines-base.Goroutines) / float64(n); g > 1.05 {
+			t.Errorf("callbacks: %.2f goroutines per held session, want 1 (the connection's)", g)
+		}
+	}
 
 	// Every daemon leaves: the gateway and the API let go of every session.
 	closeAll()

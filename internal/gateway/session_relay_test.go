@@ -32,9 +32,9 @@ func signedCommand(t *testing.T, id, kind string) *agentv1.SignedCommand {
 // R7.5: the gateway forwards only the kinds named in Welcome.allowed_kinds
 // (exact or prefix.*; none named: every kind) and answers the API for a
 // refused command with a failed CommandResult.
-func TestSessionKindsAtDispatch(t *testing.T) { forServers(t, testSessionKindsAtDispatch) }
+func TestSessionKindsAtDispatch(t *testing.T) { forSessionSides(t, testSessionKindsAtDispatch) }
 
-func testSessionKindsAtDispatch(t *testing.T, kind string) {
+func testSessionKindsAtDispatch(t *testing.T, side sessionSide) {
 	tests := []struct {
 		name      string
 		allowed   []string
@@ -48,7 +48,7 @@ func testSessionKindsAtDispatch(t *testing.T, kind string) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			e.kind = kind
+			side.apply(e)
 			f, apiURL := startSessionAPI(t, e)
 			f.allowed = tc.allowed
 			f.results = make(chan *agentv1.CommandResult, 8)
@@ -100,7 +100,7 @@ func testSessionKindsAtDispatch(t *testing.T, kind string) {
 
 // A daemon that vanishes (its connection dropped, no end of stream) ends
 // its upstream stream at the API.
-func TestSessionDaemonVanishes(t *testing.T) { onBothServers(t, testSessionDaemonVanishes) }
+func TestSessionDaemonVanishes(t *testing.T) { onEverySessionSide(t, testSessionDaemonVanishes) }
 
 func testSessionDaemonVanishes(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
@@ -130,7 +130,7 @@ func testSessionDaemonVanishes(t *testing.T, e *env) {
 
 // Shutdown ends held sessions at once (UNAVAILABLE to the daemon, the
 // upstream stream ended) instead of waiting for them.
-func TestSessionShutdown(t *testing.T) { onBothServers(t, testSessionShutdown) }
+func TestSessionShutdown(t *testing.T) { onEverySessionSide(t, testSessionShutdown) }
 
 func testSessionShutdown(t *testing.T, e *env) {
 	f, apiURL := startSessionAPI(t, e)
@@ -164,7 +164,7 @@ func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 // A session outlives the per-request read timeout (request_timeout + 10
 // s): the relay lifts it on both servers.
 func TestSessionOutlivesTheReadTimeout(t *testing.T) {
-	onBothServers(t, testSessionOutlivesTheReadTimeout)
+	onEverySessionSide(t, testSessionOutlivesTheReadTimeout)
 }
 
 func testSessionOutlivesTheReadTimeout(t *testing.T, e *env) {

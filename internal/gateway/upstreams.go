@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/gateway/h2upstream"
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 )
@@ -56,6 +57,10 @@ type upstream struct {
 	join agentv1connect.JoinServiceClient
 	// raw relays the binary join and renewal calls as bytes, by procedure.
 	raw map[string]*connect.Client[rawMsg, rawMsg]
+	// h2 relays node sessions on callbacks (session_relay = "callbacks",
+	// session_callbacks.go) over UpstreamConns connections; nil otherwise.
+	h2          *h2upstream.Client
+	sessionPath string
 	// sessions relay node sessions over UpstreamConns transports.
 	sessions []agentv1connect.SessionServiceClient
 	sessTrs  []roundTripper
@@ -96,6 +101,9 @@ func (u *upstream) outSignal() <-chan struct{} {
 	return u.outC
 }
 
+// upstreamDialer dials the API's agent listeners.
+var upstreamDialer = &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+
 func (u *upstream) closeIdle() {
 	u.tr.CloseIdleConnections()
 	for _, tr := range u.sessTrs {
@@ -116,28 +124,31 @@ func (g *Gateway) remoteUpstreams(pair *certfile.Pair) error {
 		return badKey("api_ca_file", "%v", err)
 	}
 
+	// SECURITY: the API is authenticated against the serving CA only,
+	// never the system roots, and sees the gateway's own certificate.
+	tlsConfig := func() *tls.Config {
+		return &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			// Verified by VerifyConnection against the CA file in
+			// force (it may gain the next serving CA).
+			InsecureSkipVerify: true,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				return certfile.VerifyServer(cs, roots.Get())
+			},
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.Get(), nil },
+		}
+	}
 	newTransport := func() roundTripper {
 		return &http.Transport{
 			Proxy:                 nil, // SECURITY: never route the gateway's identity through an environment proxy
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:           upstreamDialer.DialContext,
 			ForceAttemptHTTP2:     true,
 			TLSHandshakeTimeout:   10 * time.Second,
 			MaxIdleConns:          256,
 			MaxIdleConnsPerHost:   256,
 			IdleConnTimeout:       90 * time.Second,
 			ExpectContinueTimeout: time.Second,
-			// SECURITY: the API is authenticated against the serving CA only,
-			// never the system roots, and sees the gateway's own certificate.
-			TLSClientConfig: &tls.Config{
-				MinVersion: tls.VersionTLS12,
-				// Verified by VerifyConnection against the CA file in
-				// force (it may gain the next serving CA).
-				InsecureSkipVerify: true,
-				VerifyConnection: func(cs tls.ConnectionState) error {
-					return certfile.VerifyServer(cs, roots.Get())
-				},
-				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.Get(), nil },
-			},
+			TLSClientConfig:       tlsConfig(),
 			// Health pings find a dead API connection before a call waits on it.
 			// The smallest frames HTTP/2 allows: the API answers with frames of
 			// this size, and agent messages are small (max_body_bytes).
@@ -151,8 +162,14 @@ func (g *Gateway) remoteUpstreams(pair *certfile.Pair) error {
 			},
 		}
 	}
-	for _, u := range g.cfg.apiURLs() {
-		g.ups = append(g.ups, g.newUpstream(u, newTransport))
+	for _, a := range g.cfg.apiURLs() {
+		u := g.newUpstream(a, newTransport)
+		if g.cfg.SessionRelay == SessionRelayCallbacks {
+			if err := g.newSessionClient(u, tlsConfig()); err != nil {
+				return err
+			}
+		}
+		g.ups = append(g.ups, u)
 	}
 	return nil
 }
