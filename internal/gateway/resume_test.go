@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -279,4 +280,54 @@ func testTLSResumption(t *testing.T, kind, relay string) {
 			t.Error("a ticket older than 7 days was resumed")
 		}
 	})
+}
+
+// R12.1: a node's session through the gateway, on each relay, reaches the
+// real API: its Challenge comes first, the node's proof over it is
+// accepted and Welcome names the node.
+func TestSessionThroughTheGatewayR12_1(t *testing.T) {
+	for _, side := range []struct{ name, kind, relay string }{
+		{"nethttp", gateway.DaemonHTTP2NetHTTP, gateway.SessionRelayGoroutines},
+		{"framer", gateway.DaemonHTTP2Framer, gateway.SessionRelayGoroutines},
+		{"framer-callbacks", gateway.DaemonHTTP2Framer, gateway.SessionRelayCallbacks},
+	} {
+		t.Run(side.name, func(t *testing.T) {
+			storetest.Each(t, func(t *testing.T, db *store.DB) {
+				clk := clock.NewFake(time.Now())
+				e := apitest.Start(t, db, apitest.Options{Clock: clk})
+				r := startResumeEnv(t, e, clk, side.kind, side.relay)
+				tok, _ := createToken(t, e, 1)
+				id := r.joinOne(t, tok.Token, 1)
+				tc := &tls.Config{RootCAs: r.roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS13,
+					GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return id.cert(), nil }}
+				tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: tc}
+				defer tr.CloseIdleConnections()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: tr}, "https://"+r.gwAddr, connect.WithGRPC()).Connect(ctx)
+				defer func() { _ = s.CloseResponse() }()
+				if err := s.Send(nil); err != nil {
+					t.Fatal(err)
+				}
+				m, err := s.Receive()
+				nonce := m.GetChallenge().GetNonce()
+				if err != nil || len(nonce) == 0 {
+					t.Fatalf("first answer %v (%v), want the API's Challenge", m, err)
+				}
+				proof, err := pki.SignSessionProof(id.m.Key, nonce, id.nodeID, id.leaf.Raw, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
+					Protocol: version.ProtocolMax, Proof: proof}}}); err != nil {
+					t.Fatal(err)
+				}
+				m, err = s.Receive()
+				if err != nil || m.GetWelcome().GetNodeId() != id.nodeID {
+					t.Fatalf("after Hello: %v (%v), want Welcome for %s", m, err, id.nodeID)
+				}
+				_ = s.CloseRequest()
+			})
+		})
+	}
 }

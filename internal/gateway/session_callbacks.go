@@ -204,6 +204,9 @@ func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 		refuseStream(d, grpcTrailers(wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))))
 		return nil
 	}
+	// Read: a held session keeps none of its request's headers (h2server
+	// keeps the Request for the stream's life).
+	r.Header = nil
 	s := &callbackSession{g: g, d: d, addr: r.RemoteAddr, start: g.clock.Now(), cert: cert}
 	s.in.Max = g.cfg.MaxBodyBytes
 	// A new session goes to a healthy replica; one whose replica dies
