@@ -70,6 +70,9 @@ func testSessionsHeldLimit(t *testing.T, e *env) {
 	}
 	_ = s3.CloseRequest()
 	_ = s3.CloseResponse()
+	if n := telemetrytest.Gather(t, g.Registry()).Get(telemetry.GatewaySessionsOpened); n != 2 {
+		t.Errorf("sessions opened %v, want 2 (the refused one is not)", n)
+	}
 }
 
 // The API's refusal of a session, at once or after Welcome, reaches the
