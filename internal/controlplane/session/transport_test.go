@@ -1,0 +1,233 @@
+package session_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"errors"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/controlplane/apitest"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
+	"github.com/better-compute/better-compute/internal/controlplane/session"
+	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/shared/errs"
+	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/wire"
+)
+
+type sessionStream = connect.BidiStreamForClient[agentv1.SessionClientMessage, agentv1.SessionServerMessage]
+
+// openHeld opens a session as a gateway relaying der and returns it once
+// Welcome arrived, with its nonce. It ends when the test does.
+func openHeld(t *testing.T, b *ca.Bundle, url, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, b)}, url, connect.WithGRPC()).Connect(ctx)
+	wire.SetPeerCertificate(s.RequestHeader(), der)
+	t.Cleanup(func() { _ = s.CloseResponse() })
+	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	m, err := s.Receive()
+	if err != nil {
+		t.Fatalf("Challenge: %v", err)
+	}
+	nonce := m.GetChallenge().GetNonce()
+	proof, err := pki.SignSessionProof(key, nonce, nodeID, der, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err = s.Receive(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("Hello answered %v, %v; want Welcome", m, err)
+	}
+	return s, nonce
+}
+
+// wantEnd reads s to its end and checks the product error it ended with.
+func wantEnd(t *testing.T, s *sessionStream, code errs.Code, msg string) {
+	t.Helper()
+	for {
+		_, err := s.Receive()
+		if err == nil {
+			continue
+		}
+		var pe *errs.E
+		if !errors.As(wire.FromWire(err), &pe) || pe.Code != code || pe.Message != msg {
+			t.Fatalf("the session ended with %v; want %s %q", err, code, msg)
+		}
+		return
+	}
+}
+
+// R12.1, R12.3: a session on either transport of the agent listener
+// (net/http, and h2server's callbacks) is held, counts signed heartbeats,
+// delivers a queued command at once, stores its signed result, and ends
+// as the control plane ends it: a retired node is told so, and a
+// shutting-down replica answers UNAVAILABLE; the node is marked
+// disconnected either way.
+func TestSessionOnEachTransport(t *testing.T) {
+	for _, transport := range apitest.AgentTransports {
+		t.Run(transport, func(t *testing.T) {
+			storetest.Each(t, func(t *testing.T, db *store.DB) {
+				e := apitest.Start(t, db, apitest.Options{})
+				url := apitest.StartAgentOn(t, e, transport)
+				sessions := e.Server.Sessions()
+				ctx := context.Background()
+				n := storetest.Node(t, db, store.NodeAdopted)
+				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
+				if !sessions.Connected(n.ID) {
+					t.Fatal("a welcomed session is not held")
+				}
+				sig, err := pki.SignHeartbeat(key, nonce, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
+					t.Fatal(err)
+				}
+				now := time.Now()
+				if err := db.WithTx(ctx, func(tx *store.Tx) error {
+					return tx.InsertCommand(ctx, store.Command{ID: "cmd_" + n.ID, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: "node.facts",
+						CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+				}); err != nil {
+					t.Fatal(err)
+				}
+				sessions.Notify(n.ID)
+				m, err := s.Receive()
+				if err != nil || m.GetCommand() == nil {
+					t.Fatalf("got %v, %v; want the queued command", m, err)
+				}
+				var body agentv1.CommandBody
+				if err := proto.Unmarshal(m.GetCommand().GetBody(), &body); err != nil || body.GetCommandId() != "cmd_"+n.ID {
+					t.Fatalf("command body %v, %v", &body, err)
+				}
+				out := []byte(`{"cpus":4}`)
+				rsig, err := pki.SignCommandResult(key, pki.CommandResult{CommandID: body.GetCommandId(), NodeID: n.ID, IdentityGeneration: int64(n.IdentityGeneration), OK: true, Output: out})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
+					CommandId: body.GetCommandId(), Ok: true, Output: out, Sig: rsig}}}); err != nil {
+					t.Fatal(err)
+				}
+				poll.Until(t, 10*time.Second, "the command's result stored", func() bool {
+					var c store.Command
+					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { c, err = tx.GetCommand(ctx, body.GetCommandId()); return })
+					return c.State == store.CommandDone
+				})
+
+				sessions.EndNode(n.ID, session.EndRetired)
+				wantEnd(t, s, errs.InvalidState, wire.NodeRetiredMessage)
+				poll.Until(t, 10*time.Second, "the node marked disconnected", func() bool {
+					var got store.Node
+					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.GetNode(ctx, n.ID); return })
+					return !sessions.Connected(n.ID) && got.Connection == store.Disconnected
+				})
+
+				other := storetest.Node(t, db, store.NodeAdopted)
+				okey, oder := nodeCert(t, e.Bundle, db, other, `[]`)
+				s2, _ := openHeld(t, e.Bundle, url, other.ID, oder, okey)
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := sessions.Close(cctx); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+				wantEnd(t, s2, errs.Unavailable, "the control plane is shutting down; reconnect")
+				if sessions.Connected(other.ID) {
+					t.Error("a session is held after Close returned")
+				}
+			})
+		})
+	}
+}
+
+// The two transports answer a refused session alike, byte for byte: the
+// same response headers (but Date, which net/http adds) and the same
+// trailers, grpc-status-details-bin (the product's ErrorDetail) included,
+// so the gateway and bcd read the same errors from either.
+func TestSessionRefusalSameOnEachTransport(t *testing.T) {
+	db := storetest.OpenSQLite(t)
+	e := apitest.Start(t, db, apitest.Options{})
+	n := storetest.Node(t, db, store.NodeAdopted)
+	_, der := nodeCert(t, e.Bundle, db, n, `[]`)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	stray, err := ca.SignNodeCertKey(e.Bundle.NodeCA, e.Bundle.NodeCAKey, &key.PublicKey, ca.NodeCertParams{TrustDomain: e.Bundle.TrustDomain, SiteID: n.SiteID, NodeID: n.ID,
+		Role: pki.RoleNode, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := map[string]string{}
+	for _, transport := range apitest.AgentTransports {
+		urls[transport] = apitest.StartAgentOn(t, e, transport)
+	}
+	tr := apitest.GatewayTransport(t, e.Bundle)
+	for _, tc := range []struct {
+		name   string
+		der    []byte
+		status string
+	}{
+		{name: "no certificate", status: "7"},
+		{name: "a certificate not on record", der: stray.DER, status: "7"},
+		{name: "no Hello after the Challenge", der: der, status: "7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var first http.Header
+			var firstTrailer http.Header
+			for _, transport := range apitest.AgentTransports {
+				req, err := http.NewRequest(http.MethodPost, urls[transport]+agentv1connect.SessionServiceConnectProcedure, http.NoBody)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/grpc")
+				req.Header.Set("Te", "trailers")
+				if tc.der != nil {
+					wire.SetPeerCertificate(req.Header, tc.der)
+				}
+				res, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatalf("%s: %v", transport, err)
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				h := res.Header.Clone()
+				h.Del("Date")
+				if res.StatusCode != http.StatusOK || res.Trailer.Get("Grpc-Status") != tc.status || res.Trailer.Get("Grpc-Status-Details-Bin") == "" {
+					t.Fatalf("%s: %d %v %v; want 200, grpc-status %s with details", transport, res.StatusCode, h, res.Trailer, tc.status)
+				}
+				if first == nil {
+					first, firstTrailer = h, res.Trailer
+					continue
+				}
+				if !maps.EqualFunc(first, h, slices.Equal) {
+					t.Errorf("headers: %s %v, %s %v", apitest.AgentTransports[0], first, transport, h)
+				}
+				if !maps.EqualFunc(firstTrailer, res.Trailer, slices.Equal) {
+					t.Errorf("trailers: %s %v, %s %v", apitest.AgentTransports[0], firstTrailer, transport, res.Trailer)
+				}
+			}
+		})
+	}
+}
