@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/wire"
@@ -228,6 +229,76 @@ func TestSessionRefusalSameOnEachTransport(t *testing.T) {
 					t.Errorf("trailers: %s %v, %s %v", apitest.AgentTransports[0], firstTrailer, transport, res.Trailer)
 				}
 			}
+		})
+	}
+}
+
+// R12.1: on either transport a session ends as Connect ends it: a daemon
+// silent after the Challenge is refused after the Hello timeout
+// (hello-timeout), a heartbeat that does not verify ends the session
+// (heartbeat-signature), and a daemon that goes away leaves its node
+// marked disconnected.
+func TestSessionEndsOnEachTransport(t *testing.T) {
+	for _, transport := range apitest.AgentTransports {
+		t.Run(transport, func(t *testing.T) {
+			db := storetest.OpenSQLite(t)
+			fc := clock.NewFake(time.Now())
+			e := apitest.Start(t, db, apitest.Options{Clock: fc})
+			url := apitest.StartAgentOn(t, e, transport)
+			ctx := context.Background()
+
+			t.Run("no Hello", func(t *testing.T) {
+				n := storetest.Node(t, db, store.NodeAdopted)
+				_, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				sctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}, url, connect.WithGRPC()).Connect(sctx)
+				wire.SetPeerCertificate(s.RequestHeader(), der)
+				defer s.CloseResponse()
+				if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+				if m, err := s.Receive(); err != nil || m.GetChallenge() == nil {
+					t.Fatalf("got %v, %v; want the Challenge", m, err)
+				}
+				timeout := fc.Now().Add(30 * time.Second)
+				poll.Until(t, 10*time.Second, "the Hello timeout armed", func() bool {
+					return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
+				})
+				fc.Advance(30 * time.Second)
+				wantEnd(t, s, errs.AccessDenied, "Session refused")
+				waitRefusal(t, db, n.TenantID, n.ID, "hello-timeout")
+			})
+			t.Run("a heartbeat not signed by the node", func(t *testing.T) {
+				n := storetest.Node(t, db, store.NodeAdopted)
+				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
+				other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sig, err := pki.SignHeartbeat(other, nonce, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
+					t.Fatal(err)
+				}
+				wantEnd(t, s, errs.AccessDenied, "Session refused")
+				waitRefusal(t, db, n.TenantID, n.ID, "heartbeat-signature")
+			})
+			t.Run("the daemon goes away", func(t *testing.T) {
+				n := storetest.Node(t, db, store.NodeAdopted)
+				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				s, _ := openHeld(t, e.Bundle, url, n.ID, der, key)
+				_ = s.CloseRequest()
+				_ = s.CloseResponse()
+				poll.Until(t, 10*time.Second, "the node marked disconnected", func() bool {
+					var got store.Node
+					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.GetNode(ctx, n.ID); return })
+					return !e.Server.Sessions().Connected(n.ID) && got.Connection == store.Disconnected
+				})
+			})
 		})
 	}
 }
