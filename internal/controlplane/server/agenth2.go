@@ -29,7 +29,7 @@ func newAgentFramer(as *http.Server, srv *api.Server, log *slog.Logger) (*agentF
 		TLS:              as.TLSConfig,
 		Other:            f.h1.hand,
 		Clock:            clock.Real{},
-		Log:              log,
+		Log:              log.With("listener", "agent"),
 		HandshakeTimeout: as.ReadHeaderTimeout,
 		IdleTimeout:      as.IdleTimeout,
 		PingInterval:     as.HTTP2.SendPingTimeout,

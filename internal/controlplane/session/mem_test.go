@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,7 +52,9 @@ import (
 // their number. On callbacks ("framer") a held session must cost at most
 // maxBytesPerSession of heap and stacks (and of RSS, from
 // 2,000 sessions on, where the runtime's own growth is amortized), and no
-// goroutine: only the connections' goroutines are added. BC_API_SESSION_MEM=N measures N sessions (default 1,000);
+// goroutine: only the connections' goroutines are added.
+// BC_API_SESSION_MEM_PROFILE=path writes the heap profile with the
+// sessions held to path.net-http and path.framer. BC_API_SESSION_MEM=N measures N sessions (default 1,000);
 // -short skips it.
 func TestAPISessionMemory(t *testing.T) {
 	if os.Getenv(memClientEnv) != "" {
@@ -221,6 +224,16 @@ func measureSessions(t *testing.T, transport string, n int) perSession {
 		t.Fatalf("held %d sessions, want %d", got, n)
 	}
 	at := sample()
+	if p := os.Getenv("BC_API_SESSION_MEM_PROFILE"); p != "" {
+		f, err := os.Create(p + "." + strings.ReplaceAll(transport, "/", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d := func(a, b uint64) float64 { return (float64(b) - float64(a)) / float64(n) }
 	return perSession{heap: d(base.heap, at.heap), stack: d(base.stack, at.stack), rss: d(base.rss, at.rss),
 		goroutines: float64(at.goroutines-base.goroutines) / float64(n)}

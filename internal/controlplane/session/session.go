@@ -509,8 +509,10 @@ func (s *Service) admit(a *auth, der, nonce []byte, hello *agentv1.Hello) (*conn
 	if err != nil {
 		return nil, nil, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial}
 	}
+	// The issuer's names are copied: the parsed certificate's slices
+	// would keep its whole DER for as long as the session is held.
 	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
-		nodeKey: leaf.PublicKey, issuerKeyID: leaf.AuthorityKeyId, issuer: leaf.RawIssuer, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, mac: mac, sent: map[string]struct{}{}}
+		nodeKey: leaf.PublicKey, issuerKeyID: bytes.Clone(leaf.AuthorityKeyId), issuer: bytes.Clone(leaf.RawIssuer), nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, mac: mac, sent: map[string]struct{}{}}
 	now := s.cfg.Clock.Now()
 	c.lastRecv.Store(now.UnixMilli())
 	c.lastTouch = now
