@@ -5,10 +5,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -24,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/session"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
@@ -36,10 +42,20 @@ type sessionStream = connect.BidiStreamForClient[agentv1.SessionClientMessage, a
 // Welcome arrived, with its nonce. It ends when the test does.
 func openHeld(t *testing.T, b *ca.Bundle, url, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte) {
 	t.Helper()
+	return openHeldWith(t, &http.Client{Transport: apitest.GatewayTransport(t, b)}, url, true, nodeID, der, key)
+}
+
+// openHeldWith is openHeld with client, forwarding der in
+// Bc-Peer-Certificate as a gateway does when relay is set (else the
+// client presents it: a daemon to a gateway).
+func openHeldWith(t *testing.T, client *http.Client, url string, relay bool, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, b)}, url, connect.WithGRPC()).Connect(ctx)
-	wire.SetPeerCertificate(s.RequestHeader(), der)
+	s := agentv1connect.NewSessionServiceClient(client, url, connect.WithGRPC()).Connect(ctx)
+	if relay {
+		wire.SetPeerCertificate(s.RequestHeader(), der)
+	}
 	t.Cleanup(func() { _ = s.CloseResponse() })
 	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatal(err)
@@ -79,85 +95,138 @@ func wantEnd(t *testing.T, s *sessionStream, code errs.Code, msg string) {
 }
 
 // R12.1, R12.3: a session on either transport of the agent listener
-// (net/http, and h2server's callbacks) is held, counts signed heartbeats,
+// (net/http, and h2server's callbacks), opened by a gateway or by a
+// daemon through a real gateway, is held, counts signed heartbeats,
 // delivers a queued command at once, stores its signed result, and ends
 // as the control plane ends it: a retired node is told so, and a
 // shutting-down replica answers UNAVAILABLE; the node is marked
 // disconnected either way.
 func TestSessionOnEachTransport(t *testing.T) {
 	for _, transport := range apitest.AgentTransports {
-		t.Run(transport, func(t *testing.T) {
-			storetest.Each(t, func(t *testing.T, db *store.DB) {
-				e := apitest.Start(t, db, apitest.Options{})
-				url := apitest.StartAgentOn(t, e, transport)
-				sessions := e.Server.Sessions()
-				ctx := context.Background()
-				n := storetest.Node(t, db, store.NodeAdopted)
-				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
-				s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
-				if !sessions.Connected(n.ID) {
-					t.Fatal("a welcomed session is not held")
-				}
-				sig, err := pki.SignHeartbeat(key, nonce, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
-					t.Fatal(err)
-				}
-				now := time.Now()
-				if err := db.WithTx(ctx, func(tx *store.Tx) error {
-					return tx.InsertCommand(ctx, store.Command{ID: "cmd_" + n.ID, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: "node.facts",
-						CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
-				}); err != nil {
-					t.Fatal(err)
-				}
-				sessions.Notify(n.ID)
-				m, err := s.Receive()
-				if err != nil || m.GetCommand() == nil {
-					t.Fatalf("got %v, %v; want the queued command", m, err)
-				}
-				var body agentv1.CommandBody
-				if err := proto.Unmarshal(m.GetCommand().GetBody(), &body); err != nil || body.GetCommandId() != "cmd_"+n.ID {
-					t.Fatalf("command body %v, %v", &body, err)
-				}
-				out := []byte(`{"cpus":4}`)
-				rsig, err := pki.SignCommandResult(key, pki.CommandResult{CommandID: body.GetCommandId(), NodeID: n.ID, IdentityGeneration: int64(n.IdentityGeneration), OK: true, Output: out})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
-					CommandId: body.GetCommandId(), Ok: true, Output: out, Sig: rsig}}}); err != nil {
-					t.Fatal(err)
-				}
-				poll.Until(t, 10*time.Second, "the command's result stored", func() bool {
-					var c store.Command
-					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { c, err = tx.GetCommand(ctx, body.GetCommandId()); return })
-					return c.State == store.CommandDone
+		for _, via := range []string{"gateway client", "daemon through a gateway"} {
+			t.Run(transport+"/"+via, func(t *testing.T) {
+				storetest.Each(t, func(t *testing.T, db *store.DB) {
+					e := apitest.Start(t, db, apitest.Options{})
+					url := apitest.StartAgentOn(t, e, transport)
+					open := func(t *testing.T, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte) {
+						return openHeld(t, e.Bundle, url, nodeID, der, key)
+					}
+					if via != "gateway client" {
+						gw := startGateway(t, e.Bundle, url)
+						open = func(t *testing.T, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte) {
+							return openHeldWith(t, daemonClient(t, e.Bundle, der, key), gw, false, nodeID, der, key)
+						}
+					}
+					testSession(t, e, open)
 				})
-
-				sessions.EndNode(n.ID, session.EndRetired)
-				wantEnd(t, s, errs.InvalidState, wire.NodeRetiredMessage)
-				poll.Until(t, 10*time.Second, "the node marked disconnected", func() bool {
-					var got store.Node
-					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.GetNode(ctx, n.ID); return })
-					return !sessions.Connected(n.ID) && got.Connection == store.Disconnected
-				})
-
-				other := storetest.Node(t, db, store.NodeAdopted)
-				okey, oder := nodeCert(t, e.Bundle, db, other, `[]`)
-				s2, _ := openHeld(t, e.Bundle, url, other.ID, oder, okey)
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if err := sessions.Close(cctx); err != nil {
-					t.Fatalf("Close: %v", err)
-				}
-				wantEnd(t, s2, errs.Unavailable, "the control plane is shutting down; reconnect")
-				if sessions.Connected(other.ID) {
-					t.Error("a session is held after Close returned")
-				}
 			})
-		})
+		}
+	}
+}
+
+// startGateway runs a real gateway in front of the agent listener at url
+// and returns its URL.
+func startGateway(t *testing.T, b *ca.Bundle, url string) string {
+	t.Helper()
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	files := map[string][]byte{"gw.crt": certPEM, "gw.key": keyPEM, "ca.pem": pki.CertPEM(b.ServingCA)}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: filepath.Join(dir, "gw.crt"), KeyFile: filepath.Join(dir, "gw.key"),
+		APIURL: url, APICAFile: filepath.Join(dir, "ca.pem")}, gateway.Options{Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "https://" + apitest.ServeGateway(t, g)
+}
+
+// daemonClient is a daemon's client: its node certificate, trusting the
+// serving CA (the gateway's certificate).
+func daemonClient(t *testing.T, b *ca.Bundle, der []byte, key *ecdsa.PrivateKey) *http.Client {
+	roots := x509.NewCertPool()
+	roots.AddCert(b.ServingCA)
+	tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+// testSession runs TestSessionOnEachTransport on e with sessions opened by
+// open.
+func testSession(t *testing.T, e *apitest.Env, open func(t *testing.T, nodeID string, der []byte, key *ecdsa.PrivateKey) (*sessionStream, []byte)) {
+	db := e.DB
+	sessions := e.Server.Sessions()
+	ctx := context.Background()
+	n := storetest.Node(t, db, store.NodeAdopted)
+	key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+	s, nonce := open(t, n.ID, der, key)
+	if !sessions.Connected(n.ID) {
+		t.Fatal("a welcomed session is not held")
+	}
+	sig, err := pki.SignHeartbeat(key, nonce, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := db.WithTx(ctx, func(tx *store.Tx) error {
+		return tx.InsertCommand(ctx, store.Command{ID: "cmd_" + n.ID, NodeID: n.ID, IdentityGeneration: n.IdentityGeneration, Kind: "node.facts",
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sessions.Notify(n.ID)
+	m, err := s.Receive()
+	if err != nil || m.GetCommand() == nil {
+		t.Fatalf("got %v, %v; want the queued command", m, err)
+	}
+	var body agentv1.CommandBody
+	if err := proto.Unmarshal(m.GetCommand().GetBody(), &body); err != nil || body.GetCommandId() != "cmd_"+n.ID {
+		t.Fatalf("command body %v, %v", &body, err)
+	}
+	out := []byte(`{"cpus":4}`)
+	rsig, err := pki.SignCommandResult(key, pki.CommandResult{CommandID: body.GetCommandId(), NodeID: n.ID, IdentityGeneration: int64(n.IdentityGeneration), OK: true, Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Result{Result: &agentv1.CommandResult{
+		CommandId: body.GetCommandId(), Ok: true, Output: out, Sig: rsig}}}); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, "the command's result stored", func() bool {
+		var c store.Command
+		_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { c, err = tx.GetCommand(ctx, body.GetCommandId()); return })
+		return c.State == store.CommandDone
+	})
+
+	sessions.EndNode(n.ID, session.EndRetired)
+	wantEnd(t, s, errs.InvalidState, wire.NodeRetiredMessage)
+	poll.Until(t, 10*time.Second, "the node marked disconnected", func() bool {
+		var got store.Node
+		_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.GetNode(ctx, n.ID); return })
+		return !sessions.Connected(n.ID) && got.Connection == store.Disconnected
+	})
+
+	other := storetest.Node(t, db, store.NodeAdopted)
+	okey, oder := nodeCert(t, e.Bundle, db, other, `[]`)
+	s2, _ := open(t, other.ID, oder, okey)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sessions.Close(cctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	wantEnd(t, s2, errs.Unavailable, "the control plane is shutting down; reconnect")
+	if sessions.Connected(other.ID) {
+		t.Error("a session is held after Close returned")
 	}
 }
 
