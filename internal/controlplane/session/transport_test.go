@@ -305,7 +305,8 @@ func TestSessionRefusalSameOnEachTransport(t *testing.T) {
 // R12.1: on either transport a session ends as Connect ends it: a daemon
 // silent after the Challenge is refused after the Hello timeout
 // (hello-timeout), a heartbeat that does not verify ends the session
-// (heartbeat-signature), and a daemon that goes away leaves its node
+// (heartbeat-signature), a message over the listener's limit ends it as
+// an unreadable stream, and a daemon that goes away leaves its node
 // marked disconnected.
 func TestSessionEndsOnEachTransport(t *testing.T) {
 	for _, transport := range apitest.AgentTransports {
@@ -355,6 +356,30 @@ func TestSessionEndsOnEachTransport(t *testing.T) {
 				}
 				wantEnd(t, s, errs.AccessDenied, "Session refused")
 				waitRefusal(t, db, n.TenantID, n.ID, "heartbeat-signature")
+			})
+			t.Run("a message over the limit", func(t *testing.T) {
+				n := storetest.Node(t, db, store.NodeAdopted)
+				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				s, _ := openHeld(t, e.Bundle, url, n.ID, der, key)
+				big := &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: make([]byte, 65<<10)}}}
+				if err := s.Send(big); err != nil && !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+				// The stream cannot be read further: the session ends as
+				// when the daemon leaves (Connect's Receive fails).
+				for {
+					if _, err := s.Receive(); err != nil {
+						if !errors.Is(err, io.EOF) {
+							t.Fatalf("the session ended with %v, want its end", err)
+						}
+						break
+					}
+				}
+				poll.Until(t, 10*time.Second, "the node marked disconnected", func() bool {
+					var got store.Node
+					_ = db.ReadTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.GetNode(ctx, n.ID); return })
+					return !e.Server.Sessions().Connected(n.ID) && got.Connection == store.Disconnected
+				})
 			})
 			t.Run("the daemon goes away", func(t *testing.T) {
 				n := storetest.Node(t, db, store.NodeAdopted)
