@@ -19,11 +19,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/session"
@@ -33,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/pki"
+	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -395,4 +398,77 @@ func TestSessionEndsOnEachTransport(t *testing.T) {
 			})
 		})
 	}
+}
+
+// R12.1: on either transport a daemon that offers a heartbeat key agrees
+// one ([session] heartbeat_mac), its heartbeats MAC'd under it count, and
+// the session stays held until the control plane ends it.
+func TestSessionHeartbeatMACOnEachTransport(t *testing.T) {
+	for _, transport := range apitest.AgentTransports {
+		t.Run(transport, func(t *testing.T) {
+			db := storetest.OpenSQLite(t)
+			reg := prometheus.NewRegistry()
+			e := apitest.Start(t, db, apitest.Options{HeartbeatMAC: true, Metrics: apimetrics.NewAPI(reg)})
+			url := apitest.StartAgentOn(t, e, transport)
+			n := storetest.Node(t, db, store.NodeAdopted)
+			key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}, url, connect.WithGRPC()).Connect(ctx)
+			wire.SetPeerCertificate(s.RequestHeader(), der)
+			defer s.CloseResponse()
+			if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			m, err := s.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nonce := m.GetChallenge().GetNonce()
+			share, err := pki.NewHeartbeatKeyShare()
+			if err != nil {
+				t.Fatal(err)
+			}
+			daemonKey := share.PublicKey().Bytes()
+			proof, err := pki.SignSessionProof(key, nonce, n.ID, der, daemonKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{Protocol: 1, Proof: proof, HeartbeatKey: daemonKey}}}); err != nil {
+				t.Fatal(err)
+			}
+			if m, err = s.Receive(); err != nil || len(m.GetWelcome().GetHeartbeatKey()) == 0 {
+				t.Fatalf("Hello answered %v, %v; want Welcome with the API's heartbeat key", m, err)
+			}
+			k, err := pki.DeriveHeartbeatKey(share, pki.HeartbeatKeyParams{Nonce: nonce, NodeID: n.ID, CertDER: der, DaemonKey: daemonKey, APIKey: m.GetWelcome().GetHeartbeatKey()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mac := pki.NewHeartbeatMAC(k, nonce)
+			const beats = 3
+			for seq := uint64(1); seq <= beats; seq++ {
+				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: seq, Mac: mac.Sum(seq)}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			poll.Until(t, 10*time.Second, "the heartbeats verified", func() bool { return heartbeats(t, reg) == beats })
+			e.Server.Sessions().EndNode(n.ID, session.EndRetired)
+			wantEnd(t, s, errs.InvalidState, wire.NodeRetiredMessage)
+		})
+	}
+}
+
+// heartbeats reads the verified heartbeats counter from reg.
+func heartbeats(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == telemetry.SessionHeartbeats {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }
