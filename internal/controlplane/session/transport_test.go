@@ -307,7 +307,7 @@ func TestSessionRefusalSameOnEachTransport(t *testing.T) {
 
 // R12.1: on either transport a session ends as Connect ends it: a daemon
 // silent after the Challenge is refused after the Hello timeout
-// (hello-timeout), a heartbeat that does not verify ends the session
+// (hello-timeout), a retired node that proves its key is told so, a heartbeat that does not verify ends the session
 // (heartbeat-signature), a message over the listener's limit ends it as
 // an unreadable stream, and a daemon that goes away leaves its node
 // marked disconnected.
@@ -359,6 +359,18 @@ func TestSessionEndsOnEachTransport(t *testing.T) {
 				}
 				wantEnd(t, s, errs.AccessDenied, "Session refused")
 				waitRefusal(t, db, n.TenantID, n.ID, "heartbeat-signature")
+			})
+			t.Run("a retired node that proves its key", func(t *testing.T) {
+				n := storetest.Node(t, db, store.NodeAdopted)
+				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+				if err := db.WithTx(ctx, func(tx *store.Tx) error { return tx.SetNodeState(ctx, n.ID, store.NodeRetired, "test") }); err != nil {
+					t.Fatal(err)
+				}
+				m, err := hello(t, e.Bundle, url, n.ID, der, key)
+				var pe *errs.E
+				if !errors.As(wire.FromWire(err), &pe) || pe.Code != errs.InvalidState || pe.Message != wire.NodeRetiredMessage {
+					t.Fatalf("Hello answered %v, %v; want INVALID_STATE %q", m, err, wire.NodeRetiredMessage)
+				}
 			})
 			t.Run("a message over the limit", func(t *testing.T) {
 				n := storetest.Node(t, db, store.NodeAdopted)
