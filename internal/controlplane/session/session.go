@@ -3,7 +3,10 @@
 // next to JoinService and reached through a gateway. The API server
 // (internal/controlplane/api builds the service; internal/controlplane/server runs its Listener) and
 // the controllers (WorkAccept) import it; nothing on the node or the
-// gateway does.
+// gateway does. Connect holds a session on connect-go; with [agent] http2
+// = "framer" the agent listener holds it on h2server's callbacks instead
+// (callbacks.go, Streams), running the same steps without a goroutine
+// while the session is idle.
 //
 // A session is authenticated by the node certificate the daemon presented
 // to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
