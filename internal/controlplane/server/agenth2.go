@@ -35,10 +35,18 @@ func newAgentFramer(as *http.Server, srv *api.Server, log *slog.Logger) (*agentF
 		PingInterval:     as.HTTP2.SendPingTimeout,
 		PingTimeout:      as.HTTP2.PingTimeout,
 		// A gateway multiplexes its nodes' sessions over a few
-		// connections (as net/http's MaxConcurrentStreams above).
+		// connections (listenAgent's MaxConcurrentStreams).
 		MaxConcurrentStreams: uint32(as.HTTP2.MaxConcurrentStreams),
 		MaxHeaderListSize:    uint32(as.MaxHeaderBytes),
-		MaxQueuedBytes:       as.HTTP2.MaxReceiveBufferPerStream,
+		// The budget against rapid resets is for clients nobody
+		// authenticated. A gateway (mTLS) ends a stream with RST_STREAM
+		// whenever its daemon left, and a site's daemons leave together:
+		// at h2server's default (100 a second) that would end the
+		// connection and with it every other session it carries. Two
+		// frames per stream the connection may hold (a reset, and DATA
+		// that crossed the session's end) in one second.
+		ControlFramesPerSecond: 2 * as.HTTP2.MaxConcurrentStreams,
+		MaxQueuedBytes:         as.HTTP2.MaxReceiveBufferPerStream,
 		// net/http's ReadTimeout, per stream; session streams lift it
 		// (Service.Handler) or do not read through it (callbacks).
 		ReadTimeout: as.ReadTimeout,
