@@ -10,6 +10,8 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/controlplane/join"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
+	"github.com/better-compute/better-compute/internal/controlplane/session"
+	"github.com/better-compute/better-compute/internal/gateway/h2server"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
@@ -94,6 +96,30 @@ func (s *Server) AgentHandler() http.Handler {
 // says what binds each field).
 func (s *Server) LocalAgentHandler() http.Handler { return s.agentMux() }
 
+// AgentStreams serves the agent protocol for gateways on h2server (the
+// agent listener with [agent] http2 = "framer"): SessionService.Connect on
+// the session service's callbacks (no goroutine per idle session), every
+// other stream with other, AgentHandler as the caller wraps it, on a
+// goroutine while it runs. A session stream without a verified client
+// certificate goes to other too, which refuses it as AgentHandler does.
+// Sessions on callbacks carry no server span: a span as long as a
+// session says nothing a node.connected event does not.
+func (s *Server) AgentStreams(other http.Handler) h2server.Handler {
+	sessions := s.sessions.Streams(session.StreamOptions{ReadMaxBytes: agentMaxBytes, SendMaxBytes: agentMaxBytes})
+	rest := h2server.HTTP(other)
+	return h2server.HandlerFunc(func(st *h2server.Stream) h2server.StreamHandler {
+		if tls := st.Request().TLS; tls != nil && len(tls.VerifiedChains) > 0 {
+			if h := sessions.Serve(st); h != nil {
+				return h
+			}
+		}
+		return rest.ServeStream(st)
+	})
+}
+
+// agentMaxBytes bounds a message on the agent listener, both ways.
+const agentMaxBytes = 64 << 10
+
 // agentMux is the agent protocol's routes: JoinService, SessionService and
 // the readiness gateways check.
 func (s *Server) agentMux() http.Handler {
@@ -103,13 +129,13 @@ func (s *Server) agentMux() http.Handler {
 	// trusted. Gateways never compress toward the API.
 	noGzip := connect.WithCompression("gzip", nil, nil)
 	path, h := agentv1connect.NewJoinServiceHandler(&agent{s: s},
-		connect.WithReadMaxBytes(64<<10),
+		connect.WithReadMaxBytes(agentMaxBytes),
 		noGzip,
 		connect.WithInterceptors(wire.Interceptor(s.log)),
 	)
 	mux := http.NewServeMux()
 	mux.Handle(path, h)
-	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(64<<10), connect.WithSendMaxBytes(64<<10), noGzip))
+	mux.Handle(s.sessions.Handler(connect.WithReadMaxBytes(agentMaxBytes), connect.WithSendMaxBytes(agentMaxBytes), noGzip))
 	// Gateways check each replica's readiness (its database) here.
 	mux.HandleFunc("GET /readyz", s.ready)
 	// A server span per call, a child of the gateway's (trace context

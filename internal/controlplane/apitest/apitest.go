@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
+	"github.com/better-compute/better-compute/internal/gateway/h2server"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
@@ -146,6 +148,70 @@ func Each(t *testing.T, opts Options, fn func(t *testing.T, e *Env)) {
 // when the test ends.
 func StartAgent(t testing.TB, h http.Handler, b *ca.Bundle) *httptest.Server {
 	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.TLS = agentTLS(t, b)
+	srv.TLS.NextProtos = nil // httptest sets its own
+	srv.Config.ErrorLog = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// The agent listener's HTTP/2 servers ([agent] http2), for tests that run
+// on each (StartAgentOn).
+const (
+	AgentNetHTTP = "net/http"
+	AgentFramer  = "framer"
+)
+
+// AgentTransports are the agent listener's HTTP/2 servers.
+var AgentTransports = []string{AgentNetHTTP, AgentFramer}
+
+// StartAgentOn serves e's agent protocol as the agent listener on
+// transport, as `serve` does with [agent] http2 set to it: net/http
+// (StartAgent with AgentHandler), or h2server with sessions on callbacks
+// (AgentStreams). It returns the listener's URL and closes when the test
+// ends.
+func StartAgentOn(t testing.TB, e *Env, transport string) string {
+	t.Helper()
+	if transport != AgentFramer {
+		return StartAgent(t, e.Server.AgentHandler(), e.Bundle).URL
+	}
+	return StartFramer(t, e.Server.AgentStreams(e.Server.AgentHandler()), e.Bundle)
+}
+
+// StartFramer serves h on h2server as StartAgent serves an http.Handler:
+// TLS with a serving-CA certificate for 127.0.0.1 and a client
+// certificate from the serving CA required. It returns the URL; the
+// server closes, and its goroutines end, when the test ends.
+func StartFramer(t testing.TB, h h2server.Handler, b *ca.Bundle) string {
+	t.Helper()
+	srv, err := h2server.New(h2server.Config{Handler: h, TLS: agentTLS(t, b), Log: slog.New(slog.DiscardHandler), MaxConcurrentStreams: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return "https://" + ln.Addr().String()
+}
+
+// agentTLS is the agent listener's TLS in tests: a serving-CA
+// certificate for 127.0.0.1, client certificates from the serving CA
+// required.
+func agentTLS(t testing.TB, b *ca.Bundle) *tls.Config {
+	t.Helper()
 	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -156,14 +222,8 @@ func StartAgent(t testing.TB, h http.Handler, b *ca.Bundle) *httptest.Server {
 	}
 	cas := x509.NewCertPool()
 	cas.AddCert(b.ServingCA)
-	srv := httptest.NewUnstartedServer(h)
-	srv.EnableHTTP2 = true
-	srv.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"},
 		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas}
-	srv.Config.ErrorLog = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	return srv
 }
 
 // GatewayTransport is a transport with a gateway's client certificate from

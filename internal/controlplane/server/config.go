@@ -103,7 +103,21 @@ type AgentConfig struct {
 	Listen   string `toml:"listen"`
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
+	// HTTP2 is the HTTP/2 server of the listener: "net/http" (the
+	// default), or "framer", h2server (internal/gateway/h2server), which
+	// holds each node session on callbacks, without a goroutine while it
+	// is idle, and serves every other call as net/http does.
+	HTTP2 string `toml:"http2"`
 }
+
+// The values of AgentConfig.HTTP2.
+const (
+	AgentHTTP2NetHTTP = "net/http"
+	AgentHTTP2Framer  = "framer"
+)
+
+// Framer reports whether the agent listener runs on h2server.
+func (a AgentConfig) Framer() bool { return a.HTTP2 == AgentHTTP2Framer }
 
 // SessionConfig tunes the node sessions the API holds.
 type SessionConfig struct {
@@ -282,6 +296,13 @@ func (c *Config) validate() error {
 	if c.Agent.Listen != "" && (c.Agent.CertFile == "" || c.Agent.KeyFile == "" || c.PKI.Dir == "") {
 		return errs.New(errs.InvalidConfig, "config: agent.listen needs agent.cert_file, agent.key_file and pki.dir")
 	}
+	switch c.Agent.HTTP2 {
+	case "":
+		c.Agent.HTTP2 = AgentHTTP2NetHTTP
+	case AgentHTTP2NetHTTP, AgentHTTP2Framer:
+	default:
+		return errs.New(errs.InvalidConfig, "config: agent.http2 must be %q (the default) or %q, got %q", AgentHTTP2NetHTTP, AgentHTTP2Framer, c.Agent.HTTP2)
+	}
 	if c.Join.MaxPendingRequestsPerPool < 0 || c.Join.MaxPendingRequestsPerSource < 0 {
 		return errs.New(errs.InvalidConfig, "config: join.max_pending_requests_per_pool and _per_source: want a positive count (0: the default)")
 	}
@@ -394,6 +415,7 @@ server_name = "gw.eu.example.com"
 listen = ":8444"
 cert_file = "/etc/better-compute/agent.crt"   # better-compute pki issue-gateway --san api.internal
 key_file = "/etc/better-compute/agent.key"
+# http2 = "net/http"       # or "framer": no goroutine per held session (docs/operations/configure.md)
 
 [join]
 cert_ttl_seconds = 86400

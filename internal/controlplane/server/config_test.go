@@ -130,3 +130,30 @@ func TestSessionHeartbeatMACConfigR12_1(t *testing.T) {
 		})
 	}
 }
+
+// [agent] http2 chooses the agent listener's HTTP/2 server: net/http by
+// default, h2server ("framer") on request, anything else is a config
+// error.
+func TestAgentHTTP2Config(t *testing.T) {
+	base := "[store]\npath = \"/tmp/bc.db\"\n"
+	for _, c := range []struct {
+		name, toml string
+		framer     bool
+		err        string
+	}{
+		{name: "default", toml: base},
+		{name: "net/http", toml: base + "[agent]\nhttp2 = \"net/http\"\n"},
+		{name: "framer", toml: base + "[agent]\nhttp2 = \"framer\"\n", framer: true},
+		{name: "unknown", toml: base + "[agent]\nhttp2 = \"h2c\"\n", err: "agent.http2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, ok := parseCase(t, c.toml, c.err)
+			if !ok {
+				return
+			}
+			if cfg.Agent.Framer() != c.framer || c.name == "default" && cfg.Agent.HTTP2 != AgentHTTP2NetHTTP {
+				t.Errorf("http2 %q, framer %v; want framer %v", cfg.Agent.HTTP2, cfg.Agent.Framer(), c.framer)
+			}
+		})
+	}
+}

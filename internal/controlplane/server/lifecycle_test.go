@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/checks/goroutines"
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
 	"github.com/better-compute/better-compute/internal/gateway"
@@ -25,39 +26,46 @@ import (
 // gateway's, the store's; on PostgreSQL the commands listener's LISTEN
 // connection too) before Run returns. R17.2: each health endpoint
 // answers, the gateway's /readyz through the API in memory.
+// Each HTTP/2 server of the agent listener ([agent] http2) too: its
+// /readyz answers a gateway over HTTP/2 and HTTP/1.1.
 func TestRunJoinsEverythingItStarted(t *testing.T) {
 	for _, driver := range []string{"sqlite", "postgres"} {
-		t.Run(driver, func(t *testing.T) {
-			dir, secret, b, certFile, keyFile := tlsFixture(t)
-			st := store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")}
-			if driver == "postgres" {
-				st = store.Config{Driver: "postgres", DSN: storetest.PostgresDSN(t)}
-			}
-			cfg := Config{
-				Listen: "127.0.0.1:0", RootTenant: "root", Store: st,
-				TLS:     TLSConfig{CertFile: certFile, KeyFile: keyFile},
-				PKI:     PKIConfig{Dir: filepath.Join(dir, "pki")},
-				Metrics: MetricsConfig{Listen: "127.0.0.1:0"},
-				Agent:   AgentConfig{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile},
-				Gateway: GatewayConfig{URL: "https://gw.example.com", Config: gateway.Config{
-					Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Metrics: gateway.MetricsConfig{Listen: "127.0.0.1:0"}}},
-			}
-			runJoinsEverything(t, cfg, secret, b.ServingCA)
-		})
+		for _, h2 := range []string{AgentHTTP2NetHTTP, AgentHTTP2Framer} {
+			t.Run(driver+"/"+h2, func(t *testing.T) {
+				dir, secret, b, certFile, keyFile := tlsFixture(t)
+				st := store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")}
+				if driver == "postgres" {
+					st = store.Config{Driver: "postgres", DSN: storetest.PostgresDSN(t)}
+				}
+				cfg := Config{
+					Listen: "127.0.0.1:0", RootTenant: "root", Store: st,
+					TLS:     TLSConfig{CertFile: certFile, KeyFile: keyFile},
+					PKI:     PKIConfig{Dir: filepath.Join(dir, "pki")},
+					Metrics: MetricsConfig{Listen: "127.0.0.1:0"},
+					Agent:   AgentConfig{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, HTTP2: h2},
+					Gateway: GatewayConfig{URL: "https://gw.example.com", Config: gateway.Config{
+						Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Metrics: gateway.MetricsConfig{Listen: "127.0.0.1:0"}}},
+				}
+				runJoinsEverything(t, cfg, secret, b)
+			})
+		}
 	}
 }
 
-// runJoinsEverything starts Run with cfg, asks each health endpoint, stops
-// it and checks that no goroutine it started is left.
-func runJoinsEverything(t *testing.T, cfg Config, secret []byte, servingCA *x509.Certificate) {
+// runJoinsEverything starts Run with cfg, asks each health endpoint (the
+// agent listener's as a gateway, over HTTP/2 and HTTP/1.1), stops it and
+// checks that no goroutine it started is left.
+func runJoinsEverything(t *testing.T, cfg Config, secret []byte, b *ca.Bundle) {
 	before := goroutines.Take()
-	gwMetrics := make(chan string, 1)
-	r := start(t, cfg, Options{Secret: secret, Log: slog.New(slog.DiscardHandler), GatewayMetricsReady: func(a string) { gwMetrics <- a }})
+	gwMetrics, agent := make(chan string, 1), make(chan string, 1)
+	r := start(t, cfg, Options{Secret: secret, Log: slog.New(slog.DiscardHandler), GatewayMetricsReady: func(a string) { gwMetrics <- a },
+		AgentReady: func(a string) { agent <- a }})
 	roots := x509.NewCertPool()
-	roots.AddCert(servingCA)
+	roots.AddCert(b.ServingCA)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	for _, url := range []string{"https://" + r.api + "/readyz", "http://" + r.metrics + "/readyz", "http://" + <-gwMetrics + "/readyz"} {
+	get := func(c *http.Client, url string) {
+		t.Helper()
 		res, err := c.Get(url)
 		if err != nil {
 			t.Fatal(err)
@@ -68,7 +76,27 @@ func runJoinsEverything(t *testing.T, cfg Config, secret []byte, servingCA *x509
 			t.Fatalf("%s: %d %s", url, res.StatusCode, body)
 		}
 	}
+	for _, url := range []string{"https://" + r.api + "/readyz", "http://" + r.metrics + "/readyz", "http://" + <-gwMetrics + "/readyz"} {
+		get(c, url)
+	}
 	tr.CloseIdleConnections()
+	agentURL := "https://" + <-agent + "/readyz"
+	certPEM, keyPEM, err := ca.IssueGateway(b, []string{"gw.test"}, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h2 := range []bool{true, false} {
+		atr := &http.Transport{ForceAttemptHTTP2: h2, TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{gw}}}
+		if !h2 {
+			atr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		get(&http.Client{Transport: atr, Timeout: 10 * time.Second}, agentURL)
+		atr.CloseIdleConnections()
+	}
 	r.cancel()
 	select {
 	case err := <-r.done:

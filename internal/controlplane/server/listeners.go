@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/gateway"
+	"github.com/better-compute/better-compute/internal/gateway/h2server"
 	"github.com/better-compute/better-compute/internal/shared/certfile"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/ratelimit"
@@ -30,6 +31,10 @@ type listeners struct {
 	// metrics and agent are nil when not configured.
 	metrics, agent     *http.Server
 	metricsLn, agentLn net.Listener
+	// agentFramer serves the agent listener instead of agent with
+	// [agent] http2 = "framer" (agent then serves the HTTP/1.1
+	// connections it hands over); nil otherwise.
+	agentFramer *agentFramer
 	// gw is the in-process gateway ([gateway] listen); nil without one.
 	gw   *gateway.Gateway
 	gwLn net.Listener
@@ -71,6 +76,11 @@ func listen(cfg Config, o Options, log *slog.Logger, reg *prometheus.Registry, s
 			s.Handler = l.calls.Handler(s.Handler, "shutting down")
 		}
 	}
+	if l.agent != nil && cfg.Agent.Framer() {
+		if l.agentFramer, err = newAgentFramer(l.agent, srv, log); err != nil {
+			return nil, err
+		}
+	}
 	if l.gw, l.gwLn, err = listenGateway(cfg, o, log, srv); err != nil {
 		return nil, err
 	}
@@ -107,7 +117,22 @@ func (l *listeners) serve(g *errgroup.Group) {
 	if l.metrics != nil {
 		loop("metrics: ", func() error { return l.metrics.Serve(l.metricsLn) })
 	}
-	if l.agent != nil {
+	switch {
+	case l.agentFramer != nil:
+		loop("agent: ", func() error {
+			if err := l.agentFramer.h2.Serve(l.agentLn); !errors.Is(err, h2server.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		// Closing h1 (shutdown) ends it too.
+		loop("agent (HTTP/1.1): ", func() error {
+			if err := l.agent.Serve(l.agentFramer.h1); !errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			return nil
+		})
+	case l.agent != nil:
 		loop("agent: ", func() error { return l.agent.ServeTLS(l.agentLn, "", "") })
 	}
 	if l.gw != nil {
@@ -133,6 +158,12 @@ func (l *listeners) shutdown(ctx context.Context, srv *api.Server) error {
 	// Also when the in-process gateway relayed them all: it refuses new
 	// ones and stops their checks.
 	_ = srv.Sessions().Close(ctx)
+	if l.agentFramer != nil {
+		// h1 first: h2 waits for a connection it is handing over. Its
+		// Shutdown closes what is left once ctx ended.
+		_ = l.agentFramer.h1.Close()
+		_ = l.agentFramer.h2.Shutdown(ctx)
+	}
 	if l.agent != nil {
 		_ = l.agent.Shutdown(ctx)
 	}

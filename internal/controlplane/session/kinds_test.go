@@ -48,26 +48,28 @@ func TestSessionAllowedKindsFailClosed(t *testing.T) {
 	}
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
 		e := apitest.Start(t, db, apitest.Options{})
-		agent := apitest.StartAgent(t, e.Server.AgentHandler(), e.Bundle)
-		for _, tc := range tests {
-			t.Run(tc.name, func(t *testing.T) {
-				n := storetest.Node(t, db, store.NodeAdopted)
-				key, der := nodeCert(t, e.Bundle, db, n, tc.stored)
-				m, err := hello(t, e.Bundle, agent.URL, n.ID, der, key)
-				if tc.refuse {
-					if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "Session refused") {
-						t.Fatalf("Hello answered %v, %v; want ACCESS_DENIED Session refused", m, err)
+		for _, transport := range apitest.AgentTransports {
+			agent := apitest.StartAgentOn(t, e, transport)
+			for _, tc := range tests {
+				t.Run(transport+"/"+tc.name, func(t *testing.T) {
+					n := storetest.Node(t, db, store.NodeAdopted)
+					key, der := nodeCert(t, e.Bundle, db, n, tc.stored)
+					m, err := hello(t, e.Bundle, agent, n.ID, der, key)
+					if tc.refuse {
+						if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "Session refused") {
+							t.Fatalf("Hello answered %v, %v; want ACCESS_DENIED Session refused", m, err)
+						}
+						waitRefusal(t, db, n.TenantID, n.ID, "allowed-kinds-unreadable")
+						return
 					}
-					waitRefusal(t, db, n.TenantID, n.ID, "allowed-kinds-unreadable")
-					return
-				}
-				if err != nil || m.GetWelcome() == nil {
-					t.Fatalf("Hello answered %v, %v; want Welcome", m, err)
-				}
-				if got := m.GetWelcome().GetAllowedKinds(); !slices.Equal(got, tc.want) {
-					t.Errorf("Welcome.allowed_kinds = %q, want %q", got, tc.want)
-				}
-			})
+					if err != nil || m.GetWelcome() == nil {
+						t.Fatalf("Hello answered %v, %v; want Welcome", m, err)
+					}
+					if got := m.GetWelcome().GetAllowedKinds(); !slices.Equal(got, tc.want) {
+						t.Errorf("Welcome.allowed_kinds = %q, want %q", got, tc.want)
+					}
+				})
+			}
 		}
 	})
 }

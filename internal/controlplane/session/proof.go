@@ -37,12 +37,12 @@ const (
 
 // challenge sends the session's Challenge: a fresh nonce from crypto/rand
 // that the daemon must sign with its node key in Hello (R12.1).
-func (s *Service) challenge(stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) ([]byte, error) {
+func (s *Service) challenge(send func(*agentv1.SessionServerMessage) error) ([]byte, error) {
 	nonce := make([]byte, pki.SessionNonceSize)
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, fmt.Errorf("make the session nonce: %w", err)
 	}
-	if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Challenge{Challenge: &agentv1.Challenge{Nonce: nonce}}}); err != nil {
+	if err := send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Challenge{Challenge: &agentv1.Challenge{Nonce: nonce}}}); err != nil {
 		return nil, err
 	}
 	return nonce, nil
@@ -107,16 +107,36 @@ func agreeHeartbeatKey(der []byte, nodeID string, nonce []byte, hello *agentv1.H
 // nothing beyond the uniform refusal. It is asked only after
 // authenticate refused, and never changes the refusal that is recorded.
 func (s *Service) retiredWithProof(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage], der []byte) bool {
-	if len(der) == 0 {
+	nodeID, ok := s.retiredNode(ctx, der)
+	if !ok {
 		return false
+	}
+	nonce, err := s.challenge(stream.Send)
+	if err != nil {
+		return false
+	}
+	hello, err := s.receiveHello(ctx, stream)
+	if err != nil {
+		return false
+	}
+	_, reason := checkProof(der, nodeID, nonce, hello)
+	return reason == ""
+}
+
+// retiredNode returns the node certificate der was issued to, when it is
+// a recorded certificate of that node and the node is retired: the first
+// half of retiredWithProof, before the Challenge.
+func (s *Service) retiredNode(ctx context.Context, der []byte) (string, bool) {
+	if len(der) == 0 {
+		return "", false
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
-		return false
+		return "", false
 	}
 	id, err := pki.NodeIdentityOf(leaf)
 	if err != nil {
-		return false
+		return "", false
 	}
 	retired := false
 	err = s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
@@ -132,18 +152,9 @@ func (s *Service) retiredWithProof(ctx context.Context, stream *connect.BidiStre
 		return nil
 	})
 	if err != nil || !retired {
-		return false
+		return "", false
 	}
-	nonce, err := s.challenge(stream)
-	if err != nil {
-		return false
-	}
-	hello, err := s.receiveHello(ctx, stream)
-	if err != nil {
-		return false
-	}
-	_, reason := checkProof(der, id.NodeID, nonce, hello)
-	return reason == ""
+	return id.NodeID, true
 }
 
 // checkResult checks a command result's signature (R12.3): by the key of

@@ -3,7 +3,10 @@
 // next to JoinService and reached through a gateway. The API server
 // (internal/controlplane/api builds the service; internal/controlplane/server runs its Listener) and
 // the controllers (WorkAccept) import it; nothing on the node or the
-// gateway does.
+// gateway does. Connect holds a session on connect-go; with [agent] http2
+// = "framer" the agent listener holds it on h2server's callbacks instead
+// (callbacks.go, Streams), running the same steps without a goroutine
+// while the session is idle.
 //
 // A session is authenticated by the node certificate the daemon presented
 // to the gateway (forwarded in Bc-Peer-Certificate): it must be byte for
@@ -321,10 +324,13 @@ type conn struct {
 	mac          *pki.HeartbeatMAC
 	notAfter     time.Time
 	allowedKinds []string
-	kick         chan struct{}
-	cancel       context.CancelCauseFunc
-	lastRecv     atomic.Int64 // unix ms, injected clock
-	lastTouch    time.Time    // the handler goroutine's own
+	// kick wakes a Connect handler to deliver; a session on callbacks
+	// has onKick instead, which schedules the delivery.
+	kick      chan struct{}
+	onKick    func()
+	cancel    context.CancelCauseFunc
+	lastRecv  atomic.Int64 // unix ms, injected clock
+	lastTouch time.Time    // the handler goroutine's own
 	// sent holds the commands this session sent that are not answered
 	// yet (the handler goroutine's own): they go back to the queue when
 	// the session ends.
@@ -352,6 +358,10 @@ func (c *conn) reason() string {
 }
 
 func (c *conn) kickNow() {
+	if c.onKick != nil {
+		c.onKick()
+		return
+	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
@@ -391,7 +401,9 @@ type refusal struct {
 
 func (r *refusal) Error() string { return "session refused: " + r.reason }
 
-// Connect serves one session stream.
+// Connect serves one session stream on connect-go (the agent listener on
+// net/http, and an in-process gateway). callbacks.go serves the same
+// session on h2server's callbacks; both run the steps below.
 func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
 	procedure := agentv1connect.SessionServiceConnectProcedure
 	if !s.enter() {
@@ -409,36 +421,19 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 		}
 		return s.fail(ctx, procedure, peer, err)
 	}
-	nonce, err := s.challenge(stream)
+	nonce, err := s.challenge(stream.Send)
 	if err != nil {
 		return nil // the daemon left
 	}
 	hello, err := s.receiveHello(ctx, stream)
 	if err != nil {
-		var r *refusal
-		if errors.As(err, &r) {
-			r.tenantID, r.nodeID, r.serial = a.node.TenantID, a.node.ID, a.cert.Serial
-		}
+		return s.fail(ctx, procedure, peer, helloRefused(a, err))
+	}
+	c, apiKey, err := s.admit(a, der, nonce, hello)
+	if err != nil {
 		return s.fail(ctx, procedure, peer, err)
 	}
-	leaf, reason := checkProof(der, a.node.ID, nonce, hello)
-	var mac *pki.HeartbeatMAC
-	var apiKey []byte
-	if reason == "" && s.cfg.HeartbeatMAC {
-		mac, apiKey, reason = agreeHeartbeatKey(der, a.node.ID, nonce, hello)
-	}
-	if reason != "" {
-		return s.fail(ctx, procedure, peer, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
-	}
-	kinds, err := allowedKinds(a.cert.AllowedKinds)
-	if err != nil {
-		return s.fail(ctx, procedure, peer, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial})
-	}
-	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
-		nodeKey: leaf.PublicKey, issuerKeyID: leaf.AuthorityKeyId, issuer: leaf.RawIssuer, nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, mac: mac, kick: make(chan struct{}, 1), sent: map[string]struct{}{}}
-	now := s.cfg.Clock.Now()
-	c.lastRecv.Store(now.UnixMilli())
-	c.lastTouch = now
+	c.kick = make(chan struct{}, 1)
 	if err := s.connected(ctx, c, a, hello, peer); err != nil {
 		return s.fail(ctx, procedure, peer, err)
 	}
@@ -473,11 +468,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	for {
 		select {
 		case <-ctx.Done():
-			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-				return wire.ToWire(s.log, procedure, cause)
-			}
-			c.end(endClosed, nil)
-			return nil
+			return s.over(ctx, c, procedure)
 		case <-recvErr:
 			c.end(endClosed, nil)
 			return nil
@@ -485,22 +476,80 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 			// Only what the node key signed (handle) counts as the node
 			// being there: a relay cannot keep the session alive.
 			if err := s.handle(ctx, c, m); err != nil {
-				var r *refusal
-				if errors.As(err, &r) {
-					c.end(r.reason, errRefused)
-					return s.fail(ctx, procedure, peer, err)
-				}
-				c.end(endError, err)
-				return wire.ToWire(s.log, procedure, err)
+				return s.handleErr(ctx, c, procedure, peer, err)
 			}
 		case <-c.kick:
-			if err := s.deliver(ctx, c, stream); err != nil {
-				if ctx.Err() != nil {
-					continue // the ctx.Done case says how the session ended
-				}
-				s.log.Warn("deliver commands", telemetry.LogNodeID, c.nodeID, "err", err)
-			}
+			s.deliverNow(ctx, c, stream.Send)
 		}
+	}
+}
+
+// helloRefused names the authenticated node and certificate in a refusal
+// of Hello (receiveHello's refusals know neither).
+func helloRefused(a *auth, err error) error {
+	var r *refusal
+	if errors.As(err, &r) {
+		r.tenantID, r.nodeID, r.serial = a.node.TenantID, a.node.ID, a.cert.Serial
+	}
+	return err
+}
+
+// admit checks Hello's proof of possession (and agrees the heartbeat key
+// when the daemon offered one) and the certificate's allowed kinds, and
+// returns the session, not yet connected, with the API's heartbeat key
+// for Welcome (nil when none was agreed), or a refusal.
+func (s *Service) admit(a *auth, der, nonce []byte, hello *agentv1.Hello) (*conn, []byte, error) {
+	leaf, reason := checkProof(der, a.node.ID, nonce, hello)
+	var mac *pki.HeartbeatMAC
+	var apiKey []byte
+	if reason == "" && s.cfg.HeartbeatMAC {
+		mac, apiKey, reason = agreeHeartbeatKey(der, a.node.ID, nonce, hello)
+	}
+	if reason != "" {
+		return nil, nil, &refusal{reason: reason, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial}
+	}
+	kinds, err := allowedKinds(a.cert.AllowedKinds)
+	if err != nil {
+		return nil, nil, &refusal{reason: reasonKindsUnreadable, tenantID: a.node.TenantID, nodeID: a.node.ID, serial: a.cert.Serial}
+	}
+	// The issuer's names are copied: the parsed certificate's slices
+	// would keep its whole DER for as long as the session is held.
+	c := &conn{id: newSessionID(), nodeID: a.node.ID, tenantID: a.node.TenantID, siteID: a.node.SiteID, role: a.cert.Role, generation: a.node.IdentityGeneration, serial: a.cert.Serial,
+		nodeKey: leaf.PublicKey, issuerKeyID: bytes.Clone(leaf.AuthorityKeyId), issuer: bytes.Clone(leaf.RawIssuer), nonce: nonce, notAfter: a.cert.NotAfter, allowedKinds: kinds, mac: mac, sent: map[string]struct{}{}}
+	now := s.cfg.Clock.Now()
+	c.lastRecv.Store(now.UnixMilli())
+	c.lastTouch = now
+	return c, apiKey, nil
+}
+
+// over is how a held session whose context ended answers: the cause it
+// was ended with, or nothing when the daemon (or its stream) ended it.
+func (s *Service) over(ctx context.Context, c *conn, procedure string) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return wire.ToWire(s.log, procedure, cause)
+	}
+	c.end(endClosed, nil)
+	return nil
+}
+
+// handleErr ends a held session after handle failed: a refusal is
+// recorded and answered with the uniform refusal; another error ends it
+// as such.
+func (s *Service) handleErr(ctx context.Context, c *conn, procedure, peer string, err error) error {
+	var r *refusal
+	if errors.As(err, &r) {
+		c.end(r.reason, errRefused)
+		return s.fail(ctx, procedure, peer, err)
+	}
+	c.end(endError, err)
+	return wire.ToWire(s.log, procedure, err)
+}
+
+// deliverNow delivers the node's queued commands with send, logging a
+// failure unless the session is ending (its end says how).
+func (s *Service) deliverNow(ctx context.Context, c *conn, send func(*agentv1.SessionServerMessage) error) {
+	if err := s.deliver(ctx, c, send); err != nil && ctx.Err() == nil {
+		s.log.Warn("deliver commands", telemetry.LogNodeID, c.nodeID, "err", err)
 	}
 }
 
@@ -733,17 +782,13 @@ func (s *Service) finish(ctx context.Context, c *conn) {
 func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientMessage) error {
 	switch {
 	case m.GetHeartbeat() != nil:
-		if reason := checkHeartbeat(c, m.GetHeartbeat()); reason != "" {
-			return &refusal{reason: reason, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
+		due, err := s.beat(c, m.GetHeartbeat())
+		if err != nil {
+			return err
 		}
-		s.cfg.Metrics.Heartbeat()
-		now := s.cfg.Clock.Now()
-		c.lastRecv.Store(now.UnixMilli())
-		if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
-			return nil
+		if due {
+			s.touch(ctx, c)
 		}
-		c.lastTouch = now
-		s.touch(ctx, c)
 	case m.GetResult() != nil:
 		return s.result(ctx, c, m.GetResult())
 	case m.GetSiteReport() != nil:
@@ -752,6 +797,23 @@ func (s *Service) handle(ctx context.Context, c *conn, m *agentv1.SessionClientM
 		return errs.New(errs.InvalidArgument, "Hello comes once, first")
 	}
 	return nil
+}
+
+// beat checks a heartbeat and notes that the node is there; it reports
+// whether the heartbeat is due to be recorded (touch, every TouchEvery),
+// or returns a refusal. It writes nothing.
+func (s *Service) beat(c *conn, hb *agentv1.Heartbeat) (bool, error) {
+	if reason := checkHeartbeat(c, hb); reason != "" {
+		return false, &refusal{reason: reason, tenantID: c.tenantID, nodeID: c.nodeID, serial: c.serial}
+	}
+	s.cfg.Metrics.Heartbeat()
+	now := s.cfg.Clock.Now()
+	c.lastRecv.Store(now.UnixMilli())
+	if now.Sub(c.lastTouch) < s.cfg.TouchEvery {
+		return false, nil
+	}
+	c.lastTouch = now
+	return true, nil
 }
 
 // result finishes a command with the node's answer and wakes the node's
@@ -837,8 +899,8 @@ func (s *Service) keyStatements() []string {
 	return nil
 }
 
-// deliver signs and sends the node's queued commands.
-func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStream[agentv1.SessionClientMessage, agentv1.SessionServerMessage]) error {
+// deliver signs the node's queued commands and sends them with send.
+func (s *Service) deliver(ctx context.Context, c *conn, send func(*agentv1.SessionServerMessage) error) error {
 	if s.cfg.Bundle == nil || s.cfg.Bundle.CommandSigningKey == nil {
 		return nil
 	}
@@ -908,7 +970,7 @@ func (s *Service) deliver(ctx context.Context, c *conn, stream *connect.BidiStre
 		if !sent {
 			continue
 		}
-		if err := stream.Send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: &agentv1.SignedCommand{Body: body, Sig: sig}}}); err != nil {
+		if err := send(&agentv1.SessionServerMessage{Msg: &agentv1.SessionServerMessage_Command{Command: &agentv1.SignedCommand{Body: body, Sig: sig}}}); err != nil {
 			// Not delivered (as far as this side knows): back to the
 			// queue for the next session.
 			c.sent[cmd.ID] = struct{}{}
