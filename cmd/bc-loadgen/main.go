@@ -45,6 +45,7 @@ func main() {
 	flag.StringVar(&hold.Status, "status", "", "hold mode: serve the status (JSON) on this address")
 	flag.DurationVar(&hold.IdentityCheck, "identity-check", 30*time.Second, "hold mode: how often each daemon re-reads its identity (bcd's default 30s)")
 	flag.Float64Var(&hold.StartRate, "start-rate", 0, "hold mode: daemons started per second (0: all at once)")
+	flag.BoolVar(&hold.Lean, "lean", false, "hold mode: lean daemons (bcd's protocol over real TLS, one connection, timers and callbacks each: a fraction of the memory) instead of bcd's own loop")
 	flag.StringVar(&plan, "plan", "", "fleet mode: the plan scripts/bench-fleet wrote")
 	flag.DurationVar(&fleet.Duration, "duration", 2*time.Minute, "fleet mode: the steady window")
 	flag.DurationVar(&fleet.Timeout, "timeout", 10*time.Minute, "fleet mode: the longest wait of each phase")
