@@ -67,7 +67,11 @@ func newOpening(t *testing.T) (*ecdsa.PrivateKey, []byte, []byte) {
 // that is no Challenge's is refused before anything is signed.
 func TestAnswer(t *testing.T) {
 	key, nonce, cert := newOpening(t)
-	pins := []string{"sha256/a", "sha256/b"}
+	pin, err := pki.Pin(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins := []string{pin}
 	_, hello, err := nodesession.Answer(key, "node_1", cert, nonce, pins)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +82,7 @@ func TestAnswer(t *testing.T) {
 	if err := pki.VerifySessionProof(key.Public(), nonce, "node_1", cert, hello.GetHeartbeatKey(), hello.GetProof()); err != nil {
 		t.Fatalf("proof: %v", err)
 	}
-	if err := pki.VerifyPinsAck(key.Public(), nonce, hello.GetPins(), hello.GetPinsSig()); err != nil || len(hello.GetPins()) != 2 {
+	if err := pki.VerifyPinsAck(key.Public(), nonce, hello.GetPins(), hello.GetPinsSig()); err != nil || len(hello.GetPins()) != 1 {
 		t.Fatalf("pins %v: %v", hello.GetPins(), err)
 	}
 	for _, bad := range [][]byte{nil, nonce[1:]} {

@@ -43,8 +43,12 @@ func TestNewRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pin, err := pki.Pin(cur.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
 	now := time.UnixMilli(1_800_000_000_123)
-	req, err := renew.NewRequest(cur, "node_1", [][]byte{[]byte("leaf")}, csr, now, []string{"sha256/a"})
+	req, err := renew.NewRequest(cur, "node_1", [][]byte{[]byte("leaf")}, csr, now, []string{pin})
 	if err != nil {
 		t.Fatal(err)
 	}

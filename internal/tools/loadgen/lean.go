@@ -74,6 +74,9 @@ const (
 	// session transport.
 	leanPingInterval = 60 * time.Second
 	leanPingTimeout  = 20 * time.Second
+	// leanReadBuffer is a connection's read buffer: TLS buffers a record
+	// below it, and a frame larger than the buffer is read past it.
+	leanReadBuffer = 512
 	// leanRenewTimeout bounds one Renew call.
 	leanRenewTimeout = 2 * time.Minute
 )
@@ -274,8 +277,11 @@ func (lh *leanHolder) clientConfig(key *ecdsa.PrivateKey, chain [][]byte) h2upst
 	tc := lh.tg.tlsConf.Clone()
 	tc.Certificates = []tls.Certificate{{Certificate: chain, PrivateKey: key}}
 	tc.ClientSessionCache = nil
+	// A small read buffer, and no HPACK table either way (as bcd's
+	// transport): the connection carries a session and the odd renewal.
 	return h2upstream.Config{Addr: lh.addr, TLS: tc, Clock: lh.clock, Log: lh.log, Conns: 1,
-		HandshakeTimeout: leanHandshakeTimeout, PingInterval: leanPingInterval, PingTimeout: leanPingTimeout}
+		HandshakeTimeout: leanHandshakeTimeout, PingInterval: leanPingInterval, PingTimeout: leanPingTimeout,
+		ReadBufferSize: leanReadBuffer, HeaderTableSize: 1}
 }
 
 // connect opens a session on the current certificate, unless one is

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,6 +124,17 @@ func TestLeanMemory(t *testing.T) {
 	})
 	up := time.Since(start)
 	at := leanMemNow(t)
+	if p := os.Getenv("BC_LEAN_MEM_PROFILE"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		t.Logf("heap profile: %s", p)
+	}
 	per := func(b, a uint64) float64 { return (float64(a) - float64(b)) / 1024 / float64(n) }
 	heap, stacks, rss := per(base.heap, at.heap), per(base.stacks, at.stacks), per(base.rss, at.rss)
 	t.Logf("%d lean daemons joined and up in %s", n, up.Round(time.Second))
