@@ -46,6 +46,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -173,6 +174,9 @@ func holdLean(ctx context.Context, h *holder, tg *target, ms []*machine, opts Ho
 	h.mu.Lock()
 	h.nodes = statuses
 	h.mu.Unlock()
+	// The join phase's garbage (requests, answers, connections) goes back
+	// to the system before the daemons start: what stays is theirs.
+	debug.FreeOSMemory()
 	defer lh.stop()
 	var pace <-chan time.Time
 	if opts.StartRate > 0 {
@@ -620,9 +624,9 @@ func (n *leanNode) renew() {
 		return
 	}
 	key, chain, serial, next := n.key, n.chain, n.serial, n.pending
-	var cl *h2upstream.Client
+	var session *h2upstream.Client
 	if s := n.sess; s != nil && s.beats != nil && s.serial == serial {
-		cl = n.client
+		session = n.client
 	}
 	n.mu.Unlock()
 	if next == nil {
@@ -640,16 +644,22 @@ func (n *leanNode) renew() {
 		n.pending = next
 		n.mu.Unlock()
 	}
-	if cl == nil {
-		own, err := h2upstream.New(lh.clientConfig(key, chain))
-		if err != nil {
-			n.renewFailed(err)
+	var body *agentv1.JoinResponseBody
+	var err error
+	if session != nil {
+		body, err = n.renewOn(session, key, chain, next)
+	}
+	if session == nil || errors.Is(err, h2upstream.ErrClosed) {
+		// No session on this certificate, or it ended meanwhile: a
+		// connection of the renewal's own, as bcd's renewer dials.
+		own, cerr := h2upstream.New(lh.clientConfig(key, chain))
+		if cerr != nil {
+			n.renewFailed(cerr)
 			return
 		}
-		defer func() { _ = own.Close() }()
-		cl = own
+		body, err = n.renewOn(own, key, chain, next)
+		_ = own.Close()
 	}
-	body, err := n.renewOn(cl, key, chain, next)
 	if err != nil {
 		n.renewFailed(err)
 		return
