@@ -78,6 +78,9 @@ func leanMemNow(t *testing.T) leanMem {
 // of them fit a quarter of this machine kind's memory with room to spare.
 // bcd's own loop costs about 240 KiB each (scripts/bench-fleet).
 func TestLeanMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement (and -short runs under the race detector, which multiplies the memory)")
+	}
 	n := 300
 	if v, _ := strconv.Atoi(os.Getenv("BC_LEAN_MEM")); v > 0 {
 		n = v
