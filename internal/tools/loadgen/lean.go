@@ -397,8 +397,7 @@ func (s *leanSession) OnReset(_ *h2upstream.Stream, err error) {
 
 // OnMessage hands a message of the API's to a goroutine of its own: the
 // signatures, the key agreement and the commands run off the
-// connection's goroutine, whose stack stays small while the session
-// idles.
+// connection's goroutine, whose stack they would grow for good.
 func (s *leanSession) OnMessage(st *h2upstream.Stream, msg []byte, window int) {
 	defer st.Consumed(window)
 	m := &agentv1.SessionServerMessage{}
