@@ -59,6 +59,8 @@ const (
 	DefaultInitialWindowSize  = 64<<10 + 5 + 1024 // a message, its envelope and some
 	DefaultMaxQueuedBytes     = 256 << 10
 	DefaultMaxHeaderListSize  = 32 << 10
+	DefaultReadBufferSize     = 4 << 10
+	DefaultHeaderTableSize    = 4096
 	// connWindow is the connection's receive window: the streams' windows
 	// bound what is buffered, so it is only a counter.
 	connWindow   = 1 << 30
@@ -151,6 +153,16 @@ type Config struct {
 	MaxHeaderListSize uint32
 	// Backoff spaces dials after a failed one.
 	Backoff backoff.Policy
+	// ReadBufferSize is each connection's read buffer (frames are read
+	// through it). A client of many connections that each carry little,
+	// a load generator's, takes a small one.
+	ReadBufferSize int
+	// HeaderTableSize is the HPACK dynamic table the client decodes the
+	// server's headers with, advertised in SETTINGS_HEADER_TABLE_SIZE
+	// (0: DefaultHeaderTableSize). A connection that carries a stream or
+	// two indexes next to nothing: 1 keeps no entry (none fits) and
+	// tells the server not to keep one either.
+	HeaderTableSize uint32
 }
 
 func (c *Config) defaults() error {
@@ -194,6 +206,12 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxHeaderListSize == 0 {
 		c.MaxHeaderListSize = DefaultMaxHeaderListSize
+	}
+	if c.ReadBufferSize <= 0 {
+		c.ReadBufferSize = DefaultReadBufferSize
+	}
+	if c.HeaderTableSize == 0 {
+		c.HeaderTableSize = DefaultHeaderTableSize
 	}
 	if c.Backoff == (backoff.Policy{}) {
 		c.Backoff = DefaultBackoff

@@ -20,9 +20,22 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
+// Streams of every kind, with the default buffers and with a small read
+// buffer and no HPACK table (a load generator's many connections): a
+// message larger than the buffer, and headers the server would index,
+// arrive whole.
 func TestStreams(t *testing.T) {
 	srv := grpcPeer(t, 100)
-	cl := newClient(t, Config{Addr: srv.Listener.Addr().String(), TLS: peerTLS(srv), Conns: 1})
+	for _, c := range []Config{{}, {ReadBufferSize: 64, HeaderTableSize: 1}} {
+		c.Addr, c.TLS, c.Conns = srv.Listener.Addr().String(), peerTLS(srv), 1
+		t.Run(fmt.Sprintf("buffer=%d,table=%d", c.ReadBufferSize, c.HeaderTableSize), func(t *testing.T) {
+			testStreams(t, newClient(t, c))
+		})
+	}
+}
+
+func testStreams(t *testing.T, cl *Client) {
+	large := string(bytes.Repeat([]byte("x"), 20000))
 	tests := []struct {
 		name, path string
 		send       []string
@@ -36,6 +49,7 @@ func TestStreams(t *testing.T) {
 		{"trailers only", "/fail", nil, nil, 5, "no such thing"},
 		{"HTTP status", "/teapot", nil, nil, CodeUnavailable, "h2upstream: HTTP status 503"},
 		{"request headers", "/headers", nil, []string{"POST application/grpc trailers pem"}, 0, ""},
+		{"a large message", "/echo", []string{large, "y"}, []string{large, "y"}, 0, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

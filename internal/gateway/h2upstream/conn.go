@@ -102,10 +102,10 @@ func (cl *Client) connect(ctx context.Context) (*conn, error) {
 func newConn(cl *Client, raw net.Conn) *conn {
 	c := &conn{cl: cl, cfg: &cl.cfg, raw: raw, streams: map[uint32]*Stream{}, nextID: 1,
 		maxStreams: 1<<32 - 1, peerWindow: 65535, peerMaxFrame: maxFrameSize, sendWindow: 65535}
-	// The reader's buffer: a few connections each, not one per stream.
-	c.fr = http2.NewFramer(io.Discard, bufio.NewReaderSize(raw, 4<<10))
+	// The reader's buffer: one per connection, not one per stream.
+	c.fr = http2.NewFramer(io.Discard, bufio.NewReaderSize(raw, cl.cfg.ReadBufferSize))
 	c.fr.SetMaxReadFrameSize(maxFrameSize)
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(cl.cfg.HeaderTableSize, nil)
 	c.fr.MaxHeaderListSize = cl.cfg.MaxHeaderListSize
 	return c
 }
@@ -123,6 +123,7 @@ func (c *conn) handshake() error {
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: c.cfg.InitialWindowSize},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: c.cfg.MaxHeaderListSize},
+			http2.Setting{ID: http2.SettingHeaderTableSize, Val: c.cfg.HeaderTableSize},
 		); err != nil {
 			return err
 		}

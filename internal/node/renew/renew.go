@@ -241,9 +241,16 @@ func (r *Renewer) NextRenewal(id *identity.Identity) time.Time {
 	if leaf == nil {
 		return r.serverTime.Now()
 	}
-	life := leaf.NotAfter.Sub(leaf.NotBefore)
-	jitter := time.Duration((2*r.rand() - 1) * float64(life*JitterPercent/100))
-	return leaf.NotBefore.Add(life*RenewAtPercent/100 + jitter)
+	return DueAt(leaf.NotBefore, leaf.NotAfter, r.rand())
+}
+
+// DueAt is when a certificate valid from notBefore to notAfter is due
+// for renewal, for r in [0, 1): RenewAtPercent of its lifetime moved by
+// up to JitterPercent either way, r = 0.5 being the mean (45% to 75%).
+func DueAt(notBefore, notAfter time.Time, r float64) time.Time {
+	life := notAfter.Sub(notBefore)
+	jitter := time.Duration((2*r - 1) * float64(life*JitterPercent/100))
+	return notBefore.Add(life*RenewAtPercent/100 + jitter)
 }
 
 // Backoff is the wait after the n-th failed attempt in a row (n ≥ 1):
@@ -312,9 +319,15 @@ func (r *Renewer) Loop(ctx context.Context) error {
 // often as the expiry nears, and Loop gives up only once the certificate
 // expired (load).
 func (r *Renewer) retryIn(id *identity.Identity) time.Duration {
-	left := id.NotAfter.Sub(r.serverTime.Now())
-	limit := time.Duration(float64(left) * (0.4 + 0.2*r.rand()))
-	return max(min(r.retryWait, limit), MinBackoff)
+	return RetryIn(r.retryWait, id.NotAfter.Sub(r.serverTime.Now()), r.rand())
+}
+
+// RetryIn is the wait before retrying a failed renewal whose backoff
+// asks for wait, with left of the certificate's validity left, for r in
+// [0, 1): at most 40% to 60% of left (by r), at least MinBackoff.
+func RetryIn(wait, left time.Duration, r float64) time.Duration {
+	limit := time.Duration(float64(left) * (0.4 + 0.2*r))
+	return max(min(wait, limit), MinBackoff)
 }
 
 // load loads the identity and refuses one a renewal cannot help.
@@ -456,6 +469,25 @@ func (r *Renewer) serverName() string {
 	return u.Hostname()
 }
 
+// NewRequest is the renewal request bcd sends (R13.1) for the node nodeID
+// whose current certificate chain (DER, leaf first) and key are chain and
+// signer: the new key's csr, the proof of possession by the current key
+// dated now (the control plane's clock as bcd knows it), and the pins it
+// holds, acknowledged by the current key over the CSR's hash (R21.2). A
+// TPM's key attestation, when there is one, is the caller's to add.
+func NewRequest(signer crypto.Signer, nodeID string, chain [][]byte, csr []byte, now time.Time, pins []string) (*agentv1.RenewRequest, error) {
+	ms := now.UnixMilli()
+	pop, err := pki.SignRenewPoP(signer, csr, nodeID, ms)
+	if err != nil {
+		return nil, fmt.Errorf("sign the proof of possession: %w", err)
+	}
+	pinsSig, err := pki.SignPinsAck(signer, pki.CSRHash(csr), pins)
+	if err != nil {
+		return nil, fmt.Errorf("sign the pins acknowledgement: %w", err)
+	}
+	return &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: ms, PopSig: pop, NodeId: nodeID, Pins: pins, PinsSig: pinsSig}, nil
+}
+
 // send signs the proof of possession for csr dated by the control plane's
 // clock as bcd knows it and calls Renew. R19.3: a refusal (which does not
 // say why, R13.5) sends it once more when the control plane's time, asked
@@ -467,19 +499,12 @@ func (r *Renewer) send(ctx context.Context, id *identity.Identity, csr, keyAttes
 		chain[i] = c.Raw
 	}
 	for retried := false; ; retried = true {
-		now := r.serverTime.StampNow().UnixMilli()
-		pop, err := pki.SignRenewPoP(id.Signer, csr, id.NodeID, now)
+		req, err := NewRequest(id.Signer, id.NodeID, chain, csr, r.serverTime.StampNow(), r.pins.Held())
 		if err != nil {
-			return nil, fmt.Errorf("sign the proof of possession: %w", err)
+			return nil, err
 		}
-		// R21.2: the pins this daemon holds, signed by the current key.
-		pins := r.pins.Held()
-		pinsSig, err := pki.SignPinsAck(id.Signer, pki.CSRHash(csr), pins)
-		if err != nil {
-			return nil, fmt.Errorf("sign the pins acknowledgement: %w", err)
-		}
-		res, err := r.call(ctx, id, chain, &agentv1.RenewRequest{Csr: csr, Chain: chain, ClientTimeUnixMs: now, PopSig: pop, NodeId: id.NodeID, KeyAttestation: keyAttestation,
-			Pins: pins, PinsSig: pinsSig})
+		req.KeyAttestation = keyAttestation
+		res, err := r.call(ctx, id, chain, req)
 		e, ok := errs.As(err)
 		if err == nil || !ok || e.Code != errs.AccessDenied {
 			return res, err

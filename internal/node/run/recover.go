@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/node/identity"
-	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/node/nodesession"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
@@ -31,8 +31,8 @@ import (
 //     new TLS handshakes a second, and 100,000 daemons of an API restart
 //     send their Hellos at about 10,000 a second across its replicas. The
 //     failures after it wait Backoff(n) with ±20% jitter (2 s, 4 s, … up
-//     to 60 s), never in a hot loop. A session that stayed up stableAfter
-//     starts over.
+//     to 60 s), never in a hot loop (nodesession.ReconnectWait). A
+//     session that stayed up nodesession.StableAfter starts over.
 
 // lifecycleEnd reports whether a session that ended with err, opened on
 // id, ended for its certificate's life cycle (renewed, or about to
@@ -69,7 +69,7 @@ func (d *Daemon) beatOrDefault() time.Duration {
 	if d.beat > 0 {
 		return d.beat
 	}
-	return defaultHeartbeat
+	return nodesession.DefaultHeartbeat
 }
 
 // awaitUsable returns id, or once id expires before the next heartbeat
@@ -94,16 +94,6 @@ func (d *Daemon) awaitUsable(ctx context.Context, id *identity.Identity) (*ident
 		id = next
 	}
 	return id, nil
-}
-
-// reconnectWait is the wait before reconnect attempt n after failures,
-// for r in [0, 1): the first is r × FirstReconnectSpread, the others
-// Backoff(n) spread over ±20% by r.
-func reconnectWait(n int, r float64) time.Duration {
-	if n <= 1 {
-		return time.Duration(min(max(r, 0), 1) * float64(FirstReconnectSpread))
-	}
-	return backoff.Policy{Min: MinBackoff, Max: MaxBackoff, Jitter: backoff.DefaultJitter}.Spread(n, r)
 }
 
 // sleepOrRenewed waits wait on the clock, or less when Renewed says a new

@@ -37,7 +37,6 @@ package run
 
 import (
 	"context"
-	"crypto"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -62,6 +61,7 @@ import (
 	"github.com/better-compute/better-compute/internal/node/config"
 	"github.com/better-compute/better-compute/internal/node/enroll"
 	"github.com/better-compute/better-compute/internal/node/identity"
+	"github.com/better-compute/better-compute/internal/node/nodesession"
 	"github.com/better-compute/better-compute/internal/node/renew"
 	"github.com/better-compute/better-compute/internal/node/servertime"
 	"github.com/better-compute/better-compute/internal/node/site"
@@ -72,24 +72,20 @@ import (
 	"github.com/better-compute/better-compute/internal/shared/pki"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	tracing "github.com/better-compute/better-compute/internal/shared/tracing/lite"
-	"github.com/better-compute/better-compute/internal/shared/version"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
-// Reconnect backoff bounds (recover.go).
+// Reconnect backoff bounds (recover.go; nodesession's, which the load
+// generator's lean holder shares).
 const (
-	MinBackoff = time.Second
-	MaxBackoff = 60 * time.Second
+	MinBackoff = nodesession.MinBackoff
+	MaxBackoff = nodesession.MaxBackoff
 	// FirstReconnectSpread is the window the first reconnect after a
 	// failure is drawn from, so a fleet that lost its gateway or API at
 	// once does not come back at once.
-	FirstReconnectSpread = 10 * time.Second
+	FirstReconnectSpread = nodesession.FirstReconnectSpread
 	// maxMessageBytes bounds one session message either way.
 	maxMessageBytes = 64 << 10
-	// defaultHeartbeat is used when Welcome names none.
-	defaultHeartbeat = 15 * time.Second
-	// stableAfter: a session that lasted this long resets the backoff.
-	stableAfter = 30 * time.Second
 	// maxPendingResults bounds the answers waiting for a session.
 	maxPendingResults = 64
 	// minHeaderTable is the smallest HPACK dynamic table net/http takes
@@ -312,11 +308,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Info("session ended by the certificate's renewal or expiry: reconnecting", telemetry.LogErr, err)
 			continue
 		}
-		if d.clock.Since(start) >= stableAfter {
+		if d.clock.Since(start) >= nodesession.StableAfter {
 			failures = 0
 		}
 		failures++
-		wait := reconnectWait(failures, d.rand())
+		wait := nodesession.ReconnectWait(failures, d.rand())
 		d.log.Warn("session ended", telemetry.LogErr, err, telemetry.LogReconnectIn, wait.Round(time.Millisecond).String(), telemetry.LogAttempt, failures)
 		d.sleepOrRenewed(ctx, wait)
 	}
@@ -456,7 +452,7 @@ func (d *Daemon) session(runCtx context.Context, id *identity.Identity) error {
 // ephemeral heartbeat key it always offers), and the API welcomes this
 // node, with its own heartbeat key when it agrees one. It returns the
 // session's heartbeats and their interval.
-func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identity.Identity, host string) (*beats, time.Duration, error) {
+func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identity.Identity, host string) (*nodesession.Beats, time.Duration, error) {
 	// Open the stream without a message and read the Challenge.
 	if err := stream.Send(nil); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
@@ -471,25 +467,14 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	}
 	// R12.1: prove the node key is here, for this certificate and this
 	// session's nonce, and bind this session's heartbeat key to it (a
-	// relay can neither replace nor strip it).
-	share, err := pki.NewHeartbeatKeyShare()
+	// relay can neither replace nor strip it). R21.2: the pins this
+	// daemon holds, so the control plane knows when it has learned a
+	// rotation's keys.
+	opening, hello, err := nodesession.Answer(id.Signer, id.NodeID, id.Leaf().Raw, nonce, d.pins.Held())
 	if err != nil {
-		return nil, 0, fmt.Errorf("make the heartbeat key: %w", err)
+		return nil, 0, err
 	}
-	hbKey := share.PublicKey().Bytes()
-	proof, err := pki.SignSessionProof(id.Signer, nonce, id.NodeID, id.Leaf().Raw, hbKey)
-	if err != nil {
-		return nil, 0, fmt.Errorf("sign the session proof: %w", err)
-	}
-	// R21.2: the pins this daemon holds, so the control plane knows when
-	// it has learned a rotation's keys.
-	pins := d.pins.Held()
-	pinsSig, err := pki.SignPinsAck(id.Signer, nonce, pins)
-	if err != nil {
-		return nil, 0, fmt.Errorf("sign the pins acknowledgement: %w", err)
-	}
-	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: &agentv1.Hello{
-		Protocol: version.ProtocolMax, BcdVersion: version.Version, Proof: proof, Pins: pins, PinsSig: pinsSig, HeartbeatKey: hbKey}}}); err != nil {
+	if err := stream.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Hello{Hello: hello}}); err != nil {
 		return nil, 0, d.streamError(host, stream, err)
 	}
 	welcome, err := stream.Receive()
@@ -500,26 +485,15 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	if w == nil || w.GetNodeId() != id.NodeID {
 		return nil, 0, fmt.Errorf("the gateway answered Hello without this node's Welcome")
 	}
-	b := &beats{signer: id.Signer, nonce: nonce}
-	if k := w.GetHeartbeatKey(); len(k) > 0 {
-		// The API agreed a heartbeat key. Welcome is not signed: a relay
-		// that put its own key here shares a key with this daemon, not
-		// with the API, and the API ends the session at the first
-		// heartbeat; it gains nothing it could not get by dropping it.
-		key, err := pki.DeriveHeartbeatKey(share, pki.HeartbeatKeyParams{Nonce: nonce, NodeID: id.NodeID, CertDER: id.Leaf().Raw, DaemonKey: hbKey, APIKey: k})
-		if err != nil {
-			return nil, 0, fmt.Errorf("the gateway %s relayed a Welcome with an unusable heartbeat key: %w", host, err)
-		}
-		b.mac = pki.NewHeartbeatMAC(key, nonce)
+	// MAC'd heartbeats when the API agreed a heartbeat key (nodesession).
+	b, beat, err := opening.Welcomed(w)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the gateway %s relayed a Welcome with an unusable heartbeat key: %w", host, err)
 	}
 	d.learnWelcome(w)
 	// R21.4: Welcome's time is not signed, and the gateway relays it: it
 	// never moves bcd's clock (a forged one could run an expired command,
 	// or stop renewals). The signed renewal answers correct the clock.
-	beat := time.Duration(w.GetHeartbeatSeconds()) * time.Second
-	if beat <= 0 {
-		beat = defaultHeartbeat
-	}
 	d.beat = beat
 	d.log.InfoContext(ctx, "session open", telemetry.LogNodeID, id.NodeID, telemetry.LogGateway, host, telemetry.LogHeartbeat, beat.String())
 	if !d.ready {
@@ -532,27 +506,6 @@ func (d *Daemon) handshake(ctx context.Context, stream sessionStream, id *identi
 	return b, beat, nil
 }
 
-// beats makes a session's heartbeats: MAC'd under the session's heartbeat
-// key when the API agreed one, else signed by the node key; either way
-// over the session's nonce and the heartbeat's sequence number.
-type beats struct {
-	signer crypto.Signer
-	nonce  []byte
-	mac    *pki.HeartbeatMAC // nil: signed
-}
-
-// make returns the seq-th heartbeat.
-func (b *beats) make(seq uint64) (*agentv1.Heartbeat, error) {
-	if b.mac != nil {
-		return &agentv1.Heartbeat{Seq: seq, Mac: b.mac.Sum(seq)}, nil
-	}
-	sig, err := pki.SignHeartbeat(b.signer, b.nonce, seq)
-	if err != nil {
-		return nil, err
-	}
-	return &agentv1.Heartbeat{Seq: seq, Sig: sig}, nil
-}
-
 // sendLoop is the session's one sender: heartbeats, site reports and
 // command results, each signed by this session's node key (heartbeats over
 // the nonce and a sequence number, or MAC'd under the session's heartbeat
@@ -562,7 +515,7 @@ func (b *beats) make(seq uint64) (*agentv1.Heartbeat, error) {
 // uses the new certificate: it looks every IdentityCheck, and at once when
 // Renewed says so (one goroutine for both: a held session costs bcd as few
 // as it can).
-func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, hb *beats, beat time.Duration) {
+func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, stream sessionStream, id *identity.Identity, hb *nodesession.Beats, beat time.Duration) {
 	t := d.clock.NewTicker(beat)
 	defer t.Stop()
 	check := d.clock.NewTicker(d.cfg.IdentityCheck)
@@ -593,7 +546,7 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 			}
 			continue
 		case <-booted:
-			r, err := reports.next(id, hb.nonce, d.log)
+			r, err := reports.next(id, hb.Nonce(), d.log)
 			if err != nil {
 				cancel(err)
 				return
@@ -604,7 +557,7 @@ func (d *Daemon) sendLoop(ctx context.Context, cancel context.CancelCauseFunc, s
 			m = &agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_SiteReport{SiteReport: r}}
 		case <-t.C():
 			seq++
-			h, err := hb.make(seq)
+			h, err := hb.Make(seq)
 			if err != nil {
 				cancel(fmt.Errorf("sign a heartbeat: %w", err))
 				return
@@ -647,14 +600,7 @@ func (d *Daemon) identityChanged(cancel context.CancelCauseFunc, id *identity.Id
 // command's id, this node, the generation the command named, ok, the
 // output's hash and the error (pki.CommandResultMessage).
 func (d *Daemon) sign(id *identity.Identity, a *answer) (*agentv1.CommandResult, error) {
-	res := a.res
-	sig, err := pki.SignCommandResult(id.Signer, pki.CommandResult{CommandID: res.GetCommandId(), NodeID: id.NodeID, IdentityGeneration: a.generation,
-		OK: res.GetOk(), Output: res.GetOutput(), Error: res.GetError()})
-	if err != nil {
-		return nil, err
-	}
-	out := &agentv1.CommandResult{CommandId: res.GetCommandId(), Ok: res.GetOk(), Output: res.GetOutput(), Error: res.GetError(), Sig: sig}
-	return out, nil
+	return nodesession.SignResult(id.Signer, id.NodeID, a.generation, a.res)
 }
 
 // requeueResult puts an answer a session could not send back for the next

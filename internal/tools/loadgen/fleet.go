@@ -689,10 +689,23 @@ func (c *conductor) killHard(pid int) error {
 		_ = cmd.Wait()
 		return nil
 	}
-	for alive(pid) {
+	for !released(pid) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
+}
+
+// released reports whether pid is gone, or a zombie whose threads all
+// exited. A killed process's leader shows Z while its other threads are
+// still exiting, and its sockets (a gateway's listener among thousands of
+// connections) are closed only once the last one has: a restart before
+// that finds its port taken.
+func released(pid int) bool {
+	if alive(pid) {
+		return false
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	return err != nil || len(tasks) <= 1
 }
 
 // stopAll ends the processes the conductor started (SIGTERM, then SIGKILL

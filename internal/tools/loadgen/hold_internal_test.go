@@ -3,7 +3,12 @@ package loadgen
 import (
 	"errors"
 	"fmt"
+	"os/exec"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/checks/poll"
 )
 
 // Errors are counted by kind: the same failure on two connections is one
@@ -23,5 +28,26 @@ func TestNoteErrorKinds(t *testing.T) {
 	h.noteError(errors.New(want))
 	if st := h.status(0); len(st.Errors) != maxErrorKinds || st.Errors[want] != 3 {
 		t.Fatalf("%d kinds, %d of the first", len(st.Errors), st.Errors[want])
+	}
+}
+
+// A killed process counts as released once it is a zombie without
+// threads or gone, never while it runs.
+func TestReleased(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	if released(pid) {
+		t.Fatal("a running process counts as released")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, "the killed process released", func() bool { return released(pid) })
+	_ = cmd.Wait()
+	if !released(pid) {
+		t.Fatal("a reaped process does not count as released")
 	}
 }

@@ -262,6 +262,7 @@ func runJoin(ctx context.Context, cfg Config, tg *target, progress func(string))
 				t0 := time.Now()
 				res, err := client.Join(ctx, connect.NewRequest(m.req))
 				m.latency = time.Since(t0)
+				m.req = nil // sent: not kept for the hours a holder holds
 				if err != nil {
 					m.err = wire.FromWire(err)
 					continue
@@ -306,6 +307,7 @@ func runJoin(ctx context.Context, cfg Config, tg *target, progress func(string))
 				return r, ms, fmt.Errorf("answer for machine %d: %w", i, err)
 			}
 			m.body = body
+			m.res, m.csr = nil, nil // checked: the body is what is used
 			r.Verified++
 		}
 	}

@@ -33,6 +33,50 @@ type target struct {
 	e          *apitest.Env
 	configPath string
 	token      string
+	gw         *gatewayProc
+}
+
+// gatewayProc is the target's gateway, which a test may restart on the
+// same address.
+type gatewayProc struct {
+	cfg  gateway.Config
+	g    *gateway.Gateway
+	ln   net.Listener
+	done chan error
+}
+
+func (p *gatewayProc) start(t *testing.T, addr string) {
+	t.Helper()
+	g, err := gateway.New(p.cfg, gateway.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.g, p.ln, p.done = g, ln, make(chan error, 1)
+	go func() { p.done <- g.Serve(ln) }()
+}
+
+// stop shuts the gateway down: its sessions end.
+func (p *gatewayProc) stop() {
+	if p.g == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = p.g.Shutdown(sctx)
+	<-p.done
+	p.g = nil
+}
+
+// restart stops the gateway and starts a new one on the same address.
+func (p *gatewayProc) restart(t *testing.T) {
+	t.Helper()
+	addr := p.ln.Addr().String()
+	p.stop()
+	p.start(t, addr)
 }
 
 func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
@@ -70,25 +114,13 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.New(gateway.Config{
+	gw := &gatewayProc{cfg: gateway.Config{
 		Listen: "127.0.0.1:0", CertFile: write("gateway.crt", gwPEM), KeyFile: write("gateway.key", gwKey),
 		APIURL: srv.URL, APICAFile: write("serving-ca.pem", pki.CertPEM(b.ServingCA)),
-	}, gateway.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- g.Serve(ln) }()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = g.Shutdown(sctx)
-		<-done
-	})
+	}}
+	gw.start(t, "127.0.0.1:0")
+	t.Cleanup(func() { gw.stop() })
+	ln := gw.ln
 
 	site, err := e.Admin.Sites.CreateSite(ctx, connect.NewRequest(&bcv1.CreateSiteRequest{TenantId: e.RootTenant, Name: "eu-1"}))
 	if err != nil {
@@ -110,7 +142,7 @@ func newTarget(t *testing.T, e *apitest.Env, uses int32) *target {
 		GatewayURL: "https://" + ln.Addr().String(), Site: site.Msg.Id,
 		ServingCASPKIPin: pins.ServingCA, JoinSigningKeyPin: pins.JoinSigning, JoinEncryptionKeyPin: pins.JoinEncryption,
 	}
-	tg := &target{e: e, configPath: filepath.Join(dir, "bcd", "config.toml"), token: tok.Msg.Token}
+	tg := &target{e: e, configPath: filepath.Join(dir, "bcd", "config.toml"), token: tok.Msg.Token, gw: gw}
 	if err := os.MkdirAll(filepath.Dir(tg.configPath), 0o755); err != nil {
 		t.Fatal(err)
 	}
