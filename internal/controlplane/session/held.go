@@ -4,42 +4,188 @@ import (
 	"context"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/nodeident"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
+	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 )
 
-// checkHeld ends the sessions among conns that the database says are over,
-// in one query for all of them (store.ChangedSessions, which returns only
-// the sessions not live as they were opened): the node was
+// The held-session check (R12.1): every Check (500 ms) a replica ends the
+// sessions it holds that are over. In memory: idle ones (no heartbeat for
+// three intervals) and those whose certificate expired, over every session
+// (a pointer and two comparisons each). In the database: the node was
 // retired, reclaimed (its identity generation moved), its certificate
-// revoked or gone (or its node CA retired), or a newer session of the node holds it on another
-// replica, or it was superseded by a renewal longer than
-// nodeident.SessionOverlap ago. It is how a change made by any replica ends a session here
-// within Check; the replica that made the change also calls EndNode.
-func (s *Service) checkHeld(ctx context.Context, conns []*conn) {
-	if len(conns) == 0 {
-		return
+// revoked or gone, a newer session of the node holds it on another
+// replica, or a renewal superseded the certificate longer than
+// nodeident.SessionOverlap ago; and the certificate's node CA was retired
+// (R21.2, from the live bundle).
+//
+// The database side costs what changed, not what is held. Every change
+// that can end a session writes a row of the session change feed in its
+// own transaction (store.SessionFeed, triggers of migration 00025). Each
+// Check reads the rows after this replica's position and runs
+// store.ChangedSessions only for:
+//   - the sessions it holds of the nodes those rows name;
+//   - the sessions registered since the last Check (their authentication
+//     may have read the database just before a change whose row this
+//     replica read before it held them);
+//   - the sessions superseded by a renewal whose overlap ends now (the
+//     due list: the change was read when the renewal committed, the
+//     session ends SessionOverlap later);
+//   - and, only when the live bundle changed (a rotation), every session's
+//     issuer is checked against it in memory.
+//
+// The full check of every held session (what every Check did before the
+// feed) stays as the safety net, every sweepEvery, at once when the poll
+// starts (a replica's start, or its first session after holding none),
+// and at the next Check after a feed read failed or reported that changes
+// may have been missed (store.SessionFeed.Read). After each sweep the feed
+// rows every reader is done with are pruned.
+//
+// The process that makes a change also calls EndNode, which ends its own
+// replica's session at once; the feed is how a change made by any replica
+// ends a session here within a Check.
+
+// defaultSweep is how often every held session is checked against the
+// database whatever the feed says: the bound on how long a change the
+// feed missed (a commit slower than store.FeedGapWait) keeps a session.
+const defaultSweep = 30 * time.Second
+
+// heldState is what the held-session check keeps between Checks. The poll
+// goroutine owns it (one runs at a time; s.mu orders them).
+type heldState struct {
+	feed store.SessionFeed
+	// sweepEvery is the safety net's cadence (defaultSweep; tests change
+	// it); lastSweep is when the last one succeeded.
+	sweepEvery time.Duration
+	lastSweep  time.Time
+	// issuers is the live bundle the last issuer check of every held
+	// session used.
+	issuers *ca.Bundle
+	// due lists superseded sessions by when their overlap ends.
+	due map[*conn]time.Time
+	// pruned is the feed position up to which this replica pruned.
+	pruned int64
+	// buf is reused for the held sessions each Check.
+	buf []*conn
+	// last describes the last Check (tests and the benchmark).
+	last checkStats
+}
+
+// checkStats describes one Check.
+type checkStats struct {
+	swept   bool // every held session was checked against the database
+	checked int  // sessions checked against the database
+	changes int  // feed rows read
+}
+
+func newHeldState() heldState {
+	return heldState{sweepEvery: defaultSweep, due: map[*conn]time.Time{}}
+}
+
+// restart forgets the feed position and the due list: the next Check
+// sweeps.
+func (h *heldState) restart() {
+	h.feed.Reset()
+	h.issuers = nil
+	clear(h.due)
+}
+
+// checkHeld is one Check: it ends the held sessions that are over (see
+// above). It reports false, with polling cleared, when no session is held:
+// the poll then returns.
+func (s *Service) checkHeld(ctx context.Context) bool {
+	h := &s.held
+	s.mu.Lock()
+	if len(s.sessions) == 0 {
+		h.restart()
+		s.polling = false
+		s.mu.Unlock()
+		return false
 	}
-	held := make([]store.HeldSession, len(conns))
-	for i, c := range conns {
-		held[i] = store.HeldSession{NodeID: c.nodeID, SessionID: c.id, Serial: c.serial, Generation: c.generation}
+	conns := h.buf[:0]
+	for _, c := range s.sessions {
+		conns = append(conns, c)
 	}
+	s.mu.Unlock()
+	now := s.cfg.Clock.Now()
+	idle := time.Duration(idleBeats) * s.cfg.Heartbeat
+	live := conns[:0]
+	var fresh []*conn
+	for _, c := range conns {
+		switch {
+		case now.Sub(time.UnixMilli(c.lastRecv.Load())) > idle:
+			c.end(endIdle, errs.New(errs.Unavailable, "Session idle: no heartbeat"))
+		case !now.Before(c.notAfter):
+			c.end(endCertExpired, errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
+		default:
+			live = append(live, c)
+			if !c.checked {
+				fresh = append(fresh, c)
+			}
+		}
+	}
+	s.checkLive(ctx, live, fresh, now)
+	clear(conns) // drop the pointers: ended sessions are not kept alive by buf
+	h.buf = conns[:0]
+	return true
+}
+
+// checkLive checks, against the database, the sessions among live that
+// the feed, fresh (not checked since registered) and the due list name,
+// or all of them when a sweep is due.
+func (s *Service) checkLive(ctx context.Context, live, fresh []*conn, now time.Time) {
+	h := &s.held
+	h.last = checkStats{}
+	sweep := !h.feed.Started() || now.Sub(h.lastSweep) >= h.sweepEvery
+	bundle := s.cfg.Core.Bundle().Now()
+	issuersMoved := bundle != h.issuers
+	var check []*conn
 	var changed []store.SessionState
 	err := s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
-		var err error
+		if sweep {
+			behind, err := h.feed.Behind(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if behind {
+				if err := h.feed.Start(ctx, tx, now); err != nil {
+					return err
+				}
+			}
+		}
+		nodes, complete, err := h.feed.Read(ctx, tx, now)
+		if err != nil {
+			return err
+		}
+		h.last.changes = len(nodes)
+		if !complete {
+			sweep = true
+		}
+		if sweep {
+			check = live
+		} else {
+			check = s.toCheck(fresh, nodes, now)
+		}
+		held := make([]store.HeldSession, len(check))
+		for i, c := range check {
+			held[i] = store.HeldSession{NodeID: c.nodeID, SessionID: c.id, Serial: c.serial, Generation: c.generation}
+		}
 		changed, err = tx.ChangedSessions(ctx, held)
 		return err
 	})
 	if err != nil {
-		s.log.Warn("check held sessions", "sessions", len(conns), "err", err)
+		// The next Check starts the feed over and sweeps.
+		s.log.Warn("check held sessions", "sessions", len(live), "err", err)
+		h.restart()
 		return
 	}
-	now := s.cfg.Clock.Now()
-	for i, c := range conns {
+	h.last.swept, h.last.checked = sweep, len(check)
+	for i, c := range check {
 		reason := ""
 		if len(changed) > 0 && changed[0].Held == i {
-			reason = ended(c, changed[0], now)
+			reason = s.dbReason(c, changed[0], now)
 			changed = changed[1:]
 		}
 		if reason == "" && !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
@@ -47,15 +193,79 @@ func (s *Service) checkHeld(ctx context.Context, conns []*conn) {
 			// certificate as a revocation does.
 			reason = EndRevoked
 		}
-		if reason != "" {
-			s.log.Info("session ended by the control plane", telemetry.LogNodeID, c.nodeID, "session", c.id, telemetry.LogReason, reason)
-			cause := endCause(reason)
-			if reason == endReplaced {
-				cause = errReplaced
+		c.checked = true
+		s.endHeld(c, reason)
+	}
+	if issuersMoved && !sweep {
+		// A rotation may have retired a node CA: every session's issuer
+		// is checked, in memory, only when the live bundle changed.
+		for _, c := range live {
+			if c.reason() == "" && !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
+				s.endHeld(c, EndRevoked)
 			}
-			c.end(reason, cause)
 		}
 	}
+	h.issuers = bundle
+	if sweep {
+		h.lastSweep = now
+		s.pruneFeed(ctx, now)
+	}
+}
+
+// toCheck returns the live sessions to check against the database now:
+// fresh ones, those of the nodes the feed named, and the due ones whose
+// overlap ended, each once.
+func (s *Service) toCheck(fresh []*conn, nodes []string, now time.Time) []*conn {
+	h := &s.held
+	check := fresh
+	seen := make(map[*conn]bool, len(fresh)+len(nodes))
+	for _, c := range fresh {
+		seen[c] = true
+	}
+	add := func(c *conn) {
+		if c != nil && !seen[c] && c.reason() == "" {
+			seen[c] = true
+			check = append(check, c)
+		}
+	}
+	if len(nodes) > 0 {
+		s.mu.Lock()
+		for _, id := range nodes {
+			add(s.sessions[id])
+		}
+		s.mu.Unlock()
+	}
+	for c, at := range h.due {
+		if !now.Before(at) {
+			delete(h.due, c)
+			add(c)
+		}
+	}
+	return check
+}
+
+// endHeld ends c for reason, unless reason is "".
+func (s *Service) endHeld(c *conn, reason string) {
+	if reason == "" {
+		return
+	}
+	s.log.Info("session ended by the control plane", telemetry.LogNodeID, c.nodeID, "session", c.id, telemetry.LogReason, reason)
+	cause := endCause(reason)
+	if reason == endReplaced {
+		cause = errReplaced
+	}
+	c.end(reason, cause)
+}
+
+// dbReason returns why the database says c is over at now, or "". A
+// session superseded by a renewal whose overlap has not ended yet goes on
+// the due list, to be checked again when it ends.
+func (s *Service) dbReason(c *conn, st store.SessionState, now time.Time) string {
+	reason := ended(c, st, now)
+	if reason == "" && st.CertSupersededAt != nil {
+		s.held.due[c] = st.CertSupersededAt.Add(nodeident.SessionOverlap)
+	}
+	return reason
 }
 
 // ended returns why the database says c is over at now, or "".
@@ -78,4 +288,23 @@ func ended(c *conn, st store.SessionState, now time.Time) string {
 		return endSuperseded
 	}
 	return ""
+}
+
+// pruneFeed deletes the feed rows this replica read past
+// store.FeedRetention ago (every reader has read them, or sweeps).
+func (s *Service) pruneFeed(ctx context.Context, now time.Time) {
+	h := &s.held
+	upTo := h.feed.Prunable(now)
+	if upTo <= h.pruned {
+		return
+	}
+	err := s.cfg.DB.WithTx(ctx, func(tx *store.Tx) error {
+		_, err := tx.PruneSessionChanges(ctx, upTo)
+		return err
+	})
+	if err != nil {
+		s.log.Warn("prune the session change feed", "err", err)
+		return
+	}
+	h.pruned = upTo
 }
