@@ -1,7 +1,9 @@
 package session
 
 import (
+	"container/heap"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
@@ -13,8 +15,11 @@ import (
 
 // The held-session check (R12.1): every Check (500 ms) a replica ends the
 // sessions it holds that are over. In memory: idle ones (no heartbeat for
-// three intervals) and those whose certificate expired, over every session
-// (a pointer and two comparisons each). In the database: the node was
+// three intervals) and those whose certificate expired, each looked at
+// when its deadline passes (a heap of deadlines, the earlier of its last
+// heartbeat plus the idle time and its certificate's expiry; a session
+// that beat since is put back at its new deadline), so a Check looks at
+// the few sessions due, not at every one. In the database: the node was
 // retired, reclaimed (its identity generation moved), its certificate
 // revoked or gone, a newer session of the node holds it on another
 // replica, or a renewal superseded the certificate longer than
@@ -36,8 +41,9 @@ import (
 //   - and, only when the live bundle changed (a rotation), every session's
 //     issuer is checked against it in memory.
 //
-// The full check of every held session (what every Check did before the
-// feed) stays as the safety net, every sweepEvery, at once when the poll
+// The full check of every held session against the database (what every
+// Check did before the feed) stays as the safety net, every sweepEvery, at
+// once when the poll
 // starts (a replica's start, or its first session after holding none),
 // and at the next Check after a feed read failed or reported that changes
 // may have been missed (store.SessionFeed.Read). After each sweep the feed
@@ -50,7 +56,7 @@ import (
 // defaultSweep is how often every held session is checked against the
 // database whatever the feed says: the bound on how long a change the
 // feed missed (a commit slower than store.FeedGapWait) keeps a session.
-const defaultSweep = 30 * time.Second
+const defaultSweep = time.Minute
 
 // heldState is what the held-session check keeps between Checks. The poll
 // goroutine owns it (one runs at a time; s.mu orders them).
@@ -67,7 +73,13 @@ type heldState struct {
 	due map[*conn]time.Time
 	// pruned is the feed position up to which this replica pruned.
 	pruned int64
-	// buf is reused for the held sessions each Check.
+	// registered lists the sessions registered since the last Check
+	// (guarded by Service.mu: register appends to it).
+	registered []*conn
+	// timers holds a deadline per held session (idle or certificate
+	// expiry), earliest first.
+	timers deadlines
+	// buf is reused for the held sessions when every one is checked.
 	buf []*conn
 	// last describes the last Check (tests and the benchmark).
 	last checkStats
@@ -100,42 +112,113 @@ func (s *Service) checkHeld(ctx context.Context) bool {
 	s.mu.Lock()
 	if len(s.sessions) == 0 {
 		h.restart()
+		clear(h.registered)
+		h.registered = h.registered[:0]
+		h.timers = nil
 		s.polling = false
 		s.mu.Unlock()
 		return false
 	}
-	conns := h.buf[:0]
-	for _, c := range s.sessions {
-		conns = append(conns, c)
-	}
+	fresh := slices.DeleteFunc(slices.Clone(h.registered), func(c *conn) bool { return s.sessions[c.nodeID] != c })
+	clear(h.registered)
+	h.registered = h.registered[:0]
 	s.mu.Unlock()
 	now := s.cfg.Clock.Now()
-	idle := time.Duration(idleBeats) * s.cfg.Heartbeat
-	live := conns[:0]
-	var fresh []*conn
-	for _, c := range conns {
+	for _, c := range fresh {
+		h.timers.add(c, s.idle())
+	}
+	s.expire(now)
+	fresh = slices.DeleteFunc(fresh, func(c *conn) bool { return c.reason() != "" })
+	s.checkLive(ctx, fresh, now)
+	return true
+}
+
+// idle is how long a session may go without a heartbeat.
+func (s *Service) idle() time.Duration { return time.Duration(idleBeats) * s.cfg.Heartbeat }
+
+// expire ends the sessions whose deadline passed that are idle (no
+// heartbeat for idle()) or whose certificate expired, and puts the others
+// back at their next deadline; sessions no longer held are dropped.
+func (s *Service) expire(now time.Time) {
+	h := &s.held
+	var due []*conn
+	for len(h.timers) > 0 && h.timers[0].at <= now.UnixMilli() {
+		due = append(due, heap.Pop(&h.timers).(deadline).c)
+	}
+	if len(due) == 0 {
+		return
+	}
+	s.mu.Lock()
+	due = slices.DeleteFunc(due, func(c *conn) bool { return s.sessions[c.nodeID] != c })
+	s.mu.Unlock()
+	idle := s.idle()
+	for _, c := range due {
 		switch {
+		case c.reason() != "":
 		case now.Sub(time.UnixMilli(c.lastRecv.Load())) > idle:
 			c.end(endIdle, errs.New(errs.Unavailable, "Session idle: no heartbeat"))
 		case !now.Before(c.notAfter):
 			c.end(endCertExpired, errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
 		default:
-			live = append(live, c)
-			if !c.checked {
-				fresh = append(fresh, c)
-			}
+			h.timers.add(c, idle)
 		}
 	}
-	s.checkLive(ctx, live, fresh, now)
-	clear(conns) // drop the pointers: ended sessions are not kept alive by buf
-	h.buf = conns[:0]
-	return true
 }
 
-// checkLive checks, against the database, the sessions among live that
-// the feed, fresh (not checked since registered) and the due list name,
-// or all of them when a sweep is due.
-func (s *Service) checkLive(ctx context.Context, live, fresh []*conn, now time.Time) {
+// heldNow returns the sessions held now that have not ended, in a buffer
+// the next call reuses.
+func (s *Service) heldNow() []*conn {
+	h := &s.held
+	clear(h.buf)
+	all := h.buf[:0]
+	s.mu.Lock()
+	for _, c := range s.sessions {
+		if c.reason() == "" {
+			all = append(all, c)
+		}
+	}
+	s.mu.Unlock()
+	h.buf = all
+	return all
+}
+
+// deadline is when a session is looked at next: idle unless it beat
+// since, or its certificate expired.
+type deadline struct {
+	at int64 // unix ms
+	c  *conn
+}
+
+// deadlines is a min-heap of deadlines (container/heap).
+type deadlines []deadline
+
+func (d deadlines) Len() int           { return len(d) }
+func (d deadlines) Less(i, j int) bool { return d[i].at < d[j].at }
+func (d deadlines) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
+func (d *deadlines) Push(x any)        { *d = append(*d, x.(deadline)) }
+func (d *deadlines) Pop() any {
+	old := *d
+	x := old[len(old)-1]
+	old[len(old)-1] = deadline{}
+	*d = old[:len(old)-1]
+	return x
+}
+
+// add schedules c at its next deadline: the first millisecond it is idle
+// (more than idle after its last heartbeat) or its certificate's expiry,
+// rounded up, so that a session taken off the heap is over or beat since.
+func (d *deadlines) add(c *conn, idle time.Duration) {
+	at := c.lastRecv.Load() + idle.Milliseconds() + 1
+	if na := (c.notAfter.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond); na < at {
+		at = na
+	}
+	heap.Push(d, deadline{at: at, c: c})
+}
+
+// checkLive checks against the database the held sessions the feed, fresh
+// (registered since the last Check) and the due list name, or every held
+// session when a sweep is due.
+func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 	h := &s.held
 	h.last = checkStats{}
 	sweep := !h.feed.Started() || now.Sub(h.lastSweep) >= h.sweepEvery
@@ -164,7 +247,7 @@ func (s *Service) checkLive(ctx context.Context, live, fresh []*conn, now time.T
 			sweep = true
 		}
 		if sweep {
-			check = live
+			check = s.heldNow()
 		} else {
 			check = s.toCheck(fresh, nodes, now)
 		}
@@ -177,7 +260,7 @@ func (s *Service) checkLive(ctx context.Context, live, fresh []*conn, now time.T
 	})
 	if err != nil {
 		// The next Check starts the feed over and sweeps.
-		s.log.Warn("check held sessions", "sessions", len(live), "err", err)
+		s.log.Warn("check held sessions", "sessions", len(check), "err", err)
 		h.restart()
 		return
 	}
@@ -193,19 +276,19 @@ func (s *Service) checkLive(ctx context.Context, live, fresh []*conn, now time.T
 			// certificate as a revocation does.
 			reason = EndRevoked
 		}
-		c.checked = true
 		s.endHeld(c, reason)
 	}
 	if issuersMoved && !sweep {
 		// A rotation may have retired a node CA: every session's issuer
 		// is checked, in memory, only when the live bundle changed.
-		for _, c := range live {
-			if c.reason() == "" && !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
+		for _, c := range s.heldNow() {
+			if !s.cfg.Core.IssuerAccepted(c.issuerKeyID, c.issuer) {
 				s.endHeld(c, EndRevoked)
 			}
 		}
 	}
 	h.issuers = bundle
+	clear(h.buf) // ended sessions are not kept by the buffer
 	if sweep {
 		h.lastSweep = now
 		s.pruneFeed(ctx, now)

@@ -40,12 +40,14 @@ func heldService(tb testing.TB, db *store.DB) (*Service, *clock.Fake, *ca.Live) 
 		tb.Fatal(err)
 	}
 	live := ca.NewLive(bundle)
-	return New(Config{DB: db, Clock: fc, Bundle: bundle}), fc, live
+	s := New(Config{DB: db, Clock: fc, Bundle: bundle})
+	s.polling = true // no poll goroutine: the test runs the Checks
+	return s, fc, live
 }
 
 // heldFleet stores n adopted nodes of one pool, each with a certificate of
 // the service's node CA and connected by a session, and registers those
-// sessions in s as Connect would, without starting the poll.
+// sessions in s as Connect does.
 func heldFleet(tb testing.TB, s *Service, fc *clock.Fake, n int) []*conn {
 	tb.Helper()
 	ctx := context.Background()
@@ -99,11 +101,9 @@ func heldFleet(tb testing.TB, s *Service, fc *clock.Fake, n int) []*conn {
 			tb.Fatal(err)
 		}
 	}
-	s.mu.Lock()
 	for _, c := range conns {
-		s.sessions[c.nodeID] = c
+		s.register(c)
 	}
-	s.mu.Unlock()
 	return conns
 }
 
@@ -249,6 +249,7 @@ func TestCheckNewSessionAfterChange(t *testing.T) {
 		late := conns[1]
 		s.mu.Lock()
 		delete(s.sessions, late.nodeID)
+		s.held.registered = s.held.registered[:1]
 		s.mu.Unlock()
 		s.checkHeld(ctx) // the sweep, without late
 		change(t, other, func(ctx context.Context, tx *store.Tx) error {
@@ -256,9 +257,7 @@ func TestCheckNewSessionAfterChange(t *testing.T) {
 			return err
 		})
 		s.checkHeld(ctx) // reads the change; late is not held yet
-		s.mu.Lock()
-		s.sessions[late.nodeID] = late
-		s.mu.Unlock()
+		s.register(late)
 		s.checkHeld(ctx)
 		if got := late.reason(); got != EndRevoked {
 			t.Errorf("reason %q, want %q", got, EndRevoked)
@@ -391,4 +390,48 @@ func TestCheckPrunesFeed(t *testing.T) {
 			t.Errorf("reason %q, want %q", conns[1].reason(), EndRevoked)
 		}
 	})
+}
+
+// Idle sessions and expired certificates end at the first Check after
+// their deadline, each session looked at only when its deadline passed; a
+// session that beats stays.
+func TestCheckIdleAndExpiry(t *testing.T) {
+	s, fc, _ := heldService(t, storetest.OpenSQLite(t))
+	conns := heldFleet(t, s, fc, 3)
+	beating, silent, expiring := conns[0], conns[1], conns[2]
+	expiring.notAfter = fc.Now().Add(20 * time.Second)
+	ctx := context.Background()
+	s.checkHeld(ctx)
+	steps := []struct {
+		advance time.Duration
+		ended   map[*conn]string
+	}{
+		{19 * time.Second, map[*conn]string{}},
+		{time.Second, map[*conn]string{expiring: endCertExpired}},
+		{25 * time.Second, map[*conn]string{expiring: endCertExpired}}, // silent for exactly the idle time: not yet
+		{time.Millisecond, map[*conn]string{expiring: endCertExpired, silent: endIdle}},
+		{time.Hour, map[*conn]string{expiring: endCertExpired, silent: endIdle}},
+	}
+	for i, st := range steps {
+		fc.Advance(st.advance)
+		beat(fc, []*conn{beating, expiring})
+		s.checkHeld(ctx)
+		for _, c := range conns {
+			if got := c.reason(); got != st.ended[c] {
+				t.Errorf("step %d: session of %s ended %q, want %q", i, c.nodeID, got, st.ended[c])
+			}
+		}
+	}
+	// The ended sessions left the deadlines once due (the finished
+	// sessions of a real replica leave s.sessions first).
+	s.mu.Lock()
+	delete(s.sessions, silent.nodeID)
+	delete(s.sessions, expiring.nodeID)
+	s.mu.Unlock()
+	fc.Advance(time.Hour)
+	beat(fc, []*conn{beating})
+	s.checkHeld(ctx)
+	if n := len(s.held.timers); n != 1 || beating.reason() != "" {
+		t.Errorf("deadlines %d, beating session %q; want 1 and live", n, beating.reason())
+	}
 }

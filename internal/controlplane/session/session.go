@@ -333,9 +333,6 @@ type conn struct {
 	// yet (the handler goroutine's own): they go back to the queue when
 	// the session ends.
 	sent map[string]struct{}
-	// checked is set once the held-session check read the session's state
-	// after it was registered (the poll goroutine's own; held.go).
-	checked bool
 
 	endMu     sync.Mutex
 	endReason string // why the session ended, first one wins
@@ -674,6 +671,7 @@ func (s *Service) register(c *conn) {
 	}
 	old := s.sessions[c.nodeID]
 	s.sessions[c.nodeID] = c
+	s.held.registered = append(s.held.registered, c) // its first Check reads its state (held.go)
 	if !s.polling {
 		s.polling = true
 		s.pollDone = make(chan struct{})
