@@ -165,6 +165,7 @@ func BenchmarkCheckHeld(b *testing.B) {
 				b.ResetTimer()
 				cpu := cpuTime(b)
 				for b.Loop() {
+					s.held.feed.Reset() // every session, at once
 					s.checkLive(ctx, nil, fc.Now())
 				}
 				b.ReportMetric(float64((cpuTime(b)-cpu).Nanoseconds())/float64(b.N)/float64(n), "cpu-ns/session")
@@ -180,8 +181,11 @@ func BenchmarkCheckHeld(b *testing.B) {
 
 // BenchmarkCheck is one Check (every Check, 500 ms) of a replica holding n
 // sessions, the in-memory pass over every session included:
-//   - sweep: every session checked against the database, as every Check
-//     did before the session change feed (now every defaultSweep);
+//   - sweep: every session checked against the database at once, as
+//     every Check did before the session change feed (now only when the
+//     feed cannot be trusted);
+//   - sweep-spread: a Check during the periodic sweep, which checks a
+//     1/120 slice of the held sessions a Check (defaultSweep / Check);
 //   - feed: nothing changed (one read of the feed);
 //   - feed-10: another replica changed 10 held nodes since the last Check
 //     (20 feed rows; the sessions stay live, so each Check checks 10);
@@ -202,6 +206,7 @@ func BenchmarkCheck(b *testing.B) {
 				run := func(b *testing.B, sweepEvery time.Duration, changes int, issuers bool) {
 					s.held.sweepEvery = sweepEvery
 					s.checkHeld(ctx)
+					s.held.sweepLeft = nil
 					var cpu time.Duration
 					b.ReportAllocs()
 					b.ResetTimer()
@@ -214,6 +219,11 @@ func BenchmarkCheck(b *testing.B) {
 						if issuers {
 							s.held.issuers = nil
 						}
+						if sweepEvery == 0 {
+							s.held.feed.Reset() // every session, at once
+						} else if sweepEvery < time.Hour && len(s.held.sweepLeft) == 0 {
+							s.held.lastSweep = time.Time{} // the next spread sweep begins
+						}
 						start := cpuTime(b)
 						s.checkHeld(ctx)
 						cpu += cpuTime(b) - start
@@ -221,7 +231,7 @@ func BenchmarkCheck(b *testing.B) {
 					b.StopTimer()
 					b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/session")
-					if st := s.held.last; st.swept != (sweepEvery == 0) || changes > 0 && st.checked != changes {
+					if st := s.held.last; st.swept != (sweepEvery == 0) || changes > 0 && st.checked != changes || sweepEvery == defaultSweep && st.sweep == 0 {
 						b.Fatalf("last Check %+v", st)
 					}
 					for _, c := range conns {
@@ -231,6 +241,7 @@ func BenchmarkCheck(b *testing.B) {
 					}
 				}
 				b.Run("sweep", func(b *testing.B) { run(b, 0, 0, false) })
+				b.Run("sweep-spread", func(b *testing.B) { run(b, defaultSweep, 0, false) })
 				b.Run("feed", func(b *testing.B) { run(b, 24*time.Hour, 0, false) })
 				b.Run("feed-10", func(b *testing.B) { run(b, 24*time.Hour, 10, false) })
 				b.Run("issuers", func(b *testing.B) { run(b, 24*time.Hour, 0, true) })

@@ -41,13 +41,16 @@ import (
 //   - and, only when the live bundle changed (a rotation), every session's
 //     issuer is checked against it in memory.
 //
-// The full check of every held session against the database (what every
-// Check did before the feed) stays as the safety net, every sweepEvery, at
-// once when the poll
-// starts (a replica's start, or its first session after holding none),
-// and at the next Check after a feed read failed or reported that changes
-// may have been missed (store.SessionFeed.Read). After each sweep the feed
-// rows every reader is done with are pruned.
+// The check of every held session against the database (what every Check
+// did before the feed) stays as the safety net: spread over the Checks of
+// sweepEvery, a slice of the held sessions each (so that no Check takes
+// long: a whole sweep of 100,000 sessions takes seconds, and the changes
+// the feed names would wait for it), and whole at once at the next Check
+// after a feed read failed or reported that changes may have been missed
+// (store.SessionFeed.Read). When the poll starts (a replica's start, or
+// its first session after holding none) every session it holds is new,
+// so its first Check checks them all. After each sweep the feed rows every
+// reader is done with are pruned.
 //
 // The process that makes a change also calls EndNode, which ends its own
 // replica's session at once; the feed is how a change made by any replica
@@ -63,9 +66,13 @@ const defaultSweep = time.Minute
 type heldState struct {
 	feed store.SessionFeed
 	// sweepEvery is the safety net's cadence (defaultSweep; tests change
-	// it); lastSweep is when the last one succeeded.
+	// it); lastSweep is when the last one began.
 	sweepEvery time.Duration
 	lastSweep  time.Time
+	// sweepLeft holds the sessions the running sweep has still to check,
+	// sweepStep how many it checks a Check.
+	sweepLeft []*conn
+	sweepStep int
 	// issuers is the live bundle the last issuer check of every held
 	// session used.
 	issuers *ca.Bundle
@@ -87,9 +94,11 @@ type heldState struct {
 
 // checkStats describes one Check.
 type checkStats struct {
-	swept   bool // every held session was checked against the database
-	checked int  // sessions checked against the database
-	changes int  // feed rows read
+	swept     bool // every held session was checked against the database
+	sweep     int  // sessions of the running sweep checked
+	sweepDone bool // the running sweep checked its last slice
+	checked   int  // sessions checked against the database
+	changes   int  // feed rows read
 }
 
 func newHeldState() heldState {
@@ -102,6 +111,8 @@ func (h *heldState) restart() {
 	h.feed.Reset()
 	h.issuers = nil
 	clear(h.due)
+	clear(h.sweepLeft)
+	h.sweepLeft = nil
 }
 
 // checkHeld is one Check: it ends the held sessions that are over (see
@@ -216,18 +227,19 @@ func (d *deadlines) add(c *conn, idle time.Duration) {
 }
 
 // checkLive checks against the database the held sessions the feed, fresh
-// (registered since the last Check) and the due list name, or every held
-// session when a sweep is due.
+// (registered since the last Check), the due list and the running sweep
+// name, or every held session when the feed cannot be trusted.
 func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 	h := &s.held
 	h.last = checkStats{}
-	sweep := !h.feed.Started() || now.Sub(h.lastSweep) >= h.sweepEvery
+	sweep := !h.feed.Started() // every held session, now
+	begin := !sweep && len(h.sweepLeft) == 0 && now.Sub(h.lastSweep) >= h.sweepEvery
 	bundle := s.cfg.Core.Bundle().Now()
 	issuersMoved := bundle != h.issuers
 	var check []*conn
 	var changed []store.SessionState
 	err := s.cfg.DB.ReadTx(ctx, func(tx *store.Tx) error {
-		if sweep {
+		if sweep || begin {
 			behind, err := h.feed.Behind(ctx, tx)
 			if err != nil {
 				return err
@@ -236,6 +248,7 @@ func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 				if err := h.feed.Start(ctx, tx, now); err != nil {
 					return err
 				}
+				sweep = true
 			}
 		}
 		nodes, complete, err := h.feed.Read(ctx, tx, now)
@@ -249,7 +262,7 @@ func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 		if sweep {
 			check = s.heldNow()
 		} else {
-			check = s.toCheck(fresh, nodes, now)
+			check = s.toCheck(fresh, nodes, now, begin)
 		}
 		held := make([]store.HeldSession, len(check))
 		for i, c := range check {
@@ -259,7 +272,7 @@ func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 		return err
 	})
 	if err != nil {
-		// The next Check starts the feed over and sweeps.
+		// The next Check starts the feed over and checks every session.
 		s.log.Warn("check held sessions", "sessions", len(check), "err", err)
 		h.restart()
 		return
@@ -291,14 +304,38 @@ func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 	clear(h.buf) // ended sessions are not kept by the buffer
 	if sweep {
 		h.lastSweep = now
+		clear(h.sweepLeft)
+		h.sweepLeft = nil
+	}
+	if sweep || h.last.sweepDone {
 		s.pruneFeed(ctx, now)
 	}
 }
 
+// sweepNext returns the next slice of the running sweep, beginning one
+// (every held session, in sweepEvery/Check slices) when begin is set.
+func (s *Service) sweepNext(begin bool, now time.Time) []*conn {
+	h := &s.held
+	if begin {
+		h.sweepLeft = slices.Clone(s.heldNow())
+		steps := max(1, int(h.sweepEvery/s.cfg.Check))
+		h.sweepStep = max(1, (len(h.sweepLeft)+steps-1)/steps)
+		h.lastSweep = now
+	}
+	n := min(h.sweepStep, len(h.sweepLeft))
+	next := h.sweepLeft[:n]
+	h.sweepLeft = h.sweepLeft[n:]
+	h.last.sweep = n
+	if len(h.sweepLeft) == 0 {
+		h.sweepLeft, h.last.sweepDone = nil, true
+	}
+	return next
+}
+
 // toCheck returns the live sessions to check against the database now:
 // fresh ones, those of the nodes the feed named, and the due ones whose
-// overlap ended, each once.
-func (s *Service) toCheck(fresh []*conn, nodes []string, now time.Time) []*conn {
+// overlap ended, and the running sweep's next slice, each once.
+func (s *Service) toCheck(fresh []*conn, nodes []string, now time.Time, begin bool) []*conn {
 	h := &s.held
 	check := fresh
 	seen := make(map[*conn]bool, len(fresh)+len(nodes))
@@ -323,6 +360,17 @@ func (s *Service) toCheck(fresh []*conn, nodes []string, now time.Time) []*conn 
 			delete(h.due, c)
 			add(c)
 		}
+	}
+	if begin || len(h.sweepLeft) > 0 {
+		next := s.sweepNext(begin, now)
+		s.mu.Lock()
+		for _, c := range next {
+			if s.sessions[c.nodeID] == c {
+				add(c)
+			}
+		}
+		s.mu.Unlock()
+		clear(next) // the slice's pointers: ended sessions are not kept
 	}
 	return check
 }

@@ -340,11 +340,20 @@ func TestCheckSweep(t *testing.T) {
 		if got := missed.reason(); got != "" || s.held.last.swept {
 			t.Fatalf("Check without the feed's row: reason %q, swept %v", got, s.held.last.swept)
 		}
+		// The next sweep begins after defaultSweep, and checks a slice of
+		// the held sessions a Check, all within defaultSweep.
 		fc.Advance(defaultSweep)
-		beat(fc, conns)
-		s.checkHeld(ctx)
-		if got := missed.reason(); got != EndRevoked || !s.held.last.swept {
-			t.Errorf("after %s: reason %q, swept %v; want %q by a sweep", defaultSweep, got, s.held.last.swept, EndRevoked)
+		var took time.Duration
+		for ; missed.reason() == "" && took <= defaultSweep; took += s.cfg.Check {
+			beat(fc, conns)
+			s.checkHeld(ctx)
+			if s.held.last.swept || s.held.last.checked > 1 {
+				t.Fatalf("a Check of the spread sweep: %+v", s.held.last)
+			}
+			fc.Advance(s.cfg.Check)
+		}
+		if got := missed.reason(); got != EndRevoked {
+			t.Errorf("after %s and %s of sweep: reason %q, want %q", defaultSweep, took, got, EndRevoked)
 		}
 		if conns[2].reason() != "" {
 			t.Errorf("a live session ended: %s", conns[2].reason())

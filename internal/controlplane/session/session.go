@@ -39,7 +39,7 @@
 // replica reads the session change feed every Check (default 500 ms) and
 // checks against the database the sessions it holds of the nodes the feed
 // names, so a change made on another replica ends them too; a full check
-// of every held session runs every 30 s as the safety net.
+// of every held session runs every minute as the safety net.
 //
 // Commands are rows of the commands table, written by controllers and the
 // operator API. The session that holds a node's stream on this replica
