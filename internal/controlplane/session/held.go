@@ -47,10 +47,10 @@ import (
 // long: a whole sweep of 100,000 sessions takes seconds, and the changes
 // the feed names would wait for it), and whole at once at the next Check
 // after a feed read failed or reported that changes may have been missed
-// (store.SessionFeed.Read). When the poll starts (a replica's start, or
-// its first session after holding none) every session it holds is new,
-// so its first Check checks them all. After each sweep the feed rows every
-// reader is done with are pruned.
+// (store.SessionFeed.Read), and at the first Check after the poll starts
+// (a replica's start, or its first session after holding none: the feed
+// has no position yet). After each sweep the feed rows every reader is
+// done with are pruned.
 //
 // The process that makes a change also calls EndNode, which ends its own
 // replica's session at once; the feed is how a change made by any replica
