@@ -245,3 +245,40 @@ func TestSessionFeedPrune(t *testing.T) {
 		}
 	})
 }
+
+// 00025 rolls back and forth: without it a retirement writes no feed row
+// (nor fails: no trigger is left behind); with it again, it does.
+func TestSessionChangesMigration(t *testing.T) {
+	storetest.Each(t, func(t *testing.T, db *store.DB) {
+		ctx := context.Background()
+		_, _, pl := fixture(t, db)
+		var a, b store.Node
+		if err := db.WithTx(ctx, func(tx *store.Tx) error {
+			a, _ = insertNodeWithCert(t, tx, pl, 1, "s1")
+			b, _ = insertNodeWithCert(t, tx, pl, 2, "s2")
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		retire := func(id string) error {
+			return db.WithTx(ctx, func(tx *store.Tx) error { return tx.SetNodeState(ctx, id, store.NodeRetired, "test") })
+		}
+		if err := db.MigrateDownTo(ctx, 24); err != nil {
+			t.Fatalf("migrate down: %v", err)
+		}
+		if err := retire(a.ID); err != nil {
+			t.Fatalf("retire without the feed: %v", err)
+		}
+		if err := db.MigrateUp(ctx); err != nil {
+			t.Fatalf("migrate up: %v", err)
+		}
+		var f store.SessionFeed
+		readFeed(t, db, &f, time.Now())
+		if err := retire(b.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := readFeed(t, db, &f, time.Now()); !slices.Equal(got, []string{b.ID}) {
+			t.Errorf("feed rows %v, want [%s]", got, b.ID)
+		}
+	})
+}
