@@ -146,20 +146,27 @@ func BenchmarkHeartbeat(b *testing.B) {
 	})
 }
 
-// BenchmarkCheckHeld is one pass of the held-session check (every Check,
-// 500 ms: 30 passes per 15 s heartbeat) over n sessions; ns/session is
-// its cost per session per pass (cpu-ns/session: this process's CPU).
+// BenchmarkCheckHeld is one full check of n held sessions against the
+// database (the sweep: what every Check ran before the session change
+// feed, and what runs every defaultSweep now); ns/session is its cost per
+// session per pass (cpu-ns/session: this process's CPU).
 func BenchmarkCheckHeld(b *testing.B) {
 	benchStores(b, func(b *testing.B, db *store.DB) {
 		for _, n := range []int{100, 1000} {
 			b.Run(fmt.Sprint(n), func(b *testing.B) {
-				s, _, conns := benchSessions(b, db, n, true)
+				s, fc, conns := benchSessions(b, db, n, true)
+				s.held.sweepEvery = 0
+				s.polling = true // no poll goroutine
+				for _, c := range conns {
+					s.register(c)
+				}
 				ctx := context.Background()
 				b.ReportAllocs()
 				b.ResetTimer()
 				cpu := cpuTime(b)
 				for b.Loop() {
-					s.checkHeld(ctx, conns)
+					s.held.feed.Reset() // every session, at once
+					s.checkLive(ctx, nil, fc.Now())
 				}
 				b.ReportMetric(float64((cpuTime(b)-cpu).Nanoseconds())/float64(b.N)/float64(n), "cpu-ns/session")
 				for _, c := range conns {
@@ -170,6 +177,99 @@ func BenchmarkCheckHeld(b *testing.B) {
 			})
 		}
 	})
+}
+
+// BenchmarkCheck is one Check (every Check, 500 ms) of a replica holding n
+// sessions, the in-memory pass over every session included:
+//   - sweep: every session checked against the database at once, as
+//     every Check did before the session change feed (now only when the
+//     feed cannot be trusted);
+//   - sweep-spread: a Check during the periodic sweep, which checks a
+//     1/120 slice of the held sessions a Check (defaultSweep / Check);
+//   - feed: nothing changed (one read of the feed);
+//   - feed-10: another replica changed 10 held nodes since the last Check
+//     (20 feed rows; the sessions stay live, so each Check checks 10);
+//   - issuers: feed, plus the in-memory issuer check of every session a
+//     bundle rotation triggers.
+//
+// ns/op and cpu-ns/op (this process's CPU: the database's too on SQLite)
+// are per Check; ns/session divides ns/op by n.
+//
+//	go test -run '^$' -bench 'BenchmarkCheck$' -benchtime 20x -timeout 60m ./internal/controlplane/session/
+func BenchmarkCheck(b *testing.B) {
+	benchStores(b, func(b *testing.B, db *store.DB) {
+		for _, n := range []int{10000, 100000} {
+			b.Run(fmt.Sprint(n), func(b *testing.B) {
+				s, fc, _ := heldService(b, db)
+				conns := heldFleet(b, s, fc, n)
+				ctx := context.Background()
+				run := func(b *testing.B, sweepEvery time.Duration, changes int, issuers bool) {
+					s.held.sweepEvery = sweepEvery
+					s.checkHeld(ctx)
+					s.held.sweepLeft = nil
+					var cpu time.Duration
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := range b.N {
+						if changes > 0 {
+							b.StopTimer()
+							benchChanges(b, db, conns, i*changes, changes)
+							b.StartTimer()
+						}
+						if issuers {
+							s.held.issuers = nil
+						}
+						if sweepEvery == 0 {
+							s.held.feed.Reset() // every session, at once
+						} else if sweepEvery < time.Hour && len(s.held.sweepLeft) == 0 {
+							s.held.lastSweep = time.Time{} // the next spread sweep begins
+						}
+						start := cpuTime(b)
+						s.checkHeld(ctx)
+						cpu += cpuTime(b) - start
+					}
+					b.StopTimer()
+					b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/session")
+					if st := s.held.last; st.swept != (sweepEvery == 0) || changes > 0 && st.checked != changes || sweepEvery == defaultSweep && st.sweep == 0 {
+						b.Fatalf("last Check %+v", st)
+					}
+					for _, c := range conns {
+						if c.reason() != "" {
+							b.Fatalf("the check ended a live session: %s", c.reason())
+						}
+					}
+				}
+				b.Run("sweep", func(b *testing.B) { run(b, 0, 0, false) })
+				b.Run("sweep-spread", func(b *testing.B) { run(b, defaultSweep, 0, false) })
+				b.Run("feed", func(b *testing.B) { run(b, 24*time.Hour, 0, false) })
+				b.Run("feed-10", func(b *testing.B) { run(b, 24*time.Hour, 10, false) })
+				b.Run("issuers", func(b *testing.B) { run(b, 24*time.Hour, 0, true) })
+			})
+		}
+	})
+}
+
+// benchChanges has another replica write two feed rows for each of the
+// held nodes from..from+k (modulo the fleet) that leave the sessions live:
+// the node connected by another session and back by its own.
+func benchChanges(b *testing.B, db *store.DB, conns []*conn, from, k int) {
+	ctx := context.Background()
+	err := db.WithTx(ctx, func(tx *store.Tx) error {
+		for j := range k {
+			c := conns[(from+j)%len(conns)]
+			if _, err := tx.ConnectNode(ctx, c.nodeID, "elsewhere"); err != nil {
+				return err
+			}
+			if _, err := tx.ConnectNode(ctx, c.nodeID, c.id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkHeartbeatFleet is BenchmarkHeartbeat with 64 sessions beating

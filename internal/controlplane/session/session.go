@@ -39,9 +39,10 @@
 //
 // Sessions end within a second of a reclaim, revocation or retirement
 // (held.go): the process that made the change calls EndNode, and every
-// replica checks all the sessions it holds against the database in one
-// query every Check (default 500 ms), so a change made on another replica
-// ends them too.
+// replica reads the session change feed every Check (default 500 ms) and
+// checks against the database the sessions it holds of the nodes the feed
+// names, so a change made on another replica ends them too; a full check
+// of every held session runs every minute as the safety net.
 //
 // Commands are rows of the commands table, written by controllers and the
 // operator API. The session that holds a node's stream on this replica
@@ -216,6 +217,9 @@ type Service struct {
 	active  int
 	closing bool
 	drained chan struct{}
+	// held is the poll goroutine's state of the held-session check
+	// (held.go).
+	held heldState
 }
 
 // New returns the session service.
@@ -245,7 +249,7 @@ func New(cfg Config) *Service {
 	if cfg.TouchEvery <= 0 {
 		cfg.TouchEvery = DefaultTouchEvery
 	}
-	return &Service{cfg: cfg, log: cfg.Log, sessions: map[string]*conn{}, stopPoll: make(chan struct{})}
+	return &Service{cfg: cfg, log: cfg.Log, sessions: map[string]*conn{}, stopPoll: make(chan struct{}), held: newHeldState()}
 }
 
 // Handler returns the Connect handler and its path. Session streams are
@@ -716,6 +720,7 @@ func (s *Service) register(c *conn) {
 	}
 	old := s.sessions[c.nodeID]
 	s.sessions[c.nodeID] = c
+	s.held.registered = append(s.held.registered, c) // its first Check reads its state (held.go)
 	if !s.polling {
 		s.polling = true
 		s.pollDone = make(chan struct{})
@@ -1003,31 +1008,10 @@ func (s *Service) poll(done chan struct{}) {
 			s.mu.Unlock()
 			return
 		}
-		s.mu.Lock()
-		if len(s.sessions) == 0 {
-			s.polling = false
-			s.mu.Unlock()
+		if !s.checkHeld(context.Background()) {
 			return
 		}
-		conns := make([]*conn, 0, len(s.sessions))
-		for _, c := range s.sessions {
-			conns = append(conns, c)
-		}
-		s.mu.Unlock()
 		now := s.cfg.Clock.Now()
-		idle := time.Duration(idleBeats) * s.cfg.Heartbeat
-		live := conns[:0:0]
-		for _, c := range conns {
-			switch {
-			case now.Sub(time.UnixMilli(c.lastRecv.Load())) > idle:
-				c.end(endIdle, errs.New(errs.Unavailable, "Session idle: no heartbeat"))
-			case !now.Before(c.notAfter):
-				c.end(endCertExpired, errs.New(errs.Unavailable, "Session ended: the certificate expired; renew and reconnect"))
-			default:
-				live = append(live, c)
-			}
-		}
-		s.checkHeld(context.Background(), live)
 		if now.Sub(lastScan) < s.cfg.Poll {
 			continue
 		}

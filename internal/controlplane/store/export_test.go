@@ -119,3 +119,6 @@ func (t *Tx) WithRowsOpen(ctx context.Context, q string, fn func()) error {
 	fn()
 	return rows.Err()
 }
+
+// Gaps returns how many holes the feed still looks for (tests only).
+func (f *SessionFeed) Gaps() int { return len(f.gaps) }

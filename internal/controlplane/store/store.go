@@ -28,7 +28,8 @@
 //     reading, superseding, revoking), nodeauthz.go (the authorization
 //     projection), renew.go (renewal proofs), sessions.go (a node's
 //     connection), sessionstate.go (what replicas holding sessions read and
-//     put back);
+//     put back), sessionchanges.go (the session change feed: which nodes
+//     changed, written by triggers, read by every replica);
 //   - commands.go and commandlist.go (commands, and listing them);
 //     workqueue.go (the controllers' work queue) and workowners.go (its
 //     owner leases and owned claims);
