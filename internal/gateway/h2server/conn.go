@@ -94,6 +94,7 @@ type conn struct {
 	closeWhenFlushed bool
 	werr             error
 	room             sync.Cond
+	readPaused       bool // the reader waits for room
 	// flusher counts the flusher goroutine; serve waits for it.
 	flusher sync.WaitGroup
 }
@@ -257,8 +258,10 @@ func (c *conn) waitRoom() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.buffered > c.cfg.MaxWriteBuffer && c.werr == nil {
+		c.readPaused = true
 		c.room.Wait()
 	}
+	c.readPaused = false
 	return c.werr
 }
 

@@ -170,3 +170,60 @@ func TestIdleConnectionHasNoFlusher(t *testing.T) {
 		poll.Until(t, 10*time.Second, "the flusher gone and the buffer returned", idle)
 	}
 }
+
+// TestClientThatSendsButDoesNotRead: a client that keeps opening streams
+// (each answered) without reading its socket fills the connection's
+// write buffer to MaxWriteBuffer, and then the server stops reading its
+// frames: the buffer stays within its bound and a frame's answers.
+func TestClientThatSendsButDoesNotRead(t *testing.T) {
+	const buffer = 8 << 10
+	answer := HandlerFunc(func(s *Stream) StreamHandler {
+		_ = s.WriteHeaders(200, nil, true)
+		return nil
+	})
+	srv, err := New(Config{Handler: answer, Clock: clock.NewFake(t0), WriteTimeout: time.Hour, PingInterval: time.Hour,
+		MaxWriteBuffer: buffer, MaxConcurrentStreams: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, server := net.Pipe()
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.ServeConn(server) })
+	defer func() {
+		client.Close()
+		srv.Close()
+		wg.Wait()
+	}()
+	wg.Go(func() {
+		var b bytes.Buffer
+		b.WriteString(http2.ClientPreface)
+		fr := http2.NewFramer(&b, nil)
+		_ = fr.WriteSettings()
+		rc := &rawClient{t: t}
+		rc.henc = hpack.NewEncoder((*sliceWriter)(&rc.hbuf))
+		for id := uint32(1); id < 20000; id += 2 { // a few hundred KB of answers
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: rc.headers(), EndHeaders: true, EndStream: true})
+		}
+		_, _ = client.Write(b.Bytes()) // the server stops reading: ends with the test
+	})
+	var sc *conn
+	poll.Until(t, 10*time.Second, "the server's reader waiting for room", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		for c := range srv.conns {
+			sc = c
+		}
+		if sc == nil {
+			return false
+		}
+		sc.mu.Lock()
+		defer sc.mu.Unlock()
+		return sc.readPaused
+	})
+	sc.mu.Lock()
+	buffered := sc.buffered
+	sc.mu.Unlock()
+	if buffered > buffer+1<<10 {
+		t.Fatalf("%d bytes buffered for a client that reads nothing, want at most MaxWriteBuffer (%d) and one frame's answers", buffered, buffer)
+	}
+}
