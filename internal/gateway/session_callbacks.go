@@ -55,7 +55,11 @@ import (
 // sent it only once the other side has written all that was queued to it
 // (Sent, OnSent), so a slow daemon or a slow API holds the other side to
 // a stream window (about 64 KiB) instead of a buffer growing at the
-// gateway. Errors are encoded as connect's handler encodes them for a gRPC
+// gateway. Writes on either side only queue frames (each connection's
+// flusher writes them, and Sent and OnSent report bytes once their socket
+// took them), so neither connection's reader waits on the other's
+// network: a daemon that stops reading its socket holds its own session
+// back, not the upstream connection's other sessions. Errors are encoded as connect's handler encodes them for a gRPC
 // client: grpc-status, grpc-message (percent-encoded) and
 // grpc-status-details-bin (a google.rpc.Status with the product code's
 // ErrorDetail); a refusal before anything else is a trailers-only

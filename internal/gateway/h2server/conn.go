@@ -1,7 +1,6 @@
 package h2server
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/tls"
 	"errors"
@@ -78,6 +77,26 @@ type conn struct {
 	pingData    [8]byte
 	// notify lists the streams with events for their handlers (unlock).
 	notify []*Stream
+
+	// Writes never wait for the network: frames are encoded into out
+	// (taken from a pool when there is something to write) and the
+	// flusher goroutine, started when out gets bytes and none runs,
+	// writes them and ends once out is empty. buffered counts the bytes
+	// in out and in the batch being written; past MaxWriteBuffer, DATA
+	// waits in its stream's queue (dataWaits) and the reader reads no
+	// more frames (room) until it drains. werr is the write that failed
+	// (the connection is closed); closeWhenFlushed closes it once the
+	// flusher has written what is pending.
+	out              *pending
+	buffered         int
+	flushing         bool
+	dataWaits        bool
+	closeWhenFlushed bool
+	werr             error
+	room             sync.Cond
+	readPaused       bool // the reader waits for room
+	// flusher counts the flusher goroutine; serve waits for it.
+	flusher sync.WaitGroup
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -89,6 +108,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		sendWindow:   65535,
 		recvWindow:   65535,
 	}
+	c.room.L = &c.mu
 	c.hdec = hpack.NewDecoder(4096, nil)
 	c.hdec.SetMaxStringLength(int(s.cfg.MaxHeaderListSize))
 	return c
@@ -127,6 +147,9 @@ func (c *conn) serve() {
 		c.timers.Wait()
 		return
 	}
+	// What was encoded before the end (a GOAWAY, a stream's last frames)
+	// goes out first, within WriteTimeout.
+	c.flusher.Wait()
 	if linger {
 		lingerClose(c.raw)
 	}
@@ -218,10 +241,28 @@ func (c *conn) start() error {
 // readLoop reads and handles frames until the connection fails or ends.
 func (c *conn) readLoop() error {
 	for {
+		if err := c.waitRoom(); err != nil {
+			return err
+		}
 		if err := c.readFrame(c.process); err != nil {
 			return err
 		}
 	}
+}
+
+// waitRoom holds the reader while the connection's write buffer is over
+// MaxWriteBuffer: a client that sends but does not read gets no more
+// answers queued (only this connection's goroutine waits). It returns the
+// failed write's error.
+func (c *conn) waitRoom() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.buffered > c.cfg.MaxWriteBuffer && c.werr == nil {
+		c.readPaused = true
+		c.room.Wait()
+	}
+	c.readPaused = false
+	return c.werr
 }
 
 // readFramer is a frame reader taken from a pool for one frame: its read
@@ -331,11 +372,10 @@ func (c *conn) goAway() {
 	c.goingAway = true
 	c.goAwayID = c.maxStreamID
 	_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteGoAway(c.maxStreamID, http2.ErrCodeNo, nil) })
-	empty := len(c.streams) == 0
-	c.mu.Unlock()
-	if empty {
-		c.raw.Close()
+	if len(c.streams) == 0 {
+		c.closeAfterFlushLocked()
 	}
+	c.mu.Unlock()
 }
 
 // spend counts one control frame against the connection's budget; over
@@ -364,15 +404,12 @@ func (c *conn) armIdleLocked() {
 	gen := c.idleGen
 	c.idle = c.arm(c.cfg.IdleTimeout, func() {
 		c.mu.Lock()
-		fire := !c.closed && c.idleGen == gen && len(c.streams) == 0
-		if fire {
+		if !c.closed && c.idleGen == gen && len(c.streams) == 0 {
 			c.goingAway = true
 			_ = c.writeLocked(func(fr *http2.Framer) error { return fr.WriteGoAway(c.maxStreamID, http2.ErrCodeNo, nil) })
+			c.closeAfterFlushLocked()
 		}
 		c.mu.Unlock()
-		if fire {
-			c.raw.Close()
-		}
 	})
 }
 
@@ -384,24 +421,75 @@ func (c *conn) disarmIdleLocked() {
 	}
 }
 
-// writer is a bufio.Writer and a Framer over it, taken from a pool for one
-// flush, with an HPACK encoder that never indexes (no dynamic table: no
-// per-connection encoder state).
+// writer is a Framer writing into its connection's write buffer, taken
+// from a pool for one write, with an HPACK encoder that never indexes (no
+// dynamic table: no per-connection encoder state).
 type writer struct {
-	bw   *bufio.Writer
+	sink sink
 	fr   *http2.Framer
 	hbuf bytes.Buffer
 	henc *hpack.Encoder
 }
 
+// sink appends the frames a writer's Framer makes to its connection's
+// write buffer (the connection's lock is held).
+type sink struct{ c *conn }
+
+func (k *sink) Write(p []byte) (int, error) {
+	c := k.c
+	if c.out == nil {
+		c.out = pendings.Get().(*pending)
+	}
+	c.out.b = append(c.out.b, p...)
+	c.buffered += len(p)
+	return len(p), nil
+}
+
 var writers = sync.Pool{New: func() any {
-	w := &writer{bw: bufio.NewWriterSize(nil, 4<<10)}
-	w.fr = http2.NewFramer(w.bw, nil)
+	w := &writer{}
+	w.fr = http2.NewFramer(&w.sink, nil)
 	w.henc = hpack.NewEncoder(&w.hbuf)
 	w.henc.SetMaxDynamicTableSizeLimit(0)
 	w.hbuf.Reset()
 	return w
 }}
+
+// pending is a batch of encoded frames and, per DATA frame, the stream
+// to tell (Sent) once they are written.
+type pending struct {
+	b    []byte
+	sent []sentNote
+}
+
+type sentNote struct {
+	s *Stream
+	n int
+}
+
+// maxPooledPending: a larger buffer (frames queued past MaxWriteBuffer)
+// is dropped rather than kept in the pool.
+const maxPooledPending = 256 << 10
+
+var pendings = sync.Pool{New: func() any { return &pending{b: make([]byte, 0, 4<<10)} }}
+
+func putPending(p *pending) {
+	if cap(p.b) > maxPooledPending {
+		return
+	}
+	clear(p.sent)
+	p.b, p.sent = p.b[:0], p.sent[:0]
+	pendings.Put(p)
+}
+
+// noteSentLocked records that n bytes of s's DATA are in the write
+// buffer: s's handler hears of them (Sent) once they are written.
+func (c *conn) noteSentLocked(s *Stream, n int) {
+	if k := len(c.out.sent) - 1; k >= 0 && c.out.sent[k].s == s {
+		c.out.sent[k].n += n
+		return
+	}
+	c.out.sent = append(c.out.sent, sentNote{s: s, n: n})
+}
 
 // write takes mu and writes the frames f makes.
 func (c *conn) write(f func(*http2.Framer) error) error {
@@ -410,8 +498,8 @@ func (c *conn) write(f func(*http2.Framer) error) error {
 	return c.writeLocked(f)
 }
 
-// writeLocked writes the frames f makes through a pooled writer and
-// flushes them. A failed write closes the connection.
+// writeLocked encodes the frames f makes into the write buffer, for the
+// flusher. It never waits for the network.
 func (c *conn) writeLocked(f func(*http2.Framer) error) error {
 	return c.withWriter(func(w *writer) error { return f(w.fr) })
 }
@@ -420,24 +508,97 @@ func (c *conn) withWriter(f func(*writer) error) error {
 	if c.closed || !c.ready {
 		return errConnClosed
 	}
-	w := writers.Get().(*writer)
-	w.bw.Reset(c.nc)
-	// SECURITY: a client that does not read must not hold the lock (and
-	// the writers behind it) for ever. The kernel's clock: this is a
-	// socket deadline.
-	_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
-	err := f(w)
-	if err == nil {
-		err = w.bw.Flush()
+	if c.werr != nil {
+		return c.werr
 	}
-	w.bw.Reset(nil)
+	w := writers.Get().(*writer)
+	w.sink.c = c
+	err := f(w)
+	w.sink.c = nil
 	w.hbuf.Reset()
 	writers.Put(w)
 	if err != nil {
+		// A frame the Framer refused: the buffer may hold half of what
+		// f meant to write.
 		c.raw.Close()
 		return err
 	}
+	if !c.flushing && c.out != nil {
+		c.flushing = true
+		c.flusher.Add(1)
+		go c.flush()
+	}
 	return nil
+}
+
+// flush is the flusher goroutine: it writes the write buffer batch by
+// batch, each within WriteTimeout (a failed or late write closes the
+// connection), tells the streams what was written, and ends once the
+// buffer is empty, returning it to the pool.
+func (c *conn) flush() {
+	defer c.flusher.Done()
+	c.mu.Lock()
+	for c.out != nil && c.werr == nil {
+		batch := c.out
+		c.out = nil
+		c.mu.Unlock()
+		// SECURITY: a client that does not read holds this goroutine
+		// only, and only this long. The kernel's clock: a socket
+		// deadline.
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+		_, err := c.nc.Write(batch.b)
+		c.mu.Lock()
+		c.buffered -= len(batch.b)
+		if err != nil {
+			c.failLocked(err)
+		} else {
+			for _, n := range batch.sent {
+				if !n.s.ended {
+					n.s.unreported += n.n
+					c.noteLocked(n.s)
+				}
+			}
+		}
+		putPending(batch)
+		if c.dataWaits && c.werr == nil {
+			c.dataWaits = false
+			c.flushAllLocked()
+		}
+		c.room.Broadcast()
+		if len(c.notify) > 0 {
+			c.unlock() // the handlers' Sent, without the lock
+			c.mu.Lock()
+		}
+	}
+	c.flushing = false
+	closeNow := c.closeWhenFlushed
+	c.mu.Unlock()
+	if closeNow {
+		c.raw.Close()
+	}
+}
+
+// failLocked ends the connection after a failed write: what is pending
+// is dropped, the reader and the writers are told.
+func (c *conn) failLocked(err error) {
+	c.werr = err
+	if c.out != nil {
+		c.buffered -= len(c.out.b)
+		putPending(c.out)
+		c.out = nil
+	}
+	c.raw.Close()
+	c.room.Broadcast()
+}
+
+// closeAfterFlushLocked closes the connection once what is pending is
+// written (at once if nothing is).
+func (c *conn) closeAfterFlushLocked() {
+	if c.flushing {
+		c.closeWhenFlushed = true
+		return
+	}
+	c.raw.Close()
 }
 
 // encodeHeaders HPACK-encodes fields into w.hbuf and writes them as

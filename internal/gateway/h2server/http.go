@@ -130,7 +130,13 @@ func (hs *httpStream) SetReadDeadline(t time.Time) error {
 	return nil
 }
 
-func (hs *httpStream) Sent(*Stream, int) { hs.cond.Broadcast() }
+// Sent wakes a Write waiting for its bytes to leave. Under mu: a Write
+// that found bytes queued is then in cond.Wait, not about to enter it.
+func (hs *httpStream) Sent(*Stream, int) {
+	hs.mu.Lock()
+	hs.cond.Broadcast()
+	hs.mu.Unlock()
+}
 
 func (hs *httpStream) Closed(_ *Stream, err error) {
 	hs.mu.Lock()

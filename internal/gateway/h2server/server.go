@@ -1,12 +1,15 @@
 // Package h2server is an HTTP/2 server for the gateway's daemon side,
 // built on golang.org/x/net/http2's Framer and hpack, for holding many
 // idle connections cheaply: one goroutine per connection (it reads
-// frames), writes from that goroutine or any other under a
-// per-connection lock through a bufio.Writer taken from a pool for each
-// flush, a frame reader taken from a pool for each frame, and an HPACK
-// encoder with no dynamic table. An idle connection with one open stream
-// holds no buffer of this package's own: its goroutine, its TLS
-// connection, its HPACK decoder and a few small structs.
+// frames), a frame reader taken from a pool for each frame, and an HPACK
+// encoder with no dynamic table. Writes never wait for the network: any
+// goroutine encodes frames under a per-connection lock into the
+// connection's write buffer (taken from a pool, bounded by
+// MaxWriteBuffer), and a flusher goroutine, started when there is
+// something to write and none runs, writes it out and ends once it is
+// empty. An idle connection with one open stream holds no buffer of this
+// package's own and no second goroutine: its reader, its TLS connection,
+// its HPACK decoder and a few small structs.
 //
 // A stream is served one of two ways (Handler):
 //
@@ -29,7 +32,11 @@
 // handshake, the client preface and the first SETTINGS must finish within
 // HandshakeTimeout; a stream whose client does not read keeps at most its
 // send window plus what its handler queued (MaxQueuedBytes) and is reset
-// after StreamStallTimeout without progress; a connection without streams
+// after StreamStallTimeout without progress; a connection whose client
+// stops reading its socket holds at most MaxWriteBuffer (and a few
+// control frames) encoded, stops being read past it, and is closed once a
+// write has waited WriteTimeout, which holds its flusher and nothing
+// else; a connection without streams
 // is closed after IdleTimeout; one that stops answering PINGs is closed
 // after PingInterval and PingTimeout.
 //
@@ -63,6 +70,7 @@ const (
 	DefaultMaxHeaderListSize      = 32 << 10
 	DefaultControlFramesPerSecond = 100
 	DefaultMaxQueuedBytes         = 256 << 10
+	DefaultMaxWriteBuffer         = 64 << 10
 	// maxFrameSize is what the server reads and writes: the HTTP/2 minimum.
 	maxFrameSize = 16 << 10
 )
@@ -92,7 +100,8 @@ type Config struct {
 	// StreamStallTimeout resets a stream whose queued data made no
 	// progress (the client does not read) for this long.
 	StreamStallTimeout time.Duration
-	// WriteTimeout bounds one flush to the network.
+	// WriteTimeout bounds one write of the connection's flusher to the
+	// network; past it the connection is closed.
 	WriteTimeout time.Duration
 	// PingInterval: after this long without a frame from the client, the
 	// server sends a PING; without its ACK within PingTimeout the
@@ -112,6 +121,11 @@ type Config struct {
 	// MaxQueuedBytes bounds what a stream's handler can queue beyond the
 	// client's window (Stream.Write returns ErrQueueFull past it).
 	MaxQueuedBytes int
+	// MaxWriteBuffer bounds what a connection has encoded and not yet
+	// written: past it, streams' DATA waits in their queues (and counts
+	// against MaxQueuedBytes) and the connection's frames are not read
+	// until its flusher has written some out.
+	MaxWriteBuffer int
 	// ReadTimeout, under HTTP, bounds the time from a request's headers
 	// to the end of its body, as net/http's Server.ReadTimeout does per
 	// stream: past it the stream is reset (CANCEL) and the handler's body
@@ -159,6 +173,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxQueuedBytes <= 0 {
 		c.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	if c.MaxWriteBuffer <= 0 {
+		c.MaxWriteBuffer = DefaultMaxWriteBuffer
 	}
 	return nil
 }

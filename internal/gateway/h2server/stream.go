@@ -31,9 +31,9 @@ func (f HandlerFunc) ServeStream(s *Stream) StreamHandler { return f(s) }
 
 // StreamHandler receives one stream's events. No method is called with
 // the connection's lock held, and none may block: Data runs on the
-// connection's goroutine; Sent and Closed on whichever goroutine wrote or
-// ended the stream (the connection's, or a caller of the Stream's
-// methods), so they may run alongside Data.
+// connection's goroutine; Sent on the connection's flusher; Closed on
+// whichever goroutine ended the stream (the connection's, its flusher's
+// or a caller of the Stream's methods), so they may run alongside Data.
 type StreamHandler interface {
 	// Data hands over request body bytes, valid only during the call;
 	// end reports that the client ended its side (p may then be empty;
@@ -41,7 +41,8 @@ type StreamHandler interface {
 	// The bytes hold the stream's receive window until the handler calls
 	// Consumed.
 	Data(s *Stream, p []byte, end bool)
-	// Sent reports that n more bytes queued with Write were written.
+	// Sent reports that n more bytes queued with Write were written to
+	// the connection (not after Closed).
 	Sent(s *Stream, n int)
 	// Closed is called once when the stream ends: err is nil when both
 	// sides ended, a StreamResetError, or the connection's end.
@@ -182,10 +183,13 @@ func appendFields(fields []hpack.HeaderField, h http.Header) []hpack.HeaderField
 	return fields
 }
 
-// Write queues p (copied if it must wait) as DATA and writes what the
-// client's windows allow now; the rest goes when the client opens them.
-// It never waits for flow control. Beyond MaxQueuedBytes waiting it
-// returns ErrQueueFull and queues nothing.
+// Write queues p (copied if it must wait) as DATA and hands what the
+// client's windows and the connection's write buffer allow now to the
+// connection's flusher; the rest goes when the client opens its windows
+// and the buffer drains. It never waits for flow control or for the
+// network. Beyond MaxQueuedBytes waiting it returns ErrQueueFull and
+// queues nothing. StreamHandler.Sent reports the bytes once written to
+// the connection.
 func (s *Stream) Write(p []byte) error {
 	c := s.c
 	c.mu.Lock()
@@ -197,7 +201,7 @@ func (s *Stream) Write(p []byte) error {
 		return ErrNoHeaders
 	case len(p) == 0:
 		return nil
-	case len(s.out)+len(p) > c.cfg.MaxQueuedBytes+int(max(0, min(s.sendWindow, c.sendWindow))):
+	case len(s.out)+len(p) > c.cfg.MaxQueuedBytes+int(max(0, min(s.sendWindow, c.sendWindow, int64(c.cfg.MaxWriteBuffer-c.buffered)))):
 		return ErrQueueFull
 	}
 	if len(s.out) == 0 {
@@ -269,15 +273,18 @@ func (s *Stream) consumeLocked(n int64) {
 	_ = s.c.writeLocked(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(s.id, uint32(inc)) })
 }
 
-// Queued is how many bytes wait for the client's window.
+// Queued is how many bytes wait for the client's window or for room in
+// the connection's write buffer (not those in the buffer: Sent tells
+// when they are written).
 func (s *Stream) Queued() int {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	return len(s.out)
 }
 
-// flushLocked writes what the windows allow of the queued data, then the
-// end of the stream once nothing waits.
+// flushLocked hands what the windows and the connection's write buffer
+// allow of the queued data to the flusher, then the end of the stream
+// once nothing waits.
 func (s *Stream) flushLocked() {
 	c := s.c
 	if s.ended || s.localDone || len(s.out) == 0 && !s.outEnd {
@@ -290,10 +297,15 @@ func (s *Stream) flushLocked() {
 			if n <= 0 {
 				break
 			}
+			if c.buffered >= c.cfg.MaxWriteBuffer {
+				c.dataWaits = true // the flusher comes back once it drained
+				break
+			}
 			last := n == len(s.out) && s.outEnd && s.trailers == nil
 			if err := w.fr.WriteData(s.id, last, s.out[:n]); err != nil {
 				return err
 			}
+			c.noteSentLocked(s, n)
 			s.out = s.out[n:]
 			s.sendWindow -= int64(n)
 			c.sendWindow -= int64(n)
@@ -313,10 +325,6 @@ func (s *Stream) flushLocked() {
 	})
 	if len(s.out) == 0 {
 		s.out = nil
-	}
-	if sent > 0 {
-		s.unreported += sent
-		c.noteLocked(s)
 	}
 	switch {
 	case err != nil:
@@ -373,7 +381,7 @@ func (s *Stream) endLocked(err error) {
 	c.noteLocked(s)
 	if len(c.streams) == 0 && !c.closed {
 		if c.goingAway {
-			c.raw.Close()
+			c.closeAfterFlushLocked()
 		} else {
 			c.armIdleLocked()
 		}

@@ -4,11 +4,14 @@
 // multiplexed onto a few TLS connections per upstream (Config.Conns,
 // streams spread over them, one more connection when all are at the
 // server's MAX_CONCURRENT_STREAMS). Each connection has one goroutine,
-// which reads frames and hands them to the streams' callbacks; writes
-// happen on the caller's goroutine under a per-connection lock, through a
-// bufio.Writer taken from a pool for each flush, with an HPACK encoder
-// that never indexes. An idle open stream is a struct: no goroutine, no
-// buffer.
+// which reads frames and hands them to the streams' callbacks. Writes
+// never wait for the network: the caller's goroutine encodes frames under
+// a per-connection lock (with an HPACK encoder that never indexes) into
+// the connection's write buffer, taken from a pool and bounded by
+// MaxWriteBuffer, and a flusher goroutine, started when there is
+// something to write and none runs, writes it out within WriteTimeout and
+// ends once it is empty. An idle open stream is a struct: no goroutine,
+// no buffer.
 //
 // It is the symmetric half of h2server's StreamHandler: a relay feeds a
 // daemon stream's messages to Stream.Send and returns the daemon's window
@@ -58,6 +61,7 @@ const (
 	DefaultMaxMessageSize     = 64 << 10
 	DefaultInitialWindowSize  = 64<<10 + 5 + 1024 // a message, its envelope and some
 	DefaultMaxQueuedBytes     = 256 << 10
+	DefaultMaxWriteBuffer     = 64 << 10
 	DefaultMaxHeaderListSize  = 32 << 10
 	DefaultReadBufferSize     = 4 << 10
 	DefaultHeaderTableSize    = 4096
@@ -133,7 +137,8 @@ type Config struct {
 	// HandshakeTimeout bounds the dial, the TLS handshake and the
 	// server's first SETTINGS.
 	HandshakeTimeout time.Duration
-	// WriteTimeout bounds one flush to the network.
+	// WriteTimeout bounds one write of a connection's flusher to the
+	// network; past it the connection fails.
 	WriteTimeout time.Duration
 	// PingInterval: after this long without a frame from the server, the
 	// client sends a PING; without its ACK within PingTimeout the
@@ -149,6 +154,10 @@ type Config struct {
 	// MaxQueuedBytes bounds what a stream queues beyond the server's
 	// window.
 	MaxQueuedBytes int
+	// MaxWriteBuffer bounds what a connection has encoded and not yet
+	// written: past it, streams' DATA waits in their queues (and counts
+	// against MaxQueuedBytes).
+	MaxWriteBuffer int
 	// MaxHeaderListSize bounds a response's header block, decoded.
 	MaxHeaderListSize uint32
 	// Backoff spaces dials after a failed one.
@@ -203,6 +212,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxQueuedBytes <= 0 {
 		c.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	if c.MaxWriteBuffer <= 0 {
+		c.MaxWriteBuffer = DefaultMaxWriteBuffer
 	}
 	if c.MaxHeaderListSize == 0 {
 		c.MaxHeaderListSize = DefaultMaxHeaderListSize

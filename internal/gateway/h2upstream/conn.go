@@ -19,7 +19,8 @@ import (
 )
 
 // conn is one connection. Its goroutine (run) reads frames; any goroutine
-// writes under mu.
+// encodes frames under mu into its write buffer, which its flusher
+// goroutine writes.
 type conn struct {
 	cl  *Client
 	cfg *Config
@@ -45,6 +46,21 @@ type conn struct {
 	pingFrames uint64
 	pingOut    bool
 	pingTimer  clock.Timer
+
+	// Writes never wait for the network: frames are encoded into out
+	// (taken from a pool when there is something to write) and the
+	// flusher goroutine, started when out gets bytes and none runs,
+	// writes them and ends once out is empty. buffered counts the bytes
+	// in out and in the batch being written; past MaxWriteBuffer, DATA
+	// waits in its stream's queue (dataWaits). stopWrites: GOAWAY is
+	// encoded, nothing more is.
+	out        *batch
+	buffered   int
+	flushing   bool
+	dataWaits  bool
+	stopWrites bool
+	// flusher counts the flusher goroutine; run waits for it.
+	flusher sync.WaitGroup
 }
 
 // connect dials, runs the TLS handshake, exchanges the prefaces and
@@ -79,19 +95,20 @@ func (cl *Client) connect(ctx context.Context) (*conn, error) {
 		_ = raw.SetDeadline(d)
 	}
 	if err := c.handshake(); err != nil {
-		raw.Close()
+		c.abort()
 		return nil, err
 	}
-	_ = raw.SetDeadline(time.Time{})
+	// The flusher sets its own write deadlines.
+	_ = raw.SetReadDeadline(time.Time{})
 	if c.maxStreams == 0 {
-		raw.Close()
+		c.abort()
 		return nil, fmt.Errorf("h2upstream: %s allows no stream (MAX_CONCURRENT_STREAMS 0)", cfg.Addr)
 	}
 	// Under cl.mu: Close, once it set closed, waits for no new goroutine.
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	if cl.closed {
-		raw.Close()
+		c.abort()
 		return nil, ErrClosed
 	}
 	cl.wg.Add(1)
@@ -116,7 +133,7 @@ func newConn(cl *Client, raw net.Conn) *conn {
 func (c *conn) handshake() error {
 	c.mu.Lock()
 	err := c.writeLocked(func(w *writer) error {
-		if _, err := w.bw.WriteString(http2.ClientPreface); err != nil {
+		if _, err := w.sink.Write([]byte(http2.ClientPreface)); err != nil {
 			return err
 		}
 		if err := w.fr.WriteSettings(
@@ -144,6 +161,15 @@ func (c *conn) handshake() error {
 	c.mu.Lock()
 	defer c.unlock()
 	return c.onSettings(sf)
+}
+
+// abort closes a connection that never ran and waits for its flusher.
+func (c *conn) abort() {
+	c.mu.Lock()
+	c.closed = true
+	c.raw.Close()
+	c.mu.Unlock()
+	c.flusher.Wait()
 }
 
 // state reports whether c is closed, and whether new streams may go to
@@ -178,6 +204,12 @@ func (c *conn) run() {
 	c.mu.Unlock()
 	err := c.readLoop()
 	c.mu.Lock()
+	drain := c.stopWrites
+	c.mu.Unlock()
+	if drain {
+		c.flusher.Wait() // the GOAWAY goes out first, within WriteTimeout
+	}
+	c.mu.Lock()
 	if c.err == nil {
 		c.err = fmt.Errorf("%w: %w", ErrConnClosed, err)
 	}
@@ -186,6 +218,7 @@ func (c *conn) run() {
 		s.endLocked(c.err, nil)
 	}
 	c.unlock()
+	c.flusher.Wait()
 }
 
 // readLoop reads and handles frames until one fails.
@@ -217,10 +250,12 @@ func (c *conn) readLoop() error {
 	}
 }
 
-// goAway tells the server why the client ends the connection.
+// goAway tells the server why the client ends the connection; nothing
+// is written after it.
 func (c *conn) goAway(code http2.ErrCode) {
 	c.mu.Lock()
 	_ = c.writeLocked(func(w *writer) error { return w.fr.WriteGoAway(0, code, nil) })
+	c.stopWrites = true
 	c.mu.Unlock()
 }
 
@@ -253,49 +288,150 @@ func (c *conn) unlock() {
 	}
 }
 
-// writer is a bufio.Writer and a Framer over it, taken from a pool for one
-// flush, with an HPACK encoder that never indexes (no dynamic table: no
-// per-connection encoder state).
+// writer is a Framer writing into its connection's write buffer, taken
+// from a pool for one write, with an HPACK encoder that never indexes (no
+// dynamic table: no per-connection encoder state).
 type writer struct {
-	bw   *bufio.Writer
+	sink sink
 	fr   *http2.Framer
 	hbuf bytes.Buffer
 	henc *hpack.Encoder
 }
 
+// sink appends the frames a writer's Framer makes to its connection's
+// write buffer (the connection's lock is held).
+type sink struct{ c *conn }
+
+func (k *sink) Write(p []byte) (int, error) {
+	c := k.c
+	if c.out == nil {
+		c.out = batches.Get().(*batch)
+	}
+	c.out.b = append(c.out.b, p...)
+	c.buffered += len(p)
+	return len(p), nil
+}
+
 var writers = sync.Pool{New: func() any {
-	w := &writer{bw: bufio.NewWriterSize(nil, 4<<10)}
-	w.fr = http2.NewFramer(w.bw, nil)
+	w := &writer{}
+	w.fr = http2.NewFramer(&w.sink, nil)
 	w.henc = hpack.NewEncoder(&w.hbuf)
 	w.henc.SetMaxDynamicTableSizeLimit(0)
 	return w
 }}
 
-// writeLocked writes the frames f makes through a pooled writer and
-// flushes them. A failed write fails the connection.
+// batch is encoded frames and, per DATA frame, the stream to tell
+// (OnSent) once they are written.
+type batch struct {
+	b    []byte
+	sent []sentNote
+}
+
+type sentNote struct {
+	s *Stream
+	n int
+}
+
+// maxPooledBatch: a larger buffer is dropped rather than pooled.
+const maxPooledBatch = 256 << 10
+
+var batches = sync.Pool{New: func() any { return &batch{b: make([]byte, 0, 4<<10)} }}
+
+func putBatch(b *batch) {
+	if cap(b.b) > maxPooledBatch {
+		return
+	}
+	clear(b.sent)
+	b.b, b.sent = b.b[:0], b.sent[:0]
+	batches.Put(b)
+}
+
+// noteSentLocked records that n bytes of s's DATA are in the write
+// buffer: its handler hears of them (OnSent) once they are written.
+func (c *conn) noteSentLocked(s *Stream, n int) {
+	if k := len(c.out.sent) - 1; k >= 0 && c.out.sent[k].s == s {
+		c.out.sent[k].n += n
+		return
+	}
+	c.out.sent = append(c.out.sent, sentNote{s: s, n: n})
+}
+
+// writeLocked encodes the frames f makes into the write buffer and
+// starts the flusher if none runs. It never waits for the network.
 func (c *conn) writeLocked(f func(*writer) error) error {
-	if c.closed {
+	if c.closed || c.stopWrites {
 		return c.errLocked()
 	}
 	w := writers.Get().(*writer)
-	w.bw.Reset(c.raw)
-	// A server that does not read must not hold the lock for ever: the
-	// kernel's clock, a socket deadline.
-	_ = c.raw.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+	w.sink.c = c
 	err := f(w)
-	if err == nil {
-		err = w.bw.Flush()
-	}
-	w.bw.Reset(nil)
+	w.sink.c = nil
 	w.hbuf.Reset()
 	writers.Put(w)
 	if err != nil {
+		// A frame the Framer refused: the buffer may hold half of what
+		// f meant to write.
 		if c.err == nil {
 			c.err = fmt.Errorf("%w: %w", ErrConnClosed, err)
 		}
 		c.closeLocked()
+		return err
 	}
-	return err
+	if !c.flushing && c.out != nil {
+		c.flushing = true
+		c.flusher.Add(1)
+		go c.flush()
+	}
+	return nil
+}
+
+// flush is the flusher goroutine: it writes the write buffer batch by
+// batch, each within WriteTimeout (a failed or late write fails the
+// connection), tells the streams what was written, and ends once the
+// buffer is empty, returning it to the pool.
+func (c *conn) flush() {
+	defer c.flusher.Done()
+	c.mu.Lock()
+	for c.out != nil && !c.closed {
+		b := c.out
+		c.out = nil
+		c.mu.Unlock()
+		// A server that does not read holds this goroutine only, and
+		// only this long: the kernel's clock, a socket deadline.
+		_ = c.raw.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+		_, err := c.raw.Write(b.b)
+		c.mu.Lock()
+		c.buffered -= len(b.b)
+		if err != nil {
+			if c.err == nil {
+				c.err = fmt.Errorf("%w: %w", ErrConnClosed, err)
+			}
+			c.closeLocked()
+		} else {
+			for _, n := range b.sent {
+				if !n.s.ended {
+					s, k, h := n.s, n.n, n.s.h
+					c.pending = append(c.pending, func() { h.OnSent(s, k) })
+				}
+			}
+		}
+		putBatch(b)
+		if c.dataWaits && !c.closed {
+			c.dataWaits = false
+			c.flushAllLocked()
+		}
+		if len(c.pending) > 0 {
+			c.unlock() // the handlers' calls, without the lock
+			c.mu.Lock()
+		}
+	}
+	if c.out != nil { // closed: dropped
+		c.buffered -= len(c.out.b)
+		putBatch(c.out)
+		c.out = nil
+	}
+	c.flushing = false
+	c.mu.Unlock()
 }
 
 func (c *conn) errLocked() error {

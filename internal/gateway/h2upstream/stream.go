@@ -27,9 +27,9 @@ type Request struct {
 
 // Handler receives one stream's events. No method is called with the
 // connection's lock held, and none may block: OnHeaders and OnMessage run
-// on the connection's goroutine; OnSent and the end (OnTrailers or
-// OnReset) on whichever goroutine wrote or ended the stream, so they may
-// run alongside OnMessage.
+// on the connection's goroutine; OnSent on its flusher; the end
+// (OnTrailers or OnReset) on whichever goroutine ended the stream, so
+// they may run alongside OnMessage.
 type Handler interface {
 	// OnHeaders hands over the response's headers (status 200).
 	OnHeaders(s *Stream, h http.Header)
@@ -37,7 +37,8 @@ type Handler interface {
 	// Its window bytes hold the stream's receive window until the
 	// handler calls s.Consumed(window).
 	OnMessage(s *Stream, msg []byte, window int)
-	// OnSent reports that n more bytes queued by Send were written.
+	// OnSent reports that n more bytes queued by Send were written to
+	// the connection (not after the stream's end).
 	OnSent(s *Stream, n int)
 	// OnTrailers is the stream's end with a gRPC status: the trailers, a
 	// trailers-only answer, or a non-200 HTTP status mapped to a code.
@@ -173,10 +174,12 @@ func (s *Stream) releaseOutLocked() {
 	}
 }
 
-// Send queues msg as one gRPC message (uncompressed) and writes what the
-// server's windows allow now; the rest waits for them, in a pooled
-// buffer. It never waits for flow control: past MaxQueuedBytes waiting it
-// returns ErrQueueFull and queues nothing.
+// Send queues msg as one gRPC message (uncompressed) and hands what the
+// server's windows and the connection's write buffer allow now to the
+// connection's flusher; the rest waits, in a pooled buffer. It never
+// waits for flow control or for the network: past MaxQueuedBytes waiting
+// it returns ErrQueueFull and queues nothing. OnSent reports the bytes
+// once written to the connection.
 func (s *Stream) Send(msg []byte) error {
 	c := s.c
 	c.mu.Lock()
@@ -186,7 +189,7 @@ func (s *Stream) Send(msg []byte) error {
 		return ErrStreamEnded
 	case s.outEnd:
 		return ErrSendClosed
-	case s.queuedLocked()+5+len(msg) > c.cfg.MaxQueuedBytes+int(max(0, min(s.sendWindow, c.sendWindow))):
+	case s.queuedLocked()+5+len(msg) > c.cfg.MaxQueuedBytes+int(max(0, min(s.sendWindow, c.sendWindow, int64(c.cfg.MaxWriteBuffer-c.buffered)))):
 		return ErrQueueFull
 	}
 	need := s.queuedLocked() + 5 + len(msg)
@@ -256,7 +259,8 @@ func (s *Stream) consumeLocked(n int64) {
 	_ = s.c.writeLocked(func(w *writer) error { return w.fr.WriteWindowUpdate(s.id, uint32(inc)) })
 }
 
-// Queued is how many bytes wait for the server's window.
+// Queued is how many bytes wait for the server's window or for room in
+// the connection's write buffer.
 func (s *Stream) Queued() int {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
@@ -270,8 +274,9 @@ func (s *Stream) queuedLocked() int {
 	return len(*s.out) - s.outOff
 }
 
-// flushLocked writes what the windows allow of the queued data, then the
-// end of the client's side once nothing waits.
+// flushLocked hands what the windows and the connection's write buffer
+// allow of the queued data to the flusher, then the end of the client's
+// side once nothing waits.
 func (s *Stream) flushLocked() {
 	c := s.c
 	if s.ended || s.localDone {
@@ -284,10 +289,15 @@ func (s *Stream) flushLocked() {
 			if n <= 0 {
 				break
 			}
+			if c.buffered >= c.cfg.MaxWriteBuffer {
+				c.dataWaits = true // the flusher comes back once it drained
+				break
+			}
 			last := n == s.queuedLocked() && s.outEnd
 			if err := w.fr.WriteData(s.id, last, (*s.out)[s.outOff:s.outOff+n]); err != nil {
 				return err
 			}
+			c.noteSentLocked(s, n)
 			s.outOff += n
 			s.sendWindow -= int64(n)
 			c.sendWindow -= int64(n)
@@ -302,10 +312,6 @@ func (s *Stream) flushLocked() {
 	})
 	if s.out != nil && s.queuedLocked() == 0 {
 		s.releaseOutLocked()
-	}
-	if sent > 0 {
-		h := s.h
-		c.pending = append(c.pending, func() { h.OnSent(s, sent) })
 	}
 	switch {
 	case err != nil:
