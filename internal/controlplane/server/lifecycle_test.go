@@ -131,12 +131,14 @@ func TestServeStopsBackgroundAfterServers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.apiLn.Addr().String()
+	// The API's listener records its Close: dialing its port instead
+	// would reach whatever else on the machine bound it since.
+	apiLn := &closeRecorder{Listener: l.apiLn}
+	l.apiLn = apiLn
 	var accepting, ended atomic.Bool
 	probe := func(ctx context.Context) {
 		<-ctx.Done()
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
+		if !apiLn.closed.Load() {
 			accepting.Store(true)
 		}
 		// Still able to use the store: it has not closed.
@@ -161,4 +163,15 @@ func TestServeStopsBackgroundAfterServers(t *testing.T) {
 	if accepting.Load() {
 		t.Fatal("the background work stopped while the API still accepted connections")
 	}
+}
+
+// closeRecorder is a listener that records that it was closed.
+type closeRecorder struct {
+	net.Listener
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Store(true)
+	return c.Listener.Close()
 }
