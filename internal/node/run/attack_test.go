@@ -199,7 +199,7 @@ func TestR12_3ForgedResultRefused(t *testing.T) {
 // bcd restarted, is answered "replayed" (signed by the node) and never
 // runs again: the command ids bcd ran live on disk until they expire.
 func TestR12_3ReplayedCommandRefusedAcrossRestart(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 80, 2)
 		evil := h.newEvilGateway(t)
 		p := h.startVia(t, m, evil.url)
@@ -239,7 +239,7 @@ func TestR12_3ReplayedCommandRefusedAcrossRestart(t *testing.T) {
 // after it restarted, is refused ("generation"): its id is new to the new
 // install's data directory, so the generation is what stops it.
 func TestR12_3OtherGenerationRefused(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		tok := h.token(t, h.pool(t, "p", nil), true)
 		old := h.join(t, tok, 90, 2)
 		evil := h.newEvilGateway(t)
@@ -517,7 +517,7 @@ type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, 
 func TestForgedWelcomeTimeR21_4(t *testing.T) {
 	for _, forged := range []time.Duration{-24 * time.Hour, -23 * time.Hour, 23 * time.Hour, 24 * time.Hour} {
 		t.Run(forged.String(), func(t *testing.T) {
-			each(t, func(t *testing.T, h *harness) {
+			eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 				m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 85, 2)
 				offBefore, _, _ := servertime.Read(m.store.Dir)
 				evil := h.newEvilGateway(t)
