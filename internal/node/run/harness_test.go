@@ -818,6 +818,10 @@ type evilGateway struct {
 	heartbeats []*agentv1.Heartbeat
 	// upstreams counts relayed sessions.
 	upstreams int
+	// behind, when set, has the relay stand behind a real gateway, between
+	// it and the API: it passes on the peer headers the gateway sent
+	// instead of naming its own TLS peer.
+	behind bool
 }
 
 type peerCertKey struct{}
@@ -891,8 +895,19 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 	defer cancel()
 	der, _ := ctx.Value(peerCertKey{}).([]byte)
 	up := r.up.Connect(ctx)
-	up.RequestHeader().Set(wire.PeerAddrHeader, "192.0.2.66:1")
-	wire.SetPeerCertificate(up.RequestHeader(), der)
+	g.mu.Lock()
+	behind := g.behind
+	g.mu.Unlock()
+	if behind {
+		for k, v := range down.RequestHeader() {
+			if strings.HasPrefix(k, wire.PeerHeaderPrefix) {
+				up.RequestHeader()[k] = v
+			}
+		}
+	} else {
+		up.RequestHeader().Set(wire.PeerAddrHeader, "192.0.2.66:1")
+		wire.SetPeerCertificate(up.RequestHeader(), der)
+	}
 	_ = up.Send(nil)
 	defer func() { _ = up.CloseResponse() }()
 	g.mu.Lock()
