@@ -175,10 +175,17 @@ var AgentTransports = []string{AgentNetHTTP, AgentFramer}
 // ends.
 func StartAgentOn(t testing.TB, e *Env, transport string) string {
 	t.Helper()
+	return StartServerAgentOn(t, e.Server, e.Bundle, transport)
+}
+
+// StartServerAgentOn is StartAgentOn for srv, an API server on b's PKI
+// that Start did not start (another replica, say).
+func StartServerAgentOn(t testing.TB, srv *api.Server, b *ca.Bundle, transport string) string {
+	t.Helper()
 	if transport != AgentFramer {
-		return StartAgent(t, e.Server.AgentHandler(), e.Bundle).URL
+		return StartAgent(t, srv.AgentHandler(), b).URL
 	}
-	return StartFramer(t, e.Server.AgentStreams(e.Server.AgentHandler()), e.Bundle)
+	return StartFramer(t, srv.AgentStreams(srv.AgentHandler()), b)
 }
 
 // StartFramer serves h on h2server as StartAgent serves an http.Handler:

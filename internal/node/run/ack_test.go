@@ -51,7 +51,7 @@ func (h *harness) behind(t *testing.T, kind string) int {
 // node is behind, naming it, unless forced; and retiring the node CA ends
 // the session held on a certificate it issued, as a revocation does.
 func TestPinsAckedAndNodeCARetireR21_2(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		ring, err := rotation.Open(context.Background(), rotation.Config{DB: h.e.DB, Base: h.e.Bundle, Secret: rotationSecret})
 		if err != nil {
 			t.Fatal(err)

@@ -199,7 +199,7 @@ func TestR12_3ForgedResultRefused(t *testing.T) {
 // bcd restarted, is answered "replayed" (signed by the node) and never
 // runs again: the command ids bcd ran live on disk until they expire.
 func TestR12_3ReplayedCommandRefusedAcrossRestart(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 80, 2)
 		evil := h.newEvilGateway(t)
 		p := h.startVia(t, m, evil.url)
@@ -239,7 +239,7 @@ func TestR12_3ReplayedCommandRefusedAcrossRestart(t *testing.T) {
 // after it restarted, is refused ("generation"): its id is new to the new
 // install's data directory, so the generation is what stops it.
 func TestR12_3OtherGenerationRefused(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		tok := h.token(t, h.pool(t, "p", nil), true)
 		old := h.join(t, tok, 90, 2)
 		evil := h.newEvilGateway(t)
@@ -517,7 +517,7 @@ type sessionStream = *connect.BidiStreamForClient[agentv1.SessionClientMessage, 
 func TestForgedWelcomeTimeR21_4(t *testing.T) {
 	for _, forged := range []time.Duration{-24 * time.Hour, -23 * time.Hour, 23 * time.Hour, 24 * time.Hour} {
 		t.Run(forged.String(), func(t *testing.T) {
-			each(t, func(t *testing.T, h *harness) {
+			eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 				m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 85, 2)
 				offBefore, _, _ := servertime.Read(m.store.Dir)
 				evil := h.newEvilGateway(t)
@@ -563,4 +563,67 @@ func TestForgedWelcomeTimeR21_4(t *testing.T) {
 			})
 		})
 	}
+}
+
+// R7.5: the real gateway checks each command's kind against the kinds
+// Welcome names, at dispatch, on either relay. A relay between the
+// gateway and the API narrows Welcome's kinds and injects a command of
+// another kind, validly signed: the gateway answers it with its unsigned
+// refusal (which the relay keeps from the API) and bcd never gets it,
+// while the session goes on and relays the commands it allows.
+func TestGatewayRefusesKindR7_5(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 195, 2)
+		cmdKey, ok := h.e.Bundle.CommandSigningKey.(*ecdsa.PrivateKey)
+		if !ok {
+			t.Fatal("command-signing key is not ECDSA")
+		}
+		now := time.Now()
+		const injected = "cmd_injected_acceptance"
+		body, err := proto.Marshal(&agentv1.CommandBody{CommandId: injected, NodeId: m.nodeID, IdentityGeneration: m.id.IdentityGeneration,
+			Kind: wire.KindAcceptanceCheck, Args: []byte("{}"), IssuedAtUnixMs: now.UnixMilli(), ExpiresAtUnixMs: now.Add(time.Minute).UnixMilli()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := pki.SignPurpose(cmdKey, pki.PurposeCommand, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evil := h.newEvilGateway(t)
+		evil.set(func(g *evilGateway) {
+			g.behind = true
+			g.welcome = func(w *agentv1.Welcome) { w.AllowedKinds = []string{"node.*"} }
+			g.inject = []*agentv1.SignedCommand{{Body: body, Sig: sig}}
+			g.tamper = func(_ int, r *agentv1.CommandResult) *agentv1.CommandResult {
+				if r.GetCommandId() == injected {
+					return nil // the API never sent it
+				}
+				return r
+			}
+		})
+		gwAddr, _ := h.startGateway(t, evil.url)
+		p := h.startVia(t, m, "https://"+gwAddr)
+		p.welcome(t)
+		refusal := waitResults(t, evil, 0, injected, 1)[0]
+		if refusal.GetOk() || refusal.GetError() != wire.GatewayKindRefused || len(refusal.GetSig()) != 0 || len(refusal.GetOutput()) != 0 {
+			t.Errorf("the gateway answered the injected command with %v, want its unsigned refusal", refusal)
+		}
+		// An allowed kind goes through on the same session, and bcd's
+		// answers name only it.
+		id := h.enqueue(t, m.nodeID)
+		if c := h.waitCommand(t, id); c.State != store.CommandDone || !strings.Contains(string(c.Result), `"cpus":2`) {
+			t.Errorf("command %s %q %s", c.State, c.Error, c.Result)
+		}
+		_, results := evil.snapshot()
+		for _, r := range results {
+			if r.GetCommandId() == injected && len(r.GetSig()) != 0 {
+				t.Errorf("bcd answered the command the gateway refused: %v", r)
+			}
+		}
+		var sessions int
+		evil.set(func(g *evilGateway) { sessions = g.upstreams })
+		if sessions != 1 {
+			t.Errorf("%d sessions relayed, want 1: the refusal ended the session", sessions)
+		}
+	})
 }

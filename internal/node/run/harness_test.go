@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -28,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	bcv1 "github.com/better-compute/better-compute/gen/bettercompute/v1"
 	"github.com/better-compute/better-compute/internal/checks/poll"
+	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/ca"
 	"github.com/better-compute/better-compute/internal/controlplane/controller"
@@ -90,16 +92,60 @@ type harness struct {
 	bcdAhead time.Duration
 	// mac: the API agrees heartbeat keys ([session] heartbeat_mac).
 	mac bool
+	// stack is the transports between bcd and the API.
+	stack stack
 }
 
-// each runs fn against a fresh harness on SQLite and on PostgreSQL, each
-// with its own fake API clock.
+// stack is what carries sessions between bcd and the API: the gateway's
+// HTTP/2 server and session relay ([gateway] daemon_http2 and
+// session_relay) and the API agent listener's HTTP/2 server ([agent]
+// http2).
+type stack struct {
+	name         string
+	daemonHTTP2  string // gateway.Config.DaemonHTTP2
+	sessionRelay string // gateway.Config.SessionRelay
+	agentHTTP2   string // apitest.AgentNetHTTP or apitest.AgentFramer
+}
+
+var (
+	// stackDefault is today's defaults: net/http on both listeners, a
+	// session relayed by two goroutines.
+	stackDefault = stack{name: "default", daemonHTTP2: gateway.DaemonHTTP2NetHTTP, sessionRelay: gateway.SessionRelayGoroutines, agentHTTP2: apitest.AgentNetHTTP}
+	// stackFramer is h2server everywhere: the gateway serves daemons on
+	// it and relays sessions on its callbacks, and the API holds them on
+	// its callbacks.
+	stackFramer = stack{name: "framer", daemonHTTP2: gateway.DaemonHTTP2Framer, sessionRelay: gateway.SessionRelayCallbacks, agentHTTP2: apitest.AgentFramer}
+	// stacks are the stacks the session tests run on.
+	stacks = []stack{stackDefault, stackFramer}
+	// defaultOnly is for tests whose sessions the stack does not change
+	// (a fake relay in front of the API's net/http, or no session).
+	defaultOnly = []stack{stackDefault}
+)
+
+// onStacks runs fn once per stack, as a subtest named after it.
+func onStacks(t *testing.T, sts []stack, fn func(t *testing.T, st stack)) {
+	t.Helper()
+	for _, st := range sts {
+		t.Run(st.name, func(t *testing.T) { fn(t, st) })
+	}
+}
+
+// each runs fn against a fresh harness on every stack, on SQLite and on
+// PostgreSQL, each with its own fake API clock.
 func each(t *testing.T, fn func(t *testing.T, h *harness)) {
 	t.Helper()
-	storetest.Each(t, func(t *testing.T, db *store.DB) {
-		c := clock.NewFake(time.Now())
-		e := apitest.Start(t, db, apitest.Options{Clock: c})
-		fn(t, newHarness(t, e, c))
+	eachOn(t, stacks, fn)
+}
+
+// eachOn is each on the stacks sts.
+func eachOn(t *testing.T, sts []stack, fn func(t *testing.T, h *harness)) {
+	t.Helper()
+	onStacks(t, sts, func(t *testing.T, st stack) {
+		storetest.Each(t, func(t *testing.T, db *store.DB) {
+			c := clock.NewFake(time.Now())
+			e := apitest.Start(t, db, apitest.Options{Clock: c})
+			fn(t, newHarness(t, e, c, st))
+		})
 	})
 }
 
@@ -108,21 +154,29 @@ func each(t *testing.T, fn func(t *testing.T, h *harness)) {
 // daemon offers a key MAC theirs).
 func eachBeat(t *testing.T, fn func(t *testing.T, h *harness)) {
 	t.Helper()
-	for _, mac := range []bool{false, true} {
-		name := "signed"
-		if mac {
-			name = "mac"
-		}
-		t.Run(name, func(t *testing.T) {
-			storetest.Each(t, func(t *testing.T, db *store.DB) {
-				c := clock.NewFake(time.Now())
-				e := apitest.Start(t, db, apitest.Options{Clock: c, HeartbeatMAC: mac})
-				h := newHarness(t, e, c)
-				h.mac = mac
-				fn(t, h)
+	eachBeatOn(t, stacks, fn)
+}
+
+// eachBeatOn is eachBeat on the stacks sts.
+func eachBeatOn(t *testing.T, sts []stack, fn func(t *testing.T, h *harness)) {
+	t.Helper()
+	onStacks(t, sts, func(t *testing.T, st stack) {
+		for _, mac := range []bool{false, true} {
+			name := "signed"
+			if mac {
+				name = "mac"
+			}
+			t.Run(name, func(t *testing.T) {
+				storetest.Each(t, func(t *testing.T, db *store.DB) {
+					c := clock.NewFake(time.Now())
+					e := apitest.Start(t, db, apitest.Options{Clock: c, HeartbeatMAC: mac})
+					h := newHarness(t, e, c, st)
+					h.mac = mac
+					fn(t, h)
+				})
 			})
-		})
-	}
+		}
+	})
 }
 
 // heartbeatReason is why the API ends a session on a bad heartbeat of a
@@ -134,53 +188,29 @@ func (h *harness) heartbeatReason() string {
 	return "heartbeat-signature"
 }
 
-func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
+// newHarness is the harness of e (whose clock is apiClock) on stack st.
+func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake, st stack) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var background sync.WaitGroup
-	var agentClose func()
 	// Registered first, so it runs after every other cleanup of the test
-	// (bcd, relays, the gateway) and before the database closes: nothing
-	// may write into a closed store.
+	// (bcd, relays, the gateway, the agent listener) and before the
+	// database closes: nothing may write into a closed store.
 	t.Cleanup(func() {
 		cancel()
 		background.Wait()
-		if agentClose != nil {
-			agentClose()
-		}
 		sctx, c := context.WithTimeout(context.Background(), 10*time.Second)
 		defer c()
 		if err := e.Server.Sessions().Close(sctx); err != nil {
 			t.Errorf("session handlers still running: %v", err)
 		}
 	})
-	h := &harness{e: e, clock: apiClock, dir: t.TempDir()}
-	b := e.Bundle
-	now := time.Now()
+	h := &harness{e: e, clock: apiClock, dir: t.TempDir(), stack: st}
 
-	// The API's agent listener: mTLS requiring a serving-CA client cert.
-	apiPEM, apiKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, now, 24*time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiCert, err := tls.X509KeyPair(apiPEM, apiKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(b.ServingCA)
-	agent := httptest.NewUnstartedServer(e.Server.AgentHandler())
-	agent.EnableHTTP2 = true
-	agent.TLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{apiCert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: roots}
-	agent.Config.ErrorLog = slog.NewLogLogger(quiet().Handler(), slog.LevelError)
-	agent.StartTLS()
-	t.Cleanup(agent.Close)
-	agentClose = agent.Close
-	h.agentURL = agent.URL
-
-	// The gateway.
-	h.gwAddr, h.gwCert = h.startGateway(t, agent.URL)
+	// The API's agent listener (mTLS requiring a serving-CA client
+	// certificate) on the stack's HTTP/2 server, and the gateway.
+	h.agentURL = h.startAgent(t, e.Server)
+	h.gwAddr, h.gwCert = h.startGateway(t, h.agentURL)
 
 	// The controller, woken like the server wakes it.
 	sess := e.Server.Sessions()
@@ -208,8 +238,15 @@ func newHarness(t *testing.T, e *apitest.Env, apiClock *clock.Fake) *harness {
 	return h
 }
 
-// startGateway runs a real gateway in front of the agent listener at
-// apiURL and returns its address and its certificate.
+// startAgent serves srv's agent listener on the stack's HTTP/2 server, as
+// serve does, and returns its URL; it closes when the test ends.
+func (h *harness) startAgent(t testing.TB, srv *api.Server) string {
+	t.Helper()
+	return apitest.StartServerAgentOn(t, srv, h.e.Bundle, h.stack.agentHTTP2)
+}
+
+// startGateway runs a real gateway on the harness's stack in front of the
+// agent listener at apiURL and returns its address and its certificate.
 func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certificate) {
 	t.Helper()
 	b := h.e.Bundle
@@ -224,12 +261,77 @@ func (h *harness) startGateway(t testing.TB, apiURL string) (string, tls.Certifi
 	h.gateways++
 	name := "gw" + strconv.Itoa(h.gateways)
 	certFile, keyFile, caFile := h.write(t, name+".crt", gwPEM), h.write(t, name+".key", gwKey), h.write(t, name+"-ca.pem", pki.CertPEM(b.ServingCA))
-	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, APIURL: apiURL, APICAFile: caFile},
+	g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, APIURL: apiURL, APICAFile: caFile,
+		DaemonHTTP2: h.stack.daemonHTTP2, SessionRelay: h.stack.sessionRelay},
 		gateway.Options{Log: quiet(), Tracer: h.gwTracer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return apitest.ServeGateway(t, g), cert
+}
+
+// restartable is a real gateway on the harness's stack at a fixed
+// address, which a test stops and starts again (a gateway restarting).
+type restartable struct {
+	h    *harness
+	addr string
+	stop func() // shuts the running gateway down and waits for it; nil: stopped
+}
+
+// restartableGateway starts a gateway in front of the harness's agent
+// listener at an address it keeps across restarts; it stops when the
+// test ends.
+func (h *harness) restartableGateway(t *testing.T) *restartable {
+	t.Helper()
+	r := &restartable{h: h, addr: "127.0.0.1:0"}
+	r.start(t)
+	t.Cleanup(func() { r.shutdown(t) })
+	return r
+}
+
+func (r *restartable) url() string { return "https://" + r.addr }
+
+// start runs a new gateway at r's address.
+func (r *restartable) start(t *testing.T) {
+	t.Helper()
+	h := r.h
+	b := h.e.Bundle
+	gwPEM, gwKey, err := ca.IssueGateway(b, []string{"127.0.0.1"}, time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.gateways++
+	name := "gw" + strconv.Itoa(h.gateways)
+	g, err := gateway.New(gateway.Config{Listen: r.addr, CertFile: h.write(t, name+".crt", gwPEM), KeyFile: h.write(t, name+".key", gwKey),
+		APIURL: h.agentURL, APICAFile: h.write(t, name+"-ca.pem", pki.CertPEM(b.ServingCA)),
+		DaemonHTTP2: h.stack.daemonHTTP2, SessionRelay: h.stack.sessionRelay}, gateway.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.addr = ln.Addr().String()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
+	r.stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := g.Shutdown(ctx); err != nil {
+			t.Errorf("gateway shutdown: %v", err)
+		}
+		<-served
+	}
+}
+
+// shutdown stops the running gateway, if any.
+func (r *restartable) shutdown(t *testing.T) {
+	t.Helper()
+	if r.stop != nil {
+		r.stop()
+		r.stop = nil
+	}
 }
 
 func (h *harness) write(t testing.TB, name string, data []byte) string {
@@ -716,6 +818,10 @@ type evilGateway struct {
 	heartbeats []*agentv1.Heartbeat
 	// upstreams counts relayed sessions.
 	upstreams int
+	// behind, when set, has the relay stand behind a real gateway, between
+	// it and the API: it passes on the peer headers the gateway sent
+	// instead of naming its own TLS peer.
+	behind bool
 }
 
 type peerCertKey struct{}
@@ -789,8 +895,19 @@ func (r *evilRelay) Connect(ctx context.Context, down *connect.BidiStream[agentv
 	defer cancel()
 	der, _ := ctx.Value(peerCertKey{}).([]byte)
 	up := r.up.Connect(ctx)
-	up.RequestHeader().Set(wire.PeerAddrHeader, "192.0.2.66:1")
-	wire.SetPeerCertificate(up.RequestHeader(), der)
+	g.mu.Lock()
+	behind := g.behind
+	g.mu.Unlock()
+	if behind {
+		for k, v := range down.RequestHeader() {
+			if strings.HasPrefix(k, wire.PeerHeaderPrefix) {
+				up.RequestHeader()[k] = v
+			}
+		}
+	} else {
+		up.RequestHeader().Set(wire.PeerAddrHeader, "192.0.2.66:1")
+		wire.SetPeerCertificate(up.RequestHeader(), der)
+	}
 	_ = up.Send(nil)
 	defer func() { _ = up.CloseResponse() }()
 	g.mu.Lock()

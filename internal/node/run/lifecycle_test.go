@@ -86,6 +86,39 @@ func TestR12_1SessionEndsWithinASecond(t *testing.T) {
 	})
 }
 
+// R19.3: a gateway that restarts ends the sessions it relays (the daemons
+// reconnect); bcd waits its first reconnect (drawn from [0, 10 s): 5 s
+// with the middle jitter) on its clock and opens its session again
+// through the restarted gateway, which relays commands as before.
+func TestGatewayRestartR19_3(t *testing.T) {
+	each(t, func(t *testing.T, h *harness) {
+		gw := h.restartableGateway(t)
+		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 190, 3)
+		p := h.startVia(t, m, gw.url())
+		p.welcome(t)
+		sessions := h.e.Server.Sessions()
+		eventually(t, "the API to hold the session", func() bool { return sessions.Connected(m.nodeID) })
+
+		gw.shutdown(t)
+		eventually(t, "the session to end with the gateway", func() bool { return !sessions.Connected(m.nodeID) })
+		if !h.disconnectedBecause(t, m.nodeID, "closed") {
+			t.Error("no node.disconnected event with reason closed")
+		}
+		first := run.FirstReconnectSpread / 2
+		p.waitDeadline(t, "bcd's first reconnect", p.clock.Now().Add(first))
+
+		gw.start(t)
+		p.clock.Advance(first)
+		if id := p.welcome(t); id != m.nodeID {
+			t.Fatalf("Welcome names %s", id)
+		}
+		eventually(t, "the API to hold the session again", func() bool { return sessions.Connected(m.nodeID) })
+		if c := h.waitCommand(t, h.enqueue(t, m.nodeID)); c.State != store.CommandDone || !strings.Contains(string(c.Result), `"cpus":3`) {
+			t.Errorf("command through the restarted gateway: %s %q %s", c.State, c.Error, c.Result)
+		}
+	})
+}
+
 // tx runs fn in a write transaction.
 func (h *harness) tx(t testing.TB, fn func(tx *store.Tx) error) {
 	t.Helper()

@@ -15,7 +15,7 @@ import (
 // it started (the session's loops, the renewer, the commands, the
 // listener) before Run returns.
 func TestProcessJoinsEverythingItStarted(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 1, 2)
 		cfg := *m.cfg
 		cfg.Diagnostics.Listen = "127.0.0.1:0"

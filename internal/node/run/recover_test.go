@@ -166,7 +166,7 @@ func TestSessionEndAfterRenewalReconnectsAtOnceR19_3(t *testing.T) {
 // renewer says so; a certificate that expires meanwhile ends bcd with the
 // expiry message.
 func TestNoSessionOnExpiringCertificateR19_3(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		t.Run("renewed while waiting", func(t *testing.T) {
 			m := h.join(t, h.token(t, h.pool(t, "renewed", nil), false), 160, 2)
 			renewed := make(chan struct{}, 1)
@@ -204,7 +204,7 @@ func TestNoSessionOnExpiringCertificateR19_3(t *testing.T) {
 // with the middle jitter), never in a hot loop; a renewal meanwhile ends
 // the wait and starts the backoff over.
 func TestBackoffStartsOverAfterRenewalR19_3(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 170, 2)
 		renewed := make(chan struct{}, 1)
 		p := h.startWith(t, m, refusingGateway(t), renewed)

@@ -40,13 +40,15 @@ type replicaB struct {
 	gwURL  string
 }
 
-// replicas runs fn with replica A (the harness) and replica B on one
-// fresh PostgreSQL schema; it skips without PostgreSQL.
+// replicas runs fn on every stack with replica A (the harness) and
+// replica B on one fresh PostgreSQL schema; it skips without PostgreSQL.
 func replicas(t *testing.T, fn func(t *testing.T, h *harness, b *replicaB)) {
-	dbs := storetest.PostgresReplicas(t, 2)
-	c := clock.NewFake(time.Now())
-	h := newHarness(t, apitest.Start(t, dbs[0], apitest.Options{Clock: c}), c)
-	fn(t, h, startReplicaB(t, h, dbs[1]))
+	onStacks(t, stacks, func(t *testing.T, st stack) {
+		dbs := storetest.PostgresReplicas(t, 2)
+		c := clock.NewFake(time.Now())
+		h := newHarness(t, apitest.Start(t, dbs[0], apitest.Options{Clock: c}), c, st)
+		fn(t, h, startReplicaB(t, h, dbs[1]))
+	})
 }
 
 func startReplicaB(t *testing.T, h *harness, db *store.DB) *replicaB {
@@ -73,8 +75,7 @@ func startReplicaB(t *testing.T, h *harness, db *store.DB) *replicaB {
 	// As server.Run wires it.
 	b.ln = session.NewListener(session.ListenerConfig{DB: db, Clock: b.lclock, Log: quiet(), Notify: srv.Sessions().Notify})
 	go func() { defer close(done); b.ln.Run(ctx) }()
-	agent := apitest.StartAgent(t, srv.AgentHandler(), h.e.Bundle)
-	addr, _ := h.startGateway(t, agent.URL)
+	addr, _ := h.startGateway(t, h.startAgent(t, srv))
 	b.gwURL = "https://" + addr
 	eventually(t, "replica B's listener to listen", func() bool { return b.ln.Status().Listening })
 	return b
@@ -159,7 +160,7 @@ func TestR12_3CommandReachesSessionOnAnotherReplica(t *testing.T) {
 func TestR12_3InProcessNotifyOnSQLite(t *testing.T) {
 	db := storetest.OpenSQLite(t)
 	c := clock.NewFake(time.Now())
-	h := newHarness(t, apitest.Start(t, db, apitest.Options{Clock: c}), c)
+	h := newHarness(t, apitest.Start(t, db, apitest.Options{Clock: c}), c, stackDefault)
 	l := session.NewListener(session.ListenerConfig{DB: db, Notify: h.e.Server.Sessions().Notify})
 	done := make(chan struct{})
 	go func() { l.Run(ctxT(t)); close(done) }()

@@ -239,7 +239,7 @@ func TestR12_1SessionRefused(t *testing.T) {
 // expired. An identity saved before bcd kept its generation (0) takes
 // only commands issued after it joined.
 func TestR12_3CommandVerification(t *testing.T) {
-	each(t, func(t *testing.T, h *harness) {
+	eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 		m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 30, 2)
 		other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {

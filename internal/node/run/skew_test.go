@@ -32,7 +32,7 @@ func TestClockSkewR19_3(t *testing.T) {
 	} {
 		skew := tc.skew
 		t.Run(skew.String(), func(t *testing.T) {
-			each(t, func(t *testing.T, h *harness) {
+			eachOn(t, defaultOnly, func(t *testing.T, h *harness) {
 				m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 140, 2)
 				bcdClock := clock.NewFake(h.clock.Now().Add(-skew))
 				cfg := *m.cfg
