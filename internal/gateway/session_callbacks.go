@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -26,6 +27,7 @@ import (
 	"github.com/better-compute/better-compute/internal/gateway/h2upstream"
 	"github.com/better-compute/better-compute/internal/shared/errs"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -49,7 +51,12 @@ import (
 //     replica marked out when the stream could not be opened); Shutdown
 //     ends every session with UNAVAILABLE "the gateway is shutting down;
 //     reconnect"; the daemon's END_STREAM ends the upstream request, the
-//     daemon gone resets the upstream stream.
+//     daemon gone resets the upstream stream;
+//   - traced as tracing.Handler and tracing.Transport trace the relay
+//     on net/http: a server span for the daemon's stream (a child of its
+//     traceparent), ended when the session is released, and under it a
+//     client span for the upstream stream, whose context goes upstream
+//     as traceparent and which ends with the API's response headers.
 //
 // Flow control: a message's bytes go back to the window of the side that
 // sent it only once the other side has written all that was queued to it
@@ -139,6 +146,9 @@ type callbackSession struct {
 	u     *upstream
 	addr  string
 	start time.Time
+	// span is the daemon stream's server span (no-op when tracing is
+	// off), ended on release.
+	span trace.Span
 
 	// in cuts the daemon's DATA into messages; feedMu serializes feeding
 	// (Data on the daemon connection's goroutine, and the replay of what
@@ -157,6 +167,9 @@ type callbackSession struct {
 	earlyEnd   bool
 	openCancel context.CancelFunc
 	stopWatch  func() bool
+	// upSpan is the upstream stream's client span until it ends (the
+	// API's headers came, or the stream ended without them).
+	upSpan trace.Span
 	// Flow control. upUnsent: bytes queued upstream not yet written;
 	// upOwed and apiOwed: the daemon's and the API's window to return
 	// once they are. downUnsent and downOwed: the same toward the daemon.
@@ -182,10 +195,14 @@ type callbackSession struct {
 func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 	r := d.Request()
 	proc := agentv1connect.SessionServiceConnectProcedure
+	// The server span tracing.Handler gives the net/http relay, from the
+	// daemon's traceparent (read before the headers are dropped).
+	ctx, span := tracing.StartServer(context.Background(), g.tracer, r.Method, r.Path, r.Header)
 	if enc := r.Header.Get("Grpc-Encoding"); enc != "" && enc != "identity" {
 		// SECURITY: no compression (noCompression), refused before a
 		// byte of the body is read.
 		refuseStream(d, grpcTrailers(connect.NewError(connect.CodeUnimplemented, fmt.Errorf("compression %q is not supported", enc))))
+		span.End()
 		return nil
 	}
 	var cert []byte
@@ -193,25 +210,28 @@ func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 		cert = r.TLS.PeerCertificates[0].Raw
 	}
 	if len(cert) == 0 {
-		refuseStream(d, grpcTrailers(wire.ToWire(g.log, proc, errs.New(errs.AccessDenied, "Session refused"))))
+		refuseStream(d, grpcTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.AccessDenied, "Session refused"))))
+		span.End()
 		return nil
 	}
 	if g.stopped.Err() != nil || !g.tasks.Enter() {
 		refuseStream(d, shutdownTrailers(g))
+		span.End()
 		return nil
 	}
 	select {
 	case g.held <- struct{}{}:
 	default:
 		g.tasks.Leave()
-		g.lines.LogContext(context.Background(), slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, r.RemoteAddr, "max_sessions", g.cfg.MaxSessions)
-		refuseStream(d, grpcTrailers(wire.ToWire(g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))))
+		g.lines.LogContext(ctx, slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, r.RemoteAddr, "max_sessions", g.cfg.MaxSessions)
+		refuseStream(d, grpcTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))))
+		span.End()
 		return nil
 	}
 	// Read: a held session keeps none of its request's headers (h2server
 	// keeps the Request for the stream's life).
 	r.Header = nil
-	s := &callbackSession{g: g, d: d, addr: r.RemoteAddr, start: g.clock.Now(), cert: cert}
+	s := &callbackSession{g: g, d: d, addr: r.RemoteAddr, start: g.clock.Now(), cert: cert, span: span}
 	s.in.Max = g.cfg.MaxBodyBytes
 	// A new session goes to a healthy replica; one whose replica dies
 	// ends, and bcd reconnects (to another replica through pick).
@@ -263,9 +283,15 @@ func (s *callbackSession) open() {
 	cert := s.cert
 	s.cert = nil
 	s.mu.Unlock()
-	h := make(http.Header, 2)
+	h := make(http.Header, 3)
 	h.Set(wire.PeerAddrHeader, s.addr)
 	wire.SetPeerCertificate(h, cert)
+	// The client span tracing.Transport gives the net/http relay's
+	// upstream request; its traceparent goes in h.
+	upSpan := tracing.StartClient(s.spanContext(), g.tracer, http.MethodPost, s.u.sessionPath, h)
+	s.mu.Lock()
+	s.upSpan = upSpan
+	s.mu.Unlock()
 	up, err := s.u.h2.Open(ctx, h2upstream.Request{Path: s.u.sessionPath, Header: h}, s)
 	s.mu.Lock()
 	s.openCancel = nil
@@ -273,6 +299,7 @@ func (s *callbackSession) open() {
 		s.upDone = true
 		quiet := s.answered || s.gone
 		s.mu.Unlock()
+		s.endUpSpan(0)
 		switch {
 		case g.stopped.Err() != nil:
 			s.answer(shutdownTrailers(g))
@@ -403,6 +430,25 @@ func (s *callbackSession) OnHeaders(up *h2upstream.Stream, _ http.Header) {
 		s.up = up
 	}
 	s.mu.Unlock()
+	s.endUpSpan(http.StatusOK) // h2upstream hands over 200s only
+}
+
+// endUpSpan ends the upstream stream's client span (once) with the
+// response's HTTP status, or 0: it failed before its headers.
+func (s *callbackSession) endUpSpan(status int) {
+	s.mu.Lock()
+	span := s.upSpan
+	s.upSpan = nil
+	s.mu.Unlock()
+	if span != nil {
+		tracing.EndClient(span, status)
+	}
+}
+
+// spanContext is a context of the session's server span, for the spans
+// and log lines of the session.
+func (s *callbackSession) spanContext() context.Context {
+	return trace.ContextWithSpan(context.Background(), s.span)
 }
 
 // OnMessage relays one of the API's messages to the daemon, after the
@@ -499,6 +545,11 @@ func (s *callbackSession) OnReset(_ *h2upstream.Stream, err error) { s.upEnded(e
 // answer as it is, or, when the upstream failed, UNAVAILABLE.
 func (s *callbackSession) upEnded(err error, st *h2upstream.Status) {
 	g := s.g
+	if st != nil && apiAnswered(*st) {
+		s.endUpSpan(http.StatusOK) // a trailers-only answer
+	} else {
+		s.endUpSpan(0)
+	}
 	s.mu.Lock()
 	s.upDone = true
 	opened := s.up != nil
@@ -564,9 +615,9 @@ func shutdownTrailers(g *Gateway) http.Header {
 // and returns the daemon's UNAVAILABLE.
 func (s *callbackSession) failure(err error) http.Header {
 	proc := agentv1connect.SessionServiceConnectProcedure
-	s.g.lines.LogContext(context.Background(), slog.LevelWarn, "failed\x1f"+proc, "relay to the API failed", "procedure", proc, telemetry.LogPeer, s.addr,
+	s.g.lines.LogContext(s.spanContext(), slog.LevelWarn, "failed\x1f"+proc, "relay to the API failed", "procedure", proc, telemetry.LogPeer, s.addr,
 		"elapsed", s.g.clock.Now().Sub(s.start).String(), "err", err)
-	return grpcTrailers(wire.ToWire(s.g.log, proc, errs.New(errs.Unavailable, "the control plane is unavailable; retry later")))
+	return grpcTrailers(wire.ToWireContext(s.spanContext(), s.g.log, proc, errs.New(errs.Unavailable, "the control plane is unavailable; retry later")))
 }
 
 // answer ends the daemon's stream with tr (once) and the upstream stream.
@@ -623,6 +674,8 @@ func (s *callbackSession) release() {
 	if stop != nil {
 		stop()
 	}
+	s.endUpSpan(0) // the session ended before the API's headers
+	s.span.End()
 	<-s.g.held
 	s.g.tasks.Leave()
 }

@@ -102,10 +102,11 @@ func (s *Server) LocalAgentHandler() http.Handler { return s.agentMux() }
 // other stream with other, AgentHandler as the caller wraps it, on a
 // goroutine while it runs. A session stream without a verified client
 // certificate goes to other too, which refuses it as AgentHandler does.
-// Sessions on callbacks carry no server span: a span as long as a
-// session says nothing a node.connected event does not.
+// Sessions on callbacks are traced as on the connect handler: a server
+// span per session, a child of the gateway's traceparent, with the
+// session's transactions under it (session.Streams).
 func (s *Server) AgentStreams(other http.Handler) h2server.Handler {
-	sessions := s.sessions.Streams(session.StreamOptions{ReadMaxBytes: agentMaxBytes, SendMaxBytes: agentMaxBytes})
+	sessions := s.sessions.Streams(session.StreamOptions{ReadMaxBytes: agentMaxBytes, SendMaxBytes: agentMaxBytes, Tracer: s.cfg.Tracer})
 	rest := h2server.HTTP(other)
 	return h2server.HandlerFunc(func(st *h2server.Stream) h2server.StreamHandler {
 		if tls := st.Request().TLS; tls != nil && len(tls.VerifiedChains) > 0 {

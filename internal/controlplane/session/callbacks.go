@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/proto"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
 	"github.com/better-compute/better-compute/internal/gateway/h2server"
 	"github.com/better-compute/better-compute/internal/shared/clock"
+	"github.com/better-compute/better-compute/internal/shared/tracing"
 	"github.com/better-compute/better-compute/internal/shared/wire"
 )
 
@@ -35,6 +37,12 @@ import (
 // (finish), answers with the cause in the gRPC trailers (grpcTrailers)
 // and resets the request side if the gateway has not ended it.
 //
+// Tracing: a session has the server span tracing.Handler gives Connect on
+// net/http (the same name and attributes, a child of the gateway's
+// traceparent, whose sampled flag stands: its callers are authenticated
+// gateways), in the session's context, so its transactions are its
+// children; it ends with the session's answer (endStream).
+//
 // Flow control: a message's bytes go back to the gateway's window once
 // its job ran, so what one session queues is bounded by its window
 // (h2server's InitialWindowSize), and by maxJobs.
@@ -49,6 +57,10 @@ const maxJobs = 1024
 // zero: none).
 type StreamOptions struct {
 	ReadMaxBytes, SendMaxBytes int
+	// Tracer records each session's server span (the connect handler's
+	// tracing.Handler's); nil: the global provider, a no-op unless
+	// tracing.Setup ran.
+	Tracer trace.TracerProvider
 }
 
 // Streams serves SessionService.Connect on h2server's callbacks. Build it
@@ -82,7 +94,10 @@ func (h *Streams) Serve(st *h2server.Stream) h2server.StreamHandler {
 	if x.msgs.Max <= 0 {
 		x.msgs.Max = 1<<31 - 1
 	}
-	x.ctx, x.cancel = context.WithCancelCause(context.Background())
+	// The span lives in the session's context, which the session keeps
+	// anyway: ctx of a held session's jobs, and endStream's to end it.
+	ctx, _ := tracing.StartServer(context.Background(), h.opts.Tracer, r.Method, r.Path, r.Header, tracing.TrustCallerSampling())
+	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if !s.enter() {
 		x.phase = phaseOver
 		x.cancel(nil)
@@ -538,6 +553,7 @@ func (x *cbSession) stopTimer() {
 // endStream writes err as the call's trailers and resets the request side
 // if the gateway has not ended it (as net/http does after a handler
 // returned).
+// Its server span ends with it.
 func (x *cbSession) endStream(err error) {
 	if x.writeHeaders() == nil {
 		_ = x.st.WriteTrailers(grpcTrailers(err))
@@ -545,4 +561,5 @@ func (x *cbSession) endStream(err error) {
 	if !x.st.RequestEnded() {
 		x.st.Reset(http2.ErrCodeNo)
 	}
+	trace.SpanFromContext(x.ctx).End()
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
 	"github.com/better-compute/better-compute/internal/controlplane/store"
 	"github.com/better-compute/better-compute/internal/controlplane/store/storetest"
-	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/shared/clock"
 	"github.com/better-compute/better-compute/internal/shared/telemetry"
 	"github.com/better-compute/better-compute/internal/shared/tracing"
@@ -35,6 +34,16 @@ func span(t *testing.T, p tracingtest.Process, name string, kind trace.SpanKind,
 		return false
 	})
 	return found
+}
+
+// attr is s's attribute key as a string ("" without one).
+func attr(s tracetest.SpanStub, key string) string {
+	for _, a := range s.Attributes {
+		if string(a.Key) == key {
+			return a.Value.Emit()
+		}
+	}
+	return ""
 }
 
 // jsonLine returns the JSON log line of b whose msg is msg.
@@ -61,12 +70,6 @@ func TestSessionIsOneTraceR17_3(t *testing.T) {
 }
 
 func testSessionIsOneTrace(t *testing.T, st stack) {
-	if st.sessionRelay == gateway.SessionRelayCallbacks {
-		// Sessions relayed on the gateway's callbacks and held on the
-		// API's carry no span (docs/gateway.md, api.Server.AgentStreams):
-		// the trace of a session stops at bcd.
-		t.Skip("sessions on callbacks are not traced: no gateway or API span of SessionService/Connect")
-	}
 	bcd, gw, api := tracingtest.New(t, tracing.ServiceBCD), tracingtest.New(t, tracing.ServiceGateway), tracingtest.New(t, tracing.ServiceAPI)
 	c := clock.NewFake(time.Now())
 	e := apitest.Start(t, storetest.OpenSQLite(t), apitest.Options{Clock: c, Tracer: api.TP})
@@ -102,13 +105,21 @@ func testSessionIsOneTrace(t *testing.T, st stack) {
 			t.Errorf("%s (%v): trace %s, want the session's %s", s.Name, s.SpanKind, s.SpanContext.TraceID(), tid)
 		}
 	}
-	kind := ""
-	for _, a := range cmd.Attributes {
-		if a.Key == tracing.AttrCommandKind {
-			kind = a.Value.AsString()
+	// Every stack's spans say the same: the relay and the API on
+	// callbacks as on net/http.
+	for _, c := range []struct {
+		s         tracetest.SpanStub
+		key, want string
+	}{
+		{gwServer, "rpc.method", connect},
+		{apiServer, "rpc.method", connect},
+		{gwClient, "http.response.status_code", "200"},
+	} {
+		if got := attr(c.s, c.key); got != c.want {
+			t.Errorf("%s (%v): %s %q, want %q", c.s.Name, c.s.SpanKind, c.key, got, c.want)
 		}
 	}
-	if kind != wire.KindNodeFacts {
+	if kind := attr(cmd, tracing.AttrCommandKind); kind != wire.KindNodeFacts {
 		t.Errorf("command span kind %q, want %q", kind, wire.KindNodeFacts)
 	}
 	for msg, span := range map[string]tracetest.SpanStub{"session open": open, "command done": cmd} {

@@ -56,6 +56,9 @@ var (
 	StartOn             = lite.StartOn
 	End                 = lite.End
 	Handler             = lite.Handler
+	StartServer         = lite.StartServer
+	StartClient         = lite.StartClient
+	EndClient           = lite.EndClient
 	Transport           = lite.Transport
 	Client              = lite.Client
 	TrustCallerSampling = lite.TrustCallerSampling

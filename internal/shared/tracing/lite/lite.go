@@ -157,16 +157,16 @@ func End(span trace.Span, err error) {
 // RPC procedure this process does not know.
 const UnknownSpan = "unknown"
 
-// spanName is an RPC's procedure without its leading slash
+// clientSpanName is an RPC's procedure without its leading slash
 // ("bc.agent.v1.JoinService/Join"), else "HTTP {method}": paths other
 // than procedures would make span names unbounded. It names client
 // spans, whose paths this process chose.
-func spanName(r *http.Request) string {
-	p := strings.TrimPrefix(r.URL.Path, "/")
+func clientSpanName(method, path string) string {
+	p := strings.TrimPrefix(path, "/")
 	if svc, m, ok := strings.Cut(p, "/"); ok && m != "" && !strings.Contains(m, "/") && strings.Contains(svc, ".") && !strings.ContainsAny(p, "?%") && len(p) <= 128 {
 		return p
 	}
-	return "HTTP " + r.Method
+	return "HTTP " + method
 }
 
 // serverSpanName names a server span from what this process knows, never
@@ -176,8 +176,7 @@ func spanName(r *http.Request) string {
 // procedure (a dotted service ending in a capitalised name, then a
 // method), "HTTP {method}" for other paths with a standard method, and
 // UnknownSpan for any other method.
-func serverSpanName(r *http.Request) string {
-	p := r.URL.Path
+func serverSpanName(method, p string) string {
 	if i := strings.LastIndex(p, "/"); i > 0 {
 		j := strings.LastIndex(p[:i], "/")
 		svc, method := p[j+1:i], p[i+1:]
@@ -185,9 +184,9 @@ func serverSpanName(r *http.Request) string {
 			return knownProcedure(svc, method)
 		}
 	}
-	switch r.Method {
+	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions:
-		return "HTTP " + r.Method
+		return "HTTP " + method
 	}
 	return UnknownSpan
 }
@@ -248,16 +247,39 @@ func Handler(tp trace.TracerProvider, next http.Handler, opts ...HandlerOption) 
 	}
 	tr := tp.Tracer(Instrumentation)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		if o.trust {
-			ctx = context.WithValue(ctx, trustedCaller{}, true)
-		}
-		name := serverSpanName(r)
-		ctx, span := tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("rpc.method", name)))
+		ctx, span := startServer(r.Context(), tr, r.Method, r.URL.Path, r.Header, o)
 		defer span.End()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// StartServer starts the server span Handler starts for a request of
+// method to path whose headers are header (their traceparent), for a
+// server that is no http.Handler (a stream served on h2server's
+// callbacks): the same name, attributes, parent and sampling. The caller
+// ends the span when its answer is done. A no-op provider (tp nil: the
+// global one) gives ctx back and a no-op span, at no cost.
+func StartServer(ctx context.Context, tp trace.TracerProvider, method, path string, header http.Header, opts ...HandlerOption) (context.Context, trace.Span) {
+	tp = Provider(tp)
+	if _, off := tp.(noop.TracerProvider); off {
+		return ctx, noopSpan
+	}
+	var o handlerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return startServer(ctx, tp.Tracer(Instrumentation), method, path, header, o)
+}
+
+// startServer is Handler's span, on tr.
+func startServer(ctx context.Context, tr trace.Tracer, method, path string, header http.Header, o handlerOptions) (context.Context, trace.Span) {
+	ctx = Propagator.Extract(ctx, propagation.HeaderCarrier(header))
+	if o.trust {
+		ctx = context.WithValue(ctx, trustedCaller{}, true)
+	}
+	name := serverSpanName(method, path)
+	return tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("rpc.method", name)))
 }
 
 // Transport wraps base (nil: http.DefaultTransport) with a client span per
@@ -280,20 +302,47 @@ type transport struct {
 }
 
 func (t *transport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, span := t.tr.Start(r.Context(), spanName(r), trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := t.tr.Start(r.Context(), clientSpanName(r.Method, r.URL.Path), trace.WithSpanKind(trace.SpanKindClient))
 	r = r.Clone(ctx)
 	Propagator.Inject(ctx, propagation.HeaderCarrier(r.Header))
 	res, err := t.base.RoundTrip(r)
 	if err != nil {
-		span.SetStatus(codes.Error, "transport")
-		span.End()
+		EndClient(span, 0)
 		return nil, err
 	}
 	// A streaming call's span ends with its response headers: the span
 	// measures the call's start, not a session's life.
-	span.SetAttributes(attribute.Int("http.response.status_code", res.StatusCode))
-	span.End()
+	EndClient(span, res.StatusCode)
 	return res, nil
+}
+
+// StartClient starts the client span Transport starts for a request of
+// method to path, a child of ctx's span, and sets its context in header
+// (traceparent), for a client that is no http.RoundTripper (a stream
+// opened on h2upstream). The caller ends it with EndClient once the
+// response's headers came, or the request failed. A no-op provider (tp
+// nil: the global one) gives a no-op span and leaves header as it is.
+func StartClient(ctx context.Context, tp trace.TracerProvider, method, path string, header http.Header) trace.Span {
+	tp = Provider(tp)
+	if _, off := tp.(noop.TracerProvider); off {
+		return noopSpan
+	}
+	ctx, span := tp.Tracer(Instrumentation).Start(ctx, clientSpanName(method, path), trace.WithSpanKind(trace.SpanKindClient))
+	Propagator.Inject(ctx, propagation.HeaderCarrier(header))
+	return span
+}
+
+// EndClient ends a client span as Transport does: with the response's
+// HTTP status, or, status 0 (no response), as a transport failure.
+func EndClient(span trace.Span, status int) {
+	switch {
+	case !span.IsRecording():
+	case status == 0:
+		span.SetStatus(codes.Error, "transport")
+	default:
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+	}
+	span.End()
 }
 
 // CloseIdleConnections passes through to base.
