@@ -2,8 +2,6 @@ package gateway
 
 import (
 	"crypto/tls"
-	"net"
-	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/gateway/h2server"
@@ -34,11 +32,11 @@ const (
 // connection that negotiated HTTP/1.1 handed to g.hs, net/http, through
 // g.h1.
 func (g *Gateway) newFramer(tlsCfg *tls.Config) error {
-	g.h1 = newConnListener()
+	g.h1 = h2server.NewHandOver()
 	srv, err := h2server.New(h2server.Config{
 		Handler:              g.framerHandler(),
 		TLS:                  tlsCfg,
-		Other:                g.h1.hand,
+		Other:                g.h1.Hand,
 		Clock:                g.clock,
 		Log:                  g.log,
 		HandshakeTimeout:     handshakeTimeout,
@@ -58,45 +56,3 @@ func (g *Gateway) newFramer(tlsCfg *tls.Config) error {
 	g.h2 = srv
 	return nil
 }
-
-// connListener is a net.Listener of the connections h2server hands over
-// (HTTP/1.1 after the TLS handshake), for net/http's Serve.
-type connListener struct {
-	conns chan net.Conn
-	once  sync.Once
-	done  chan struct{}
-}
-
-func newConnListener() *connListener {
-	return &connListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// hand passes c to Accept, or closes it once the listener is closed.
-func (l *connListener) hand(c *tls.Conn) {
-	select {
-	case l.conns <- c:
-	case <-l.done:
-		c.Close()
-	}
-}
-
-func (l *connListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *connListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *connListener) Addr() net.Addr { return handedAddr{} }
-
-type handedAddr struct{}
-
-func (handedAddr) Network() string { return "h2server" }
-func (handedAddr) String() string  { return "handed-over" }

@@ -110,7 +110,7 @@ type Gateway struct {
 	// HTTP/1.1 connections h2 hands over through h1 ("framer").
 	hs *http.Server
 	h2 *h2server.Server
-	h1 *connListener
+	h1 *h2server.HandOver
 	// pair is the serving certificate in force (readiness, expiry).
 	pair         *certfile.Pair
 	metrics      *metrics

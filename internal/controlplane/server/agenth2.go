@@ -1,11 +1,8 @@
 package server
 
 import (
-	"crypto/tls"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
 
 	"github.com/better-compute/better-compute/internal/controlplane/api"
 	"github.com/better-compute/better-compute/internal/gateway/h2server"
@@ -19,15 +16,15 @@ import (
 // through h1. The limits are net/http's on the listener (listenAgent).
 type agentFramer struct {
 	h2 *h2server.Server
-	h1 *connListener
+	h1 *h2server.HandOver
 }
 
 func newAgentFramer(as *http.Server, srv *api.Server, log *slog.Logger) (*agentFramer, error) {
-	f := &agentFramer{h1: newConnListener()}
+	f := &agentFramer{h1: h2server.NewHandOver()}
 	h2, err := h2server.New(h2server.Config{
 		Handler:          srv.AgentStreams(as.Handler),
 		TLS:              as.TLSConfig,
-		Other:            f.h1.hand,
+		Other:            f.h1.Hand,
 		Clock:            clock.Real{},
 		Log:              log.With("listener", "agent"),
 		HandshakeTimeout: as.ReadHeaderTimeout,
@@ -57,45 +54,3 @@ func newAgentFramer(as *http.Server, srv *api.Server, log *slog.Logger) (*agentF
 	f.h2 = h2
 	return f, nil
 }
-
-// connListener is a net.Listener of the connections h2server hands over
-// (HTTP/1.1 after the TLS handshake), for net/http's Serve.
-type connListener struct {
-	conns chan net.Conn
-	once  sync.Once
-	done  chan struct{}
-}
-
-func newConnListener() *connListener {
-	return &connListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-// hand passes c to Accept, or closes it once the listener is closed.
-func (l *connListener) hand(c *tls.Conn) {
-	select {
-	case l.conns <- c:
-	case <-l.done:
-		c.Close()
-	}
-}
-
-func (l *connListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *connListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *connListener) Addr() net.Addr { return handedAddr{} }
-
-type handedAddr struct{}
-
-func (handedAddr) Network() string { return "h2server" }
-func (handedAddr) String() string  { return "handed-over" }
