@@ -17,7 +17,6 @@ import (
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/http2"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -201,7 +200,7 @@ func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 	if enc := r.Header.Get("Grpc-Encoding"); enc != "" && enc != "identity" {
 		// SECURITY: no compression (noCompression), refused before a
 		// byte of the body is read.
-		refuseStream(d, grpcTrailers(connect.NewError(connect.CodeUnimplemented, fmt.Errorf("compression %q is not supported", enc))))
+		refuseStream(d, wire.GRPCTrailers(connect.NewError(connect.CodeUnimplemented, fmt.Errorf("compression %q is not supported", enc))))
 		span.End()
 		return nil
 	}
@@ -210,7 +209,7 @@ func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 		cert = r.TLS.PeerCertificates[0].Raw
 	}
 	if len(cert) == 0 {
-		refuseStream(d, grpcTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.AccessDenied, "Session refused"))))
+		refuseStream(d, wire.GRPCTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.AccessDenied, "Session refused"))))
 		span.End()
 		return nil
 	}
@@ -224,7 +223,7 @@ func (g *Gateway) serveSession(d *h2server.Stream) h2server.StreamHandler {
 	default:
 		g.tasks.Leave()
 		g.lines.LogContext(ctx, slog.LevelWarn, "full", "gateway full: session refused", telemetry.LogPeer, r.RemoteAddr, "max_sessions", g.cfg.MaxSessions)
-		refuseStream(d, grpcTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))))
+		refuseStream(d, wire.GRPCTrailers(wire.ToWireContext(ctx, g.log, proc, errs.New(errs.ResourcesLimited, "the gateway is busy; retry later"))))
 		span.End()
 		return nil
 	}
@@ -370,11 +369,11 @@ func (s *callbackSession) feed(up *h2upstream.Stream, p []byte, end bool) {
 	}
 	switch {
 	case errors.Is(err, grpcmsg.ErrTooLarge):
-		s.answer(grpcTrailers(wire.ToWire(s.g.log, agentv1connect.SessionServiceConnectProcedure,
+		s.answer(wire.GRPCTrailers(wire.ToWire(s.g.log, agentv1connect.SessionServiceConnectProcedure,
 			errs.New(errs.ResourcesLimited, "a session message is over the gateway's limit of %d bytes", s.g.cfg.MaxBodyBytes))))
 		return
 	case errors.Is(err, errCompressedMessage), errors.Is(err, errTruncatedMessage):
-		s.answer(grpcTrailers(connect.NewError(connect.CodeInternal, err)))
+		s.answer(wire.GRPCTrailers(connect.NewError(connect.CodeInternal, err)))
 		return
 	case errors.Is(err, h2upstream.ErrQueueFull):
 		s.g.relayError(s.u)
@@ -486,7 +485,7 @@ func (s *callbackSession) OnMessage(up *h2upstream.Stream, msg []byte, window in
 	s.downOwed += window
 	s.mu.Unlock()
 	if err := s.d.Write(b); errors.Is(err, h2server.ErrQueueFull) {
-		s.answer(grpcTrailers(wire.ToWire(s.g.log, agentv1connect.SessionServiceConnectProcedure,
+		s.answer(wire.GRPCTrailers(wire.ToWire(s.g.log, agentv1connect.SessionServiceConnectProcedure,
 			errs.New(errs.Unavailable, "the session fell behind; reconnect"))))
 	}
 	// Any other error: the daemon's stream ended, Closed follows.
@@ -608,7 +607,7 @@ func (s *callbackSession) shutdown() {
 }
 
 func shutdownTrailers(g *Gateway) http.Header {
-	return grpcTrailers(wire.ToWire(g.log, agentv1connect.SessionServiceConnectProcedure, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect")))
+	return wire.GRPCTrailers(wire.ToWire(g.log, agentv1connect.SessionServiceConnectProcedure, errs.New(errs.Unavailable, "the gateway is shutting down; reconnect")))
 }
 
 // failure logs an upstream failure (rate-limited, as upstreamError does)
@@ -617,7 +616,7 @@ func (s *callbackSession) failure(err error) http.Header {
 	proc := agentv1connect.SessionServiceConnectProcedure
 	s.g.lines.LogContext(s.spanContext(), slog.LevelWarn, "failed\x1f"+proc, "relay to the API failed", "procedure", proc, telemetry.LogPeer, s.addr,
 		"elapsed", s.g.clock.Now().Sub(s.start).String(), "err", err)
-	return grpcTrailers(wire.ToWireContext(s.spanContext(), s.g.log, proc, errs.New(errs.Unavailable, "the control plane is unavailable; retry later")))
+	return wire.GRPCTrailers(wire.ToWireContext(s.spanContext(), s.g.log, proc, errs.New(errs.Unavailable, "the control plane is unavailable; retry later")))
 }
 
 // answer ends the daemon's stream with tr (once) and the upstream stream.
@@ -678,49 +677,4 @@ func (s *callbackSession) release() {
 	s.span.End()
 	<-s.g.held
 	s.g.tasks.Leave()
-}
-
-// grpcTrailers encodes err (a *connect.Error, as wire.ToWire returns) as
-// connect's handler does for a gRPC client: grpc-status, grpc-message
-// percent-encoded, and grpc-status-details-bin, a google.rpc.Status with
-// the details, when there are any.
-func grpcTrailers(err error) http.Header {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		ce = connect.NewError(connect.CodeUnknown, err)
-	}
-	h := make(http.Header, 3)
-	h.Set("Grpc-Status", strconv.Itoa(int(ce.Code())))
-	h.Set("Grpc-Message", grpcPercentEncode(ce.Message()))
-	if ds := ce.Details(); len(ds) > 0 {
-		b := protowire.AppendTag(nil, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(ce.Code()))
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendString(b, ce.Message())
-		for _, d := range ds {
-			a := protowire.AppendTag(nil, 1, protowire.BytesType)
-			a = protowire.AppendString(a, "type.googleapis.com/"+d.Type())
-			a = protowire.AppendTag(a, 2, protowire.BytesType)
-			a = protowire.AppendBytes(a, d.Bytes())
-			b = protowire.AppendTag(b, 3, protowire.BytesType)
-			b = protowire.AppendBytes(b, a)
-		}
-		h.Set("Grpc-Status-Details-Bin", connect.EncodeBinaryHeader(b))
-	}
-	return h
-}
-
-// grpcPercentEncode escapes grpc-message as gRPC's HTTP/2 spec says:
-// bytes outside printable ASCII, and '%'.
-func grpcPercentEncode(msg string) string {
-	var b strings.Builder
-	for i := range len(msg) {
-		c := msg[i]
-		if c < ' ' || c > '~' || c == '%' {
-			fmt.Fprintf(&b, "%%%02X", c)
-			continue
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
 }

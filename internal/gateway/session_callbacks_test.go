@@ -377,7 +377,7 @@ func TestGRPCTrailersRoundTrip(t *testing.T) {
 		errs.New(errs.AccessDenied, "Session refused"),
 		errs.New(errs.Unavailable, "%s", "100% busy: ünïcode\nand a newline"),
 	} {
-		tr := grpcTrailers(wire.ToWire(quietLog(), "p", e))
+		tr := wire.GRPCTrailers(wire.ToWire(quietLog(), "p", e))
 		got := roundTripTrailers(t, tr)
 		pe, ok := errs.As(wire.FromWire(got))
 		if !ok || pe.Code != e.Code || pe.Message != e.Message {

@@ -556,7 +556,7 @@ func (x *cbSession) stopTimer() {
 // Its server span ends with it.
 func (x *cbSession) endStream(err error) {
 	if x.writeHeaders() == nil {
-		_ = x.st.WriteTrailers(grpcTrailers(err))
+		_ = x.st.WriteTrailers(wire.GRPCTrailers(err))
 	}
 	if !x.st.RequestEnded() {
 		x.st.Reset(http2.ErrCodeNo)

@@ -1,4 +1,4 @@
-package session
+package wire
 
 import (
 	"errors"
@@ -14,14 +14,15 @@ import (
 // connect-go writes an error detail's.
 const anyTypePrefix = "type.googleapis.com/"
 
-// grpcTrailers are the trailers that end a gRPC call with err (nil: OK),
+// GRPCTrailers are the trailers that end a gRPC call with err (nil: OK),
 // byte for byte as connect-go's handler writes them for the gRPC
 // protocol: grpc-status, grpc-message (percent-encoded) and, when err
-// carries details (the product's ErrorDetail), grpc-status-details-bin,
-// a google.rpc.Status in unpadded base64. A session served on callbacks
-// ends with these, so the gateway and bcd read the same errors on either
-// transport (the test compares them with connect-go's).
-func grpcTrailers(err error) http.Header {
+// carries details (the product's ErrorDetail, as ToWire adds),
+// grpc-status-details-bin, a google.rpc.Status in unpadded base64.
+// Sessions served on callbacks (the API's and the gateway's) end with
+// these, so bcd reads the same errors on either transport (the session
+// package's test compares them with connect-go's).
+func GRPCTrailers(err error) http.Header {
 	if err == nil {
 		return http.Header{"Grpc-Status": {"0"}}
 	}
