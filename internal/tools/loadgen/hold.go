@@ -128,10 +128,13 @@ func (h *holder) noteError(err error) {
 	if err == nil {
 		return
 	}
+	// One kind per error, not per connection: ports differ. The
+	// expression runs before the lock: thousands of daemons fail at once
+	// when a gateway or the API dies, and each would hold every other
+	// behind it (and behind a collection that parks it meanwhile).
+	msg := ephemeralPort.ReplaceAllString(err.Error(), "$1:*->")
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	// One kind per error, not per connection: ports differ.
-	msg := ephemeralPort.ReplaceAllString(err.Error(), "$1:*->")
 	if _, ok := h.errors[msg]; ok || len(h.errors) < maxErrorKinds {
 		h.errors[msg]++
 	}

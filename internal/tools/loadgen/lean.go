@@ -90,13 +90,30 @@ type leanHolder struct {
 	clock  clock.Clock
 	log    *slog.Logger
 	rand   func() float64
-	pins   *config.Pins
+	pins   leanPins
 	addr   string // the gateway's host:port, also the :authority
 	procfs string
 	nodes  []*leanNode
 	// wg counts the timers armed or firing, the messages being handled
 	// and the connections being closed: stop waits for them.
 	wg sync.WaitGroup
+}
+
+// leanPins are the pins every daemon of the holder holds, read once:
+// a lean daemon learns none (bcd's daemon keeps its own config.Pins, one
+// per process). Every Hello and every renewal reads them, so they are
+// not behind config.Pins' lock: after a kill of the API or a gateway,
+// thousands of daemons answer their Challenges and retry their renewals
+// at once, and one lock that a holder can keep while the garbage
+// collector parks it (config.Pins.Held allocates under it) queued them
+// all behind it for tens of seconds. The slices are clipped: nobody may
+// append to them in place.
+type leanPins struct {
+	held, signing, retired []string
+}
+
+func newLeanPins(p *config.Pins) leanPins {
+	return leanPins{held: slices.Clip(p.Held()), signing: slices.Clip(p.Set(pki.KindJoinSigning)), retired: slices.Clip(p.Retired())}
 }
 
 // leanSite is what the daemons of one site share: the command-signing
@@ -153,7 +170,7 @@ func holdLean(ctx context.Context, h *holder, tg *target, ms []*machine, opts Ho
 		return err
 	}
 	lh := &leanHolder{h: h, tg: tg, ctx: ctx, clock: opts.Clock, log: slog.New(slog.DiscardHandler), rand: mrand.Float64,
-		pins: config.NewPins("", tg.bc, nil), addr: u.Host, procfs: tg.bc.ProcfsRoot}
+		pins: newLeanPins(config.NewPins("", tg.bc, nil)), addr: u.Host, procfs: tg.bc.ProcfsRoot}
 	if lh.clock == nil {
 		lh.clock = clock.Real{}
 	}
@@ -449,7 +466,7 @@ func (s *leanSession) send(st *h2upstream.Stream, m *agentv1.SessionClientMessag
 // hello answers the Challenge as bcd does (nodesession.Answer).
 func (s *leanSession) hello(st *h2upstream.Stream, nonce []byte) {
 	n := s.n
-	opening, hello, err := nodesession.Answer(s.key, n.st.id, s.leaf, nonce, n.lh.pins.Held())
+	opening, hello, err := nodesession.Answer(s.key, n.st.id, s.leaf, nonce, n.lh.pins.held)
 	if errors.Is(err, nodesession.ErrNoChallenge) {
 		err = fmt.Errorf("the gateway %s opened the session without the control plane's challenge", n.lh.addr)
 	}
@@ -571,6 +588,7 @@ func (s *leanSession) end(err error) {
 	cl := n.client
 	n.sess, n.client = nil, nil
 	stopping := lh.ctx.Err() != nil
+	var note error // noted once n.mu is released: noteError takes the holder's lock
 	if !stopping && !n.exited {
 		var wait time.Duration
 		if n.serial != s.serial {
@@ -591,11 +609,12 @@ func (s *leanSession) end(err error) {
 		} else {
 			lh.h.endsOther.Add(1)
 			if !errors.Is(err, errRenewed) {
-				lh.h.noteError(err)
+				note = err
 			}
 		}
 	}
 	n.mu.Unlock()
+	lh.h.noteError(note)
 	if cl != nil {
 		// Not on the connection's goroutine, which may be the caller.
 		lh.wg.Go(func() { _ = cl.Close() })
@@ -670,7 +689,7 @@ func (n *leanNode) renew() {
 // answer as bcd does.
 func (n *leanNode) renewOn(cl *h2upstream.Client, key *ecdsa.PrivateKey, chain [][]byte, next *leanNextKey) (*agentv1.JoinResponseBody, error) {
 	lh := n.lh
-	req, err := renew.NewRequest(key, n.st.id, chain, next.csr, lh.clock.Now(), lh.pins.Held())
+	req, err := renew.NewRequest(key, n.st.id, chain, next.csr, lh.clock.Now(), lh.pins.held)
 	if err != nil {
 		return nil, err
 	}
@@ -689,8 +708,8 @@ func (n *leanNode) renewOn(cl *h2upstream.Client, key *ecdsa.PrivateKey, chain [
 		return nil, fmt.Errorf("an unreadable renewal answer: %w", err)
 	}
 	return enroll.VerifyRenewResponse(res, enroll.RenewExpectation{
-		SigningPins: lh.pins.Set(pki.KindJoinSigning), CSRHash: pki.CSRHash(next.csr), NodeKey: next.key.Public(),
-		TrustDomain: n.site.trustDomain, SiteID: n.site.site, NodeID: n.st.id, Role: n.site.role, Retired: lh.pins.Retired(),
+		SigningPins: lh.pins.signing, CSRHash: pki.CSRHash(next.csr), NodeKey: next.key.Public(),
+		TrustDomain: n.site.trustDomain, SiteID: n.site.site, NodeID: n.st.id, Role: n.site.role, Retired: lh.pins.retired,
 	})
 }
 

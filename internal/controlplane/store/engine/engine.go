@@ -664,11 +664,17 @@ func (db *DB) sqliteRead(ctx context.Context, fn func(*Tx) error) error {
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	// A read transaction always rolls back, whatever way fn leaves (an
-	// error, a panic, a test's t.Fatal).
-	defer func() { _ = stx.Rollback() }()
 	t := &Tx{db: db, tx: stx, stmts: db.rStmts}
-	defer t.prepareUnprepared(ctx)
+	// A read transaction always rolls back, whatever way fn leaves (an
+	// error, a panic, a test's t.Fatal). Its queries are prepared after
+	// the rollback: a prepare takes a connection of the read pool, and
+	// this transaction's must be back in it first, or as many first reads
+	// as the pool has connections (a restart under thousands of sessions)
+	// hold them all, each waiting for another.
+	defer func() {
+		_ = stx.Rollback()
+		t.prepareUnprepared(ctx)
+	}()
 	return fn(t)
 }
 
