@@ -83,6 +83,16 @@ type heldState struct {
 	// registered lists the sessions registered since the last Check
 	// (guarded by Service.mu: register appends to it).
 	registered []*conn
+	// regSeq numbers the registrations (guarded by Service.mu); cut is
+	// the last one the running Check may look at in the database: a
+	// session registered after its read began may be connected after the
+	// read's snapshot, which would show the node held by an earlier
+	// session and end the new one as replaced. It is in registered, so
+	// the next Check reads it.
+	regSeq, cut uint64
+	// inRead, when set, runs inside a Check's read after the feed was
+	// read (tests: a session registered while a Check reads).
+	inRead func()
 	// timers holds a deadline per held session (idle or certificate
 	// expiry), earliest first.
 	timers deadlines
@@ -133,6 +143,7 @@ func (s *Service) checkHeld(ctx context.Context) bool {
 	fresh := slices.DeleteFunc(slices.Clone(h.registered), func(c *conn) bool { return s.sessions[c.nodeID] != c })
 	clear(h.registered)
 	h.registered = h.registered[:0]
+	h.cut = h.regSeq // before the read begins: what it may check
 	s.mu.Unlock()
 	now := s.cfg.Clock.Now()
 	for _, c := range fresh {
@@ -259,11 +270,16 @@ func (s *Service) checkLive(ctx context.Context, fresh []*conn, now time.Time) {
 		if !complete {
 			sweep = true
 		}
+		if h.inRead != nil {
+			h.inRead()
+		}
 		if sweep {
 			check = s.heldNow()
 		} else {
 			check = s.toCheck(fresh, nodes, now, begin)
 		}
+		// Registered since the read began: the next Check's.
+		check = slices.DeleteFunc(check, func(c *conn) bool { return c.regSeq > h.cut })
 		held := make([]store.HeldSession, len(check))
 		for i, c := range check {
 			held[i] = store.HeldSession{NodeID: c.nodeID, SessionID: c.id, Serial: c.serial, Generation: c.generation}

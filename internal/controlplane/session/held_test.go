@@ -268,6 +268,52 @@ func TestCheckNewSessionAfterChange(t *testing.T) {
 	})
 }
 
+// R12.1: a node that reconnects while a Check reads (its new session
+// connected after the read's snapshot began) is not ended as replaced by
+// what that snapshot shows: the next Check reads it.
+func TestCheckSessionRegisteredDuringRead(t *testing.T) {
+	replicas(t, func(t *testing.T, mine, other *store.DB) {
+		s, fc, _ := heldService(t, mine)
+		old := heldFleet(t, s, fc, 1)[0]
+		ctx := context.Background()
+		fresh := &conn{id: newSessionID(), nodeID: old.nodeID, tenantID: old.tenantID, generation: 1, serial: old.serial,
+			issuerKeyID: old.issuerKeyID, notAfter: old.notAfter, sent: map[string]struct{}{}}
+		fresh.lastRecv.Store(fc.Now().UnixMilli())
+		_, fresh.cancel = context.WithCancelCause(ctx)
+		for _, sweep := range []bool{true, false} {
+			s.held.inRead = func() {
+				s.held.inRead = nil
+				change(t, other, func(ctx context.Context, tx *store.Tx) error {
+					_, err := tx.ConnectNode(ctx, fresh.nodeID, fresh.id)
+					return err
+				})
+				s.register(fresh)
+			}
+			s.checkHeld(ctx)
+			if st := s.held.last; st.swept != sweep {
+				t.Fatalf("swept %v, want %v", st.swept, sweep)
+			}
+			if got := fresh.reason(); got != "" {
+				t.Fatalf("the reconnected session ended: %q", got)
+			}
+			s.checkHeld(ctx) // reads it
+			if got := fresh.reason(); got != "" {
+				t.Fatalf("the reconnected session ended at the next Check: %q", got)
+			}
+			if got, want := old.reason(), endReplaced; got != want {
+				t.Errorf("the earlier session: reason %q, want %q", got, want)
+			}
+			// Again, with the feed running: the node's change is read
+			// during the Check.
+			old = fresh
+			fresh = &conn{id: newSessionID(), nodeID: old.nodeID, tenantID: old.tenantID, generation: 1, serial: old.serial,
+				issuerKeyID: old.issuerKeyID, notAfter: old.notAfter, sent: map[string]struct{}{}}
+			fresh.lastRecv.Store(fc.Now().UnixMilli())
+			_, fresh.cancel = context.WithCancelCause(ctx)
+		}
+	})
+}
+
 // R12.1 on PostgreSQL: a change whose transaction took its feed position
 // before another's but commits after this replica read the other one is
 // still noticed at the Check after its commit, without a sweep.

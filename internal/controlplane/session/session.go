@@ -340,6 +340,9 @@ type conn struct {
 	// the session ends.
 	sent map[string]struct{}
 
+	// regSeq is the session's registration number (held.go's cut).
+	regSeq uint64
+
 	endMu     sync.Mutex
 	endReason string // why the session ended, first one wins
 }
@@ -720,6 +723,8 @@ func (s *Service) register(c *conn) {
 	}
 	old := s.sessions[c.nodeID]
 	s.sessions[c.nodeID] = c
+	s.held.regSeq++
+	c.regSeq = s.held.regSeq
 	s.held.registered = append(s.held.registered, c) // its first Check reads its state (held.go)
 	if !s.polling {
 		s.polling = true
