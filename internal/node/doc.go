@@ -1,7 +1,7 @@
 // Package bcd is the root of the node daemon's packages; it holds no code.
-// Only bcd's binary (cmd/bcd) and tests import the packages under it, and
-// they import nothing of the control plane or the gateway
-// (internal/checks/deptest). The subpackages:
+// Only bcd's binary (cmd/bcd), the load generator (internal/tools/loadgen)
+// and tests import the packages under it, and they import nothing of the
+// control plane or the gateway (internal/checks/deptest). The subpackages:
 //
 //   - bcdcmd: the bcd command line (join, run, renew, status, doctor,
 //     fake-machine, version); cmd/bcd is its one-line main;
@@ -24,6 +24,11 @@
 //   - renew: certificate renewal at about 60% of the lifetime (R13.1);
 //   - run: `bcd run`, the session loop to the gateway, signed commands and
 //     heartbeats (R12.1, R12.3), with the renewer in the same process;
+//   - nodesession: bcd's side of the session protocol (R12.1), which run
+//     and the load generator's lean holder share: the Hello that answers
+//     the Challenge, the heartbeats (MAC'd or signed), the signature over
+//     a command's result and the waits before a reconnect (R19.3); it
+//     holds no connection and starts nothing;
 //   - site: a site agent's reports of the machines it booted (R10.4);
 //   - servertime: the control plane's clock as bcd learned it (R19.3);
 //   - diag: the optional /livez, /readyz and /metrics listener;
