@@ -3,8 +3,12 @@ package store
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/better-compute/better-compute/internal/shared/backoff"
+	"github.com/better-compute/better-compute/internal/shared/clock"
 )
 
 // The event sequencer (PostgreSQL only).
@@ -59,6 +63,12 @@ const sweepInterval = time.Second
 
 // passTimeout bounds one pass.
 const passTimeout = 10 * time.Second
+
+// passRetry spaces the passes after one failed. The sequencers of every
+// replica fail together when the database does, so their waits are
+// spread; the store has no injected clock (the engine's retries wait on
+// the real one too).
+var passRetry = backoff.Policy{Min: 50 * time.Millisecond, Max: time.Second, Jitter: backoff.DefaultJitter}
 
 // passSQL is one pass, sent as one simple query (no arguments), which
 // PostgreSQL runs as one transaction with a new snapshot per statement. It
@@ -144,10 +154,8 @@ func (s *sequencer) run() {
 			s.mu.Lock()
 			s.hooks = append(hooks, s.hooks...)
 			s.mu.Unlock()
-			select {
-			case <-s.quit:
+			if !clock.Sleep(clock.Real{}, s.quit, passRetry.Spread(failures, rand.Float64())) {
 				return
-			case <-time.After(time.Duration(min(failures, 20)) * 50 * time.Millisecond):
 			}
 			s.poke()
 			continue
