@@ -111,7 +111,7 @@ func TestRevokeLiveJoinTokens(t *testing.T) {
 		a := insertToken(t, db, pl, 2, "", time.Hour)
 		b := insertToken(t, db, other, 1, "", time.Hour)
 		spent := insertToken(t, db, pl, 1, "", time.Hour)
-		insertToken(t, db, pl, 1, "", time.Millisecond)
+		insertToken(t, db, pl, 1, "", time.Minute)
 		err := db.WithTx(ctx, func(tx *store.Tx) error {
 			_, err := tx.ConsumeJoinTokenUse(ctx, spent.ID)
 			return err
@@ -119,7 +119,10 @@ func TestRevokeLiveJoinTokens(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		// The database's clock moves past the short token's expiry.
+		if err := db.SetClockOffset(ctx, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 		var got []store.JoinToken
 		if err := db.WithTx(ctx, func(tx *store.Tx) (err error) { got, err = tx.RevokeLiveJoinTokens(ctx); return }); err != nil {
 			t.Fatal(err)
