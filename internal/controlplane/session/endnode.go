@@ -86,13 +86,15 @@ func (s *Service) Close(ctx context.Context) error {
 	if pollDone != nil {
 		<-pollDone // promptly: stopPoll is closed
 	}
-	if drained == nil {
-		return nil
+	if drained != nil {
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	select {
-	case <-drained:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	// Every handler returned, so connect-go closed their request bodies:
+	// the readers of streams served without Handler end at once.
+	s.readers.Wait()
+	return nil
 }

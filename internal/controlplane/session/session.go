@@ -220,6 +220,9 @@ type Service struct {
 	// held is the poll goroutine's state of the held-session check
 	// (held.go).
 	held heldState
+	// readers counts the goroutines reading a stream served without
+	// Handler (goRead).
+	readers sync.WaitGroup
 }
 
 // New returns the session service.
@@ -254,15 +257,35 @@ func New(cfg Config) *Service {
 
 // Handler returns the Connect handler and its path. Session streams are
 // long: the handler lifts the listener's per-request read and write
-// deadlines for them (liveness is the heartbeat's job).
+// deadlines for them (liveness is the heartbeat's job). It returns only
+// once the goroutines Connect started to read the stream ended (goRead).
 func (s *Service) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 	p, h := agentv1connect.NewSessionServiceHandler(s, opts...)
 	return p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Time{})
 		_ = rc.SetWriteDeadline(time.Time{})
-		h.ServeHTTP(w, r)
+		var readers sync.WaitGroup
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), readersKey{}, &readers)))
+		readers.Wait()
 	})
+}
+
+// readersKey carries, in a request's context, the WaitGroup of the
+// goroutines reading its stream (Handler).
+type readersKey struct{}
+
+// goRead runs read, a loop on the stream's Receive, in a goroutine. A
+// Receive ends only when the request body is closed, which connect-go
+// does once Connect returned, so Connect cannot wait for it: Handler does,
+// after the connect handler returned. Served otherwise, read is counted
+// in the service's readers, which Close waits for.
+func (s *Service) goRead(ctx context.Context, read func()) {
+	wg, ok := ctx.Value(readersKey{}).(*sync.WaitGroup)
+	if !ok {
+		wg = &s.readers
+	}
+	wg.Go(read)
 }
 
 // OnResult sets a function called after a command result committed (the
@@ -457,7 +480,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 	s.cfg.Metrics.SessionOpened()
 	msgs := make(chan *agentv1.SessionClientMessage, 8)
 	recvErr := make(chan error, 1)
-	go func() {
+	s.goRead(ctx, func() {
 		for {
 			m, err := stream.Receive()
 			if err != nil {
@@ -470,7 +493,7 @@ func (s *Service) Connect(ctx context.Context, stream *connect.BidiStream[agentv
 				return
 			}
 		}
-	}()
+	})
 	c.kickNow() // deliver what was queued while the node was away
 	for {
 		select {
@@ -608,10 +631,10 @@ func (s *Service) receiveHello(ctx context.Context, stream *connect.BidiStream[a
 		err error
 	}
 	ch := make(chan got, 1)
-	go func() {
+	s.goRead(ctx, func() {
 		m, err := stream.Receive()
 		ch <- got{m, err}
-	}()
+	})
 	t := s.cfg.Clock.NewTimer(helloTimeout)
 	defer t.Stop()
 	select {

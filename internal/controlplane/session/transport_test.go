@@ -24,6 +24,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/agent/v1/agentv1connect"
+	"github.com/better-compute/better-compute/internal/checks/goroutines"
 	"github.com/better-compute/better-compute/internal/checks/poll"
 	"github.com/better-compute/better-compute/internal/controlplane/apimetrics"
 	"github.com/better-compute/better-compute/internal/controlplane/apitest"
@@ -483,4 +484,93 @@ func heartbeats(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return 0
+}
+
+// R12.1: a session's handler on net/http returns only once the goroutines
+// it started to read the stream ended, however the session ends: refused
+// for want of a Hello (its read of Hello still waiting) or for a
+// heartbeat the node did not sign (its read loop still waiting), or left
+// by the daemon.
+func TestSessionHandlerJoinsItsReaders(t *testing.T) {
+	db := storetest.OpenSQLite(t)
+	fc := clock.NewFake(time.Now())
+	e := apitest.Start(t, db, apitest.Options{Clock: fc})
+	agent := e.Server.AgentHandler()
+	// returned names, by the certificate it relayed, each session whose
+	// handler returned.
+	returned := make(chan string, 16)
+	url := apitest.StartAgent(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		agent.ServeHTTP(w, r)
+		if r.URL.Path == agentv1connect.SessionServiceConnectProcedure {
+			select {
+			case returned <- string(wire.PeerCertificate(r.Header)):
+			default:
+			}
+		}
+	}), e.Bundle).URL
+	// A session held throughout keeps the held-session check running, so
+	// that the goroutines new in each case are the case's own.
+	n := storetest.Node(t, db, store.NodeAdopted)
+	key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+	openHeld(t, e.Bundle, url, n.ID, der, key)
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey)
+	}{
+		{name: "no Hello", end: func(t *testing.T, n store.Node, der []byte, _ *ecdsa.PrivateKey) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}, url, connect.WithGRPC()).Connect(ctx)
+			wire.SetPeerCertificate(s.RequestHeader(), der)
+			defer s.CloseResponse()
+			if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if m, err := s.Receive(); err != nil || m.GetChallenge() == nil {
+				t.Fatalf("got %v, %v; want the Challenge", m, err)
+			}
+			timeout := fc.Now().Add(30 * time.Second)
+			poll.Until(t, 10*time.Second, "the Hello timeout armed", func() bool {
+				return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
+			})
+			fc.Advance(30 * time.Second)
+			wantEnd(t, s, errs.AccessDenied, "Session refused")
+		}},
+		{name: "a heartbeat not signed by the node", end: func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey) {
+			s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
+			other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sig, err := pki.SignHeartbeat(other, nonce, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
+				t.Fatal(err)
+			}
+			wantEnd(t, s, errs.AccessDenied, "Session refused")
+		}},
+		{name: "the daemon goes away", end: func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey) {
+			s, _ := openHeld(t, e.Bundle, url, n.ID, der, key)
+			_ = s.CloseRequest()
+			_ = s.CloseResponse()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := storetest.Node(t, db, store.NodeAdopted)
+			key, der := nodeCert(t, e.Bundle, db, n, `[]`)
+			before := goroutines.Take()
+			tc.end(t, n, der, key)
+			for done := false; !done; {
+				select {
+				case got := <-returned:
+					done = got == string(der)
+				case <-time.After(30 * time.Second):
+					t.Fatal("the session's handler did not return")
+				}
+			}
+			goroutines.Joined(t, before, "internal/controlplane/session.")
+		})
+	}
 }
