@@ -10,6 +10,10 @@ import (
 	"time"
 )
 
+// devBannerRE captures the API's and the gateway's addresses from dev's
+// banner.
+var devBannerRE = regexp.MustCompile(`better-compute dev is running at https?://([^/\s]+)\S* .*\ngateway for daemons: https://([^;\s]+);`)
+
 // R24.1: a second dev on a data directory in use refuses and names the
 // running one; a dev on the same ports says another dev is probably
 // running; and dev refuses a non-empty directory it did not make instead
@@ -18,10 +22,15 @@ func TestDevGuardsItsDirectoryR24_1(t *testing.T) {
 	bc, _ := binaries(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "bc-dev")
-	api, gw := freePort(t), freePort(t)
-	first := start(t, nil, bc, "dev", "--data-dir", data, "--listen", api, "--gateway-listen", gw)
+	first := start(t, nil, bc, "dev", "--data-dir", data, "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0")
+	var api, gw string
 	waitFor(t, "the first dev's banner", 60*time.Second, func() bool {
-		return strings.Contains(first.output(), "better-compute dev is running")
+		m := devBannerRE.FindStringSubmatch(first.output())
+		if m == nil {
+			return false
+		}
+		api, gw = m[1], m[2]
+		return true
 	})
 	envBefore := readFile(t, filepath.Join(data, "dev.env"))
 

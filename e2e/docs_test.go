@@ -59,15 +59,16 @@ func TestReadmeWalkthrough(t *testing.T) {
 // install" (the PKI, the two certificates, the printed config, bootstrap
 // and serve), then backup-restore.md's SQLite backup beside the running
 // server, a verify and a restore (R16.3). The doc's /etc, /var/lib and /backups paths move under the
-// test's directory, and the config's listeners to free ports (the edit the
+// test's directory, and the config's listeners to port 0 (the edit the
 // doc leaves to the reader); the restore's placeholder secret is the one
 // the shell already exported.
 func TestOperationsWalkthrough(t *testing.T) {
 	runWalkthrough(t, "docs/operations/*.md", func(work string) []doctest.Replacement {
 		etc, lib := filepath.Join(work, "etc/better-compute"), filepath.Join(work, "var/lib/better-compute")
 		must(t, os.MkdirAll(etc, 0o750))
-		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"%s"|; s|":8444"|"%s"|; s|"127.0.0.1:9090"|"%s"|' config.toml`,
-			etc, lib, freePort(t), freePort(t), freePort(t))
+		// The doc's later blocks name none of these listeners: port 0.
+		edit := fmt.Sprintf(` && sed -i 's|/etc/better-compute|%s|g; s|/var/lib/better-compute|%s|g; s|":8443"|"127.0.0.1:0"|; s|":8444"|"127.0.0.1:0"|; s|"127.0.0.1:9090"|"127.0.0.1:0"|' config.toml`,
+			etc, lib)
 		// In order: the doc's paths first, then the edit (which names them).
 		must(t, os.MkdirAll(filepath.Join(work, "backups"), 0o700))
 		return []doctest.Replacement{
@@ -106,6 +107,7 @@ func TestTPMWalkthrough(t *testing.T) {
 func freePortPair(t *testing.T) (string, string) {
 	t.Helper()
 	for range 20 {
+		// swtpm takes its ports on its command line and reports none.
 		_, p, _ := net.SplitHostPort(freePort(t))
 		n, _ := strconv.Atoi(p)
 		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(n+1)); err == nil {
@@ -151,6 +153,7 @@ func runWalkthrough(t *testing.T, file string, rewrite func(work string) []docte
 		steps = append(steps, s...)
 	}
 	work := t.TempDir()
+	// The docs' commands name dev's addresses (--gateway-url, BETTER_COMPUTE_URL), rewritten before dev starts.
 	api, gw := freePort(t), freePort(t)
 	sh, err := doctest.NewShell(work, []string{"HOME=" + work, "PATH=" + filepath.Dir(bc) + ":" + os.Getenv("PATH"), "BETTER_COMPUTE_URL=", "BETTER_COMPUTE_API_KEY="})
 	if err != nil {

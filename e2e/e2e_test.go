@@ -47,6 +47,14 @@ func binaries(t *testing.T) (bc, bcd string) {
 	return filepath.Join(binDir, "better-compute"), filepath.Join(binDir, "bcd")
 }
 
+// freePort returns a loopback address whose port was free a moment ago. It
+// is racy (another process may take the port before the one handed it
+// binds it), so a listener binds port 0 and its address is read from the
+// process's ready line wherever that can be done. It remains where the
+// address must be named before its process starts: serve publishing its
+// gateway's URL (stackOpts.Advertise), a gateway naming a replica that
+// starts later (TestRollingUpgrade), the docs' commands naming dev's
+// addresses, and swtpm, which reports no port it bound.
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -21,7 +21,9 @@ import (
 // counts every item it was sent. stop closes its listener (the SIEM is
 // down); serve brings it back on the same address.
 type webhookSink struct {
-	t    *testing.T
+	t *testing.T
+	// addr is where serve listens: 127.0.0.1:0 at first, then the address
+	// the first serve bound.
 	addr string
 
 	mu    sync.Mutex
@@ -58,6 +60,7 @@ func (s *webhookSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *webhookSink) serve() {
 	ln, err := net.Listen("tcp", s.addr)
 	must(s.t, err)
+	s.addr = ln.Addr().String()
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
 	s.mu.Lock()
 	s.srv = srv
@@ -112,7 +115,7 @@ func TestExportSurvivesSinkOutageAndCrash(t *testing.T) {
 const exportMachines = 30
 
 func exportThroughFaults(t *testing.T, storeTOML string) {
-	sink := &webhookSink{t: t, addr: freePort(t), got: map[string]map[string]any{}}
+	sink := &webhookSink{t: t, addr: "127.0.0.1:0", got: map[string]map[string]any{}}
 	sink.serve()
 	t.Cleanup(sink.stop)
 

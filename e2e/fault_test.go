@@ -623,9 +623,8 @@ func TestStalledReplicaDuringJoinStorm(t *testing.T) {
 	secretEnv, pins := initPKI(t, bc, dir)
 	rs, b := startReplicas(t, bc, dir, secretEnv, dsn, dsn, 2, "")
 	stalled := startFaultProxy(t, rs[0].agent)
-	gwAddr := freePort(t)
 	gwConf := filepath.Join(dir, "gateway.toml")
-	must(t, os.WriteFile(gwConf, []byte(`listen = "`+gwAddr+`"
+	must(t, os.WriteFile(gwConf, []byte(`listen = "127.0.0.1:0"
 cert_file = "`+filepath.Join(dir, "gateway.crt")+`"
 key_file = "`+filepath.Join(dir, "gateway.key")+`"
 api_urls = ["https://`+stalled.addr+`", "https://`+rs[1].agent+`"]
@@ -634,8 +633,7 @@ request_timeout = "15s"
 attempt_timeout = "1s"
 `), 0o600))
 	gateway := start(t, nil, bc, "gateway", "--config", gwConf)
-	logged(t, gateway, gatewayRE, "gateway")
-	gw := "https://" + gwAddr
+	gw := "https://" + logged(t, gateway, gatewayRE, "gateway")
 
 	tenant, apiKey := b["tenantId"].(string), b["apiKey"].(string)
 	cli := jsonCLI(t, bc, []string{"BETTER_COMPUTE_URL=http://" + rs[1].api, "BETTER_COMPUTE_API_KEY=" + apiKey})

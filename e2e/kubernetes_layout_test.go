@@ -98,11 +98,12 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 		}
 		conf = line.ReplaceAllLiteralString(conf, devLine)
 	}
-	diag := freePort(t)
+	// The diagnostics listener on the port the kernel picks, read from
+	// bcd run's log.
 	if !strings.Contains(conf, `listen = "127.0.0.1:9464"`) {
 		t.Fatalf("the ConfigMap's diagnostics listener moved:\n%s", conf)
 	}
-	conf = strings.Replace(conf, `listen = "127.0.0.1:9464"`, `listen = "`+diag+`"`, 1)
+	conf = strings.Replace(conf, `listen = "127.0.0.1:9464"`, `listen = "127.0.0.1:0"`, 1)
 	must(t, os.WriteFile(pod.root+"/config/config.toml", []byte(pod.rewrite(conf)), 0o644))
 
 	// The hosted token, as the Secret's file: 0400, in a read-only mount.
@@ -131,7 +132,8 @@ func TestKubernetesDaemonSetLayoutR18_3(t *testing.T) {
 
 	// The container: the DaemonSet's command, until its readiness probe.
 	args := strings.Fields(pod.rewrite(strings.Join(command[1:], " ")))
-	start(t, podEnv, filepath.Join(filepath.Dir(bcd), command[0]), args...)
+	daemon := start(t, podEnv, filepath.Join(filepath.Dir(bcd), command[0]), args...)
+	diag := logged(t, daemon, readyLine(`diagnostics listening`, "addr"), "bcd run's diagnostics listener")
 	waitFor(t, "bcd run ready on its diagnostics listener", 60*time.Second, func() bool {
 		code, _ := httpGet("http://" + diag + "/readyz")
 		return code == 200
@@ -178,6 +180,17 @@ func secretFiles(t *testing.T, root string, files map[string]string) {
 	}
 }
 
+// replaceListen replaces the line listen = "<addr>" of a TOML file (the
+// first one) with port 0 on the loopback address.
+func replaceListen(t *testing.T, toml, addr string) string {
+	t.Helper()
+	line := `listen = "` + addr + `"`
+	if !strings.Contains(toml, line) {
+		t.Fatalf("no %s in\n%s", line, toml)
+	}
+	return strings.Replace(toml, line, `listen = "127.0.0.1:0"`, 1)
+}
+
 // setLine replaces the line `key = …` of a TOML file (the first one).
 func setLine(t *testing.T, toml, key, value string) string {
 	t.Helper()
@@ -200,8 +213,9 @@ func setLine(t *testing.T, toml, key, value string) string {
 // with the Secrets' files at their mount paths, and both readiness probes
 // (the metrics listeners' /readyz) answer: serve's database takes writes,
 // the gateway reaches serve's agent listener over mTLS. Only the listen
-// addresses move to free ports and the DSN to the test's PostgreSQL
-// (keeping passfile=, the Secret's pgpass).
+// addresses move to port 0 (the bound ones are read from the JSON logs,
+// serve's before the gateway's config names its agent listener) and the
+// DSN to the test's PostgreSQL (keeping passfile=, the Secret's pgpass).
 func TestKubernetesControlPlaneLayoutR18_3(t *testing.T) {
 	dsn := storetest.PostgresDSN(t)
 	bc, _ := binaries(t)
@@ -236,7 +250,7 @@ func TestKubernetesControlPlaneLayoutR18_3(t *testing.T) {
 		"/etc/better-compute/serving-ca/serving-ca.crt": pkiFiles["/etc/better-compute/pki/serving-ca.crt"],
 	})
 
-	api, agent, serveMetrics, gw, gwMetrics := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	const anyPort = `"127.0.0.1:0"`
 	serveTOML, err := manifest.ConfigMapFile("serve.toml", "control-plane", "configmap.yaml")
 	must(t, err)
 	if !strings.Contains(serveTOML, "passfile=/etc/better-compute/postgres/pgpass") {
@@ -246,23 +260,26 @@ func TestKubernetesControlPlaneLayoutR18_3(t *testing.T) {
 	if strings.Contains(dsn, "?") {
 		sep = "&"
 	}
-	serveTOML = setLine(t, serveTOML, "listen", `"`+api+`"`)
+	serveTOML = setLine(t, serveTOML, "listen", anyPort)
 	serveTOML = setLine(t, serveTOML, "dsn", `"`+dsn+sep+`passfile=/etc/better-compute/postgres/pgpass"`)
-	serveTOML = strings.Replace(serveTOML, `listen = ":8444"`, `listen = "`+agent+`"`, 1)
-	serveTOML = strings.Replace(serveTOML, `listen = ":9090"`, `listen = "`+serveMetrics+`"`, 1)
+	serveTOML = replaceListen(t, serveTOML, ":8444")
+	serveTOML = replaceListen(t, serveTOML, ":9090")
 	secretFiles(t, servePod.root, map[string]string{"/etc/better-compute/config/serve.toml": servePod.rewrite(serveTOML)})
+	serveArgs := strings.Fields(servePod.rewrite(strings.Join(serveCmd[1:], " ")))
+	serve := start(t, []string{secretEnv[0]}, bc, serveArgs...)
+	agent := listened(t, serve, "agent listener (gateways, mTLS)")
+	serveMetrics := listened(t, serve, "metrics listening")
 
 	gwTOML, err := manifest.ConfigMapFile("gateway.toml", "control-plane", "configmap.yaml")
 	must(t, err)
-	gwTOML = setLine(t, gwTOML, "listen", `"`+gw+`"`)
+	gwTOML = setLine(t, gwTOML, "listen", anyPort)
 	gwTOML = setLine(t, gwTOML, "api_url", `"https://`+agent+`"`)
-	gwTOML = strings.Replace(gwTOML, `listen = ":9465"`, `listen = "`+gwMetrics+`"`, 1)
+	gwTOML = replaceListen(t, gwTOML, ":9465")
 	secretFiles(t, gwPod.root, map[string]string{"/etc/better-compute/config/gateway.toml": gwPod.rewrite(gwTOML)})
-
-	serveArgs := strings.Fields(servePod.rewrite(strings.Join(serveCmd[1:], " ")))
-	start(t, []string{secretEnv[0]}, bc, serveArgs...)
 	gwArgs := strings.Fields(gwPod.rewrite(strings.Join(gwCmd[1:], " ")))
-	start(t, nil, bc, gwArgs...)
+	gateway := start(t, nil, bc, gwArgs...)
+	listened(t, gateway, "gateway listening")
+	gwMetrics := listened(t, gateway, "gateway metrics listening")
 	for name, addr := range map[string]string{"serve": serveMetrics, "gateway": gwMetrics} {
 		waitFor(t, name+"'s readiness probe", 60*time.Second, func() bool {
 			code, _ := httpGet("http://" + addr + "/readyz")

@@ -28,6 +28,17 @@ func listening(out, msg string) string {
 	return ""
 }
 
+// listened waits for p's JSON log line msg and returns its addr.
+func listened(t *testing.T, p *proc, msg string) string {
+	t.Helper()
+	var addr string
+	waitFor(t, msg, 30*time.Second, func() bool {
+		addr = listening(p.output(), msg)
+		return addr != ""
+	})
+	return addr
+}
+
 // R17.1, R17.2, R17.3: real processes (dev: the API and its gateway; bcd)
 // with JSON logs at debug level. A burst of joins, a refusal, a renewal and
 // a session move the API's, the gateway's and bcd's series by exactly what
@@ -50,12 +61,12 @@ func TestMetricsMoveR17_1(t *testing.T) {
 	api0 := telemetrytest.Scrape(t, nil, "http://"+apiMetrics+"/metrics")
 	gw0 := telemetrytest.Scrape(t, nil, "http://"+gwMetrics+"/metrics")
 
-	// bcd's config, with its diagnostics listener and JSON logs.
+	// bcd's config, with its diagnostics listener (on the port the kernel
+	// picks, read from bcd run's log) and JSON logs.
 	conf := filepath.Join(data, "bcd", "config.toml")
-	diagAddr := freePort(t)
 	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
 	must(t, err)
-	_, err = fmt.Fprintf(f, "\n[diagnostics]\nlisten = %q\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n", diagAddr)
+	_, err = fmt.Fprintf(f, "\n[diagnostics]\nlisten = %q\n\n[log]\nformat = \"json\"\nlevel = \"debug\"\n", "127.0.0.1:0")
 	must(t, err)
 	must(t, f.Close())
 
@@ -104,6 +115,7 @@ func TestMetricsMoveR17_1(t *testing.T) {
 	}
 	// A session, and bcd's readiness.
 	daemon := start(t, nil, bcd, "run", "--config", conf, "--data-dir", filepath.Join(dir, "data0"))
+	diagAddr := listened(t, daemon, "diagnostics listening")
 	waitFor(t, "bcd ready", 30*time.Second, func() bool {
 		code, _ := httpGet("http://" + diagAddr + "/readyz")
 		return code == 200

@@ -109,6 +109,7 @@ func startStack(t *testing.T, o stackOpts) *stack {
 		api: "127.0.0.1:0", agent: "127.0.0.1:0", gw: "127.0.0.1:0", metrics: "127.0.0.1:0", gwMetrics: "127.0.0.1:0"}
 	s.secretEnv, s.pins = initPKI(t, bc, dir)
 	if o.Advertise {
+		// serve.toml names the gateway before the gateway can start.
 		s.gw = freePort(t)
 	}
 	s.writeServe()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,10 +84,11 @@ func TestRollingUpgrade(t *testing.T) {
 
 	dir := t.TempDir()
 	secretEnv, pins := initPKI(t, bc, dir)
-	addrs := map[string]string{}
-	for _, k := range []string{"a.api", "a.agent", "b.api", "b.agent"} {
-		addrs[k] = freePort(t)
-	}
+	// Every listener binds port 0 and its address is read from the ready
+	// line (the old release logs them too), but for B's agent listener.
+	addrs := map[string]string{"a.api": "127.0.0.1:0", "a.agent": "127.0.0.1:0", "b.api": "127.0.0.1:0",
+		// gw-ab names it before B starts (step 2), so it is picked ahead.
+		"b.agent": freePort(t)}
 	serveConf := func(name string) string {
 		p := filepath.Join(dir, name+".toml")
 		must(t, os.WriteFile(p, []byte(`listen = "`+addrs[name+".api"]+`"
@@ -103,7 +105,7 @@ key_file = "`+filepath.Join(dir, "agent.key")+`"
 `), 0o600))
 		return p
 	}
-	confA, confB := serveConf("a"), serveConf("b")
+	confA := serveConf("a")
 
 	// 1. The old release bootstraps (migrating to N-1) and serves alone.
 	boot, errOut, code := run(t, nil, "", old, "bootstrap", "--config", confA, "--json")
@@ -112,14 +114,19 @@ key_file = "`+filepath.Join(dir, "agent.key")+`"
 	}
 	b := jsonOf(t, boot)
 	var logs []*proc
-	startServe := func(bin, conf, what string) *proc {
+	// startServe starts replica name and keeps the addresses it bound in
+	// its config, where a restart finds them.
+	startServe := func(bin, name, what string) *proc {
 		t.Helper()
-		p := start(t, secretEnv, bin, "serve", "--config", conf)
+		p := start(t, secretEnv, bin, "serve", "--config", serveConf(name))
 		logs = append(logs, p)
-		logged(t, p, apiURLRE, what)
+		u, err := url.Parse(logged(t, p, apiURLRE, what))
+		must(t, err)
+		addrs[name+".api"], addrs[name+".agent"] = u.Host, logged(t, p, agentAddrRE, what+"'s agent listener")
+		serveConf(name)
 		return p
 	}
-	replicaA := startServe(old, confA, "replica A (old)")
+	replicaA := startServe(old, "a", "replica A (old)")
 	apiA := "http://" + addrs["a.api"]
 	waitReady(t, apiA, "replica A (old)")
 
@@ -245,7 +252,7 @@ request_timeout = "5s"
 
 	// 2. B on the new binary migrates to N while A serves.
 	open(2, [2]int64{40, 100})
-	startServe(bc, confB, "replica B (new)")
+	startServe(bc, "b", "replica B (new)")
 	waitReady(t, "http://"+addrs["b.api"], "replica B (new)")
 	until("step 2: 40 joins through A (gw-a) and 30 through gw-ab", func() bool { return answered(0) && perStep[2][1].Load() >= 30 })
 
@@ -259,7 +266,7 @@ request_timeout = "5s"
 	until("step 3: 40 joins through B alone", func() bool { return perStep[3][1].Load() >= 40 })
 
 	// 4. A comes back on the new binary; the rest join through both.
-	startServe(bc, confA, "replica A (new)")
+	startServe(bc, "a", "replica A (new)")
 	waitReady(t, apiA, "replica A (new)")
 	step.Store(4)
 	limit[0].Store(int64(len(pools[0])))
