@@ -93,17 +93,19 @@ type Config struct {
 	// keep the default unless handshakes are what limits the gateway.
 	TLSKeyExchange string `toml:"tls_key_exchange"`
 	// DaemonHTTP2 is the HTTP/2 server that serves the daemons:
-	// "net/http" (the default) or "framer", the gateway's own on x/net's
-	// Framer (internal/gateway/h2server: one goroutine per connection,
-	// less memory per held connection). Both serve the same handler with
-	// the same limits; HTTP/1.1 goes to net/http either way.
+	// "framer" (the default), the gateway's own on x/net's Framer
+	// (internal/gateway/h2server: one goroutine per connection, less
+	// memory per held connection), or "net/http". Both serve the same
+	// handler with the same limits; HTTP/1.1 goes to net/http either way.
 	DaemonHTTP2 string `toml:"daemon_http2"`
-	// SessionRelay is how node sessions are relayed: "goroutines" (the
-	// default) through the http.Handler and connect's client, two
-	// goroutines and their buffers per held session (session.go), or
-	// "callbacks", with daemon_http2 = "framer" only: h2server's stream
-	// callbacks to an h2upstream stream, no goroutine and no buffer per
-	// idle session (session_callbacks.go).
+	// SessionRelay is how node sessions are relayed: "callbacks" (the
+	// default of a gateway of its own with daemon_http2 = "framer"),
+	// h2server's stream callbacks to an h2upstream stream, no goroutine
+	// and no buffer per idle session (session_callbacks.go); or
+	// "goroutines" (the default otherwise, and the only relay of a
+	// gateway in the API's process) through the http.Handler and
+	// connect's client, two goroutines and their buffers per held session
+	// (session.go).
 	SessionRelay string `toml:"session_relay"`
 	// Metrics serves /metrics, /livez and /readyz on their own listener
 	// ([metrics] listen, e.g. "127.0.0.1:9465"; off when empty).
@@ -230,10 +232,10 @@ func (c *Config) validate() error {
 	}
 	switch c.DaemonHTTP2 {
 	case "":
-		c.DaemonHTTP2 = DaemonHTTP2NetHTTP
+		c.DaemonHTTP2 = DaemonHTTP2Framer
 	case DaemonHTTP2NetHTTP, DaemonHTTP2Framer:
 	default:
-		return badKey("daemon_http2", "must be %q (the default) or %q, got %q", DaemonHTTP2NetHTTP, DaemonHTTP2Framer, c.DaemonHTTP2)
+		return badKey("daemon_http2", "must be %q (the default) or %q, got %q", DaemonHTTP2Framer, DaemonHTTP2NetHTTP, c.DaemonHTTP2)
 	}
 	if err := c.checkSessionRelay(); err != nil {
 		return err
@@ -253,6 +255,9 @@ func (c *Config) checkSessionRelay() error {
 	switch c.SessionRelay {
 	case "":
 		c.SessionRelay = SessionRelayGoroutines
+		if c.DaemonHTTP2 == DaemonHTTP2Framer && !c.local {
+			c.SessionRelay = SessionRelayCallbacks
+		}
 	case SessionRelayGoroutines:
 	case SessionRelayCallbacks:
 		if c.DaemonHTTP2 != DaemonHTTP2Framer {
@@ -263,7 +268,7 @@ func (c *Config) checkSessionRelay() error {
 			return badKey("session_relay", "%q is not available to a gateway in the API's process: it relays over the network to api_url", SessionRelayCallbacks)
 		}
 	default:
-		return badKey("session_relay", "must be %q (the default) or %q, got %q", SessionRelayGoroutines, SessionRelayCallbacks, c.SessionRelay)
+		return badKey("session_relay", "must be %q or %q, got %q", SessionRelayCallbacks, SessionRelayGoroutines, c.SessionRelay)
 	}
 	return nil
 }
@@ -350,13 +355,13 @@ upstream_conns = 4
 # "x25519" (classical only: less CPU per handshake, no protection of
 # recorded traffic against a future quantum computer)
 tls_key_exchange = "hybrid"
-# the daemons' HTTP/2 server: "net/http" or "framer" (the gateway's own,
-# less memory per held connection; not the default yet)
-daemon_http2 = "net/http"
-# how node sessions are relayed: "goroutines" (the default) or "callbacks"
-# (needs daemon_http2 = "framer": no goroutine and no buffer per idle
-# session; not the default yet)
-session_relay = "goroutines"
+# the daemons' HTTP/2 server: "framer" (the gateway's own, less memory per
+# held connection) or "net/http" (Go's own)
+daemon_http2 = "framer"
+# how node sessions are relayed: "callbacks" (needs daemon_http2 = "framer":
+# no goroutine and no buffer per idle session) or "goroutines" (two per
+# session)
+session_relay = "callbacks"
 
 # /metrics, /livez and /readyz (ready: the certificate is valid and an API
 # replica answers); off when empty

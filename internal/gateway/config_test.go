@@ -79,19 +79,24 @@ func TestParseConfig(t *testing.T) {
 		}},
 		{name: "key exchange unknown", toml: goodTOML + "tls_key_exchange = \"p256\"\n", wantErr: "tls_key_exchange: must be"},
 		{name: "daemon HTTP/2 default", toml: goodTOML, check: func(t *testing.T, c Config) {
-			if c.DaemonHTTP2 != DaemonHTTP2NetHTTP {
-				t.Errorf("daemon_http2 %q, want net/http", c.DaemonHTTP2)
-			}
-		}},
-		{name: "daemon HTTP/2 framer", toml: goodTOML + "daemon_http2 = \"framer\"\n", check: func(t *testing.T, c Config) {
 			if c.DaemonHTTP2 != DaemonHTTP2Framer {
 				t.Errorf("daemon_http2 %q, want framer", c.DaemonHTTP2)
 			}
 		}},
+		{name: "daemon HTTP/2 net/http", toml: goodTOML + "daemon_http2 = \"net/http\"\n", check: func(t *testing.T, c Config) {
+			if c.DaemonHTTP2 != DaemonHTTP2NetHTTP || c.SessionRelay != SessionRelayGoroutines {
+				t.Errorf("daemon_http2 %q, session_relay %q; want net/http, goroutines", c.DaemonHTTP2, c.SessionRelay)
+			}
+		}},
 		{name: "daemon HTTP/2 unknown", toml: goodTOML + "daemon_http2 = \"h2c\"\n", wantErr: "daemon_http2: must be"},
 		{name: "session relay default", toml: goodTOML, check: func(t *testing.T, c Config) {
-			if c.SessionRelay != SessionRelayGoroutines {
-				t.Errorf("session_relay %q, want goroutines", c.SessionRelay)
+			if c.SessionRelay != SessionRelayCallbacks {
+				t.Errorf("session_relay %q, want callbacks", c.SessionRelay)
+			}
+		}},
+		{name: "session relay on goroutines", toml: goodTOML + "session_relay = \"goroutines\"\n", check: func(t *testing.T, c Config) {
+			if c.DaemonHTTP2 != DaemonHTTP2Framer || c.SessionRelay != SessionRelayGoroutines {
+				t.Errorf("daemon_http2 %q, session_relay %q; want framer, goroutines", c.DaemonHTTP2, c.SessionRelay)
 			}
 		}},
 		{name: "session relay on callbacks", toml: goodTOML + "daemon_http2 = \"framer\"\nsession_relay = \"callbacks\"\n", check: func(t *testing.T, c Config) {
@@ -99,7 +104,7 @@ func TestParseConfig(t *testing.T) {
 				t.Errorf("session_relay %q, want callbacks", c.SessionRelay)
 			}
 		}},
-		{name: "session relay on callbacks without the framer", toml: goodTOML + "session_relay = \"callbacks\"\n",
+		{name: "session relay on callbacks without the framer", toml: goodTOML + "daemon_http2 = \"net/http\"\nsession_relay = \"callbacks\"\n",
 			wantErr: `session_relay: "callbacks" needs daemon_http2 = "framer"`},
 		{name: "session relay unknown", toml: goodTOML + "session_relay = \"threads\"\n", wantErr: "session_relay: must be"},
 		{name: "negative concurrency", toml: goodTOML + "max_concurrent = -1\n", wantErr: "max_concurrent: cannot be negative"},

@@ -17,8 +17,12 @@ import (
 // Failed TLS handshakes, and relays that fail because the API is down, write
 // LinesPerMinute lines per kind per minute, each naming the peer; once the
 // clock moves past the window the next line says how many were suppressed.
+// On each daemon-side HTTP/2 server.
 func TestGatewayLinesBounded(t *testing.T) {
-	e := newEnv(t)
+	onBothServers(t, linesBounded)
+}
+
+func linesBounded(t *testing.T, e *env) {
 	c := clock.NewFake(testNow)
 	var logs wiretest.LogBuffer
 	_, gw := startGatewayWith(t, e.config("https://"+droppingListener(t)), Options{Log: slog.New(slog.NewJSONHandler(&logs, nil)), Clock: c})

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/tls"
+	"log/slog"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/gateway/h2server"
@@ -39,6 +40,7 @@ func (g *Gateway) newFramer(tlsCfg *tls.Config) error {
 		Other:                g.h1.Hand,
 		Clock:                g.clock,
 		Log:                  g.log,
+		ErrorLog:             g.lines.ErrorLog(slog.LevelWarn, "gateway"),
 		HandshakeTimeout:     handshakeTimeout,
 		IdleTimeout:          idleTimeout,
 		PingInterval:         pingInterval,

@@ -52,8 +52,9 @@ type env struct {
 	apiCert  tls.Certificate
 	roots    *x509.CertPool // the serving CA
 	// kind is the daemons' HTTP/2 server of the gateways the test starts
-	// (Config.DaemonHTTP2; empty: the default), relay their session relay
-	// (Config.SessionRelay).
+	// (Config.DaemonHTTP2; empty: the default, the framer), relay their
+	// session relay (Config.SessionRelay; empty: the default, callbacks
+	// on the framer).
 	kind, relay string
 }
 
@@ -347,11 +348,12 @@ func startGatewayWith(t testing.TB, cfg Config, o Options) (*Gateway, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if framer := g.h2 != nil; framer != (cfg.DaemonHTTP2 == DaemonHTTP2Framer) {
-		t.Fatalf("daemon_http2 %q, but serving with h2server: %v", cfg.DaemonHTTP2, framer)
+	// What the config asked for, its defaults applied.
+	if framer := g.h2 != nil; framer != (g.cfg.DaemonHTTP2 == DaemonHTTP2Framer) {
+		t.Fatalf("daemon_http2 %q, but serving with h2server: %v", g.cfg.DaemonHTTP2, framer)
 	}
-	if callbacks := len(g.ups) > 0 && g.ups[0].h2 != nil; callbacks != (cfg.SessionRelay == SessionRelayCallbacks) {
-		t.Fatalf("session_relay %q, but relaying on h2upstream: %v", cfg.SessionRelay, callbacks)
+	if callbacks := len(g.ups) > 0 && g.ups[0].h2 != nil; callbacks != (g.cfg.SessionRelay == SessionRelayCallbacks) {
+		t.Fatalf("session_relay %q, but relaying on h2upstream: %v", g.cfg.SessionRelay, callbacks)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -358,6 +358,11 @@ func TestValidateInProcess(t *testing.T) {
 	if err := c.ValidateInProcess(); err != nil || c.MaxSessions != DefaultMaxSessions {
 		t.Errorf("ValidateInProcess = %v (max_sessions %d), want nil and the defaults", err, c.MaxSessions)
 	}
+	// The framer serves the daemons here too; sessions go through the
+	// goroutine relay, the only one to an API in memory.
+	if c.DaemonHTTP2 != DaemonHTTP2Framer || c.SessionRelay != SessionRelayGoroutines {
+		t.Errorf("in the API's process: daemon_http2 %q, session_relay %q; want framer, goroutines", c.DaemonHTTP2, c.SessionRelay)
+	}
 	if _, err := New(e.localConfig(), Options{Log: quietLog()}); err == nil {
 		t.Error("New without LocalAPI and without api_url succeeded")
 	}

@@ -27,6 +27,7 @@ func newAgentFramer(as *http.Server, srv *api.Server, log *slog.Logger) (*agentF
 		Other:            f.h1.Hand,
 		Clock:            clock.Real{},
 		Log:              log.With("listener", "agent"),
+		ErrorLog:         as.ErrorLog,
 		HandshakeTimeout: as.ReadHeaderTimeout,
 		IdleTimeout:      as.IdleTimeout,
 		PingInterval:     as.HTTP2.SendPingTimeout,

@@ -103,10 +103,11 @@ type AgentConfig struct {
 	Listen   string `toml:"listen"`
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
-	// HTTP2 is the HTTP/2 server of the listener: "net/http" (the
-	// default), or "framer", h2server (internal/gateway/h2server), which
-	// holds each node session on callbacks, without a goroutine while it
-	// is idle, and serves every other call as net/http does.
+	// HTTP2 is the HTTP/2 server of the listener: "framer" (the
+	// default), h2server (internal/gateway/h2server), which holds each
+	// node session on callbacks, without a goroutine while it is idle,
+	// and serves every other call as net/http does; or "net/http", Go's
+	// own (two goroutines and their buffers per held session).
 	HTTP2 string `toml:"http2"`
 }
 
@@ -116,8 +117,9 @@ const (
 	AgentHTTP2Framer  = "framer"
 )
 
-// Framer reports whether the agent listener runs on h2server.
-func (a AgentConfig) Framer() bool { return a.HTTP2 == AgentHTTP2Framer }
+// Framer reports whether the agent listener runs on h2server: unless
+// net/http is asked for (a Config built in code gets the default too).
+func (a AgentConfig) Framer() bool { return a.HTTP2 != AgentHTTP2NetHTTP }
 
 // SessionConfig tunes the node sessions the API holds.
 type SessionConfig struct {
@@ -298,10 +300,10 @@ func (c *Config) validate() error {
 	}
 	switch c.Agent.HTTP2 {
 	case "":
-		c.Agent.HTTP2 = AgentHTTP2NetHTTP
+		c.Agent.HTTP2 = AgentHTTP2Framer
 	case AgentHTTP2NetHTTP, AgentHTTP2Framer:
 	default:
-		return errs.New(errs.InvalidConfig, "config: agent.http2 must be %q (the default) or %q, got %q", AgentHTTP2NetHTTP, AgentHTTP2Framer, c.Agent.HTTP2)
+		return errs.New(errs.InvalidConfig, "config: agent.http2 must be %q (the default) or %q, got %q", AgentHTTP2Framer, AgentHTTP2NetHTTP, c.Agent.HTTP2)
 	}
 	if c.Join.MaxPendingRequestsPerPool < 0 || c.Join.MaxPendingRequestsPerSource < 0 {
 		return errs.New(errs.InvalidConfig, "config: join.max_pending_requests_per_pool and _per_source: want a positive count (0: the default)")
@@ -407,7 +409,7 @@ server_name = "gw.eu.example.com"
 # cert_file = "/etc/better-compute/gateway.crt"   # better-compute pki issue-gateway --san gw.eu.example.com
 # key_file = "/etc/better-compute/gateway.key"
 # max_sessions = 100000
-# daemon_http2 = "net/http"   # or "framer": the gateway's own HTTP/2 server
+# daemon_http2 = "framer"     # or "net/http": Go's own HTTP/2 server
 # [gateway.metrics]
 # listen = "127.0.0.1:9465"  # the gateway's /metrics, /livez, /readyz
 
@@ -415,7 +417,7 @@ server_name = "gw.eu.example.com"
 listen = ":8444"
 cert_file = "/etc/better-compute/agent.crt"   # better-compute pki issue-gateway --san api.internal
 key_file = "/etc/better-compute/agent.key"
-# http2 = "net/http"       # or "framer": no goroutine per held session (docs/operations/configure.md)
+# http2 = "framer"         # or "net/http": a goroutine pair per held session (docs/operations/configure.md)
 
 [join]
 cert_ttl_seconds = 86400

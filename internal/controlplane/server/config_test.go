@@ -141,7 +141,7 @@ func TestAgentHTTP2Config(t *testing.T) {
 		framer     bool
 		err        string
 	}{
-		{name: "default", toml: base},
+		{name: "default", toml: base, framer: true},
 		{name: "net/http", toml: base + "[agent]\nhttp2 = \"net/http\"\n"},
 		{name: "framer", toml: base + "[agent]\nhttp2 = \"framer\"\n", framer: true},
 		{name: "unknown", toml: base + "[agent]\nhttp2 = \"h2c\"\n", err: "agent.http2"},
@@ -151,7 +151,7 @@ func TestAgentHTTP2Config(t *testing.T) {
 			if !ok {
 				return
 			}
-			if cfg.Agent.Framer() != c.framer || c.name == "default" && cfg.Agent.HTTP2 != AgentHTTP2NetHTTP {
+			if cfg.Agent.Framer() != c.framer || c.name == "default" && cfg.Agent.HTTP2 != AgentHTTP2Framer {
 				t.Errorf("http2 %q, framer %v; want framer %v", cfg.Agent.HTTP2, cfg.Agent.Framer(), c.framer)
 			}
 		})

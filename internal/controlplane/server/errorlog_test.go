@@ -3,6 +3,7 @@ package server
 import (
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,14 +16,20 @@ import (
 // bounded. Failed TLS handshakes on the API and the agent listener write
 // ErrorLinesPerMinute lines per listener per minute, each naming the
 // peer; once the clock moves past the window, the next line says how many
-// were suppressed.
+// were suppressed. The agent listener on each of its HTTP/2 servers.
 func TestHandshakeErrorLinesBounded(t *testing.T) {
+	for _, h2 := range []string{AgentHTTP2Framer, AgentHTTP2NetHTTP} {
+		t.Run(strings.ReplaceAll(h2, "/", ""), func(t *testing.T) { handshakeLinesBounded(t, h2) })
+	}
+}
+
+func handshakeLinesBounded(t *testing.T, h2 string) {
 	dir, secret, _, certFile, keyFile := tlsFixture(t)
 	cfg := Config{Listen: "127.0.0.1:0", RootTenant: "root",
 		TLS:   TLSConfig{CertFile: certFile, KeyFile: keyFile},
 		Store: store.Config{Driver: "sqlite", Path: filepath.Join(dir, "bc.db")},
 		PKI:   PKIConfig{Dir: filepath.Join(dir, "pki")},
-		Agent: AgentConfig{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile},
+		Agent: AgentConfig{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, HTTP2: h2},
 	}
 	c := clock.NewFake(time.Now())
 	var logs wiretest.LogBuffer

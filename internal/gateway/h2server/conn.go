@@ -177,6 +177,9 @@ func (c *conn) start() error {
 	if c.cfg.TLS != nil {
 		tc := tls.Server(c.raw, c.cfg.TLS)
 		if err := tc.Handshake(); err != nil {
+			if c.cfg.ErrorLog != nil {
+				c.cfg.ErrorLog.Printf("http: TLS handshake error from %s: %v", c.raw.RemoteAddr(), err)
+			}
 			return err
 		}
 		st := tc.ConnectionState()

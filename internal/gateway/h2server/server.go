@@ -48,6 +48,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log"
 	"log/slog"
 	"net"
 	"sync"
@@ -92,6 +93,10 @@ type Config struct {
 	Other func(*tls.Conn)
 	Clock clock.Clock
 	Log   *slog.Logger
+	// ErrorLog, when set, gets a line for each failed TLS handshake, in
+	// net/http's words ("http: TLS handshake error from PEER: ERR"), so
+	// one rate-limited writer serves both servers (http.Server.ErrorLog).
+	ErrorLog *log.Logger
 	// HandshakeTimeout bounds the TLS handshake, the client preface and
 	// the client's first SETTINGS together.
 	HandshakeTimeout time.Duration

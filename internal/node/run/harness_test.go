@@ -108,18 +108,18 @@ type stack struct {
 }
 
 var (
-	// stackDefault is today's defaults: net/http on both listeners, a
-	// session relayed by two goroutines.
-	stackDefault = stack{name: "default", daemonHTTP2: gateway.DaemonHTTP2NetHTTP, sessionRelay: gateway.SessionRelayGoroutines, agentHTTP2: apitest.AgentNetHTTP}
-	// stackFramer is h2server everywhere: the gateway serves daemons on
-	// it and relays sessions on its callbacks, and the API holds them on
-	// its callbacks.
+	// stackNetHTTP is Go's net/http on both listeners, a session relayed
+	// by two goroutines (the defaults before the callbacks).
+	stackNetHTTP = stack{name: "nethttp", daemonHTTP2: gateway.DaemonHTTP2NetHTTP, sessionRelay: gateway.SessionRelayGoroutines, agentHTTP2: apitest.AgentNetHTTP}
+	// stackFramer is h2server everywhere (the defaults): the gateway
+	// serves daemons on it and relays sessions on its callbacks, and the
+	// API holds them on its callbacks.
 	stackFramer = stack{name: "framer", daemonHTTP2: gateway.DaemonHTTP2Framer, sessionRelay: gateway.SessionRelayCallbacks, agentHTTP2: apitest.AgentFramer}
 	// stacks are the stacks the session tests run on.
-	stacks = []stack{stackDefault, stackFramer}
+	stacks = []stack{stackNetHTTP, stackFramer}
 	// defaultOnly is for tests whose sessions the stack does not change
 	// (a fake relay in front of the API's net/http, or no session).
-	defaultOnly = []stack{stackDefault}
+	defaultOnly = []stack{stackNetHTTP}
 )
 
 // onStacks runs fn once per stack, as a subtest named after it.

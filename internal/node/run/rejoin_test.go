@@ -31,7 +31,7 @@ func TestRunRejoinsExpiredByX509PopR21_5(t *testing.T) {
 			storetest.Each(t, func(t *testing.T, db *store.DB) {
 				c := clock.NewFake(time.Now())
 				e := apitest.Start(t, db, apitest.Options{Clock: c, Attestors: tc.attestors, CertTTL: 2 * time.Minute})
-				h := newHarness(t, e, c, stackDefault)
+				h := newHarness(t, e, c, stackNetHTTP)
 				m := h.join(t, h.token(t, h.pool(t, "p", nil), false), 86, 2)
 				old := m.id
 

@@ -249,7 +249,7 @@ func TestX509PopWithOlderKeyRefusedR10_5(t *testing.T) {
 	storetest.Each(t, func(t *testing.T, db *store.DB) {
 		c := clock.NewFake(time.Now())
 		e := apitest.Start(t, db, apitest.Options{Clock: c, Attestors: []string{wire.AttestorJoinToken, wire.AttestorX509Pop}})
-		h := newHarness(t, e, c, stackDefault)
+		h := newHarness(t, e, c, stackNetHTTP)
 		pool := h.pool(t, "p", nil)
 		m := h.join(t, h.token(t, pool, false), 80, 2)
 		chain := make([][]byte, len(m.id.Chain))

@@ -160,7 +160,7 @@ func TestR12_3CommandReachesSessionOnAnotherReplica(t *testing.T) {
 func TestR12_3InProcessNotifyOnSQLite(t *testing.T) {
 	db := storetest.OpenSQLite(t)
 	c := clock.NewFake(time.Now())
-	h := newHarness(t, apitest.Start(t, db, apitest.Options{Clock: c}), c, stackDefault)
+	h := newHarness(t, apitest.Start(t, db, apitest.Options{Clock: c}), c, stackNetHTTP)
 	l := session.NewListener(session.ListenerConfig{DB: db, Notify: h.e.Server.Sessions().Notify})
 	done := make(chan struct{})
 	go func() { l.Run(ctxT(t)); close(done) }()
