@@ -324,23 +324,7 @@ func TestSessionEndsOnEachTransport(t *testing.T) {
 			t.Run("no Hello", func(t *testing.T) {
 				n := storetest.Node(t, db, store.NodeAdopted)
 				_, der := nodeCert(t, e.Bundle, db, n, `[]`)
-				sctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}, url, connect.WithGRPC()).Connect(sctx)
-				wire.SetPeerCertificate(s.RequestHeader(), der)
-				defer s.CloseResponse()
-				if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
-					t.Fatal(err)
-				}
-				if m, err := s.Receive(); err != nil || m.GetChallenge() == nil {
-					t.Fatalf("got %v, %v; want the Challenge", m, err)
-				}
-				timeout := fc.Now().Add(30 * time.Second)
-				poll.Until(t, 10*time.Second, "the Hello timeout armed", func() bool {
-					return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
-				})
-				fc.Advance(30 * time.Second)
-				wantEnd(t, s, errs.AccessDenied, "Session refused")
+				helloTimesOut(t, e.Bundle, fc, url, der)
 				waitRefusal(t, db, n.TenantID, n.ID, "hello-timeout")
 			})
 			t.Run("a heartbeat not signed by the node", func(t *testing.T) {
@@ -518,23 +502,7 @@ func TestSessionHandlerJoinsItsReaders(t *testing.T) {
 		end  func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey)
 	}{
 		{name: "no Hello", end: func(t *testing.T, n store.Node, der []byte, _ *ecdsa.PrivateKey) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, e.Bundle)}, url, connect.WithGRPC()).Connect(ctx)
-			wire.SetPeerCertificate(s.RequestHeader(), der)
-			defer s.CloseResponse()
-			if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
-				t.Fatal(err)
-			}
-			if m, err := s.Receive(); err != nil || m.GetChallenge() == nil {
-				t.Fatalf("got %v, %v; want the Challenge", m, err)
-			}
-			timeout := fc.Now().Add(30 * time.Second)
-			poll.Until(t, 10*time.Second, "the Hello timeout armed", func() bool {
-				return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
-			})
-			fc.Advance(30 * time.Second)
-			wantEnd(t, s, errs.AccessDenied, "Session refused")
+			helloTimesOut(t, e.Bundle, fc, url, der)
 		}},
 		{name: "a heartbeat not signed by the node", end: func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey) {
 			s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
@@ -573,4 +541,27 @@ func TestSessionHandlerJoinsItsReaders(t *testing.T) {
 			goroutines.Joined(t, before, "internal/controlplane/session.")
 		})
 	}
+}
+
+// helloTimesOut opens a session on url with der and sends no Hello: once
+// fc passes the Hello timeout the session is refused.
+func helloTimesOut(t *testing.T, b *ca.Bundle, fc *clock.Fake, url string, der []byte) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := agentv1connect.NewSessionServiceClient(&http.Client{Transport: apitest.GatewayTransport(t, b)}, url, connect.WithGRPC()).Connect(ctx)
+	wire.SetPeerCertificate(s.RequestHeader(), der)
+	defer s.CloseResponse()
+	if err := s.Send(nil); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if m, err := s.Receive(); err != nil || m.GetChallenge() == nil {
+		t.Fatalf("got %v, %v; want the Challenge", m, err)
+	}
+	timeout := fc.Now().Add(30 * time.Second)
+	poll.Until(t, 10*time.Second, "the Hello timeout armed", func() bool {
+		return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
+	})
+	fc.Advance(30 * time.Second)
+	wantEnd(t, s, errs.AccessDenied, "Session refused")
 }
