@@ -346,7 +346,9 @@ func (s *Server) Close() error {
 	conns := s.closeListenersLocked()
 	s.mu.Unlock()
 	for _, c := range conns {
-		c.nc.Close()
+		// raw, not nc: the handshake replaces nc under c.mu, and closing
+		// the socket ends a TLS connection on it too.
+		c.raw.Close()
 	}
 	s.wg.Wait()
 	return nil
