@@ -330,19 +330,7 @@ func TestSessionEndsOnEachTransport(t *testing.T) {
 			t.Run("a heartbeat not signed by the node", func(t *testing.T) {
 				n := storetest.Node(t, db, store.NodeAdopted)
 				key, der := nodeCert(t, e.Bundle, db, n, `[]`)
-				s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
-				other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-				if err != nil {
-					t.Fatal(err)
-				}
-				sig, err := pki.SignHeartbeat(other, nonce, 1)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
-					t.Fatal(err)
-				}
-				wantEnd(t, s, errs.AccessDenied, "Session refused")
+				forgedHeartbeatEnds(t, e.Bundle, url, n, der, key)
 				waitRefusal(t, db, n.TenantID, n.ID, "heartbeat-signature")
 			})
 			t.Run("a retired node that proves its key", func(t *testing.T) {
@@ -505,19 +493,7 @@ func TestSessionHandlerJoinsItsReaders(t *testing.T) {
 			helloTimesOut(t, e.Bundle, fc, url, der)
 		}},
 		{name: "a heartbeat not signed by the node", end: func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey) {
-			s, nonce := openHeld(t, e.Bundle, url, n.ID, der, key)
-			other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sig, err := pki.SignHeartbeat(other, nonce, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
-				t.Fatal(err)
-			}
-			wantEnd(t, s, errs.AccessDenied, "Session refused")
+			forgedHeartbeatEnds(t, e.Bundle, url, n, der, key)
 		}},
 		{name: "the daemon goes away", end: func(t *testing.T, n store.Node, der []byte, key *ecdsa.PrivateKey) {
 			s, _ := openHeld(t, e.Bundle, url, n.ID, der, key)
@@ -563,5 +539,24 @@ func helloTimesOut(t *testing.T, b *ca.Bundle, fc *clock.Fake, url string, der [
 		return slices.ContainsFunc(fc.Deadlines(), func(d time.Time) bool { return !d.Before(timeout) })
 	})
 	fc.Advance(30 * time.Second)
+	wantEnd(t, s, errs.AccessDenied, "Session refused")
+}
+
+// forgedHeartbeatEnds holds a session of n on url and sends a heartbeat
+// signed by another key than the node's: the session is refused.
+func forgedHeartbeatEnds(t *testing.T, b *ca.Bundle, url string, n store.Node, der []byte, key *ecdsa.PrivateKey) {
+	t.Helper()
+	s, nonce := openHeld(t, b, url, n.ID, der, key)
+	other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := pki.SignHeartbeat(other, nonce, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&agentv1.SessionClientMessage{Msg: &agentv1.SessionClientMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Seq: 1, Sig: sig}}}); err != nil {
+		t.Fatal(err)
+	}
 	wantEnd(t, s, errs.AccessDenied, "Session refused")
 }
